@@ -1,0 +1,83 @@
+"""rlhfkit.algos: the pure-tensor RL maths core (imports torch only).
+
+Notation used in every docstring: B batch, T response length, V vocab, G group size.
+
+- masks:      masked_sum / masked_mean / masked_var / masked_whiten, response_mask, last_valid_index
+- logprobs:   logprobs_from_logits, entropy_from_logits, logprobs_and_entropy (temperature-aware)
+- kl:         kl_k1 / kl_k2 / kl_k3 / kl_abs / kl_estimate, Fixed- and AdaptiveKLController
+- rewards:    shape_rewards (per-token KL penalty + sequence score on the last valid token)
+- advantages: gae (+ gae_reference loop), group_advantages (GRPO), leave_one_out_advantages (RLOO)
+- losses:     aggregate_loss (the one aggregation rule), ppo_policy_loss, ppo_value_loss,
+              entropy_loss, dpo_loss (sigmoid / cDPO / IPO), bradley_terry_loss
+"""
+
+from .advantages import (
+    discounted_reverse_cumsum,
+    gae,
+    gae_reference,
+    group_advantages,
+    leave_one_out_advantages,
+)
+from .kl import (
+    KL_ESTIMATORS,
+    AdaptiveKLController,
+    FixedKLController,
+    kl_abs,
+    kl_estimate,
+    kl_k1,
+    kl_k2,
+    kl_k3,
+)
+from .logprobs import entropy_from_logits, logprobs_and_entropy, logprobs_from_logits
+from .losses import (
+    AGG_MODES,
+    DPO_LOSS_TYPES,
+    aggregate_loss,
+    bradley_terry_loss,
+    dpo_loss,
+    entropy_loss,
+    ppo_policy_loss,
+    ppo_value_loss,
+)
+from .masks import last_valid_index, masked_mean, masked_sum, masked_var, masked_whiten, response_mask
+from .rewards import shape_rewards
+
+__all__ = [
+    # masks
+    "masked_sum",
+    "masked_mean",
+    "masked_var",
+    "masked_whiten",
+    "response_mask",
+    "last_valid_index",
+    # log-probs
+    "logprobs_from_logits",
+    "entropy_from_logits",
+    "logprobs_and_entropy",
+    # KL
+    "KL_ESTIMATORS",
+    "kl_k1",
+    "kl_k2",
+    "kl_k3",
+    "kl_abs",
+    "kl_estimate",
+    "FixedKLController",
+    "AdaptiveKLController",
+    # rewards
+    "shape_rewards",
+    # advantages
+    "gae",
+    "gae_reference",
+    "discounted_reverse_cumsum",
+    "group_advantages",
+    "leave_one_out_advantages",
+    # losses
+    "AGG_MODES",
+    "DPO_LOSS_TYPES",
+    "aggregate_loss",
+    "ppo_policy_loss",
+    "ppo_value_loss",
+    "entropy_loss",
+    "dpo_loss",
+    "bradley_terry_loss",
+]

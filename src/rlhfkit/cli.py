@@ -1,0 +1,80 @@
+"""Command-line entry point: `rlhfkit COMMAND [args]`.
+
+This module only dispatches. Each command lives in its own module and exposes a
+``main(argv: list[str]) -> int`` function; modules are imported lazily so that
+`rlhfkit --help` is instant and a missing optional dependency only affects its
+own command.
+"""
+
+from __future__ import annotations
+
+import importlib
+import sys
+
+from rlhfkit import __version__
+
+# command -> ("module:function", one-line description)
+COMMANDS: dict[str, tuple[str, str]] = {
+    "ppo": ("rlhfkit.trainers.ppo:main", "PPO with GAE and a value head (the default demo)"),
+    "sft": ("rlhfkit.trainers.sft:main", "supervised fine-tuning (LoRA or full)"),
+    "rm": ("rlhfkit.trainers.rm:main", "train a reward model on preference pairs"),
+    "dpo": ("rlhfkit.trainers.dpo:main", "direct preference optimisation (sigmoid, IPO, cDPO)"),
+    "grpo": ("rlhfkit.trainers.grpo:main", "GRPO: group-relative policy optimisation"),
+    "rloo": ("rlhfkit.trainers.grpo:rloo_main", "RLOO: REINFORCE with a leave-one-out baseline"),
+    "prefs": ("rlhfkit.prefs:main", "build preference data offline (`prefs make`)"),
+    "eval": ("rlhfkit.evaluate:main", "evaluate a model on a prompt set"),
+    "generate": ("rlhfkit.generate:main", "sample completions from a model"),
+    "pipeline": ("rlhfkit.pipeline:main", "SFT -> preferences -> RM -> PPO -> eval"),
+    "label": ("rlhfkit.label.cli:main", "collect human preferences in a local web app"),
+    "doctor": ("rlhfkit.diagnostics.cli:doctor_main", "print training-health findings for a run"),
+    "report": ("rlhfkit.diagnostics.cli:report_main", "build an HTML report of one or more runs"),
+    "selfcheck": ("rlhfkit.selfcheck:main", "check the RL maths on worked examples"),
+}
+
+
+def _usage() -> str:
+    width = max(len(c) for c in COMMANDS)
+    lines = [
+        f"rlhfkit {__version__}: align causal language models with RLHF.",
+        "",
+        "usage: rlhfkit COMMAND [options]   (rlhfkit COMMAND --help for its options)",
+        "",
+        "commands:",
+    ]
+    lines += [f"  {name.ljust(width)}  {desc}" for name, (_, desc) in COMMANDS.items()]
+    lines += ["", "options:", "  --version  print the version", "  --debug    show tracebacks for errors"]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    debug = "--debug" in argv
+    if debug:
+        argv.remove("--debug")
+    if not argv or argv[0] in ("-h", "--help", "help"):
+        print(_usage())
+        return 0
+    if argv[0] in ("-V", "--version"):
+        print(f"rlhfkit {__version__}")
+        return 0
+    name, rest = argv[0], argv[1:]
+    if name not in COMMANDS:
+        import difflib
+
+        close = difflib.get_close_matches(name, COMMANDS, n=1)
+        hint = f" (did you mean '{close[0]}'?)" if close else ""
+        print(f"rlhfkit: unknown command '{name}'{hint}; run 'rlhfkit --help'", file=sys.stderr)
+        return 2
+    target, _ = COMMANDS[name]
+    module_name, func_name = target.split(":")
+    from rlhfkit.errors import run_guarded
+
+    def call() -> int:
+        func = getattr(importlib.import_module(module_name), func_name)
+        return int(func(rest) or 0)
+
+    return run_guarded(call, debug=debug)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,114 @@
+"""Turn prompts and (prompt, response) pairs into model text.
+
+With a chat template (SmolLM2-135M-Instruct has one) the tokenizer's own
+template is used; without one, the plain seed-004 format::
+
+    User: {prompt}
+
+    Assistant: {response}
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rlhfkit.errors import DataError
+
+Prompt = str | list[dict[str, Any]]
+PLAIN_ROLES = {"system": "System", "user": "User", "assistant": "Assistant"}
+IGNORE_INDEX = -100  # label value the loss skips (PyTorch's cross-entropy default)
+
+
+def has_chat_template(tokenizer: Any) -> bool:
+    """True if the tokenizer carries a non-empty chat template."""
+    return bool(getattr(tokenizer, "chat_template", None))
+
+
+def to_messages(prompt: Prompt, system: str | None = None) -> list[dict[str, Any]]:
+    """A prompt as a message list; ``system`` replaces a leading system turn if there is one."""
+    if isinstance(prompt, str):
+        messages = [{"role": "user", "content": prompt}]
+    elif isinstance(prompt, list) and all(
+        isinstance(m, dict) and "role" in m and "content" in m for m in prompt
+    ):
+        messages = [dict(m) for m in prompt]
+    else:
+        raise DataError(
+            f"a prompt must be a string or a list of {{'role', 'content'}} messages, got {type(prompt).__name__}"
+        )
+    if system is not None:
+        if messages and messages[0]["role"] == "system":
+            messages = messages[1:]
+        messages.insert(0, {"role": "system", "content": system})
+    return messages
+
+
+def format_prompt(tokenizer: Any, prompt: Prompt, system: str | None = None) -> str:
+    """The text a model should continue to answer ``prompt``.
+
+    Uses ``tokenizer.apply_chat_template(..., add_generation_prompt=True,
+    tokenize=False)`` when the tokenizer has a chat template; otherwise
+    ``"User: {prompt}\\n\\nAssistant: "`` (multi-turn: alternating blocks).
+    """
+    messages = to_messages(prompt, system)
+    if not has_chat_template(tokenizer):
+        return plain_format(messages)
+    try:
+        text = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+    except Exception as e:  # jinja2 TemplateError from raise_exception(), bad roles, ...
+        first = (str(e).strip().splitlines() or [type(e).__name__])[0]
+        raise DataError(f"the tokenizer's chat template rejected the conversation: {first}") from None
+    if isinstance(text, list):  # some versions return a batch of one
+        text = text[0]
+    return str(text)
+
+
+def plain_format(messages: list[dict[str, Any]]) -> str:
+    """The template-free format: ``Role: content`` blocks, then ``Assistant: ``."""
+    blocks = [f"{PLAIN_ROLES.get(m['role'], str(m['role']).capitalize())}: {m['content']}" for m in messages]
+    return "\n\n".join(blocks + ["Assistant: "])
+
+
+def end_of_turn(tokenizer: Any) -> str:
+    """What closes an assistant turn: the tokenizer's EOS string (SmolLM2: ``<|im_end|>``), or ""."""
+    eos = getattr(tokenizer, "eos_token", None)
+    return eos if isinstance(eos, str) else ""
+
+
+def format_sft_example(
+    tokenizer: Any, prompt: Prompt, response: str, system: str | None = None
+) -> tuple[str, str]:
+    """``(prompt_text, full_text)`` with ``full_text = prompt_text + response + end_of_turn``.
+
+    The EOS string is appended with or without a chat template, so the model
+    learns to stop. ``full_text`` always starts with ``prompt_text``, so a label
+    mask can cover exactly the response (see :func:`tokenize_sft_example`).
+    """
+    prompt_text = format_prompt(tokenizer, prompt, system)
+    return prompt_text, prompt_text + response + end_of_turn(tokenizer)
+
+
+def tokenize_sft_example(
+    tokenizer: Any, prompt_text: str, full_text: str, max_length: int | None = None
+) -> dict[str, list[int]]:
+    """Token ids and labels (prompt tokens = -100) for one SFT example.
+
+    If tokenising ``full_text`` merges tokens across the prompt/response
+    boundary (BPE after a trailing space), the two parts are tokenised apart
+    so the mask still covers exactly the response. ``max_length`` cuts from the right.
+    """
+    if not full_text.startswith(prompt_text):
+        raise ValueError("full_text must start with prompt_text")
+
+    def encode(text: str) -> list[int]:
+        # Chat templates already add their special tokens; adding BOS again would double it.
+        return list(tokenizer(text, add_special_tokens=False)["input_ids"])
+
+    prompt_ids = encode(prompt_text)
+    full_ids = encode(full_text)
+    if full_ids[: len(prompt_ids)] != prompt_ids:
+        full_ids = prompt_ids + encode(full_text[len(prompt_text) :])
+    labels = [IGNORE_INDEX] * len(prompt_ids) + full_ids[len(prompt_ids) :]
+    if max_length is not None:
+        full_ids, labels = full_ids[:max_length], labels[:max_length]
+    return {"input_ids": full_ids, "attention_mask": [1] * len(full_ids), "labels": labels}

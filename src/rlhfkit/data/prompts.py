@@ -1,0 +1,62 @@
+"""Prompt sets for PPO/GRPO/RLOO rollouts and evaluation.
+
+``load_prompts("builtin:reviews")`` -> ``[{"prompt": "Write a short review of ..."}, ...]``.
+Extra fields (e.g. ``answer`` for arithmetic) are kept; trainers hand them to
+reward functions as per-sample keyword lists (see :func:`info_fields`).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rlhfkit.data.readers import Records, expect_messages, expect_text
+from rlhfkit.data.sets import info_fields, load_split, sample
+from rlhfkit.errors import DataError
+
+__all__ = ["load_prompts", "prompt_record", "info_fields"]
+
+
+def load_prompts(spec: str, split: str = "train", limit: int | None = None, seed: int = 0) -> list[dict]:
+    """Load prompts from ``builtin:NAME`` or a local file.
+
+    Every returned dict has ``prompt`` (a non-empty str). Chat records
+    (``messages``) use their last user turn as ``prompt`` and keep
+    ``messages`` cut after that turn, so a trainer can format the whole
+    conversation with :func:`rlhfkit.data.chat.format_prompt`. ``limit`` takes
+    a seeded random subset (same seed, same subset); the whole file is
+    validated either way.
+    """
+    records = load_split(spec, split)
+    checked = Records(
+        (prompt_record(rec, records.where(i)) for i, rec in enumerate(records)),
+        source=records.source,
+        lines=records.lines,
+        unit=records.unit,
+    )
+    return sample(checked, limit, seed)
+
+
+def prompt_record(record: dict[str, Any], where: str) -> dict[str, Any]:
+    """Validate one record and normalise it to have a string ``prompt``."""
+    out = dict(record)
+    value = record.get("prompt")
+    if isinstance(value, list):
+        # Conversational prompt (a list of messages), as TRL writes it.
+        out.pop("prompt")
+        return _from_messages(out, expect_messages(value, where, "prompt"), where)
+    if value is not None:
+        out["prompt"] = expect_text(value, "prompt", where)
+        return out
+    if record.get("messages") is not None:
+        return _from_messages(out, expect_messages(record["messages"], where), where)
+    raise DataError(f"{where}: missing field 'prompt' (expected one of: prompt, messages)")
+
+
+def _from_messages(out: dict[str, Any], messages: list[dict[str, str]], where: str) -> dict[str, Any]:
+    users = [i for i, m in enumerate(messages) if m["role"] == "user"]
+    if not users:
+        raise DataError(f"{where}: field 'messages' has no user turn to use as the prompt")
+    last = users[-1]
+    out["prompt"] = expect_text(messages[last]["content"], "messages", where)
+    out["messages"] = messages[: last + 1]
+    return out

@@ -1,0 +1,106 @@
+"""Resolve a data spec (``builtin:NAME`` or a local path) to records of one split.
+
+Built-in sets ship in ``rlhfkit/data/builtin/`` (``arithmetic`` is generated)
+and have disjoint ``train`` and ``test`` splits. Local files are used whole
+unless their records carry a ``split`` field, in which case only the requested
+split is kept.
+"""
+
+from __future__ import annotations
+
+import difflib
+import random
+from importlib import resources
+from typing import Any
+
+from rlhfkit.data import arithmetic
+from rlhfkit.data.readers import Records, read_records
+from rlhfkit.errors import ConfigError, DataError
+
+BUILTIN_PREFIX = "builtin:"
+BUILTIN_FILES = {
+    "reviews": "reviews.jsonl",
+    "stories": "stories.jsonl",
+    "instructions": "instructions.jsonl",
+}
+BUILTIN_NAMES = ("reviews", "stories", "arithmetic", "instructions")
+SPLITS = ("train", "test")
+
+
+def builtin_path(name: str) -> str:
+    """Filesystem path of a shipped built-in data file (e.g. ``reviews``)."""
+    return str(resources.files("rlhfkit.data") / "builtin" / BUILTIN_FILES[name])
+
+
+def builtin_name(spec: str) -> str | None:
+    """``"reviews"`` for ``"builtin:reviews"``; None for a path. Unknown names raise DataError."""
+    if not spec.startswith(BUILTIN_PREFIX):
+        return None
+    name = spec[len(BUILTIN_PREFIX) :].strip()
+    if name not in BUILTIN_NAMES:
+        close = difflib.get_close_matches(name, BUILTIN_NAMES, n=1)
+        hint = f" (did you mean 'builtin:{close[0]}'?)" if close else ""
+        choices = ", ".join(BUILTIN_PREFIX + n for n in BUILTIN_NAMES)
+        raise DataError(f"unknown built-in data set {spec!r}{hint}; expected one of: {choices}")
+    return name
+
+
+def load_split(spec: str, split: str | None = "train") -> Records:
+    """Records of ``spec`` for ``split`` (None: every record), with locations for errors.
+
+    The ``split`` field is dropped from records it was used to select.
+    """
+    if not isinstance(spec, str) or not spec.strip():
+        raise DataError(f"data spec must be 'builtin:NAME' or a file path, got {spec!r}")
+    name = builtin_name(spec)
+    if name is not None:
+        if split is not None and split not in SPLITS:
+            raise DataError(f"{spec}: unknown split {split!r} (expected one of: {', '.join(SPLITS)})")
+        if name == "arithmetic":
+            splits = SPLITS if split is None else (split,)
+            rows = [p for s in splits for p in arithmetic.builtin_split(s)]
+            return Records(rows, source=spec, unit="problem")
+        records = read_records(builtin_path(name))
+        records.source = spec
+    else:
+        records = read_records(spec, split=split)
+    return _select_split(records, split, spec)
+
+
+def _select_split(records: Records, split: str | None, spec: str) -> Records:
+    if split is None or not any("split" in r for r in records):
+        return records
+    keep = [i for i, r in enumerate(records) if r.get("split") == split]
+    if not keep:
+        found = sorted({str(r.get("split")) for r in records})
+        raise DataError(f"{spec}: no records with split {split!r} (found: {', '.join(found)})")
+    out = records.subset(keep)
+    for i, rec in enumerate(out):
+        out[i] = {k: v for k, v in rec.items() if k != "split"}
+    return out
+
+
+def sample(records: Records, limit: int | None, seed: int) -> Records:
+    """All records (order kept) if ``limit`` is None, else a seeded random subset of ``limit``."""
+    if limit is None:
+        return records
+    if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
+        raise ConfigError(f"limit must be a positive integer or None, got {limit!r}")
+    if limit >= len(records):
+        return records
+    # Random rather than first-N: built-in files are grouped by topic.
+    chosen = sorted(random.Random(seed).sample(range(len(records)), limit))
+    return records.subset(chosen)
+
+
+def info_fields(
+    records: list[dict[str, Any]], exclude: tuple[str, ...] = ("prompt", "messages")
+) -> dict[str, list]:
+    """Per-sample lists of every extra field, for ``reward_fn(prompts, completions, **info)``.
+
+    A record lacking a field that others have contributes ``None``.
+    """
+    keys: dict[str, None] = {}
+    for rec in records:
+        keys.update(dict.fromkeys(k for k in rec if k not in exclude))
+    return {k: [rec.get(k) for rec in records] for k in keys}

@@ -1,0 +1,97 @@
+"""Supervised fine-tuning examples: (prompt, response) pairs.
+
+Accepted records: ``{"prompt", "response"}`` (``completion`` is an alias for
+``response``), or chat ``{"messages": [...]}`` whose last turn is the
+assistant's response; then ``prompt`` is the list of earlier messages and
+``messages`` is kept whole. Either way, format with
+``rlhfkit.data.chat.format_sft_example(tokenizer, ex["prompt"], ex["response"])``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rlhfkit.data.readers import Records, expect_messages, expect_text, message_text
+from rlhfkit.data.sets import builtin_name, load_split, sample
+from rlhfkit.errors import DataError
+
+RESPONSE_FIELDS = ("response", "completion")
+
+
+def load_sft_examples(spec: str, split: str = "train", limit: int | None = None, seed: int = 0) -> list[dict]:
+    """Load SFT examples from ``builtin:instructions``, ``builtin:arithmetic`` or a local file.
+
+    Each dict has ``prompt`` (str, or a list of chat messages) and ``response``
+    (non-empty str); other fields are kept. ``limit``/``seed`` as in
+    :func:`rlhfkit.data.prompts.load_prompts`.
+    """
+    name = builtin_name(spec) if isinstance(spec, str) else None
+    if name in ("reviews", "stories"):
+        raise DataError(
+            f"{spec} has prompts only; SFT needs responses (try builtin:instructions or a file "
+            "with 'prompt' and 'response' fields)"
+        )
+    records = load_split(spec, split)
+    if name == "arithmetic":
+        # The prompt asks for just the number, so the target is just the number.
+        records = Records(
+            ({**r, "response": str(r["answer_value"])} for r in records),
+            source=records.source,
+            unit=records.unit,
+        )
+    checked = Records(
+        (sft_record(rec, records.where(i)) for i, rec in enumerate(records)),
+        source=records.source,
+        lines=records.lines,
+        unit=records.unit,
+    )
+    return sample(checked, limit, seed)
+
+
+def sft_record(record: dict[str, Any], where: str) -> dict[str, Any]:
+    """Validate one record and normalise it to ``prompt`` + ``response``."""
+    out = dict(record)
+    has_response = any(record.get(f) is not None for f in RESPONSE_FIELDS)
+    if record.get("messages") is not None and not has_response and record.get("prompt") is None:
+        return _from_messages(out, expect_messages(record["messages"], where), where)
+
+    if record.get("prompt") is None:
+        raise DataError(f"{where}: missing field 'prompt' (expected one of: prompt, messages)")
+    prompt = record["prompt"]
+    out["prompt"] = (
+        expect_messages(prompt, where, "prompt")
+        if isinstance(prompt, list)
+        else expect_text(prompt, "prompt", where)
+    )
+    field = next((f for f in RESPONSE_FIELDS if record.get(f) is not None), None)
+    if field is None:
+        raise DataError(
+            f"{where}: missing field 'response' (expected one of: response, completion, messages)"
+        )
+    out.pop("completion", None)
+    out["response"] = response_text(record[field], field, where)
+    return out
+
+
+def response_text(value: Any, field: str, where: str) -> str:
+    """A response given as a string, or as a message list (TRL style): the last assistant turn."""
+    if isinstance(value, list):
+        messages = expect_messages(value, where, field)
+        if messages[-1]["role"] != "assistant":
+            raise DataError(f"{where}: field {field!r}: the last message must be the assistant's")
+        value = messages[-1]["content"]
+    return expect_text(value, field, where)
+
+
+def _from_messages(out: dict[str, Any], messages: list[dict[str, str]], where: str) -> dict[str, Any]:
+    if messages[-1]["role"] != "assistant":
+        raise DataError(
+            f"{where}: field 'messages' must end with an assistant turn (the response), "
+            f"got a {messages[-1]['role']!r} turn"
+        )
+    if not any(m["role"] == "user" for m in messages[:-1]):
+        raise DataError(f"{where}: field 'messages' has no user turn before the assistant's response")
+    out["prompt"] = messages[:-1]
+    out["response"] = expect_text(message_text(messages[-1]["content"], where), "messages", where)
+    out["messages"] = messages
+    return out

@@ -1,0 +1,286 @@
+"""The HTML run report: every metric plotted over iterations (runs overlaid), the findings, sample
+completions with their rewards, the config and the summary. One self-contained file (inline SVG
+and CSS, no scripts, fonts or network), plus a PNG per chart in ``plots/`` beside it.
+
+    build_report([load_run("runs/a"), load_run("runs/b")], Path("runs/a/report"))
+"""
+
+from __future__ import annotations
+
+import html
+import math
+import re
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from rlhfkit.diagnostics.findings import SEVERITIES, Finding, summarize
+from rlhfkit.diagnostics.glossary import describe, sort_metrics
+from rlhfkit.diagnostics.history import fmt, to_float
+from rlhfkit.diagnostics.monitor import diagnose
+from rlhfkit.diagnostics.plot import PALETTE, Marker, Series, layout_chart, svg
+from rlhfkit.diagnostics.png import render_png
+from rlhfkit.diagnostics.rundir import RunData, flatten
+from rlhfkit.diagnostics.thresholds import Thresholds
+
+PLOTS_DIR = "plots"
+
+CSS = """
+body{font-family:system-ui,-apple-system,"Segoe UI",Roboto,sans-serif;margin:0;color:#222;background:#f6f7f9}
+header{background:#1f2937;color:#fff;padding:18px 28px}header h1{margin:0 0 4px;font-size:22px}
+header p{margin:0;color:#cbd5e1;font-size:13px}main{padding:8px 28px 40px;max-width:1500px}
+h2{margin:28px 0 10px;font-size:18px;border-bottom:2px solid #d1d5db;padding-bottom:4px}
+h3{margin:18px 0 8px;font-size:15px}nav a{color:#93c5fd;margin-right:14px;font-size:13px}
+table{border-collapse:collapse;background:#fff;font-size:13px;margin-bottom:10px}
+th,td{border:1px solid #e5e7eb;padding:4px 8px;text-align:left;vertical-align:top}
+th{background:#f3f4f6}td.num{text-align:right;font-variant-numeric:tabular-nums}
+tr.diff td{background:#fff7e0}
+.badge{display:inline-block;padding:1px 7px;border-radius:9px;color:#fff;font-size:11px;font-weight:600}
+.critical{background:#d62728}.warning{background:#e8a400}.info{background:#4e79a7}.ok{background:#59a14f}
+.charts{display:grid;grid-template-columns:repeat(auto-fill,minmax(560px,1fr));gap:12px}
+figure{margin:0;background:#fff;border:1px solid #e5e7eb;border-radius:6px;padding:6px}
+figcaption{font-size:12px;color:#555;padding:2px 4px}figcaption a{color:#2563eb}
+svg.chart{max-width:100%;height:auto;display:block}
+svg .ct{font:600 13px system-ui,sans-serif;fill:#222}svg .tk{font:11px system-ui,sans-serif;fill:#555}
+svg .grid{stroke:#e8e8e8}svg .axis{stroke:#888}svg .frame{fill:none;stroke:#aaa}
+svg .nf{font:bold 13px sans-serif;fill:#d62728}
+pre{white-space:pre-wrap;word-break:break-word;margin:0;font:12px ui-monospace,Menlo,Consolas,monospace}
+td.action{color:#444;font-size:12px}.muted{color:#777;font-size:12px}
+details{background:#fff;border:1px solid #e5e7eb;padding:6px 10px;border-radius:6px}
+"""
+
+
+def e(value: Any) -> str:
+    """HTML-escaped text of any value (model output included)."""
+    return html.escape(str(value), quote=True)
+
+
+def png_name(metric: str) -> str:
+    return re.sub(r"[^A-Za-z0-9._-]+", "__", metric) + ".png"
+
+
+def metric_names(runs: Sequence[RunData]) -> list[str]:
+    names: set[str] = set()
+    for run in runs:
+        for row in run.metrics:
+            names.update(k for k, v in row.items() if k != "iteration" and to_float(v) is not None)
+    return sort_metrics(names)
+
+
+def run_labels(runs: Sequence[RunData]) -> list[str]:
+    """Run names, made unique (a/b/run and c/run -> run, run#2)."""
+    labels: list[str] = []
+    for run in runs:
+        label = run.name
+        n = 2
+        while label in labels:
+            label, n = f"{run.name}#{n}", n + 1
+        labels.append(label)
+    return labels
+
+
+def choose_iterations(available: Sequence[int], requested: Sequence[int] | None, n: int = 4) -> list[int]:
+    """Requested iterations snapped to the nearest available one; by default ``n`` evenly
+    spaced ones including the first and the last."""
+    avail = sorted(set(available))
+    if not avail:
+        return []
+    if requested:
+        return sorted({min(avail, key=lambda a: (abs(a - r), a)) for r in requested})
+    if len(avail) <= n:
+        return avail
+    picks = {avail[round(k * (len(avail) - 1) / (n - 1))] for k in range(n)}
+    return sorted(picks)
+
+
+# ---- sections ----------------------------------------------------------------------------------
+def _badge(severity: str) -> str:
+    return f'<span class="badge {e(severity)}">{e(severity)}</span>'
+
+
+def _runs_section(runs: Sequence[RunData], labels: list[str], findings: list[list[Finding]]) -> str:
+    rows = []
+    for run, label, fs in zip(runs, labels, findings):
+        its = [r["iteration"] for r in run.metrics]
+        span = f"{its[0]}-{its[-1]} ({len(its)})" if its else "none"
+        counts = {s: sum(f.severity == s for f in summarize(fs)) for s in SEVERITIES}
+        health = (" ".join(f"{_badge(s)} {counts[s]}" for s in reversed(SEVERITIES) if counts[s])
+                  or '<span class="badge ok">healthy</span>')
+        status = "finished" if run.finished else "running or stopped (no summary.json)"
+        notes = "<br>".join(e(n) for n in run.notes)
+        rows.append(f"<tr><td>{e(label)}</td><td><code>{e(run.path)}</code></td><td>{e(span)}</td>"
+                    f"<td>{e(status)}</td><td>{health}</td><td class='muted'>{notes}</td></tr>")
+    return ("<h2 id='runs'>Runs</h2><table><tr><th>run</th><th>folder</th><th>iterations</th>"
+            "<th>status</th><th>findings</th><th>notes</th></tr>" + "".join(rows) + "</table>")
+
+
+def _findings_section(runs: Sequence[RunData], labels: list[str], findings: list[list[Finding]]) -> str:
+    out = ["<h2 id='findings'>Findings</h2>",
+           "<p class='muted'>Recomputed from metrics.jsonl with the thresholds below; the worst "
+           "occurrence of each problem. Dashed lines in the charts mark when a finding was raised.</p>"]
+    for run, label, fs in zip(runs, labels, findings):
+        out.append(f"<h3>{e(label)}</h3>")
+        summary = summarize(fs)
+        if not summary:
+            out.append("<p>No findings: every rule is silent.</p>")
+        else:
+            rows = "".join(
+                f"<tr><td>{_badge(f.severity)}</td><td>{e(f.rule)}</td><td class='num'>{f.iteration}</td>"
+                f"<td>{e(f.message)}</td><td class='action'>{e(f.action)}</td></tr>" for f in summary)
+            out.append("<table><tr><th>severity</th><th>rule</th><th>iteration</th><th>finding</th>"
+                       f"<th>suggested action</th></tr>{rows}</table>")
+        if run.diagnostics:
+            worst = summarize(run.diagnostics)
+            out.append(f"<p class='muted'>diagnostics.jsonl (reported during training): "
+                       f"{len(run.diagnostics)} findings; worst per rule: "
+                       + ", ".join(f"{e(f.rule)} ({e(f.severity)} @ {f.iteration})" for f in worst) + "</p>")
+    return "".join(out)
+
+
+def _markers(metric: str, labels: list[str], findings: list[list[Finding]]) -> list[Marker]:
+    out = []
+    for label, fs in zip(labels, findings):
+        for f in fs:
+            if f.evidence.get("metric") == metric:
+                out.append(Marker(f.iteration, f.severity, f"{label}: {f.rule} ({f.severity}): {f.message}"))
+    return out
+
+
+def _series(runs: Sequence[RunData], labels: list[str], metric: str) -> list[Series]:
+    out = []
+    for k, (run, label) in enumerate(zip(runs, labels)):
+        pts = [(r["iteration"], to_float(r[metric])) for r in run.metrics if metric in r]
+        pts = [(i, v) for i, v in pts if v is not None]
+        if pts:
+            out.append(Series(label, pts, PALETTE[k % len(PALETTE)]))
+    return out
+
+
+def _metrics_section(runs: Sequence[RunData], labels: list[str], findings: list[list[Finding]],
+                     out_dir: Path, png: bool) -> tuple[str, list[str]]:
+    names = metric_names(runs)
+    written: list[str] = []
+    parts = ["<h2 id='metrics'>Metrics</h2>"]
+    if len(runs) > 1:
+        legend = " ".join(f"<span style='color:{PALETTE[k % len(PALETTE)]}'>&#9632;</span> {e(lb)}"
+                          for k, lb in enumerate(labels))
+        parts.append(f"<p>{legend}</p>")
+    group = None
+    for metric in names:
+        g = metric.split("/", 1)[0] if "/" in metric else "other"
+        if g != group:
+            if group is not None:
+                parts.append("</div>")
+            parts.append(f"<h3>{e(g)}/</h3><div class='charts'>")
+            group = g
+        series = _series(runs, labels, metric)
+        markers = _markers(metric, labels, findings)
+        chart = svg(layout_chart(metric, series, markers), describe(metric))
+        link = ""
+        if png:
+            (out_dir / PLOTS_DIR).mkdir(parents=True, exist_ok=True)
+            name = png_name(metric)
+            (out_dir / PLOTS_DIR / name).write_bytes(
+                render_png(layout_chart(metric, series, markers, width=720, height=300)))
+            written.append(f"{PLOTS_DIR}/{name}")
+            link = f" <a href='{e(PLOTS_DIR)}/{e(name)}'>png</a>"
+        parts.append(f"<figure id='m-{e(png_name(metric)[:-4])}'>{chart}<figcaption>{e(describe(metric))}"
+                     f"{link}</figcaption></figure>")
+    if group is not None:
+        parts.append("</div>")
+    if not names:
+        parts.append("<p>No metrics logged yet.</p>")
+    return "".join(parts), written
+
+
+def _value(v: Any) -> str:
+    """A cell: floats compact, None as "-", everything else as text (escaped)."""
+    if v is None:
+        return "-"
+    if isinstance(v, float):
+        return e(fmt(v))
+    return e(v)
+
+
+def _samples_section(runs: Sequence[RunData], labels: list[str], requested: Sequence[int] | None,
+                     per_iteration: int) -> str:
+    out = ["<h2 id='samples'>Sample completions</h2>"]
+    for run, label in zip(runs, labels):
+        out.append(f"<h3>{e(label)}</h3>")
+        by_it: dict[int, list[dict[str, Any]]] = {}
+        for row in run.samples:
+            it = row.get("iteration")
+            if isinstance(it, (int, float)) and not isinstance(it, bool) and math.isfinite(it):
+                by_it.setdefault(int(it), []).append(row)
+        chosen = choose_iterations(list(by_it), requested)
+        if not chosen:
+            out.append("<p>No samples.jsonl rows.</p>")
+            continue
+        rows = []
+        for it in chosen:
+            for row in by_it[it][:per_iteration]:
+                rows.append(f"<tr><td class='num'>{it}</td><td><pre>{e(row.get('prompt', ''))}</pre></td>"
+                            f"<td><pre>{e(row.get('completion', ''))}</pre></td>"
+                            f"<td class='num'>{_value(row.get('reward'))}</td>"
+                            f"<td class='num'>{_value(row.get('score'))}</td></tr>")
+        out.append("<table><tr><th>iteration</th><th>prompt</th><th>completion</th><th>reward</th>"
+                   "<th>score</th></tr>" + "".join(rows) + "</table>")
+    return "".join(out)
+
+
+def _table_by_run(title: str, anchor: str, dicts: list[dict[str, Any]], labels: list[str], empty: str) -> str:
+    flat = [flatten(d) for d in dicts]
+    keys = sorted({k for d in flat for k in d})
+    if not keys:
+        return f"<h2 id='{anchor}'>{e(title)}</h2><p>{e(empty)}</p>"
+    head = "".join(f"<th>{e(lb)}</th>" for lb in labels)
+    rows = []
+    for k in keys:
+        vals = [d.get(k, "") for d in flat]
+        cls = " class='diff'" if len(flat) > 1 and len({repr(v) for v in vals}) > 1 else ""
+        rows.append(f"<tr{cls}><td><code>{e(k)}</code></td>" + "".join(f"<td>{_value(v)}</td>" for v in vals) + "</tr>")
+    note = "<p class='muted'>Highlighted rows differ between runs.</p>" if len(flat) > 1 else ""
+    return f"<h2 id='{anchor}'>{e(title)}</h2>{note}<table><tr><th>key</th>{head}</tr>{''.join(rows)}</table>"
+
+
+def _thresholds_section(t: Thresholds) -> str:
+    rows = "".join(f"<tr><td><code>{e(k)}</code></td><td class='num'>{e(v)}</td></tr>" for k, v in t.to_dict().items())
+    return ("<h2 id='thresholds'>Thresholds</h2><details><summary>Diagnostic thresholds used "
+            "(docs/diagnostics.md explains each)</summary><table>" + rows + "</table></details>")
+
+
+# ---- entry point ---------------------------------------------------------------------------------
+def build_report(runs: Sequence[RunData], out_dir: str | Path, *, iterations: Sequence[int] | None = None,
+                 samples_per_iteration: int = 4, png: bool = True, thresholds: Thresholds | None = None,
+                 title: str | None = None) -> Path:
+    """Write ``out_dir/report.html`` (and ``out_dir/plots/*.png`` unless ``png=False``); return its path."""
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    thresholds = thresholds or Thresholds()
+    labels = run_labels(runs)
+    findings = [diagnose(run.metrics, thresholds) for run in runs]
+    title = title or "rlhfkit report: " + ", ".join(labels)
+    metrics_html, _ = _metrics_section(runs, labels, findings, out_dir, png)
+    nav = "".join(f"<a href='#{a}'>{t}</a>" for a, t in (
+        ("runs", "runs"), ("findings", "findings"), ("metrics", "metrics"), ("samples", "samples"),
+        ("summary", "summary"), ("config", "config"), ("thresholds", "thresholds")))
+    body = [
+        f"<header><h1>{e(title)}</h1><p>generated {e(time.strftime('%Y-%m-%d %H:%M:%S'))} by "
+        f"rlhfkit report; self-contained, opens offline</p><nav>{nav}</nav></header><main>",
+        _runs_section(runs, labels, findings),
+        _findings_section(runs, labels, findings),
+        metrics_html,
+        _samples_section(runs, labels, iterations, samples_per_iteration),
+        _table_by_run("Summary (before / after)", "summary", [r.summary or {} for r in runs], labels,
+                      "No summary.json (the run may still be running)."),
+        _table_by_run("Config", "config", [r.config for r in runs], labels, "No config.yaml."),
+        _thresholds_section(thresholds),
+        "</main>",
+    ]
+    doc = (f"<!DOCTYPE html><html lang='en'><head><meta charset='utf-8'><title>{e(title)}</title>"
+           f"<meta name='viewport' content='width=device-width,initial-scale=1'><style>{CSS}</style></head>"
+           f"<body>{''.join(body)}</body></html>")
+    path = out_dir / "report.html"
+    path.write_text(doc, encoding="utf-8")
+    return path

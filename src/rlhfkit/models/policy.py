@@ -1,0 +1,180 @@
+"""Actor-critic: a causal LM with a scalar value head, and its frozen reference.
+
+Notation: B batch, L = P + R tokens (left-padded prompt of width P, response of width R),
+H hidden size, V vocabulary.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import json
+from pathlib import Path
+
+import torch
+from torch import nn
+
+VALUE_HEAD_FILE = "value_head.safetensors"
+
+
+class ValueHead(nn.Module):
+    """Linear map from the final hidden state to a scalar value; zero-initialised (pitfall 9).
+
+    A zero head predicts V = 0 everywhere at the start, so the first advantages equal the
+    (shaped) rewards instead of being dominated by a random critic. No dropout.
+    """
+
+    def __init__(self, hidden_size: int):
+        super().__init__()
+        self.summary = nn.Linear(hidden_size, 1)
+        nn.init.zeros_(self.summary.weight)
+        nn.init.zeros_(self.summary.bias)
+
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor:  # (B, K, H) -> (B, K)
+        with torch.autocast(hidden.device.type, enabled=False):  # values stay fp32 under bf16 autocast
+            return self.summary(hidden.to(self.summary.weight.dtype)).squeeze(-1)
+
+
+def _unwrap(model: nn.Module) -> nn.Module:
+    """The transformers model under a peft wrapper (LoRA layers stay injected)."""
+    get_base = getattr(model, "get_base_model", None)
+    return get_base() if callable(get_base) else model
+
+
+def position_ids_from_mask(attention_mask: torch.Tensor) -> torch.Tensor:
+    """Positions that skip left padding (pitfall 2): cumsum(mask) - 1, clamped at 0. (B, L)"""
+    return (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
+
+
+class ActorCritic(nn.Module):
+    """Policy LM + value head on the shared base (one forward gives logits and values),
+    or on a separate critic backbone when `critic` is given.
+    """
+
+    def __init__(self, policy: nn.Module, value_head: ValueHead, critic: nn.Module | None = None):
+        super().__init__()
+        self.policy = policy
+        self.value_head = value_head
+        self.critic = critic
+
+    @property
+    def config(self):
+        return _unwrap(self.policy).config
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,  # (B, L)
+        attention_mask: torch.Tensor,  # (B, L)
+        num_response: int,
+        with_values: bool = True,
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Logits and values for the last `num_response` tokens (the response).
+
+        The prediction for response token i comes from position P-1+i (pitfall 4), so we keep
+        positions [L-R-1, L-1): logits (B, R, V), values (B, R).
+        """
+        lm = _unwrap(self.policy)
+        pos = position_ids_from_mask(attention_mask)
+        hidden = lm.get_decoder()(
+            input_ids=input_ids, attention_mask=attention_mask, position_ids=pos, use_cache=False
+        ).last_hidden_state  # (B, L, H)
+        hidden = hidden[:, -num_response - 1 : -1]  # (B, R, H)
+        logits = lm.get_output_embeddings()(hidden)  # (B, R, V)
+        values = None
+        if with_values:
+            if self.critic is not None:
+                ch = _unwrap(self.critic).get_decoder()(
+                    input_ids=input_ids, attention_mask=attention_mask, position_ids=pos, use_cache=False
+                ).last_hidden_state[:, -num_response - 1 : -1]
+                values = self.value_head(ch)
+            else:
+                values = self.value_head(hidden)
+        return logits, values
+
+
+class Reference:
+    """The frozen reference policy pi_ref.
+
+    With LoRA (pitfall 14) it is the same model with the adapter disabled: no second copy.
+    With full fine-tuning it is a frozen deep copy made before training (optionally bf16).
+    """
+
+    def __init__(self, actor: ActorCritic, use_adapter_off: bool, dtype: torch.dtype | None = None):
+        self.actor = actor
+        self.frozen: nn.Module | None = None
+        if not use_adapter_off:
+            self.frozen = copy.deepcopy(_unwrap(actor.policy)).eval().requires_grad_(False)
+            if dtype is not None:
+                self.frozen.to(dtype)
+
+    @contextlib.contextmanager
+    def _adapter_off(self):
+        with self.actor.policy.disable_adapter():
+            yield
+
+    @torch.no_grad()
+    def logits(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, num_response: int) -> torch.Tensor:
+        if self.frozen is None:
+            with self._adapter_off():
+                logits, _ = self.actor(input_ids, attention_mask, num_response, with_values=False)
+            return logits
+        pos = position_ids_from_mask(attention_mask)
+        hidden = self.frozen.get_decoder()(
+            input_ids=input_ids, attention_mask=attention_mask, position_ids=pos, use_cache=False
+        ).last_hidden_state[:, -num_response - 1 : -1]
+        return self.frozen.get_output_embeddings()(hidden)
+
+
+def default_lora_targets(model: nn.Module) -> list[str]:
+    """Attention and MLP projections for common architectures (Llama, Mistral, Qwen, GPT-2, ...)."""
+    names = {n.rsplit(".", 1)[-1] for n, m in model.named_modules() if isinstance(m, nn.Linear)}
+    for group in (
+        ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"],
+        ["c_attn", "c_proj", "c_fc"],
+        ["query_key_value", "dense", "dense_h_to_4h", "dense_4h_to_h"],
+        ["query", "key", "value", "dense"],
+    ):
+        hit = [g for g in group if g in names]
+        if hit:
+            return hit
+    raise ValueError("could not choose LoRA target modules; set lora_target_modules")
+
+
+def add_lora(model: nn.Module, r: int, alpha: int, dropout: float, targets: list[str] | None) -> nn.Module:
+    from peft import LoraConfig, get_peft_model
+
+    cfg = LoraConfig(
+        r=r,
+        lora_alpha=alpha,
+        lora_dropout=dropout,
+        target_modules=targets or default_lora_targets(model),
+        task_type="CAUSAL_LM",
+        bias="none",
+    )
+    return get_peft_model(model, cfg)
+
+
+def save_actor(actor: ActorCritic, tokenizer, out_dir: str | Path, merge: bool = False) -> Path:
+    """Save policy (adapter, or merged/full weights), tokenizer and value head in HF format."""
+    from safetensors.torch import save_file
+
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    policy = actor.policy
+    if merge and hasattr(policy, "merge_and_unload"):
+        policy = copy.deepcopy(policy).merge_and_unload()
+    policy.save_pretrained(out)
+    tokenizer.save_pretrained(out)
+    save_file({k: v.detach().contiguous().cpu() for k, v in actor.value_head.state_dict().items()}, out / VALUE_HEAD_FILE)
+    (out / "rlhfkit.json").write_text(json.dumps({"value_head": VALUE_HEAD_FILE, "merged": merge}, indent=2))
+    return out
+
+
+def load_value_head(path: str | Path, hidden_size: int) -> ValueHead:
+    from safetensors.torch import load_file
+
+    head = ValueHead(hidden_size)
+    f = Path(path) / VALUE_HEAD_FILE
+    if f.is_file():
+        head.load_state_dict(load_file(f))
+    return head

@@ -1,0 +1,139 @@
+"""``score_batch``: call a reward function and check what comes back.
+
+Every trainer scores through here, so a bad reward (wrong length, NaN, an
+exception) becomes one clear line naming the reward and the sample, not a
+NaN loss twenty steps later.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from rlhfkit.errors import UserError
+from rlhfkit.rewards.builtins import RewardFn
+
+
+class RewardError(UserError):
+    """A reward function failed or returned something that is not one finite number per sample."""
+
+
+def reward_name(reward_fn: Any) -> str:
+    """The name error messages use: ``reward_name`` (set by get_reward), else ``__name__``."""
+    return str(
+        getattr(reward_fn, "reward_name", None)
+        or getattr(reward_fn, "__name__", None)
+        or type(reward_fn).__name__
+    )
+
+
+def score_batch(
+    reward_fn: RewardFn,
+    prompts: Sequence[str],
+    completions: Sequence[str],
+    info: Mapping[str, Sequence[Any]] | None = None,
+    *,
+    name: str | None = None,
+) -> list[float]:
+    """``reward_fn(prompts, completions, **info)`` as a list of finite floats, one per prompt.
+
+    Accepts a list, tuple, NumPy array or tensor (shape ``(n,)`` or ``(n, 1)``).
+    Raises RewardError naming the reward, the sample index, and the prompt and
+    completion, if the call raises or a value is missing, non-numeric, NaN or inf.
+    """
+    name = name or reward_name(reward_fn)
+    info = dict(info or {})
+    n = len(prompts)
+    if len(completions) != n:
+        raise RewardError(f"reward {name!r}: got {n} prompts but {len(completions)} completions")
+    for key, value in info.items():
+        if isinstance(value, (list, tuple)) and len(value) != n:
+            raise RewardError(f"reward {name!r}: info field {key!r} has {len(value)} values for {n} samples")
+    try:
+        result = reward_fn(list(prompts), list(completions), **info)
+    except UserError:
+        raise  # already a clear one-line message (e.g. a missing 'answer' field)
+    except Exception as e:
+        raise _locate_failure(reward_fn, name, prompts, completions, info, e) from None
+    values = _as_list(result)
+    if values is None:
+        raise RewardError(f"reward {name!r} returned {type(result).__name__}; expected a list of {n} numbers")
+    if len(values) != n:
+        raise RewardError(f"reward {name!r} returned {len(values)} values for {n} samples")
+    out = []
+    for i, v in enumerate(values):
+        x = _as_float(v)
+        if x is None or not math.isfinite(x):
+            what = _short(v) if x is None else str(x)
+            raise RewardError(f"reward {name!r} gave {what} for {_sample(i, prompts, completions)}")
+        out.append(x)
+    return out
+
+
+def _as_list(result: Any) -> list | None:
+    if hasattr(result, "tolist") and not isinstance(result, (list, tuple)):
+        if hasattr(result, "detach"):  # torch tensor
+            result = result.detach().cpu()
+        shape = tuple(getattr(result, "shape", ()))
+        if len(shape) == 2 and shape[1] == 1:  # a reward model's (n, 1) head output
+            result = result.reshape(-1)
+        result = result.tolist()
+    if isinstance(result, (list, tuple)):
+        return list(result)
+    return None
+
+
+def _as_float(value: Any) -> float | None:
+    if isinstance(value, (str, bytes)) or value is None:
+        return None
+    try:
+        return float(value)  # ints, bools, numpy scalars, 0-d tensors
+    except (TypeError, ValueError, OverflowError):
+        return None
+
+
+def _locate_failure(
+    reward_fn: RewardFn,
+    name: str,
+    prompts: Sequence[str],
+    completions: Sequence[str],
+    info: dict[str, Any],
+    error: Exception,
+) -> RewardError:
+    """Re-run sample by sample (failure path only) to name the sample that raises."""
+    n = len(prompts)
+    for i in range(n):
+        one = {k: (v[i : i + 1] if _per_sample(v, n) else v) for k, v in info.items()}
+        try:
+            reward_fn([prompts[i]], [completions[i]], **one)
+        except Exception as e:
+            return RewardError(
+                f"reward {name!r} failed on {_sample(i, prompts, completions)}: {_describe(e)}"
+            )
+    return RewardError(f"reward {name!r} failed on a batch of {n} samples: {_describe(error)}")
+
+
+def _per_sample(value: Any, n: int) -> bool:
+    """A per-sample list (or array) of length n, as opposed to a batch-wide setting."""
+    if isinstance(value, (str, bytes, Mapping)) or not hasattr(value, "__getitem__"):
+        return False
+    try:
+        return len(value) == n
+    except TypeError:  # 0-d arrays have __len__ but no length
+        return False
+
+
+def _sample(i: int, prompts: Sequence[str], completions: Sequence[str]) -> str:
+    return f"sample {i} (prompt={_short(prompts[i])}, completion={_short(completions[i])})"
+
+
+def _describe(e: BaseException) -> str:
+    lines = str(e).strip().splitlines()
+    return f"{type(e).__name__}: {lines[0]}" if lines else type(e).__name__
+
+
+def _short(value: Any, limit: int = 60) -> str:
+    """One-line repr cut to ``limit`` characters (repr escapes newlines)."""
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."

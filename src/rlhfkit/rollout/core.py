@@ -1,0 +1,210 @@
+"""Rollout phase of PPO/GRPO: sample responses, then recompute log-probs, values and reference
+log-probs in one teacher-forced pass (seed 003).
+
+Notation: B rollout batch, P padded prompt width (left padding), R response width
+(right padding after the first stop token), V vocabulary.
+"""
+
+from __future__ import annotations
+
+import warnings
+from dataclasses import dataclass, field, fields
+
+import torch
+
+from rlhfkit.algos import logprobs_and_entropy, response_mask
+
+
+@dataclass
+class SamplingParams:
+    """How rollouts are sampled. top_k=0 and top_p=1 keep the sampling distribution equal to the
+    temperature-scaled policy whose log-probs PPO uses (pitfall 1)."""
+
+    max_new_tokens: int = 48
+    temperature: float = 1.0
+    top_k: int = 0
+    top_p: float = 1.0
+    stop_ids: tuple[int, ...] = ()
+
+    def __post_init__(self):
+        if self.top_k not in (0, None) or self.top_p < 1.0:
+            warnings.warn(
+                "top_k/top_p truncate the sampling distribution, so stored log-probs no longer match "
+                "the distribution the tokens came from; PPO's ratio becomes biased",
+                stacklevel=3,
+            )
+
+
+@dataclass
+class Rollout:
+    """One batch of experience. Shapes: B rollout batch, P prompt width, R response width."""
+
+    query_ids: torch.Tensor  # (B, P) left-padded prompt tokens
+    query_mask: torch.Tensor  # (B, P) 1 for real prompt tokens
+    response_ids: torch.Tensor  # (B, R) sampled tokens; anything after the first stop is padding
+    response_mask: torch.Tensor  # (B, R) float, 1 up to and including the first stop token
+    stopped: torch.Tensor  # (B,) bool, a stop token was emitted
+    logprobs: torch.Tensor | None = None  # (B, R) log pi_old(token) at temperature T, 0 on padding
+    ref_logprobs: torch.Tensor | None = None  # (B, R) log pi_ref(token) at temperature T
+    values: torch.Tensor | None = None  # (B, R) V_old(s_t), the state before response token t
+    entropy: torch.Tensor | None = None  # (B, R) entropy of pi_old(. | s_t) at temperature T
+    scores: torch.Tensor | None = None  # (B,) sequence score from the reward function/model
+    rewards: torch.Tensor | None = None  # (B, R) shaped per-token rewards (KL + score on last token)
+    advantages: torch.Tensor | None = None  # (B, R) whitened GAE advantages
+    returns: torch.Tensor | None = None  # (B, R) advantages + values (before whitening)
+    prompts: list[str] = field(default_factory=list)  # B prompt texts (unformatted)
+    completions: list[str] = field(default_factory=list)  # B decoded responses, stop token excluded
+    info: dict = field(default_factory=dict)  # per-sample lists passed to reward functions
+
+    def select(self, idx: torch.Tensor) -> Rollout:
+        """Rows `idx` of every tensor field (lists are left out: mini-batches are tensor-only)."""
+        kw = {}
+        for f in fields(self):
+            v = getattr(self, f.name)
+            kw[f.name] = v[idx] if isinstance(v, torch.Tensor) else (type(v)() if f.name != "info" else {})
+        return Rollout(**kw)
+
+    @property
+    def input_ids(self) -> torch.Tensor:  # (B, P + R)
+        return torch.cat([self.query_ids, self.response_ids], dim=1)
+
+    @property
+    def attention_mask(self) -> torch.Tensor:  # (B, P + R)
+        return torch.cat([self.query_mask, self.response_mask.to(self.query_mask.dtype)], dim=1)
+
+
+def trim(rollout: Rollout) -> Rollout:
+    """Drop prompt columns that are padding in every row and response columns after the longest
+    response. Causal attention makes both invisible to the kept positions, so this only saves time."""
+    first = int(rollout.query_mask.any(0).float().argmax()) if rollout.query_mask.any() else 0
+    last = int(rollout.response_mask.any(0).nonzero().max()) + 1 if rollout.response_mask.any() else 1
+    kw = {}
+    for f in fields(rollout):
+        v = getattr(rollout, f.name)
+        if isinstance(v, torch.Tensor) and v.dim() == 2:
+            v = v[:, first:] if f.name.startswith("query") else v[:, :last]
+        kw[f.name] = v
+    return Rollout(**kw)
+
+
+@torch.no_grad()
+def generate(
+    model: torch.nn.Module,
+    tokenizer,
+    prompt_texts: list[str],
+    params: SamplingParams,
+    batch_size: int | None = None,
+) -> Rollout:
+    """Sample one response per prompt text (already chat-formatted). KV-cached HF generate.
+
+    Prompts are left-padded so every response starts at the same column (pitfall 2).
+    """
+    from transformers import GenerationConfig
+
+    was_training = model.training
+    model.eval()
+    enc = tokenizer(prompt_texts, return_tensors="pt", padding=True, add_special_tokens=False)
+    stop_ids = tuple(params.stop_ids) or (tokenizer.eos_token_id,)
+    gen_cfg = GenerationConfig(
+        do_sample=params.temperature > 0,
+        temperature=params.temperature if params.temperature > 0 else None,
+        top_k=params.top_k if params.temperature > 0 else None,
+        top_p=params.top_p if params.temperature > 0 else None,
+        max_new_tokens=params.max_new_tokens,
+        eos_token_id=list(stop_ids),
+        pad_token_id=tokenizer.pad_token_id,
+        bos_token_id=tokenizer.bos_token_id,
+    )
+    device = next(model.parameters()).device
+    step = batch_size or len(prompt_texts)
+    outs = []
+    for i in range(0, len(prompt_texts), step):
+        ids = enc["input_ids"][i : i + step].to(device)
+        mask = enc["attention_mask"][i : i + step].to(device)
+        seq = model.generate(input_ids=ids, attention_mask=mask, generation_config=gen_cfg)
+        outs.append(seq[:, ids.shape[1] :].cpu())
+    model.train(was_training)
+    width = max(o.shape[1] for o in outs)
+    pad = tokenizer.pad_token_id
+    response = torch.cat([torch.nn.functional.pad(o, (0, width - o.shape[1]), value=pad) for o in outs])
+    rmask, stopped = response_mask(response, stop_ids)
+    completions = decode_responses(tokenizer, response, rmask, stopped)
+    return Rollout(
+        query_ids=enc["input_ids"],
+        query_mask=enc["attention_mask"],
+        response_ids=response,
+        response_mask=rmask.float(),
+        stopped=stopped,
+        completions=completions,
+    )
+
+
+def decode_responses(tokenizer, response: torch.Tensor, mask: torch.Tensor, stopped: torch.Tensor) -> list[str]:
+    """Text of each response without its stop token."""
+    texts = []
+    for row, m, s in zip(response, mask, stopped):
+        n = int(m.sum()) - int(bool(s))
+        texts.append(tokenizer.decode(row[:n], skip_special_tokens=True).strip())
+    return texts
+
+
+def forward_logprobs(
+    actor,
+    rollout: Rollout,
+    temperature: float,
+    with_values: bool = True,
+    with_entropy: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
+    """Teacher-forced log-probs (B, R) at temperature T, values (B, R), entropy (B, R).
+
+    Padding positions are zeroed so they cannot leak into sums.
+    """
+    device = next(actor.parameters()).device
+    R = rollout.response_ids.shape[1]
+    logits, values = actor(rollout.input_ids.to(device), rollout.attention_mask.to(device), R, with_values)
+    lp, ent = logprobs_and_entropy(logits, rollout.response_ids.to(device), temperature, with_entropy=with_entropy)
+    m = rollout.response_mask.to(device)
+    return lp * m, (values.float() * m if values is not None else None), (ent * m if ent is not None else None)
+
+
+@torch.no_grad()
+def score_rollout(actor, reference, rollout: Rollout, temperature: float, micro_batch_size: int,
+                  order: torch.Tensor | None = None) -> Rollout:
+    """Fill logprobs, values, entropy and ref_logprobs in micro-batches (bounded peak memory).
+
+    `order` (B,) groups rows into micro-batches exactly as the first update epoch will, so the
+    first update micro-batch repeats this computation bit for bit and its ratio must be 1
+    (pitfall 4); other groupings change padding widths, which moves bf16 results by ~1e-2.
+    """
+    was_training = actor.training
+    actor.eval()
+    B = rollout.response_ids.shape[0]
+    order = torch.arange(B) if order is None else order
+    parts: dict[str, list[torch.Tensor]] = {"logprobs": [], "values": [], "entropy": [], "ref_logprobs": []}
+    for i in range(0, B, micro_batch_size):
+        mb = trim_rows(rollout, order[i : i + micro_batch_size])
+        lp, v, ent = forward_logprobs(actor, mb, temperature, with_values=True, with_entropy=True)
+        parts["logprobs"].append(lp.cpu())
+        parts["values"].append(v.cpu())
+        parts["entropy"].append(ent.cpu())
+        if reference is not None:
+            device = next(actor.parameters()).device
+            ref_logits = reference.logits(mb.input_ids.to(device), mb.attention_mask.to(device), mb.response_ids.shape[1])
+            ref_lp, _ = logprobs_and_entropy(ref_logits, mb.response_ids.to(device), temperature, with_entropy=False)
+            parts["ref_logprobs"].append((ref_lp * mb.response_mask.to(device)).cpu())
+    actor.train(was_training)
+    R = rollout.response_ids.shape[1]
+    inverse = torch.argsort(order)  # back from micro-batch order to row order
+    for name, chunks in parts.items():
+        if chunks:
+            cat = torch.cat([torch.nn.functional.pad(c, (0, R - c.shape[1])) for c in chunks])
+            setattr(rollout, name, cat[inverse])
+    if reference is None:
+        rollout.ref_logprobs = None
+    return rollout
+
+
+def trim_rows(rollout: Rollout, rows: slice | torch.Tensor) -> Rollout:
+    """The given rows, with all-padding columns trimmed."""
+    idx = torch.arange(rollout.response_ids.shape[0])[rows] if isinstance(rows, slice) else rows
+    return trim(rollout.select(idx))

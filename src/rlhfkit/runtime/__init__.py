@@ -1,0 +1,1 @@
+"""Plumbing shared by every trainer: configs, seeding, devices, run folders."""

@@ -1,0 +1,115 @@
+"""Run folder and metric logging shared by every trainer.
+
+runs/<name>/config.yaml      the resolved config
+runs/<name>/metrics.jsonl    one JSON object per iteration, with an integer "iteration" key
+runs/<name>/samples.jsonl    a few completions per iteration with their rewards
+runs/<name>/diagnostics.jsonl training-health findings (rlhfkit.diagnostics)
+runs/<name>/summary.json     before/after evaluation
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from pathlib import Path
+from typing import Any
+
+
+def _clean(v: Any) -> Any:
+    if isinstance(v, float) and not math.isfinite(v):
+        return str(v)  # JSON has no NaN/inf; keep them visible rather than crash
+    return v
+
+
+def make_run_dir(output_dir: str, run_name: str | None, command: str) -> Path:
+    name = run_name or f"{command}-{time.strftime('%Y%m%d-%H%M%S')}"
+    path = Path(output_dir) / name
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+class Tracker:
+    """Writes metrics/samples files, shows progress and findings, feeds optional sinks."""
+
+    def __init__(self, run_dir: Path, total_iterations: int, quiet: bool = False, is_main: bool = True,
+                 tensorboard: bool | None = None, wandb: bool = False, config: dict | None = None):
+        self.run_dir = Path(run_dir)
+        self.is_main = is_main
+        self.quiet = quiet
+        self.console = None
+        self.monitor = None
+        self.sinks: list = []
+        if not is_main:
+            return
+        try:
+            from rlhfkit.diagnostics import Monitor
+            from rlhfkit.diagnostics.console import RunConsole
+
+            self.console = RunConsole(total_iterations, quiet=quiet)
+            self.monitor = Monitor(path=self.run_dir / "diagnostics.jsonl")
+        except ImportError:
+            pass
+        try:
+            from rlhfkit.diagnostics.sinks import make_sinks
+
+            self.sinks = make_sinks(self.run_dir, tensorboard=tensorboard, wandb=wandb, config=config)
+        except ImportError:
+            self.sinks = []
+
+    def phase(self, name: str, total: int | None = None):
+        if self.console is not None:
+            return self.console.phase(name, total)
+        return _NullPhase()
+
+    def print(self, msg: str) -> None:
+        if not self.is_main:
+            return
+        if self.console is not None:
+            self.console.print(msg)
+        else:
+            print(msg, flush=True)
+
+    def log(self, iteration: int, metrics: dict[str, float]) -> list:
+        if not self.is_main:
+            return []
+        row = {"iteration": iteration, **{k: _clean(v) for k, v in metrics.items()}}
+        with open(self.run_dir / "metrics.jsonl", "a") as f:
+            f.write(json.dumps(row) + "\n")
+        for sink in self.sinks:
+            sink.log(iteration, metrics)
+        findings = self.monitor.observe(iteration, metrics) if self.monitor is not None else []
+        if self.console is not None:
+            self.console.log_iteration(iteration, metrics)
+            if findings:
+                self.console.show_findings(findings)
+        elif not self.quiet:
+            keys = [k for k in metrics if k.startswith(("rollout/reward_mean", "loss/", "params/approx_kl"))]
+            print(f"it {iteration}: " + " ".join(f"{k}={metrics[k]:.4g}" for k in keys), flush=True)
+        return findings
+
+    def log_samples(self, iteration: int, rows: list[dict]) -> None:
+        if not self.is_main:
+            return
+        with open(self.run_dir / "samples.jsonl", "a") as f:
+            for r in rows:
+                f.write(json.dumps({"iteration": iteration, **r}) + "\n")
+
+    def write_json(self, name: str, data: dict) -> None:
+        if self.is_main:
+            (self.run_dir / name).write_text(json.dumps(data, indent=2))
+
+    def close(self) -> None:
+        for sink in self.sinks:
+            sink.close()
+
+
+class _NullPhase:
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+    def advance(self, n: int = 1) -> None:
+        pass

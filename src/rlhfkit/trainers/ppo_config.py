@@ -1,0 +1,77 @@
+"""PPOConfig: every option of `rlhfkit ppo`, documented once (this text is --help)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from rlhfkit.runtime.config import check, option
+from rlhfkit.trainers.common import ModelArgs, RunArgs
+
+
+@dataclass
+class PPOConfig(ModelArgs, RunArgs):
+    """PPO with GAE and a value head on the shared base (actor-critic), KL penalty against a frozen reference."""
+
+    # data and reward
+    prompts: str = option("builtin:reviews", "prompts: builtin:reviews|stories|arithmetic|instructions or a JSONL/CSV/TXT file")
+    eval_prompts: str | None = option(None, "held-out prompts for the before/after check (default: test split of `prompts`)")
+    num_eval_prompts: int = option(48, "held-out prompts sampled before and after training (0 = skip)")
+    reward: str = option("sentiment", "sentiment | arithmetic | length[:N] | model:PATH | python:module:function")
+    # rollout
+    iterations: int = option(24, "PPO iterations (rollout + update)")
+    rollout_batch_size: int = option(16, "prompts sampled per iteration")
+    max_new_tokens: int = option(48, "response length limit")
+    temperature: float = option(1.0, "sampling temperature; log-probs, reference and entropy use the same T")
+    top_k: int = option(0, "0 = no top-k truncation (recommended: truncation biases the stored log-probs)")
+    top_p: float = option(1.0, "1.0 = no nucleus truncation (recommended)")
+    stop_ids: list | None = option(None, "token ids that end a response (default: the tokenizer's eos)")
+    generation_batch_size: int = option(16, "prompts per generate() call")
+    # update
+    ppo_epochs: int = option(2, "passes over each rollout")
+    mini_batch_size: int = option(8, "sequences per optimiser step")
+    micro_batch_size: int = option(8, "sequences per forward/backward (gradient accumulation = mini / micro)")
+    lr: float = option(3e-4, "AdamW learning rate (LoRA default; use ~1e-5 for full fine-tuning)")
+    warmup_steps: int = option(4, "linear lr warm-up, in optimiser steps")
+    weight_decay: float = option(0.0, "AdamW weight decay")
+    adam_eps: float = option(1e-8, "AdamW epsilon")
+    max_grad_norm: float = option(1.0, "gradient-norm clip threshold (params/grad_norm is logged before clipping)")
+    clip_eps: float = option(0.2, "PPO ratio clip range")
+    value_clip_eps: float | None = option(0.2, "value clip range around the rollout values (None disables)")
+    vf_coef: float = option(0.1, "value-loss coefficient")
+    ent_coef: float = option(0.0, "entropy-bonus coefficient")
+    loss_agg: str = option("token-mean", "loss aggregation over a mini-batch", ("token-mean", "seq-mean"))
+    # advantages and rewards
+    gamma: float = option(1.0, "discount")
+    lam: float = option(0.95, "GAE lambda")
+    whiten_advantages: bool = option(True, "normalise advantages over the rollout batch (after returns are formed)")
+    kl_coef: float = option(0.05, "KL penalty coefficient beta (initial value when adaptive)")
+    kl_estimator: str = option("k1", "per-token KL estimator in the reward", ("k1", "k2", "k3", "abs"))
+    kl_penalty: str = option("reward", "fold -beta*KL into the rewards, or add beta*k3 to the loss", ("reward", "loss"))
+    adaptive_kl: bool = option(False, "adapt beta towards kl_target (Ziegler et al. 2019)")
+    kl_target: float = option(6.0, "target per-sequence KL for the adaptive controller")
+    kl_horizon: int = option(10000, "horizon of the adaptive controller")
+    score_clip: float | None = option(None, "clip sequence scores to [-c, c]")
+    no_stop_penalty: float | None = option(None, "score given to responses that never emit a stop token (None: keep)")
+    # model extras
+    critic_model: str | None = option(None, "separate critic backbone (a model folder); None = value head on the shared base")
+    ratio_check_tol: float = option(1e-3, "max |ratio-1| allowed on the first micro-batch of each rollout; it repeats the "
+                                    "scoring pass exactly, so anything above float noise means broken log-probs")
+    # outputs
+    log_samples: int = option(4, "completions per iteration written to samples.jsonl")
+    save_merged: bool = option(False, "also save merged full weights (LoRA) in final/merged")
+
+    def validate(self) -> None:
+        check(self.iterations >= 1, f"iterations ({self.iterations}) must be >= 1")
+        for k in ("rollout_batch_size", "mini_batch_size", "micro_batch_size", "ppo_epochs", "max_new_tokens"):
+            check(getattr(self, k) >= 1, f"{k} ({getattr(self, k)}) must be >= 1")
+        check(self.rollout_batch_size % self.mini_batch_size == 0,
+              f"rollout_batch_size ({self.rollout_batch_size}) must be divisible by mini_batch_size ({self.mini_batch_size})")
+        check(self.mini_batch_size % self.micro_batch_size == 0,
+              f"mini_batch_size ({self.mini_batch_size}) must be divisible by micro_batch_size ({self.micro_batch_size})")
+        check(self.temperature > 0, f"temperature ({self.temperature}) must be > 0 for PPO rollouts")
+        check(0 < self.top_p <= 1, f"top_p ({self.top_p}) must be in (0, 1]")
+        check(self.lr > 0, f"lr ({self.lr}) must be > 0")
+        check(0 <= self.gamma <= 1 and 0 <= self.lam <= 1, "gamma and lam must be in [0, 1]")
+        check(self.clip_eps > 0, f"clip_eps ({self.clip_eps}) must be > 0")
+        check(self.kl_coef >= 0, f"kl_coef ({self.kl_coef}) must be >= 0")
+        check(self.num_eval_prompts >= 0, f"num_eval_prompts ({self.num_eval_prompts}) must be >= 0")

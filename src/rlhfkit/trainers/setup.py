@@ -1,0 +1,81 @@
+"""Set-up steps of the RL trainers (PPO, GRPO): data, reward, actor-critic, before/after check."""
+
+from __future__ import annotations
+
+import contextlib
+
+from rlhfkit.errors import UserError
+from rlhfkit.rollout import SamplingParams
+
+
+def prepare_data(cfg) -> tuple:
+    """(reward_fn, train records, held-out records)."""
+    from rlhfkit.data.prompts import load_prompts
+    from rlhfkit.rewards import get_reward
+
+    reward_fn = get_reward(cfg.reward)
+    train = load_prompts(cfg.prompts, split="train", seed=cfg.seed)
+    if not train:
+        raise UserError(f"prompts: '{cfg.prompts}' has no training prompts")
+    held_out: list[dict] = []
+    if cfg.num_eval_prompts > 0:
+        spec = cfg.eval_prompts or cfg.prompts
+        try:
+            held_out = load_prompts(spec, split="test", limit=cfg.num_eval_prompts, seed=cfg.seed)
+        except UserError:
+            held_out = []
+        if not held_out:  # a user file has no split: hold out nothing, evaluate on a fixed sample
+            held_out = load_prompts(spec, split="train", limit=cfg.num_eval_prompts, seed=cfg.seed + 1)
+    return reward_fn, train, held_out
+
+
+def build_actor_critic(cfg):
+    """(ActorCritic, Reference | None, tokenizer)."""
+    import torch
+
+    from rlhfkit.models import load_causal_lm
+    from rlhfkit.models.policy import ActorCritic, Reference, ValueHead
+    from rlhfkit.trainers.common import build_policy
+
+    policy, tok = build_policy(cfg)
+    hidden = policy.config.hidden_size
+    critic = None
+    if cfg.critic_model:
+        critic = load_causal_lm(cfg.critic_model, dtype="fp32", trainable=True)
+        hidden = critic.config.hidden_size
+    actor = ActorCritic(policy, ValueHead(hidden), critic)
+    needs_ref = cfg.kl_coef > 0
+    ref_dtype = torch.bfloat16 if cfg.dtype == "bf16" else None
+    reference = Reference(actor, use_adapter_off=cfg.lora, dtype=ref_dtype) if needs_ref else None
+    return actor, reference, tok
+
+
+def evaluate_reward(model, tok, records, reward_fn, cfg, params: SamplingParams, seed: int) -> dict:
+    """Mean/std of the reward of sampled completions on `records` (one sample each)."""
+    from rlhfkit.generate import sample_and_score
+    from rlhfkit.trainers.common import format_prompts, mean_std
+
+    formatted = format_prompts(tok, [r["prompt"] for r in records], cfg)
+    completions, scores = sample_and_score(model, tok, records, formatted, reward_fn, params, seed,
+                                           cfg.generation_batch_size, cfg.dtype)
+    m, s = mean_std(scores)
+    return {"mean": m, "std": s, "n": len(scores),
+            "samples": [{"prompt": r["prompt"], "completion": c, "score": x}
+                        for r, c, x in list(zip(records, completions, scores))[:8]]}
+
+
+@contextlib.contextmanager
+def eval_before_after(actor, tok, records, reward_fn, cfg, params, tracker, summary: dict, device):
+    """Score sampled completions on held-out prompts before and after the wrapped training."""
+    if not records:
+        yield
+        return
+    seed = cfg.seed + 424242  # same seed before and after: the comparison sees the same sampling noise
+    before = evaluate_reward(actor.policy, tok, records, reward_fn, cfg, params, seed)
+    tracker.print(f"[eval] before training: mean reward {before['mean']:.3f} (sd {before['std']:.3f}, n={before['n']})")
+    yield
+    after = evaluate_reward(actor.policy, tok, records, reward_fn, cfg, params, seed)
+    tracker.print(f"[eval] after training:  mean reward {after['mean']:.3f} (sd {after['std']:.3f}, n={after['n']})")
+    tracker.print(f"[eval] change: {after['mean'] - before['mean']:+.3f} on {after['n']} held-out prompts "
+                  f"(reward={cfg.reward}, T={cfg.temperature})")
+    summary.update({"eval_before": before, "eval_after": after, "eval_change": after["mean"] - before["mean"]})

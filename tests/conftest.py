@@ -1,0 +1,39 @@
+"""Shared fixtures: a tiny Llama model and tokenizer folder (see tiny_lm.py)."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+from tiny_lm import build_tiny_model, build_tokenizer
+
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+torch.set_num_threads(min(2, torch.get_num_threads()))
+
+
+def pytest_collection_modifyitems(config, items):
+    """Skip GPU tests without CUDA."""
+    if torch.cuda.is_available():
+        return
+    skip = pytest.mark.skip(reason="needs CUDA")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(tmp_path_factory):
+    """A saved tiny Llama + tokenizer folder, usable as `model=PATH` by every command."""
+    path = tmp_path_factory.mktemp("tiny-llama")
+    tok = build_tokenizer()
+    model = build_tiny_model(len(tok))
+    model.save_pretrained(path)
+    tok.save_pretrained(path)
+    return path
+
+
+@pytest.fixture()
+def tiny_tokenizer():
+    return build_tokenizer()

@@ -1,0 +1,228 @@
+"""Each rule fires on a synthetic history that shows its problem (right severity, iteration and
+evidence) and stays silent on healthy histories of every trainer."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+import pytest
+from diag_synthetic import (
+    HEALTHY,
+    healthy_dpo,
+    healthy_grpo,
+    healthy_ppo,
+    healthy_rm,
+    healthy_sft,
+    with_values,
+)
+
+from rlhfkit.diagnostics import RULES, Finding, Thresholds, diagnose
+
+
+@dataclass
+class Case:
+    """A problem history and what the named rule must report first."""
+
+    id: str
+    rule: str
+    rows: list[dict[str, Any]]
+    severity: str  # severity of the *worst* finding of the rule
+    first_iteration: int  # iteration of the rule's first finding
+    evidence_iterations: list[int] | None = None  # evidence["iterations"] of the first finding
+    also: set[str] = field(default_factory=set)  # other rules allowed to fire
+
+
+def _const(v: float):
+    return lambda i, old: v
+
+
+def _seed001() -> list[dict]:
+    """Seed 001, question 16: 7 iterations, clip fraction 0.6 -> 0.8, grad norm up to 17 (max 1.0),
+    value loss flat."""
+    rows = healthy_ppo(7)
+    clip = [0.6, 0.63, 0.67, 0.7, 0.73, 0.77, 0.8]
+    grad = [3.0, 5.0, 8.0, 10.0, 12.0, 15.0, 17.0]
+    for r, c, g in zip(rows, clip, grad):
+        r["params/policy_clip_frac"], r["params/grad_norm"], r["loss/value"] = c, g, 0.05
+    return rows
+
+
+def _plateau() -> list[dict]:
+    return with_values(healthy_ppo(40), "rollout/reward_mean", lambda i, old: min(i, 10) * 0.05 + 0.1 + 0.001 * (i % 2))
+
+
+def _flat(n: int) -> list[dict]:
+    return with_values(healthy_ppo(n), "rollout/reward_mean", lambda i, old: 0.3 + 0.002 * (i % 3))
+
+
+def _sft_overfit() -> list[dict]:
+    rows = healthy_sft(30)
+    for r in rows:  # eval at 4, 9, 14, 19, 24, 29: best at 9, then up
+        if "eval/loss" in r:
+            r["eval/loss"] = {4: 2.4, 9: 2.2, 14: 2.25, 19: 2.4, 24: 2.6, 29: 2.8}[r["iteration"]]
+    return rows
+
+
+# clip fraction creeping up from 0.01 to 0.19: a rise of 0.16 while still below clip_frac_warn
+_RISE = {10: 0.01, 11: 0.01, 12: 0.01, 13: 0.05, 14: 0.09, 15: 0.15, 16: 0.17}
+
+# First-firing iterations follow from the averaging: "recent" = mean of the last 3 values, so a
+# jump at iteration k usually fires at k + 1 (one normal and two bad values) or k + 2.
+CASES = [
+    Case("nan-loss", "non_finite", with_values(healthy_ppo(), "loss/value", lambda i, o: math.nan if i == 12 else o),
+         "critical", 12, [12]),
+    Case("inf-string", "non_finite", with_values(healthy_sft(), "loss/sft", lambda i, o: "inf" if i == 7 else o),
+         "critical", 7, [7]),
+    Case("grad-spike", "grad_norm_explosion",
+         with_values(healthy_ppo(), "params/grad_norm", lambda i, o: 60.0 if i == 15 else o), "critical", 15, [15]),
+    Case("seed001", "policy_clip_frac", _seed001(), "critical", 2, [0, 1, 2], also={"grad_norm_explosion"}),
+    Case("seed001-grad", "grad_norm_explosion", _seed001(), "warning", 3, [3], also={"policy_clip_frac"}),
+    Case("clip-high", "policy_clip_frac",
+         with_values(healthy_ppo(), "params/policy_clip_frac", _const(0.3), start=15), "warning", 16, [14, 15, 16]),
+    Case("clip-rising", "policy_clip_frac",
+         with_values(healthy_ppo(), "params/policy_clip_frac", lambda i, o: _RISE.get(i, 0.19), start=10),
+         "warning", 17, [15, 16, 17]),
+    Case("value-clip", "value_clip_frac_high",
+         with_values(healthy_ppo(), "params/value_clip_frac", _const(0.9), start=10), "warning", 11, [9, 10, 11]),
+    Case("approx-kl", "approx_kl_high",
+         with_values(healthy_ppo(), "params/approx_kl", lambda i, o: 0.8 if i == 20 else (0.3 if i == 14 else o)),
+         "critical", 14, [14]),
+    Case("ratio-warn", "ratio_first_microbatch",
+         with_values(healthy_ppo(), "params/ratio_first_microbatch_maxdev", _const(5e-3), start=3), "warning", 3, [3]),
+    Case("ratio-critical", "ratio_first_microbatch",
+         with_values(healthy_ppo(), "params/ratio_first_microbatch_maxdev", _const(0.2)), "critical", 0, [0]),
+    Case("value-flat", "value_loss_not_learning",
+         with_values(healthy_ppo(), "loss/value", lambda i, o: 0.1 + 0.001 * (i % 2)), "warning", 9, list(range(10))),
+    Case("value-rising", "value_loss_not_learning",
+         with_values(healthy_ppo(), "loss/value", lambda i, o: 0.05 * 1.1**i), "warning", 9, list(range(10))),
+    Case("kl-high", "rollout_kl_high",
+         with_values(healthy_ppo(), "rollout/kl", lambda i, o: 15.0 if i < 25 else 40.0, start=20),
+         "critical", 21, [19, 20, 21]),
+    Case("kl-negative", "negative_kl",
+         with_values(healthy_ppo(), "rollout/kl", lambda i, o: -0.3 if i < 20 else -1.0, start=10),
+         "critical", 12, [10, 11, 12]),
+    Case("entropy", "entropy_collapse",
+         with_values(healthy_ppo(), "rollout/entropy", lambda i, o: 1.7 * 0.8 ** (i - 10), start=10),
+         "critical", 19, [0, 1, 2, 17, 18, 19]),
+    Case("reward-flat", "reward_flat", _flat(60), "warning", 24, list(range(25))),
+    Case("reward-plateau", "reward_flat", _plateau(), "info", 31, list(range(7, 32))),
+    Case("length-explode", "length_explosion",
+         with_values(healthy_ppo(), "rollout/response_length", _const(60.0), start=15), "warning", 16,
+         [0, 1, 2, 14, 15, 16]),
+    Case("length-collapse", "length_collapse",
+         with_values(healthy_ppo(), "rollout/response_length", lambda i, o: 8.0 if i < 20 else 1.0, start=15),
+         "critical", 17, [0, 1, 2, 15, 16, 17]),
+    Case("stop-falling", "stop_fraction_falling",
+         with_values(healthy_ppo(), "rollout/stop_fraction", _const(0.6), start=15), "warning", 16,
+         [0, 1, 2, 14, 15, 16]),
+    Case("group-std", "group_reward_std_collapse",
+         with_values(healthy_grpo(), "rollout/group_reward_std", _const(0.01), start=15), "warning", 17,
+         [0, 1, 2, 15, 16, 17]),
+    Case("unsolved", "solved_fraction_extreme",
+         with_values(healthy_grpo(), "rollout/solved_fraction", _const(0.0)), "warning", 4, [0, 1, 2, 3, 4]),
+    Case("saturated", "solved_fraction_extreme",
+         with_values(healthy_grpo(), "rollout/solved_fraction", _const(1.0), start=20), "info", 24,
+         [20, 21, 22, 23, 24]),
+    Case("loss-spike", "loss_spike",
+         with_values(healthy_sft(), "loss/sft", lambda i, o: 8.0 if i == 18 else o), "warning", 18, [18]),
+    Case("dpo-logps", "dpo_chosen_logps_falling",
+         with_values(healthy_dpo(), "logps/chosen", lambda i, o: -80 - 1.0 * i), "warning", 7, [0, 1, 2, 5, 6, 7]),
+    Case("dpo-accuracy", "preference_accuracy_low",
+         with_values(healthy_dpo(40), "rewards/accuracy", _const(0.5)), "warning", 29, [25, 26, 27, 28, 29]),
+    Case("rm-accuracy", "preference_accuracy_low",
+         with_values(healthy_rm(40), "rm/accuracy", lambda i, o: 0.45 + 0.01 * (i % 3)), "warning", 29,
+         [25, 26, 27, 28, 29]),
+    Case("sft-overfit", "eval_loss_rising", _sft_overfit(), "warning", 19, [9, 19]),
+]
+
+
+def test_every_rule_has_a_firing_case():
+    assert {c.rule for c in CASES} == set(RULES)
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
+def test_rule_fires(case: Case):
+    findings = diagnose(case.rows, strict=True)
+    mine = [f for f in findings if f.rule == case.rule]
+    assert mine, f"{case.rule} did not fire; got {[f.one_line() for f in findings]}"
+    first = mine[0]
+    assert first.iteration == case.first_iteration, first.one_line()
+    if case.evidence_iterations is not None:
+        assert first.evidence["iterations"] == case.evidence_iterations
+    assert max(f.rank for f in mine) == Finding("x", case.severity, 0, "").rank, [f.one_line() for f in mine]
+    assert first.message and first.action
+    others = {f.rule for f in findings} - {case.rule}
+    assert others <= case.also, f"unexpected rules fired: {others}"
+
+
+@pytest.mark.parametrize("trainer", sorted(HEALTHY))
+@pytest.mark.parametrize("n", [5, 30, 80])
+def test_healthy_histories_are_silent(trainer: str, n: int):
+    rows = HEALTHY[trainer](n=n)
+    assert diagnose(rows, strict=True) == []
+
+
+def test_rule_silent_on_its_own_healthy_counterpart():
+    """The same histories with the problem removed: every case's rule is silent."""
+    for case in CASES:
+        trainer = next(t for t, fn in HEALTHY.items() if set(fn(n=3)[0]) >= set(case.rows[0]) - {"iteration"})
+        clean = HEALTHY[trainer](n=len(case.rows))
+        assert [f for f in diagnose(clean, strict=True) if f.rule == case.rule] == [], case.id
+
+
+def test_seed001_worked_example_reads_like_the_expert():
+    """Seed 001 reads these 7 iterations as: clip fraction a major red flag, grad norm exploding."""
+    found = {f.rule: f for f in diagnose(_seed001(), strict=True)}
+    assert found["policy_clip_frac"].severity == "critical"
+    assert "learning rate 5-10x" in found["policy_clip_frac"].action
+    assert "try 1e-06 to 2e-06" in found["policy_clip_frac"].action  # lr 1e-5, 5-10x lower
+    assert found["grad_norm_explosion"].evidence["max_grad_norm"] == 1.0
+
+
+def test_expert_healthy_example_is_silent():
+    """Seed 001, question 18: clip 0.05, approx_kl 0.064, grad_norm 2.9 with max 1.0 is 'stable'."""
+    rows = with_values(healthy_ppo(), "params/approx_kl", _const(0.064))
+    rows = with_values(rows, "params/grad_norm", _const(2.88))
+    rows = with_values(rows, "params/policy_clip_frac", _const(0.0511))
+    assert diagnose(rows, strict=True) == []
+
+
+def test_missing_metrics_disable_rules_without_errors():
+    """Every case with any single metric removed runs without exceptions."""
+    for case in CASES[:10]:
+        for key in case.rows[-1]:
+            if key == "iteration":
+                continue
+            rows = [{k: v for k, v in r.items() if k != key} for r in case.rows]
+            diagnose(rows, strict=True)
+    assert diagnose([{"iteration": 0}, {"iteration": 1, "other/thing": 3}], strict=True) == []
+    assert diagnose([], strict=True) == []
+
+
+def test_thresholds_change_the_outcome():
+    rows = with_values(healthy_ppo(), "params/policy_clip_frac", _const(0.3), start=15)
+    assert {f.rule for f in diagnose(rows)} == {"policy_clip_frac"}
+    assert diagnose(rows, Thresholds(clip_frac_warn=0.35, clip_frac_critical=0.5, clip_frac_rise=0.5)) == []
+    crit = [f for f in diagnose(rows, Thresholds(clip_frac_critical=0.25)) if f.rule == "policy_clip_frac"]
+    assert [f.severity for f in crit] == ["warning", "critical"]  # 0.22 at it 16, then 0.3
+
+
+def test_findings_roundtrip_through_json():
+    import json
+
+    rows = with_values(healthy_ppo(), "loss/value", lambda i, o: math.inf if i == 3 else o)
+    for f in diagnose(rows, strict=True):
+        back = Finding.from_dict(json.loads(json.dumps(f.to_dict())))
+        assert back.rule == f.rule and back.severity == f.severity and back.iteration == f.iteration
+        assert back.evidence["values"] == {"loss/value": "inf"}
+
+
+def test_seed001_flat_value_loss_needs_a_shorter_window():
+    """The seed's 7 iterations are too few for the default 10-iteration value window (a guard
+    against noise); with value_window=6 the flat critic is flagged too."""
+    assert "value_loss_not_learning" not in {f.rule for f in diagnose(_seed001(), strict=True)}
+    found = diagnose(_seed001(), Thresholds(value_window=6), strict=True)
+    value = [f for f in found if f.rule == "value_loss_not_learning"]
+    assert value and value[0].iteration == 5 and value[0].evidence["iterations"] == [0, 1, 2, 3, 4, 5]

@@ -1,0 +1,84 @@
+"""Shared fixtures for the labelling tests: pairs files, stores, a live uvicorn server."""
+
+from __future__ import annotations
+
+import json
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+from rlhfkit.label.pairs import Pair
+from rlhfkit.label.store import LabelStore
+
+XSS = '<script>window.__pwned = 1</script><img src=x onerror="window.__pwned = 2">'
+
+
+def make_pairs(n: int) -> list[Pair]:
+    """n distinct pairs; response_a always says "alpha", response_b says "beta"."""
+    return [Pair(f"p{i:03d}", f"Prompt number {i}?", f"alpha answer {i}", f"beta answer {i}", "m1", "m2") for i in range(n)]
+
+
+def write_pairs_file(path: Path, pairs: list[Pair]) -> Path:
+    path.write_text("".join(p.to_json() + "\n" for p in pairs), encoding="utf-8")
+    return path
+
+
+@pytest.fixture
+def store(tmp_path: Path) -> Iterator[LabelStore]:
+    s = LabelStore(tmp_path / "labels.sqlite", votes_per_pair=2)
+    s.import_pairs(make_pairs(5))
+    yield s
+    s.close()
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class LiveServer:
+    """Run an ASGI app with uvicorn on a free loopback port in a background thread."""
+
+    def __init__(self, app) -> None:
+        import uvicorn
+
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        config = uvicorn.Config(app, host="127.0.0.1", port=self.port, log_level="warning", access_log=False)
+        self.server = uvicorn.Server(config)
+        self.thread = threading.Thread(target=self.server.run, daemon=True)
+
+    def __enter__(self) -> LiveServer:
+        self.thread.start()
+        deadline = time.monotonic() + 15
+        while not self.server.started:
+            if time.monotonic() > deadline or not self.thread.is_alive():
+                raise RuntimeError("uvicorn did not start")
+            time.sleep(0.02)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.server.should_exit = True
+        self.thread.join(timeout=10)
+
+
+def read_jsonl(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+
+
+@pytest.fixture
+def lab() -> SimpleNamespace:
+    """Helpers for the tests (a fixture, so no test imports conftest by module name)."""
+    return SimpleNamespace(
+        make_pairs=make_pairs,
+        write_pairs_file=write_pairs_file,
+        LiveServer=LiveServer,
+        read_jsonl=read_jsonl,
+        XSS=XSS,
+    )
