@@ -39,6 +39,16 @@ def test_aggregate_golden():
     assert aggregate_loss(PT, PM, "constant", constant=10).item() == pytest.approx(0.7)
 
 
+def test_one_kwargs_dict_fits_every_loss():
+    # Trainers build agg = dict(agg_mode=..., num_tokens=..., num_seqs=...) once and splat it
+    # into every loss; aggregate_loss accepts agg_mode as an alias of mode.
+    agg = {"agg_mode": "seq-mean", "num_tokens": 3, "num_seqs": 2}
+    assert aggregate_loss(PT, PM, **agg).item() == pytest.approx((1.5 + 4.0) / 2)
+    assert entropy_loss(PT, PM, **agg).item() == pytest.approx((1.5 + 4.0) / 2)
+    with pytest.raises(ValueError, match="conflicting"):
+        aggregate_loss(PT, PM, "constant", agg_mode="seq-mean", constant=1.0)
+
+
 def test_aggregate_empty_mask_and_bad_mode():
     empty = torch.zeros(2, 3)
     for mode in AGG_MODES:

@@ -34,6 +34,14 @@ def test_builtin_splits_are_disjoint_sized_and_deterministic(name):
     assert load_prompts(spec, "train") == train  # same content, same order
 
 
+@pytest.mark.parametrize("name", BUILTIN_NAMES)
+def test_split_none_returns_every_split_tagged(name):
+    rows = load_prompts(f"builtin:{name}", None)
+    train = load_prompts(f"builtin:{name}", "train")
+    assert len(rows) == len(train) + len(load_prompts(f"builtin:{name}", "test"))
+    assert [r["prompt"] for r in rows if r["split"] == "train"] == [r["prompt"] for r in train]
+
+
 @pytest.mark.parametrize("name", ["reviews", "stories", "instructions"])
 def test_builtin_files_have_no_duplicate_prompts(name):
     rows = load_prompts(f"builtin:{name}", "train") + load_prompts(f"builtin:{name}", "test")

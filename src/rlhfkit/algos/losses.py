@@ -37,6 +37,7 @@ def aggregate_loss(
     num_tokens: float | torch.Tensor | None = None,
     num_seqs: float | torch.Tensor | None = None,
     constant: float | None = None,
+    agg_mode: str | None = None,
 ) -> torch.Tensor:
     """Reduce a per-token loss to a scalar: the ONE aggregation rule (pitfall 11).
 
@@ -56,8 +57,14 @@ def aggregate_loss(
     micro-batch), averaging micro-batch losses is *not* the full-batch mean when token
     counts differ. An empty mask gives 0, never NaN.
 
-    per_token: (B, T); mask: (B, T) bool or 0/1 float. Returns a scalar.
+    per_token: (B, T); mask: (B, T) bool or 0/1 float. Returns a scalar. ``agg_mode`` is an
+    alias of ``mode`` so that one ``dict(agg_mode=..., num_tokens=..., num_seqs=...)`` can be
+    splatted into every loss function and into this one.
     """
+    if agg_mode is not None:
+        if mode != "token-mean" and mode != agg_mode:
+            raise ValueError(f"conflicting mode={mode!r} and agg_mode={agg_mode!r}; pass one")
+        mode = agg_mode
     if per_token.shape != mask.shape:
         raise ValueError(f"per_token {tuple(per_token.shape)} and mask {tuple(mask.shape)} must match")
     if mode == "token-mean":

@@ -16,7 +16,9 @@ from rlhfkit.errors import DataError
 __all__ = ["load_prompts", "prompt_record", "info_fields"]
 
 
-def load_prompts(spec: str, split: str = "train", limit: int | None = None, seed: int = 0) -> list[dict]:
+def load_prompts(
+    spec: str, split: str | None = "train", limit: int | None = None, seed: int = 0
+) -> list[dict]:
     """Load prompts from ``builtin:NAME`` or a local file.
 
     Every returned dict has ``prompt`` (a non-empty str). Chat records
@@ -24,7 +26,7 @@ def load_prompts(spec: str, split: str = "train", limit: int | None = None, seed
     ``messages`` cut after that turn, so a trainer can format the whole
     conversation with :func:`rlhfkit.data.chat.format_prompt`. ``limit`` takes
     a seeded random subset (same seed, same subset); the whole file is
-    validated either way.
+    validated either way. ``split=None`` returns every split, ``split`` fields kept.
     """
     records = load_split(spec, split)
     checked = Records(

@@ -57,8 +57,10 @@ def load_split(spec: str, split: str | None = "train") -> Records:
         if split is not None and split not in SPLITS:
             raise DataError(f"{spec}: unknown split {split!r} (expected one of: {', '.join(SPLITS)})")
         if name == "arithmetic":
-            splits = SPLITS if split is None else (split,)
-            rows = [p for s in splits for p in arithmetic.builtin_split(s)]
+            if split is not None:
+                return Records(arithmetic.builtin_split(split), source=spec, unit="problem")
+            # Every split at once: tag rows like the shipped files do.
+            rows = [{**p, "split": s} for s in SPLITS for p in arithmetic.builtin_split(s)]
             return Records(rows, source=spec, unit="problem")
         records = read_records(builtin_path(name))
         records.source = spec

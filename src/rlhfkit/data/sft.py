@@ -18,7 +18,9 @@ from rlhfkit.errors import DataError
 RESPONSE_FIELDS = ("response", "completion")
 
 
-def load_sft_examples(spec: str, split: str = "train", limit: int | None = None, seed: int = 0) -> list[dict]:
+def load_sft_examples(
+    spec: str, split: str | None = "train", limit: int | None = None, seed: int = 0
+) -> list[dict]:
     """Load SFT examples from ``builtin:instructions``, ``builtin:arithmetic`` or a local file.
 
     Each dict has ``prompt`` (str, or a list of chat messages) and ``response``

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 METRICS: dict[str, str] = {
     # PPO rollout
-    "rollout/reward_mean": "Mean sequence-level reward fed to the advantages (the score after any "
-    "scaling or penalties such as a no-EOS penalty), excluding the per-token KL penalty.",
-    "rollout/reward_std": "Standard deviation of that reward across the rollout's sequences.",
+    "rollout/reward_mean": "Mean over sequences of the total shaped reward the advantages see: the "
+    "score (after clipping and any no-stop penalty) plus the summed per-token KL penalty -beta * KL_t.",
+    "rollout/reward_std": "Standard deviation (population) of that reward across the rollout's sequences.",
     "rollout/score_mean": "Mean raw score of the reward function / reward model per sequence.",
     "rollout/kl": "Mean over sequences of the summed per-token k1 KL estimate "
     "log pi(a) - log pi_ref(a) to the reference (nats per sequence); can be negative only by noise.",
@@ -18,16 +18,18 @@ METRICS: dict[str, str] = {
     # PPO losses
     "loss/policy": "Clipped-surrogate policy loss (minimised); its sign follows the advantages.",
     "loss/value": "(Clipped) squared-error value loss of the critic against the GAE returns.",
-    "loss/entropy": "Entropy term of the loss: minus the mean token entropy (minimising it raises "
-    "entropy), before multiplying by the entropy coefficient.",
-    "loss/total": "Total loss optimised: policy + vf_coef * value + ent_coef * entropy term.",
+    "loss/entropy": "Mean token entropy (nats) of the policy during the update, aggregated like the "
+    "losses; the bonus term before its coefficient.",
+    "loss/total": "Total loss optimised: policy + vf_coef * value - ent_coef * entropy (+ beta * k3 KL "
+    "when kl_penalty=loss).",
     # PPO update statistics
-    "params/policy_clip_frac": "Fraction of response tokens whose ratio pi/pi_old lies strictly "
-    "outside [1 - eps, 1 + eps] (clipped), averaged over the update's micro-batches.",
-    "params/value_clip_frac": "Fraction of value predictions strictly outside the value clip range "
-    "around the old values.",
-    "params/approx_kl": "Per-token KL estimate between the policy before and after the update "
-    "(k3 estimator, nats), averaged over micro-batches.",
+    "params/policy_clip_frac": "Fraction of response tokens where the clipped surrogate term is "
+    "strictly greater (>) than the unclipped one, i.e. the clip is active and changes the loss; "
+    "token-weighted mean over the update's micro-batches.",
+    "params/value_clip_frac": "Fraction of tokens where the clipped value loss is strictly greater "
+    "than the unclipped one.",
+    "params/approx_kl": "Per-token KL estimate between the rollout policy and the policy being "
+    "updated: mean of 0.5 * (log pi - log pi_old)^2 (k2 estimator, nats), token-weighted over micro-batches.",
     "params/grad_norm": "Global L2 norm of the gradients before clipping (mean over optimiser steps).",
     "params/max_grad_norm": "The gradient-clipping threshold.",
     "params/kl_coef": "Coefficient of the per-token KL penalty (adaptive or fixed).",
@@ -37,7 +39,8 @@ METRICS: dict[str, str] = {
     # timing
     "timing/rollout_s": "Seconds spent generating and scoring the rollout.",
     "timing/update_s": "Seconds spent in the optimisation phase.",
-    "throughput/tokens_per_s": "Generated plus trained tokens per second over the iteration.",
+    "throughput/tokens_per_s": "Valid generated response tokens per second of wall time over the "
+    "whole iteration (rollout + update).",
     # GRPO
     "rollout/group_reward_std": "Mean over prompts of the reward std within each prompt's group "
     "of completions (0 = no learning signal).",

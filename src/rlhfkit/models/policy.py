@@ -48,10 +48,11 @@ def position_ids_from_mask(attention_mask: torch.Tensor) -> torch.Tensor:
 
 class ActorCritic(nn.Module):
     """Policy LM + value head on the shared base (one forward gives logits and values),
-    or on a separate critic backbone when `critic` is given.
+    or on a separate critic backbone when `critic` is given. `value_head=None` gives a
+    policy-only model (GRPO, RLOO, DPO): values are then always None.
     """
 
-    def __init__(self, policy: nn.Module, value_head: ValueHead, critic: nn.Module | None = None):
+    def __init__(self, policy: nn.Module, value_head: ValueHead | None, critic: nn.Module | None = None):
         super().__init__()
         self.policy = policy
         self.value_head = value_head
@@ -81,7 +82,7 @@ class ActorCritic(nn.Module):
         hidden = hidden[:, -num_response - 1 : -1]  # (B, R, H)
         logits = lm.get_output_embeddings()(hidden)  # (B, R, V)
         values = None
-        if with_values:
+        if with_values and self.value_head is not None:
             if self.critic is not None:
                 ch = _unwrap(self.critic).get_decoder()(
                     input_ids=input_ids, attention_mask=attention_mask, position_ids=pos, use_cache=False
@@ -97,15 +98,19 @@ class Reference:
 
     With LoRA (pitfall 14) it is the same model with the adapter disabled: no second copy.
     With full fine-tuning it is a frozen deep copy made before training (optionally bf16).
+    `model` gives a separate reference model instead (e.g. DPO's `reference_model`).
     """
 
-    def __init__(self, actor: ActorCritic, use_adapter_off: bool, dtype: torch.dtype | None = None):
+    def __init__(self, actor: ActorCritic, use_adapter_off: bool, dtype: torch.dtype | None = None,
+                 model: nn.Module | None = None):
         self.actor = actor
         self.frozen: nn.Module | None = None
-        if not use_adapter_off:
+        if model is not None:
+            self.frozen = _unwrap(model).eval().requires_grad_(False)
+        elif not use_adapter_off:
             self.frozen = copy.deepcopy(_unwrap(actor.policy)).eval().requires_grad_(False)
-            if dtype is not None:
-                self.frozen.to(dtype)
+        if self.frozen is not None and dtype is not None:
+            self.frozen.to(dtype)
 
     @contextlib.contextmanager
     def _adapter_off(self):
@@ -140,9 +145,15 @@ def default_lora_targets(model: nn.Module) -> list[str]:
     raise ValueError("could not choose LoRA target modules; set lora_target_modules")
 
 
-def add_lora(model: nn.Module, r: int, alpha: int, dropout: float, targets: list[str] | None) -> nn.Module:
+def add_lora(model: nn.Module, r: int, alpha: int, dropout: float, targets: list[str] | None,
+             top_layers: int | None = None) -> nn.Module:
+    """Wrap `model` with LoRA adapters (peft). `top_layers` adapts only the last N layers."""
     from peft import LoraConfig, get_peft_model
 
+    n_layers = getattr(model.config, "num_hidden_layers", None)
+    layers = None
+    if top_layers is not None and n_layers:
+        layers = list(range(max(0, n_layers - top_layers), n_layers))
     cfg = LoraConfig(
         r=r,
         lora_alpha=alpha,
@@ -150,12 +161,13 @@ def add_lora(model: nn.Module, r: int, alpha: int, dropout: float, targets: list
         target_modules=targets or default_lora_targets(model),
         task_type="CAUSAL_LM",
         bias="none",
+        layers_to_transform=layers,
     )
     return get_peft_model(model, cfg)
 
 
 def save_actor(actor: ActorCritic, tokenizer, out_dir: str | Path, merge: bool = False) -> Path:
-    """Save policy (adapter, or merged/full weights), tokenizer and value head in HF format."""
+    """Save policy (adapter, or merged/full weights), tokenizer and value head (if any) in HF format."""
     from safetensors.torch import save_file
 
     out = Path(out_dir)
@@ -165,8 +177,11 @@ def save_actor(actor: ActorCritic, tokenizer, out_dir: str | Path, merge: bool =
         policy = copy.deepcopy(policy).merge_and_unload()
     policy.save_pretrained(out)
     tokenizer.save_pretrained(out)
-    save_file({k: v.detach().contiguous().cpu() for k, v in actor.value_head.state_dict().items()}, out / VALUE_HEAD_FILE)
-    (out / "rlhfkit.json").write_text(json.dumps({"value_head": VALUE_HEAD_FILE, "merged": merge}, indent=2))
+    head = None
+    if actor.value_head is not None:
+        head = VALUE_HEAD_FILE
+        save_file({k: v.detach().contiguous().cpu() for k, v in actor.value_head.state_dict().items()}, out / head)
+    (out / "rlhfkit.json").write_text(json.dumps({"value_head": head, "merged": merge}, indent=2))
     return out
 
 

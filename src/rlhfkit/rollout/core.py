@@ -55,13 +55,14 @@ class Rollout:
     prompts: list[str] = field(default_factory=list)  # B prompt texts (unformatted)
     completions: list[str] = field(default_factory=list)  # B decoded responses, stop token excluded
     info: dict = field(default_factory=dict)  # per-sample lists passed to reward functions
+    timings: dict = field(default_factory=dict)  # seconds per rollout phase, for metrics
 
     def select(self, idx: torch.Tensor) -> Rollout:
         """Rows `idx` of every tensor field (lists are left out: mini-batches are tensor-only)."""
         kw = {}
         for f in fields(self):
             v = getattr(self, f.name)
-            kw[f.name] = v[idx] if isinstance(v, torch.Tensor) else (type(v)() if f.name != "info" else {})
+            kw[f.name] = v[idx] if isinstance(v, torch.Tensor) else type(v)()
         return Rollout(**kw)
 
     @property
@@ -185,7 +186,8 @@ def score_rollout(actor, reference, rollout: Rollout, temperature: float, micro_
         mb = trim_rows(rollout, order[i : i + micro_batch_size])
         lp, v, ent = forward_logprobs(actor, mb, temperature, with_values=True, with_entropy=True)
         parts["logprobs"].append(lp.cpu())
-        parts["values"].append(v.cpu())
+        if v is not None:  # a policy-only model (GRPO, RLOO) has no value head
+            parts["values"].append(v.cpu())
         parts["entropy"].append(ent.cpu())
         if reference is not None:
             device = next(actor.parameters()).device

@@ -1,0 +1,234 @@
+"""`rlhfkit eval`: evaluate a model (and optionally a reference model) on a prompt set.
+
+Steps:
+  1. prompts   `split` of `prompts` (a seeded subset of num_prompts)
+  2. generate  one completion per prompt per model: greedy (temperature=0) or sampled
+  3. score     every reward in `rewards` (functions or reward models): mean and std per model
+  4. compare   win rate of model vs ref_model per reward: (wins + ties / 2) / n, same prompts
+  5. tasks     accuracy on verifiable prompts (records with answer/answer_value, e.g. arithmetic);
+               perplexity of the reference responses and ROUGE-L of the completions against them
+               (records with a `response`, e.g. SFT data)
+  6. write     OUT/report.json and OUT/samples.jsonl
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from rlhfkit.runtime.config import check, option, parse_args
+
+
+@dataclass
+class EvalConfig:
+    """Evaluate a model on prompts: rewards, win rate vs a reference model, task accuracy, perplexity, ROUGE-L."""
+
+    model: str = option("smollm2-135m-instruct", "model to evaluate (a folder, a run's final/, or the default)")
+    ref_model: str | None = option(None, "reference model for win rates (e.g. the SFT model); None = no comparison")
+    prompts: str = option("builtin:reviews", "prompts: builtin:NAME or a JSONL/CSV/TXT/Parquet file")
+    split: str = option("test", "split of `prompts` (files without a split field are used whole)", ("train", "test"))
+    num_prompts: int | None = option(64, "a seeded random subset of this many prompts (None = all)")
+    rewards: list = option(["sentiment"], "rewards to report, each SPEC or NAME=SPEC: sentiment | arithmetic | "
+                           "length[:N] | model:PATH | python:module:function")
+    temperature: float = option(0.0, "0 = greedy; > 0 samples with this temperature")
+    max_new_tokens: int = option(48, "completion length limit")
+    batch_size: int = option(16, "prompts per generate() call")
+    dtype: str = option("auto", "model weights/compute dtype; auto = bf16 where it is fast (GPU, CPU with AVX-512 "
+                        "BF16/AMX), else fp32", ("auto", "fp32", "bf16"))
+    chat_template: bool = option(True, "format prompts with the tokenizer's chat template when it has one")
+    system_prompt: str | None = option(None, "optional system message")
+    perplexity: bool = option(True, "perplexity of reference responses (prompt records with a 'response' field)")
+    rouge: bool = option(True, "ROUGE-L F1 of completions against reference responses (rouge-score package)")
+    out_dir: str = option("runs/eval", "folder for report.json and samples.jsonl")
+    seed: int = option(0, "seed for the prompt subset and sampling")
+
+    def validate(self) -> None:
+        check(self.temperature >= 0, f"temperature ({self.temperature}) must be >= 0")
+        check(self.max_new_tokens >= 1 and self.batch_size >= 1, "max_new_tokens and batch_size must be >= 1")
+        check(self.num_prompts is None or self.num_prompts >= 1, f"num_prompts ({self.num_prompts}) must be >= 1")
+        parse_rewards(self.rewards)
+
+
+# ----------------------------------------------------------------------------- pure helpers
+
+
+def parse_rewards(items: list) -> list[tuple[str, str]]:
+    """[(name, spec)] from 'SPEC' or 'NAME=SPEC' items; names must be unique."""
+    from rlhfkit.errors import ConfigError
+
+    out = []
+    for item in items:
+        name, sep, spec = str(item).partition("=")
+        if not sep:
+            name, spec = str(item), str(item)
+        if not name or not spec:
+            raise ConfigError(f"rewards: {item!r} is not SPEC or NAME=SPEC")
+        out.append((name.strip(), spec.strip()))
+    names = [n for n, _ in out]
+    if len(set(names)) != len(names):
+        raise ConfigError(f"rewards: names must be unique, got {names}")
+    return out
+
+
+def win_rate(model_scores: list[float], ref_scores: list[float]) -> dict:
+    """Pairwise comparison on the same prompts: win_rate = (wins + ties / 2) / n."""
+    if len(model_scores) != len(ref_scores):
+        raise ValueError(f"{len(model_scores)} model scores vs {len(ref_scores)} reference scores")
+    wins = sum(a > b for a, b in zip(model_scores, ref_scores))
+    ties = sum(a == b for a, b in zip(model_scores, ref_scores))
+    n = len(model_scores)
+    return {"wins": wins, "ties": ties, "losses": n - wins - ties, "n": n,
+            "win_rate": (wins + 0.5 * ties) / n if n else float("nan")}
+
+
+def rouge_l(predictions: list[str], references: list[str]) -> float:
+    """Mean ROUGE-L F1 (rouge-score, Porter stemming)."""
+    from rouge_score import rouge_scorer
+
+    scorer = rouge_scorer.RougeScorer(["rougeL"], use_stemmer=True)
+    vals = [scorer.score(ref, pred)["rougeL"].fmeasure for pred, ref in zip(predictions, references)]
+    return sum(vals) / len(vals) if vals else float("nan")
+
+
+def mean_std(xs: list[float]) -> dict:
+    n = len(xs)
+    if not n:
+        return {"mean": float("nan"), "std": float("nan"), "n": 0}
+    m = sum(xs) / n
+    return {"mean": m, "std": math.sqrt(sum((x - m) ** 2 for x in xs) / n), "n": n}
+
+
+# ----------------------------------------------------------------------------- model passes
+
+
+def run_model(spec: str, records: list[dict], cfg: EvalConfig) -> dict:
+    """Completions (step 2) and the reference-response perplexity (step 5) of one model."""
+    import torch
+
+    from rlhfkit.generate import generate_texts, load_for_inference
+    from rlhfkit.models.reward_model import format_example
+    from rlhfkit.rollout import SamplingParams
+    from rlhfkit.trainers.common import autocast
+
+    model, tok = load_for_inference(spec, cfg.dtype)
+    device = next(model.parameters()).device
+    formatted = [format_example(tok, r.get("messages") or r["prompt"], "", cfg.chat_template, cfg.system_prompt)[0]
+                 for r in records]
+    params = SamplingParams(cfg.max_new_tokens, cfg.temperature, 0, 1.0, (tok.eos_token_id,))
+    t0 = time.time()
+    with autocast(cfg.dtype, device), torch.no_grad():
+        completions = generate_texts(model, tok, formatted, params, cfg.seed, cfg.batch_size)
+    out = {"completions": completions, "generate_s": time.time() - t0}
+    refs = [r for r in records if isinstance(r.get("response"), str) and r["response"].strip()]
+    if cfg.perplexity and refs:
+        from rlhfkit.trainers.sft import ResponseNLL, mean_nll, tokenize_examples
+
+        examples, _ = tokenize_examples(tok, refs, cfg, 1024)
+        if examples:
+            nll, n = mean_nll(ResponseNLL(model), examples, tok.pad_token_id, 8, cfg.dtype, device)
+            out.update({"perplexity": math.exp(min(nll, 50.0)), "response_nll": nll, "response_tokens": n})
+    del model
+    return out
+
+
+def model_metrics(run: dict, records: list[dict], scores: dict[str, list[float]], cfg: EvalConfig) -> dict:
+    """Reward mean/std per reward, accuracy, perplexity, ROUGE-L, mean length for one model."""
+    from rlhfkit.rewards import arithmetic
+
+    m: dict = {f"reward/{name}": mean_std(s) for name, s in scores.items()}
+    comps = run["completions"]
+    m["response_words"] = mean_std([len(c.split()) for c in comps])["mean"]
+    verifiable = [i for i, r in enumerate(records) if r.get("answer") is not None or r.get("answer_value") is not None]
+    if verifiable:
+        acc = arithmetic([records[i]["prompt"] for i in verifiable], [comps[i] for i in verifiable],
+                         answer=[records[i].get("answer") for i in verifiable],
+                         answer_value=[records[i].get("answer_value") for i in verifiable])
+        m["accuracy"] = sum(acc) / len(acc)
+        m["accuracy_n"] = len(acc)
+    if "perplexity" in run:
+        m["perplexity"] = run["perplexity"]
+    refs = [i for i, r in enumerate(records) if isinstance(r.get("response"), str) and r["response"].strip()]
+    if cfg.rouge and refs:
+        m["rouge_l"] = rouge_l([comps[i] for i in refs], [records[i]["response"] for i in refs])
+    return m
+
+
+# ----------------------------------------------------------------------------- main
+
+
+def evaluate(cfg: EvalConfig) -> dict:
+    """Run the evaluation; writes OUT/report.json and OUT/samples.jsonl and returns the report."""
+    from rlhfkit.data.prompts import load_prompts
+    from rlhfkit.errors import UserError
+    from rlhfkit.models.loading import resolve_dtype
+    from rlhfkit.rewards import get_reward, score_batch
+    from rlhfkit.runtime.seeding import seed_everything
+    from rlhfkit.trainers.common import info_lists
+
+    t0 = time.time()
+    cfg.dtype = resolve_dtype(cfg.dtype)
+    seed_everything(cfg.seed)
+    records = load_prompts(cfg.prompts, split=cfg.split, limit=cfg.num_prompts, seed=cfg.seed)  # 1.
+    if not records:
+        raise UserError(f"prompts: {cfg.prompts} has no prompts in split {cfg.split}")
+    rewards = [(name, get_reward(spec)) for name, spec in parse_rewards(cfg.rewards)]
+    runs = {"model": run_model(cfg.model, records, cfg)}  # 2.
+    if cfg.ref_model:
+        runs["reference"] = run_model(cfg.ref_model, records, cfg)
+    prompts = [str(r["prompt"]) for r in records]
+    info = info_lists(records)
+    scores = {who: {name: score_batch(fn, prompts, run["completions"], info) for name, fn in rewards}  # 3.
+              for who, run in runs.items()}
+    report: dict = {"config": {"model": cfg.model, "ref_model": cfg.ref_model, "prompts": cfg.prompts,
+                               "split": cfg.split, "temperature": cfg.temperature,
+                               "max_new_tokens": cfg.max_new_tokens, "rewards": dict(parse_rewards(cfg.rewards))},
+                    "n": len(records)}
+    for who, run in runs.items():  # 5.
+        report[who] = model_metrics(run, records, scores[who], cfg)
+    if cfg.ref_model:  # 4.
+        report["win_rate"] = {name: win_rate(scores["model"][name], scores["reference"][name]) for name, _ in rewards}
+    report["seconds"] = time.time() - t0
+    out = Path(cfg.out_dir)  # 6.
+    out.mkdir(parents=True, exist_ok=True)
+    with open(out / "samples.jsonl", "w") as f:
+        for i, r in enumerate(records):
+            row = {"prompt": r["prompt"], "completion": runs["model"]["completions"][i],
+                   "scores": {n: scores["model"][n][i] for n, _ in rewards}}
+            if cfg.ref_model:
+                row["ref_completion"] = runs["reference"]["completions"][i]
+                row["ref_scores"] = {n: scores["reference"][n][i] for n, _ in rewards}
+            if isinstance(r.get("response"), str):
+                row["reference_response"] = r["response"]
+            f.write(json.dumps(row) + "\n")
+    (out / "report.json").write_text(json.dumps(report, indent=2))
+    print(format_report(report), flush=True)
+    return report
+
+
+def format_report(report: dict) -> str:
+    """A small text table: one row per metric, one column per model."""
+    cols = ["model"] + (["reference"] if report.get("reference") else [])
+    keys = [k for k in report["model"] if k != "accuracy_n"]
+    lines = [f"{'metric':32s}" + "".join(f"{c:>14s}" for c in cols)]
+    for k in keys:
+        cells = []
+        for c in cols:
+            v = report[c].get(k)
+            v = v["mean"] if isinstance(v, dict) else v
+            cells.append(f"{v:14.4f}" if isinstance(v, (int, float)) else f"{'-':>14s}")
+        lines.append(f"{k:32s}" + "".join(cells))
+    for name, w in (report.get("win_rate") or {}).items():
+        lines.append(f"{'win rate vs reference: ' + name:32s}{w['win_rate']:14.3f}  "
+                     f"({w['wins']} wins, {w['ties']} ties, {w['losses']} losses)")
+    return "\n".join(lines)
+
+
+def main(argv: list[str]) -> int:
+    cfg = parse_args(EvalConfig, argv, "rlhfkit eval")
+    if cfg is None:
+        return 0
+    evaluate(cfg)
+    return 0

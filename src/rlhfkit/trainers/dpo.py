@@ -1,0 +1,320 @@
+"""`rlhfkit dpo`: direct preference optimisation (DPO, IPO, cDPO) on preference pairs.
+
+As numbered steps in `train`:
+  1. data       pairs (prompt, chosen, rejected) -> one tokenised table of 2N rows, chosen i and
+                rejected N + i, in PPO's Rollout layout (left-padded prompt, right-padded response)
+  2. reference  sequence log-probs under pi_ref: the adapter-disabled base (LoRA), a frozen copy, or
+                `reference_model`; computed once for the whole data set before training when the run
+                sees every pair at least once (cheaper), else alongside each micro-batch
+  3. before     the starting model's samples on held-out prompts, scored by the judge
+  4. train      epochs x shuffled batches x micro-batches; loss = mean over the batch's pairs
+  5. after      held-out preference accuracy, and the judged win rate over the starting model
+
+The policy's log-probs come from PPO's teacher-forced pass (rollout.forward_logprobs); the
+losses from algos.dpo_loss. Formulas and defaults: docs/algorithms.md.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import defaultdict
+
+import torch
+
+from rlhfkit.algos import dpo_loss, logprobs_and_entropy
+from rlhfkit.errors import DataError
+from rlhfkit.rollout import Rollout, SamplingParams, forward_logprobs
+from rlhfkit.rollout.core import trim_rows
+from rlhfkit.runtime.config import parse_args
+from rlhfkit.trainers.common import autocast, format_prompts
+from rlhfkit.trainers.dpo_config import DPOConfig
+
+BUILTIN_PREFS = {"prefs_reviews": "prefs_reviews.jsonl"}
+NOT_PROMPT_FIELDS = ("chosen", "rejected", "margin", "strength", "scores", "tie", "labeller", "votes", "pair_id")
+
+
+# ----------------------------------------------------------------------------- data
+
+
+def resolve_prefs(spec: str) -> str:
+    """File path of a preference spec; `builtin:prefs_reviews` is shipped in rlhfkit/data/builtin."""
+    if spec.startswith("builtin:") and spec[len("builtin:"):].strip() in BUILTIN_PREFS:
+        from importlib import resources
+
+        return str(resources.files("rlhfkit.data") / "builtin" / BUILTIN_PREFS[spec[len("builtin:"):].strip()])
+    return spec
+
+
+def load_pairs(spec: str) -> tuple[list[dict], list[dict]]:
+    """(training pairs, held-out pairs). Held out = records with split=test (none if no split field)."""
+    from rlhfkit.data.prefs import load_preferences
+    from rlhfkit.data.sets import load_split
+
+    path = resolve_prefs(spec)
+    if not any("split" in r for r in load_split(path, None)):
+        return list(load_preferences(path)), []
+    train = list(load_preferences(path, split="train"))
+    try:
+        held_out = list(load_preferences(path, split="test"))
+    except DataError:
+        held_out = []
+    return train, held_out
+
+
+def encode_pairs(tok, pairs: list[dict], cfg: DPOConfig) -> Rollout:
+    """2N rows: chosen responses (rows 0..N-1), then rejected (N..2N-1). Each response ends with the
+    end-of-turn token, so the model also learns where to stop. Prompts keep their last
+    max_prompt_length tokens, responses their first max_response_length."""
+    from rlhfkit.data.chat import end_of_turn, tokenize_sft_example
+
+    texts = format_prompts(tok, [p.get("messages") or p["prompt"] for p in pairs], cfg)
+    queries, responses = [], []
+    for side in ("chosen", "rejected"):
+        for text, pair in zip(texts, pairs):
+            ex = tokenize_sft_example(tok, text, text + pair[side] + end_of_turn(tok))
+            n = sum(1 for label in ex["labels"] if label == -100)
+            queries.append(ex["input_ids"][:n][-cfg.max_prompt_length:])
+            responses.append(ex["input_ids"][n:][: cfg.max_response_length])
+    if any(not r for r in responses):
+        raise DataError("a chosen or rejected response tokenises to nothing")
+    P, R, pad = max(map(len, queries)), max(map(len, responses)), tok.pad_token_id
+    q_ids = torch.tensor([[pad] * (P - len(q)) + q for q in queries])
+    q_mask = torch.tensor([[0] * (P - len(q)) + [1] * len(q) for q in queries])
+    r_ids = torch.tensor([r + [pad] * (R - len(r)) for r in responses])
+    r_mask = torch.tensor([[1.0] * len(r) + [0.0] * (R - len(r)) for r in responses])
+    return Rollout(query_ids=q_ids, query_mask=q_mask, response_ids=r_ids, response_mask=r_mask,
+                   stopped=torch.ones(len(responses), dtype=torch.bool))
+
+
+def pair_rows(idx: torch.Tensor, n_pairs: int) -> torch.Tensor:
+    """Table rows of pairs `idx`: their chosen rows, then their rejected rows."""
+    return torch.cat([idx, idx + n_pairs])
+
+
+# ----------------------------------------------------------------------------- log-probs and loss
+
+
+def sequence_logps(model, data: Rollout, rows: torch.Tensor, cfg: DPOConfig, device) -> tuple[torch.Tensor, torch.Tensor]:
+    """(sum of response-token log-probs, response lengths), one per row; with grad."""
+    mb = trim_rows(data, rows)
+    with autocast(cfg.dtype, device):
+        lp, _, _ = forward_logprobs(model, mb, 1.0, with_values=False)
+    return lp.sum(1), mb.response_mask.sum(1).to(device)
+
+
+@torch.no_grad()
+def reference_logps(reference, data: Rollout, rows: torch.Tensor, cfg: DPOConfig, device) -> torch.Tensor:
+    """Sum of response-token log-probs under the reference, one per row (on `device`)."""
+    mb = trim_rows(data, rows)
+    mask = mb.response_mask.to(device)
+    with autocast(cfg.dtype, device):
+        logits = reference.logits(mb.input_ids.to(device), mb.attention_mask.to(device), mb.response_ids.shape[1])
+        lp, _ = logprobs_and_entropy(logits, mb.response_ids.to(device), 1.0, with_entropy=False)
+    return (lp * mask).sum(1)
+
+
+def dpo_batch_loss(policy_logps: torch.Tensor, ref_logps: torch.Tensor, lengths: torch.Tensor, cfg: DPOConfig,
+                   n_pairs: float) -> tuple[torch.Tensor, dict[str, float]]:
+    """Loss of k pairs given 2k sequence log-probs laid out [chosen x k, rejected x k], divided by
+    the number of pairs in the whole optimiser batch (so micro-batch losses add up to its mean).
+    IPO uses length-averaged log-probs (Azar et al. 2023); sigmoid/cDPO use sums (Rafailov et al. 2023)."""
+    if cfg.loss_type == "ipo":
+        policy_logps, ref_logps = policy_logps / lengths, ref_logps / lengths
+    k = policy_logps.shape[0] // 2
+    losses, metrics = dpo_loss(policy_logps[:k], policy_logps[k:], ref_logps[:k], ref_logps[k:], cfg.beta,
+                               "ipo" if cfg.loss_type == "ipo" else "sigmoid", cfg.smoothing)
+    return losses.sum() / n_pairs, metrics
+
+
+def plan_batches(n_pairs: int, cfg: DPOConfig, generator: torch.Generator) -> list[torch.Tensor]:
+    """Pair indices of every optimiser step: a fresh shuffle per epoch, cut at max_steps."""
+    batches = []
+    for _ in range(cfg.epochs):
+        perm = torch.randperm(n_pairs, generator=generator)
+        batches += [perm[i : i + cfg.batch_size] for i in range(0, n_pairs, cfg.batch_size)]
+    return batches[: cfg.max_steps] if cfg.max_steps else batches
+
+
+def should_precompute(cfg: DPOConfig, n_pairs: int, n_steps: int) -> bool:
+    """Precompute costs one reference pass per pair in the data set; on the fly costs one per pair
+    visited. So precompute when the run visits at least as many pairs as the data set holds."""
+    if cfg.precompute_ref_logps is not None:
+        return cfg.precompute_ref_logps
+    return n_steps * cfg.batch_size >= n_pairs
+
+
+def build_models(cfg: DPOConfig):
+    """(policy-only ActorCritic, Reference, tokenizer)."""
+    from rlhfkit.models import load_causal_lm
+    from rlhfkit.models.policy import ActorCritic, Reference
+    from rlhfkit.trainers.common import build_policy
+
+    policy, tok = build_policy(cfg)
+    model = ActorCritic(policy, value_head=None)
+    ref_dtype = torch.bfloat16 if cfg.dtype == "bf16" else None
+    other = load_causal_lm(cfg.reference_model, dtype="fp32", trainable=False) if cfg.reference_model else None
+    return model, Reference(model, use_adapter_off=cfg.lora, dtype=ref_dtype, model=other), tok
+
+
+# ----------------------------------------------------------------------------- judged evaluation
+
+
+def eval_records(train: list[dict], held_out: list[dict], cfg: DPOConfig) -> list[dict]:
+    """Distinct prompts for the win rate: held-out pairs' prompts, else training prompts."""
+    import random
+
+    seen, out = set(), []
+    for pair in held_out or train:
+        key = str(pair.get("messages") or pair["prompt"])
+        if key not in seen:
+            seen.add(key)
+            out.append({k: v for k, v in pair.items() if k not in NOT_PROMPT_FIELDS})
+    if len(out) > cfg.num_eval_prompts:
+        out = random.Random(cfg.seed).sample(out, cfg.num_eval_prompts)
+    return out
+
+
+def judged_samples(model, tok, records: list[dict], judge, cfg: DPOConfig, seed: int) -> tuple[list[str], list[float]]:
+    """eval_samples_per_prompt completions per record, scored by the judge (same seed -> same noise)."""
+    from rlhfkit.generate import sample_and_score
+
+    recs = [r for r in records for _ in range(cfg.eval_samples_per_prompt)]
+    formatted = format_prompts(tok, [r.get("messages") or r["prompt"] for r in recs], cfg)
+    params = SamplingParams(cfg.max_new_tokens, cfg.temperature, 0, 1.0, (tok.eos_token_id,))
+    return sample_and_score(model.policy, tok, recs, formatted, judge, params, seed, cfg.generation_batch_size, cfg.dtype)
+
+
+def win_rate(after: list[float], before: list[float]) -> dict[str, float]:
+    """Share of samples where the trained model's judged score beats the starting model's (ties = 1/2)."""
+    wins = sum(a > b for a, b in zip(after, before))
+    ties = sum(a == b for a, b in zip(after, before))
+    n = max(len(after), 1)
+    return {"win_rate": (wins + 0.5 * ties) / n, "wins": wins, "ties": ties, "losses": len(after) - wins - ties}
+
+
+# ----------------------------------------------------------------------------- loop
+
+
+def precompute_reference(reference, data: Rollout, batches: list[torch.Tensor], cfg: DPOConfig, device) -> torch.Tensor:
+    """Reference log-probs of all 2N rows, grouped like the first epoch's micro-batches (so with
+    LoRA, step 0 sees log pi == log pi_ref to the last bit and the loss is exactly log 2)."""
+    n = data.response_ids.shape[0] // 2
+    table = torch.zeros(2 * n)
+    for batch in batches[: -(-n // cfg.batch_size)]:  # the first epoch covers every pair once
+        for m0 in range(0, len(batch), cfg.micro_batch_size):
+            rows = pair_rows(batch[m0 : m0 + cfg.micro_batch_size], n)
+            table[rows] = reference_logps(reference, data, rows, cfg, device).cpu()
+    return table
+
+
+def train_step(model, data: Rollout, batch: torch.Tensor, ref_table, reference, cfg: DPOConfig, accelerator) -> dict:
+    """Gradients of one optimiser batch (this process's share, in micro-batches); returns metrics."""
+    device, world, n = accelerator.device, accelerator.num_processes, data.response_ids.shape[0] // 2
+    local = batch[accelerator.process_index :: world]
+    sums: dict[str, float] = defaultdict(float)
+    for m0 in range(0, len(local), cfg.micro_batch_size):
+        idx = local[m0 : m0 + cfg.micro_batch_size]
+        rows = pair_rows(idx, n)
+        logps, lengths = sequence_logps(model, data, rows, cfg, device)
+        ref = ref_table[rows].to(device) if ref_table is not None else reference_logps(reference, data, rows, cfg, device)
+        loss, st = dpo_batch_loss(logps, ref, lengths, cfg, float(len(batch)))
+        accelerator.backward(loss * world)  # DDP averages over processes; the loss is already a global mean
+        sums["loss/dpo"] += loss.item()
+        for k, v in st.items():
+            sums[k] += v * len(idx) / len(local)
+    return dict(sums)
+
+
+def held_out_metrics(model, held: Rollout, held_ref: torch.Tensor, cfg: DPOConfig, device) -> dict[str, float]:
+    """rewards/* and logps/* of the held-out pairs under the current policy."""
+    n = held.response_ids.shape[0] // 2
+    with torch.no_grad():
+        logps, lengths = sequence_logps(model, held, pair_rows(torch.arange(n), n), cfg, device)
+        return dpo_batch_loss(logps, held_ref.to(device), lengths, cfg, float(n))[1]
+
+
+def train(cfg: DPOConfig) -> dict:
+    """Run DPO; returns the summary (also written to RUN/summary.json)."""
+    from accelerate import Accelerator
+
+    from rlhfkit.models.policy import save_actor
+    from rlhfkit.rewards import get_reward
+    from rlhfkit.runtime.config import save_config
+    from rlhfkit.runtime.seeding import seed_everything
+    from rlhfkit.runtime.tracker import Tracker, make_run_dir
+    from rlhfkit.trainers.common import make_optimizer
+
+    accelerator = Accelerator(cpu=not torch.cuda.is_available())
+    device = accelerator.device
+    seed_everything(cfg.seed)
+    # 1. data
+    train_pairs, held_out = load_pairs(cfg.prefs)
+    model, reference, tok = build_models(cfg)
+    data, N = encode_pairs(tok, train_pairs, cfg), len(train_pairs)
+    held = encode_pairs(tok, held_out, cfg) if held_out else None
+    batches = plan_batches(N, cfg, torch.Generator().manual_seed(cfg.seed))
+    run_dir = make_run_dir(cfg.output_dir, cfg.run_name, "dpo")
+    if accelerator.is_main_process:
+        save_config(cfg, run_dir / "config.yaml")
+    tracker = Tracker(run_dir, len(batches), cfg.quiet, accelerator.is_main_process, cfg.tensorboard, cfg.wandb)
+    summary: dict = {"run_dir": str(run_dir), "train_pairs": N, "held_out_pairs": len(held_out)}
+    # 2. reference
+    held_ref = reference_logps(reference, held, pair_rows(torch.arange(len(held_out)), len(held_out)), cfg,
+                               device).cpu() if held is not None else None
+    ref_table = None
+    if should_precompute(cfg, N, len(batches)):
+        with tracker.phase("reference log-probs", None):
+            ref_table = precompute_reference(reference, data, batches, cfg, device)
+        if reference.frozen is not None:
+            reference = None  # the frozen copy is no longer needed: free its memory
+    summary["precomputed_ref_logps"] = ref_table is not None
+    # 3. the starting model, judged
+    judge = get_reward(cfg.judge)
+    records = eval_records(train_pairs, held_out, cfg) if cfg.num_eval_prompts > 0 else []
+    seed = cfg.seed + 424242  # same seed before and after: the comparison sees the same sampling noise
+    before = judged_samples(model, tok, records, judge, cfg, seed)[1] if records else []
+    # 4. train
+    optimizer, scheduler = make_optimizer(model.parameters(), cfg.lr, cfg.warmup_steps, cfg.weight_decay, cfg.adam_eps)
+    wrapped, optimizer, scheduler = accelerator.prepare(model, optimizer, scheduler)
+    for step, batch in enumerate(batches):
+        t0 = time.time()
+        metrics = train_step(wrapped, data, batch, ref_table, reference, cfg, accelerator)
+        grad_norm = accelerator.clip_grad_norm_(wrapped.parameters(), cfg.max_grad_norm)
+        optimizer.step()
+        scheduler.step()
+        optimizer.zero_grad(set_to_none=True)
+        metrics.update({"params/grad_norm": float(grad_norm), "params/lr": scheduler.get_last_lr()[0],
+                        "params/epoch": (step + 1) * cfg.batch_size / N, "timing/step_s": time.time() - t0})
+        tracker.log(step, metrics)
+    # 5. after: held-out preference accuracy, judged win rate over the starting model
+    if held is not None:
+        m = summary["held_out"] = held_out_metrics(model, held, held_ref, cfg, device)
+        tracker.print(f"[eval] held-out pairs: preference accuracy {m['rewards/accuracy']:.1%}, "
+                      f"reward margin {m['rewards/margin']:+.3f} (n={len(held_out)})")
+    if records:
+        completions, after = judged_samples(model, tok, records, judge, cfg, seed)
+        wr = win_rate(after, before)
+        mb, ma = sum(before) / len(before), sum(after) / len(after)
+        tracker.print(f"[eval] judge {cfg.judge}: mean score {mb:.3f} before -> {ma:.3f} after "
+                      f"({len(after)} samples on {len(records)} {'held-out' if held_out else 'training'} prompts)")
+        tracker.print(f"[eval] judged win rate over the starting model: {wr['win_rate']:.1%} "
+                      f"(wins {wr['wins']}, ties {wr['ties']}, losses {wr['losses']})")
+        summary.update({"judge": cfg.judge, "eval_before": mb, "eval_after": ma, **wr})
+        recs = [r for r in records for _ in range(cfg.eval_samples_per_prompt)]
+        tracker.log_samples(len(batches) - 1, [{"prompt": str(r["prompt"]), "completion": c, "score": a,
+                                                "score_before": b} for r, c, a, b in zip(recs, completions, after, before)])
+    if accelerator.is_main_process:
+        save_actor(model, tok, run_dir / "final")
+        if cfg.save_merged and cfg.lora:
+            save_actor(model, tok, run_dir / "final" / "merged", merge=True)
+        tracker.write_json("summary.json", summary)
+    tracker.close()
+    return summary
+
+
+def main(argv: list[str]) -> int:
+    cfg = parse_args(DPOConfig, argv, "rlhfkit dpo")
+    if cfg is None:
+        return 0
+    train(cfg)
+    return 0

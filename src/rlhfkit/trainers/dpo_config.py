@@ -1,0 +1,79 @@
+"""DPOConfig: every option of `rlhfkit dpo`, documented once (this text is --help).
+
+Defaults demonstrate DPO offline on CPU: SmolLM2-135M-Instruct with LoRA on the built-in
+preference file (review prompts; chosen = the more positive of the model's own samples), then
+the judged win rate of the trained model over the starting model on held-out prompts.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from rlhfkit.runtime.config import check, option
+from rlhfkit.trainers.common import ModelArgs, RunArgs
+
+LOSS_TYPES = ("sigmoid", "ipo", "cdpo")
+
+
+@dataclass
+class DPOConfig(ModelArgs, RunArgs):
+    """DPO (sigmoid), IPO and label-smoothed cDPO on preference pairs, against a frozen reference."""
+
+    # data
+    prefs: str = option("builtin:prefs_reviews", "preference pairs: a JSONL/CSV from `rlhfkit prefs make` or "
+                        "`rlhfkit label export` (prompt, chosen, rejected), or builtin:prefs_reviews. Records with "
+                        "split=test are held out")
+    max_prompt_length: int = option(192, "prompt tokens kept (the end of longer prompts)")
+    max_response_length: int = option(128, "response tokens kept (the start of longer responses, end-of-turn included)")
+    # loss
+    loss_type: str = option("sigmoid", "sigmoid = DPO; ipo = IPO on length-averaged log-probs; cdpo = sigmoid with "
+                            "label smoothing", LOSS_TYPES)
+    beta: float = option(0.1, "inverse temperature of the implicit reward beta * log(pi / pi_ref)")
+    label_smoothing: float | None = option(None, "cDPO: assumed label-flip probability in [0, 0.5) "
+                                           "(None: 0.1 for cdpo, 0 for sigmoid; not used by ipo)")
+    # reference
+    reference_model: str | None = option(None, "reference model folder (None: the adapter-disabled base with LoRA, "
+                                         "else a frozen copy of the starting model)")
+    precompute_ref_logps: bool | None = option(None, "compute reference log-probs once before training (None: when "
+                                               "the run sees every pair at least once, i.e. when it is cheaper)")
+    # optimisation
+    epochs: int = option(2, "passes over the training pairs")
+    max_steps: int | None = option(None, "stop after this many optimiser steps (None: epochs decide)")
+    batch_size: int = option(16, "pairs per optimiser step")
+    micro_batch_size: int = option(4, "pairs per forward/backward (2 x this many sequences)")
+    lr: float = option(1e-4, "AdamW learning rate (LoRA default; use ~5e-7..5e-6 for full fine-tuning)")
+    warmup_steps: int = option(4, "linear lr warm-up, in optimiser steps")
+    weight_decay: float = option(0.0, "AdamW weight decay")
+    adam_eps: float = option(1e-8, "AdamW epsilon")
+    max_grad_norm: float = option(1.0, "gradient-norm clip threshold (params/grad_norm is logged before clipping)")
+    # judged evaluation
+    judge: str = option("sentiment", "reward function that judges samples: sentiment | arithmetic | length[:N] | "
+                        "model:PATH | python:module:function")
+    num_eval_prompts: int = option(48, "held-out prompts for the judged win rate over the starting model (0 = skip)")
+    eval_samples_per_prompt: int = option(2, "completions per held-out prompt, before and after training")
+    max_new_tokens: int = option(64, "response length limit of the evaluation samples")
+    temperature: float = option(1.0, "sampling temperature of the evaluation samples")
+    generation_batch_size: int = option(16, "prompts per generate() call")
+    # outputs
+    save_merged: bool = option(False, "also save merged full weights (LoRA) in final/merged")
+
+    @property
+    def smoothing(self) -> float:
+        if self.label_smoothing is not None:
+            return self.label_smoothing
+        return 0.1 if self.loss_type == "cdpo" else 0.0
+
+    def validate(self) -> None:
+        for k in ("epochs", "batch_size", "micro_batch_size", "max_prompt_length", "max_response_length",
+                  "max_new_tokens", "eval_samples_per_prompt", "generation_batch_size"):
+            check(getattr(self, k) >= 1, f"{k} ({getattr(self, k)}) must be >= 1")
+        check(self.max_steps is None or self.max_steps >= 1, f"max_steps ({self.max_steps}) must be >= 1")
+        check(self.batch_size % self.micro_batch_size == 0,
+              f"batch_size ({self.batch_size}) must be divisible by micro_batch_size ({self.micro_batch_size})")
+        check(self.beta > 0, f"beta ({self.beta}) must be > 0")
+        check(0 <= self.smoothing < 0.5, f"label_smoothing ({self.label_smoothing}) must be in [0, 0.5)")
+        check(not (self.loss_type == "ipo" and self.smoothing > 0),
+              f"label_smoothing ({self.label_smoothing}) applies to sigmoid/cdpo, not ipo")
+        check(self.lr > 0, f"lr ({self.lr}) must be > 0")
+        check(self.temperature > 0, f"temperature ({self.temperature}) must be > 0")
+        check(self.num_eval_prompts >= 0, f"num_eval_prompts ({self.num_eval_prompts}) must be >= 0")

@@ -1,0 +1,106 @@
+"""GRPOConfig / RLOOConfig: every option of `rlhfkit grpo` and `rlhfkit rloo` (this text is --help).
+
+Defaults demonstrate GRPO offline on CPU: SmolLM2-135M-Instruct with LoRA on the built-in
+arithmetic problems, exact-match reward, held-out accuracy printed before and after.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from rlhfkit.runtime.config import check, option
+from rlhfkit.trainers.common import ModelArgs, RunArgs
+
+ADVANTAGES = ("group", "rloo")
+
+
+@dataclass
+class GRPOConfig(ModelArgs, RunArgs):
+    """GRPO: G sampled completions per prompt, group-relative advantages, clipped ratio, no value head."""
+
+    # data and reward
+    prompts: str = option("builtin:arithmetic", "prompts: builtin:arithmetic|reviews|stories|instructions or a JSONL/CSV/TXT file")
+    eval_prompts: str | None = option(None, "held-out prompts for the before/after check (default: test split of `prompts`)")
+    num_eval_prompts: int = option(100, "held-out prompts sampled (at `temperature`) before and after training (0 = skip)")
+    reward: str = option("arithmetic", "arithmetic (exact match) | sentiment | length[:N] | model:PATH | python:module:function")
+    solved_threshold: float = option(1.0, "a sample counts as solved when its score is >= this (rollout/solved_fraction)")
+    # rollout
+    iterations: int = option(30, "iterations (rollout + update)")
+    rollout_batch_size: int = option(64, "completions sampled per iteration = prompts per iteration x group_size")
+    group_size: int = option(8, "G: completions sampled per prompt (the group the baseline is taken over)")
+    max_new_tokens: int = option(16, "response length limit")
+    temperature: float = option(1.0, "sampling temperature; log-probs, reference and entropy use the same T")
+    top_k: int = option(0, "0 = no top-k truncation (recommended: truncation biases the stored log-probs)")
+    top_p: float = option(1.0, "1.0 = no nucleus truncation (recommended)")
+    stop_ids: list | None = option(None, "token ids that end a response (default: the tokenizer's eos)")
+    generation_batch_size: int = option(64, "prompts per generate() call")
+    # advantages
+    advantage: str = option("group", "baseline: group = GRPO mean (optionally / std); rloo = leave-one-out mean", ADVANTAGES)
+    scale_rewards: bool = option(True, "GRPO: divide by the group's std (false = Dr. GRPO, centred only)")
+    drop_zero_std_groups: bool = option(True, "leave groups whose completions all got the same reward (advantage 0: "
+                                        "no policy gradient, only compute) out of the teacher-forced pass and the "
+                                        "update; the loss is then normalised over the remaining tokens (with "
+                                        "beta > 0 their KL term is skipped too; single process only)")
+    score_clip: float | None = option(None, "clip sequence scores to [-c, c] before the advantages")
+    no_stop_penalty: float | None = option(None, "score given to responses that never emit a stop token (None: keep)")
+    # update
+    update_epochs: int = option(2, "passes over each rollout (GRPO's mu; 1 = on-policy, the ratio stays 1)")
+    mini_batch_size: int | None = option(32, "sequences per optimiser step (None = the whole rollout)")
+    micro_batch_size: int = option(16, "sequences per forward/backward (gradient accumulation = mini / micro)")
+    lr: float = option(3e-4, "AdamW learning rate (LoRA default; use ~1e-6..1e-5 for full fine-tuning)")
+    warmup_steps: int = option(4, "linear lr warm-up, in optimiser steps")
+    weight_decay: float = option(0.0, "AdamW weight decay")
+    adam_eps: float = option(1e-8, "AdamW epsilon")
+    max_grad_norm: float = option(1.0, "gradient-norm clip threshold (params/grad_norm is logged before clipping)")
+    clip_eps: float = option(0.2, "ratio clip range")
+    clip_eps_high: float | None = option(None, "upper clip range (DAPO clip-higher; None = clip_eps)")
+    loss_agg: str = option("token-mean", "loss aggregation over a mini-batch (docs/algorithms.md): token-mean = every "
+                           "token weighs the same; seq-mean = every sequence (original GRPO); constant = sum / "
+                           "loss_agg_constant (Dr. GRPO)", ("token-mean", "seq-mean", "constant"))
+    loss_agg_constant: float | None = option(None, "divisor of loss_agg=constant (None: mini_batch_size x max_new_tokens)")
+    beta: float = option(0.0, "coefficient of the k3 KL(pi || pi_ref) term in the loss; 0 loads no reference at all")
+    # outputs and checks
+    ratio_check_tol: float = option(1e-3, "max |ratio-1| allowed on the first micro-batch of each rollout (it repeats "
+                                    "the scoring pass exactly, so anything above float noise means broken log-probs)")
+    log_samples: int = option(4, "completions per iteration written to samples.jsonl")
+    save_merged: bool = option(False, "also save merged full weights (LoRA) in final/merged")
+
+    @property
+    def prompts_per_iteration(self) -> int:
+        return self.rollout_batch_size // self.group_size
+
+    @property
+    def optimiser_batch(self) -> int:
+        return self.mini_batch_size or self.rollout_batch_size
+
+    def validate(self) -> None:
+        check(self.iterations >= 1, f"iterations ({self.iterations}) must be >= 1")
+        for k in ("rollout_batch_size", "micro_batch_size", "update_epochs", "max_new_tokens", "generation_batch_size"):
+            check(getattr(self, k) >= 1, f"{k} ({getattr(self, k)}) must be >= 1")
+        check(self.group_size >= 2, f"group_size ({self.group_size}) must be >= 2: a group of one has no baseline")
+        check(self.rollout_batch_size % self.group_size == 0,
+              f"rollout_batch_size ({self.rollout_batch_size}) must be divisible by group_size ({self.group_size})")
+        mini = self.optimiser_batch
+        check(mini >= 1, f"mini_batch_size ({self.mini_batch_size}) must be >= 1")
+        check(self.rollout_batch_size % mini == 0,
+              f"rollout_batch_size ({self.rollout_batch_size}) must be divisible by mini_batch_size ({mini})")
+        check(mini % self.micro_batch_size == 0,
+              f"mini_batch_size ({mini}) must be divisible by micro_batch_size ({self.micro_batch_size})")
+        check(self.temperature > 0, f"temperature ({self.temperature}) must be > 0 for sampled rollouts")
+        check(0 < self.top_p <= 1, f"top_p ({self.top_p}) must be in (0, 1]")
+        check(self.lr > 0, f"lr ({self.lr}) must be > 0")
+        check(self.clip_eps > 0, f"clip_eps ({self.clip_eps}) must be > 0")
+        check(self.clip_eps_high is None or self.clip_eps_high > 0, f"clip_eps_high ({self.clip_eps_high}) must be > 0")
+        check(self.beta >= 0, f"beta ({self.beta}) must be >= 0")
+        check(self.loss_agg_constant is None or self.loss_agg_constant > 0,
+              f"loss_agg_constant ({self.loss_agg_constant}) must be > 0")
+        check(self.num_eval_prompts >= 0, f"num_eval_prompts ({self.num_eval_prompts}) must be >= 0")
+
+
+@dataclass
+class RLOOConfig(GRPOConfig):
+    """RLOO: REINFORCE with the leave-one-out baseline over G completions per prompt (Ahmadian et al. 2024)."""
+
+    advantage: str = option("rloo", "baseline: rloo = mean of the other G-1 scores; group = GRPO's group mean", ADVANTAGES)
+    update_epochs: int = option(1, "passes over each rollout (1 = REINFORCE: on-policy, the ratio is exactly 1)")
+    mini_batch_size: int | None = option(None, "sequences per optimiser step (None = the whole rollout: one step)")

@@ -1,0 +1,274 @@
+"""What the on-policy RL trainers (PPO, GRPO, RLOO) share: run set-up, the rollout, the clipped
+update loop, rollout metrics, logging and the final checkpoint.
+
+Each trainer supplies only its own maths: how advantages are formed and a `loss_fn` for one
+micro-batch. `update_policy` owns epochs x mini-batches x micro-batches, the global
+normalisers, gradient accumulation, clipping and the first-micro-batch ratio check.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import defaultdict
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from rlhfkit.algos import masked_mean
+from rlhfkit.rollout import Rollout, SamplingParams, generate, score_rollout
+from rlhfkit.rollout.core import trim_rows
+from rlhfkit.trainers.common import autocast, format_prompts, info_lists
+
+# loss_fn(micro_batch, global token count, global sequence count) -> (loss, stats). Stats named
+# "loss/..." are already normalised by the global counts (they add up over micro-batches); the
+# others are token means of this micro-batch and must include "ratio_dev" = max |ratio - 1|.
+LossFn = Callable[[Rollout, float, float], tuple[torch.Tensor, dict[str, float]]]
+
+
+class RatioCheckError(RuntimeError):
+    """The first-micro-batch ratio is not 1: log-prob reconstruction is broken (pitfall 4)."""
+
+
+# ----------------------------------------------------------------------------- rollout
+
+
+def sample_rollout(actor, tok, records, cfg, params: SamplingParams, seed: int, reward_fn, device) -> Rollout:
+    """Sample one response per record (left-padded, KV-cached generate) and score it."""
+    from rlhfkit.rewards import score_batch
+
+    t0 = time.perf_counter()
+    formatted = format_prompts(tok, [r["prompt"] for r in records], cfg)
+    torch.manual_seed(seed)
+    with autocast(cfg.dtype, device):
+        rollout = generate(actor.policy, tok, formatted, params, batch_size=cfg.generation_batch_size)
+    t1 = time.perf_counter()
+    rollout.prompts = [str(r["prompt"]) for r in records]
+    rollout.info = info_lists(records)
+    scores = score_batch(reward_fn, rollout.prompts, rollout.completions, rollout.info)
+    rollout.scores = torch.tensor([float(s) for s in scores], dtype=torch.float32)
+    rollout.timings = {"timing/generate_s": t1 - t0, "timing/reward_s": time.perf_counter() - t1}
+    return rollout
+
+
+def collect_rollout(actor, reference, tok, records, cfg, params: SamplingParams, seed: int,
+                    reward_fn, device, order: torch.Tensor | None = None) -> Rollout:
+    """`sample_rollout`, then one teacher-forced pass for log-probs, values (when the actor has a
+    value head), entropy and reference log-probs.
+
+    `order` groups the scoring micro-batches as the first update epoch will (see score_rollout).
+    """
+    rollout = sample_rollout(actor, tok, records, cfg, params, seed, reward_fn, device)
+    t0 = time.perf_counter()
+    with autocast(cfg.dtype, device):
+        score_rollout(actor, reference, rollout, cfg.temperature, cfg.micro_batch_size, order)
+    rollout.timings["timing/logprobs_s"] = time.perf_counter() - t0
+    return rollout
+
+
+def rollout_metrics(rollout: Rollout) -> dict[str, float]:
+    """rollout/* metrics every RL trainer logs (rewards = per-token shaped rewards)."""
+    mask = rollout.response_mask
+    per_seq_reward = (rollout.rewards * mask).sum(1)
+    return {
+        "rollout/reward_mean": per_seq_reward.mean().item(),
+        "rollout/reward_std": per_seq_reward.std(unbiased=False).item(),
+        "rollout/score_mean": rollout.scores.mean().item(),
+        "rollout/score_std": rollout.scores.std(unbiased=False).item(),
+        "rollout/response_length": mask.sum(1).mean().item(),
+        "rollout/stop_fraction": rollout.stopped.float().mean().item(),
+        **({} if rollout.entropy is None else {"rollout/entropy": masked_mean(rollout.entropy, mask).item()}),
+        **rollout.timings,
+    }
+
+
+# ----------------------------------------------------------------------------- update
+
+
+def update_policy(model, optimizer, scheduler, accelerator, rollout: Rollout, loss_fn: LossFn, *, epochs: int,
+                  mini_batch_size: int, micro_batch_size: int, max_grad_norm: float, ratio_check_tol: float,
+                  generator: torch.Generator, first_perm: torch.Tensor) -> dict[str, float]:
+    """`epochs` x shuffled mini-batches x micro-batches; one optimiser step per mini-batch.
+
+    `first_perm` is epoch 0's shuffle, the one the scoring pass grouped its micro-batches by, so
+    the first micro-batch repeats that pass exactly and its ratio must be 1 (else RatioCheckError).
+    Each micro-batch loss is normalised by the whole mini-batch's token and sequence counts, summed
+    over processes, so the accumulated gradient does not depend on the split (pitfall 11).
+    Returns the stats averaged over optimiser steps, plus "grad_norm" (before clipping) and
+    "ratio_first_microbatch_maxdev".
+    """
+    device = accelerator.device
+    B = rollout.response_ids.shape[0]
+    sums: dict[str, float] = defaultdict(float)
+    n_steps = 0
+    first_dev = None
+    for epoch in range(epochs):
+        perm = first_perm if epoch == 0 else torch.randperm(B, generator=generator)
+        for start in range(0, B, mini_batch_size):
+            mini = perm[start : start + mini_batch_size]
+            # Global token and sequence counts of this mini-batch (all micro-batches, all processes).
+            counts = torch.tensor([rollout.response_mask[mini].sum().item(), float(len(mini))], device=device)
+            n_tok, n_seq = (max(float(c), 1.0) for c in accelerator.reduce(counts, "sum"))
+            for m0 in range(0, len(mini), micro_batch_size):
+                mb = trim_rows(rollout, mini[m0 : m0 + micro_batch_size])
+                loss, st = loss_fn(mb, n_tok, n_seq)
+                if first_dev is None:
+                    first_dev = st["ratio_dev"]
+                    if first_dev > ratio_check_tol:
+                        raise RatioCheckError(
+                            f"max |ratio - 1| = {first_dev:.3g} on the first micro-batch (tolerance "
+                            f"{ratio_check_tol}): log-prob reconstruction is broken (check padding, position "
+                            "ids, temperature, dropout)")
+                # DDP averages gradients over processes; undo it so the global normalisation holds.
+                accelerator.backward(loss * accelerator.num_processes)
+                w = mb.response_mask.sum().item() / n_tok
+                for k, v in st.items():
+                    sums[k] += v if k.startswith("loss/") else v * w
+            grad_norm = accelerator.clip_grad_norm_(model.parameters(), max_grad_norm)
+            optimizer.step()
+            scheduler.step()
+            optimizer.zero_grad(set_to_none=True)
+            sums["grad_norm"] += float(grad_norm)
+            n_steps += 1
+    out = {k: v / n_steps for k, v in sums.items()}
+    out["ratio_first_microbatch_maxdev"] = float(first_dev)
+    return out
+
+
+def policy_update_metrics(m: dict[str, float]) -> dict[str, float]:
+    """The metric names PPO and GRPO share, from `update_policy`'s averaged stats."""
+    return {
+        "loss/policy": m["loss/policy"], "loss/total": m["loss/total"],
+        "params/policy_clip_frac": m["policy_clip_frac"], "params/approx_kl": m["approx_kl"],
+        "params/ratio_mean": m["ratio_mean"], "params/grad_norm": m["grad_norm"],
+        "params/ratio_first_microbatch_maxdev": m["ratio_first_microbatch_maxdev"],
+    }
+
+
+# ----------------------------------------------------------------------------- run
+
+
+@dataclass
+class RLRun:
+    """Everything a trainer's loop needs, built by `start_run`."""
+
+    cfg: Any
+    accelerator: Any
+    run_dir: Any
+    tracker: Any
+    reward_fn: Any
+    eval_records: list
+    stream: Any
+    model: Any  # the prepared (possibly DDP-wrapped) actor: use it for training forwards
+    core: Any  # the unwrapped actor: rollouts, evaluation, saving
+    reference: Any
+    tok: Any
+    optimizer: Any
+    scheduler: Any
+    params: SamplingParams
+    generator: torch.Generator
+    summary: dict = field(default_factory=dict)
+
+    @property
+    def device(self):
+        return self.accelerator.device
+
+    def evaluating(self):
+        """Context manager: held-out reward before and after the wrapped training."""
+        from rlhfkit.trainers.setup import eval_before_after
+
+        return eval_before_after(self.core, self.tok, self.eval_records, self.reward_fn, self.cfg, self.params,
+                                 self.tracker, self.summary, self.device)
+
+    def sample(self, records: list[dict], iteration: int) -> Rollout:
+        """Sampled and scored responses, no teacher-forced pass yet."""
+        from rlhfkit.runtime.seeding import sampling_seed
+
+        seed = sampling_seed(self.cfg.seed, self.accelerator.process_index, iteration)
+        with self.tracker.phase("rollout", None):
+            return sample_rollout(self.core, self.tok, records, self.cfg, self.params, seed, self.reward_fn,
+                                  self.device)
+
+    def score(self, rollout: Rollout, order: torch.Tensor) -> Rollout:
+        """The teacher-forced pass, grouped by `order` (the first update epoch's shuffle)."""
+        t0 = time.perf_counter()
+        with autocast(self.cfg.dtype, self.device):
+            score_rollout(self.core, self.reference, rollout, self.cfg.temperature, self.cfg.micro_batch_size, order)
+        rollout.timings["timing/logprobs_s"] = time.perf_counter() - t0
+        return rollout
+
+    def rollout(self, records: list[dict], iteration: int, order: torch.Tensor) -> Rollout:
+        return self.score(self.sample(records, iteration), order)
+
+    def update(self, rollout: Rollout, loss_fn: LossFn, epochs: int, mini_batch_size: int,
+               first_perm: torch.Tensor) -> dict[str, float]:
+        cfg = self.cfg
+        return update_policy(self.model, self.optimizer, self.scheduler, self.accelerator, rollout, loss_fn,
+                             epochs=epochs, mini_batch_size=mini_batch_size, micro_batch_size=cfg.micro_batch_size,
+                             max_grad_norm=cfg.max_grad_norm, ratio_check_tol=cfg.ratio_check_tol,
+                             generator=self.generator, first_perm=first_perm)
+
+    def log(self, iteration: int, rollout: Rollout, metrics: dict[str, float], times: tuple[float, float, float],
+            extra_sample_fields: dict[str, list] | None = None) -> None:
+        """Add lr/timing/throughput to `metrics`, log them and a few samples."""
+        t0, t1, t2 = times
+        metrics.update({"params/lr": self.scheduler.get_last_lr()[0], "params/max_grad_norm": self.cfg.max_grad_norm,
+                        "timing/rollout_s": t1 - t0, "timing/update_s": t2 - t1,
+                        "throughput/tokens_per_s": rollout.response_mask.sum().item() / max(t2 - t0, 1e-9)})
+        self.tracker.log(iteration, metrics)
+        per_seq = (rollout.rewards * rollout.response_mask).sum(1)
+        extra = extra_sample_fields or {}
+        rows = []
+        for i in range(min(self.cfg.log_samples, len(rollout.completions))):
+            rows.append({"prompt": rollout.prompts[i], "completion": rollout.completions[i],
+                         "score": float(rollout.scores[i]), "reward": float(per_seq[i]),
+                         **{k: v[i] for k, v in extra.items()}})
+        self.tracker.log_samples(iteration, rows)
+
+    def finish(self) -> dict:
+        """Save the final policy (and merged weights when asked), write summary.json."""
+        if self.accelerator.is_main_process:
+            from rlhfkit.models.policy import save_actor
+
+            save_actor(self.core, self.tok, self.run_dir / "final")
+            if self.cfg.save_merged and self.cfg.lora:
+                save_actor(self.core, self.tok, self.run_dir / "final" / "merged", merge=True)
+            self.tracker.write_json("summary.json", self.summary)
+        self.tracker.close()
+        return self.summary
+
+
+def start_run(cfg, command: str, build_models: Callable) -> RLRun:
+    """Accelerator, seeds, run folder, tracker, data and reward, models, optimiser, sampling params.
+
+    `build_models(cfg) -> (actor, reference | None, tokenizer)`.
+    """
+    from accelerate import Accelerator
+
+    from rlhfkit.runtime.config import save_config
+    from rlhfkit.runtime.seeding import seed_everything
+    from rlhfkit.runtime.tracker import Tracker, make_run_dir
+    from rlhfkit.trainers.common import PromptStream, make_optimizer
+    from rlhfkit.trainers.setup import prepare_data
+
+    from rlhfkit.models.loading import resolve_dtype
+
+    accelerator = Accelerator(cpu=not torch.cuda.is_available())
+    seed_everything(cfg.seed)
+    cfg.dtype = resolve_dtype(cfg.dtype)  # config.yaml records what actually ran
+    run_dir = make_run_dir(cfg.output_dir, cfg.run_name, command)
+    if accelerator.is_main_process:
+        save_config(cfg, run_dir / "config.yaml")
+    tracker = Tracker(run_dir, cfg.iterations, cfg.quiet, accelerator.is_main_process, cfg.tensorboard, cfg.wandb)
+    reward_fn, train_records, eval_records = prepare_data(cfg)
+    actor, reference, tok = build_models(cfg)
+    optimizer, scheduler = make_optimizer(actor.parameters(), cfg.lr, cfg.warmup_steps, cfg.weight_decay, cfg.adam_eps)
+    model, optimizer, scheduler = accelerator.prepare(actor, optimizer, scheduler)
+    stop_ids = tuple(cfg.stop_ids or [tok.eos_token_id])
+    params = SamplingParams(cfg.max_new_tokens, cfg.temperature, cfg.top_k, cfg.top_p, stop_ids)
+    return RLRun(cfg=cfg, accelerator=accelerator, run_dir=run_dir, tracker=tracker, reward_fn=reward_fn,
+                 eval_records=eval_records, stream=PromptStream(train_records, cfg.seed), model=model,
+                 core=accelerator.unwrap_model(model), reference=reference, tok=tok, optimizer=optimizer,
+                 scheduler=scheduler, params=params, generator=torch.Generator().manual_seed(cfg.seed),
+                 summary={"run_dir": str(run_dir)})
