@@ -24,11 +24,11 @@ import time
 from pathlib import Path
 
 CONFIGS = {
-    "lora-fp32": {"lora": True, "dtype": "fp32", "lr": 3e-4},
-    "lora-bf16": {"lora": True, "dtype": "bf16", "lr": 3e-4},
+    "lora-fp32": {"lora": True, "dtype": "fp32", "lr": 1e-3, "lora_layers": None},
+    "lora-top12-fp32": {"lora": True, "dtype": "fp32", "lr": 1e-3, "lora_layers": 12},  # the demo default
+    "lora-bf16": {"lora": True, "dtype": "bf16", "lr": 1e-3, "lora_layers": None},
     "full-fp32": {"lora": False, "dtype": "fp32", "lr": 1e-5},
     "full-bf16": {"lora": False, "dtype": "bf16", "lr": 1e-5},
-    "lora-top8-fp32": {"lora": True, "dtype": "fp32", "lr": 3e-4, "lora_layers": 8},
 }
 STANDARD = {"rollout_batch_size": 16, "max_new_tokens": 48, "temperature": 1.0, "ppo_epochs": 2,
             "mini_batch_size": 8, "micro_batch_size": 8, "num_eval_prompts": 0, "prompts": "builtin:reviews",

@@ -6,10 +6,7 @@ unk <|endoftext|> (0), and has a ChatML chat template, so pad == eos code paths 
 
 from __future__ import annotations
 
-import os
-
 import torch
-
 
 CHAT_TEMPLATE = (
     "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"

@@ -30,6 +30,14 @@ class ModelArgs:
 
 
 @dataclass
+class SamplingArgs:
+    temperature: float = option(1.0, "sampling temperature; log-probs, reference and entropy use the same T")
+    top_k: int = option(0, "0 = no top-k truncation (recommended: truncation biases the stored log-probs)")
+    top_p: float = option(1.0, "1.0 = no nucleus truncation (recommended)")
+    stop_ids: list | None = option(None, "token ids that end a response (default: the tokenizer's eos)")
+
+
+@dataclass
 class RunArgs:
     output_dir: str = option("runs", "parent folder of run folders")
     run_name: str | None = option(None, "run folder name (default: COMMAND-DATE-TIME)")
@@ -49,9 +57,8 @@ def autocast(dtype: str, device: torch.device):
 def build_policy(args: ModelArgs, trainable: bool = True):
     """(model, tokenizer). With LoRA the frozen base is stored in the compute dtype."""
     from rlhfkit.models import load_causal_lm, load_tokenizer
-    from rlhfkit.models.policy import add_lora
-
     from rlhfkit.models.loading import resolve_dtype
+    from rlhfkit.models.policy import add_lora
 
     args.dtype = resolve_dtype(args.dtype)
     tok = load_tokenizer(args.model, padding_side="left")

@@ -9,13 +9,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from rlhfkit.runtime.config import check, option
-from rlhfkit.trainers.common import ModelArgs, RunArgs
+from rlhfkit.trainers.common import ModelArgs, RunArgs, SamplingArgs
 
 ADVANTAGES = ("group", "rloo")
 
 
 @dataclass
-class GRPOConfig(ModelArgs, RunArgs):
+class GRPOConfig(SamplingArgs, ModelArgs, RunArgs):
     """GRPO: G sampled completions per prompt, group-relative advantages, clipped ratio, no value head."""
 
     # data and reward
@@ -29,10 +29,6 @@ class GRPOConfig(ModelArgs, RunArgs):
     rollout_batch_size: int = option(64, "completions sampled per iteration = prompts per iteration x group_size")
     group_size: int = option(8, "G: completions sampled per prompt (the group the baseline is taken over)")
     max_new_tokens: int = option(16, "response length limit")
-    temperature: float = option(1.0, "sampling temperature; log-probs, reference and entropy use the same T")
-    top_k: int = option(0, "0 = no top-k truncation (recommended: truncation biases the stored log-probs)")
-    top_p: float = option(1.0, "1.0 = no nucleus truncation (recommended)")
-    stop_ids: list | None = option(None, "token ids that end a response (default: the tokenizer's eos)")
     generation_batch_size: int = option(64, "prompts per generate() call")
     # advantages
     advantage: str = option("group", "baseline: group = GRPO mean (optionally / std); rloo = leave-one-out mean", ADVANTAGES)

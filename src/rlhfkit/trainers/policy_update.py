@@ -246,13 +246,12 @@ def start_run(cfg, command: str, build_models: Callable) -> RLRun:
     """
     from accelerate import Accelerator
 
+    from rlhfkit.models.loading import resolve_dtype
     from rlhfkit.runtime.config import save_config
     from rlhfkit.runtime.seeding import seed_everything
     from rlhfkit.runtime.tracker import Tracker, make_run_dir
     from rlhfkit.trainers.common import PromptStream, make_optimizer
     from rlhfkit.trainers.setup import prepare_data
-
-    from rlhfkit.models.loading import resolve_dtype
 
     accelerator = Accelerator(cpu=not torch.cuda.is_available())
     seed_everything(cfg.seed)

@@ -5,11 +5,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from rlhfkit.runtime.config import check, option
-from rlhfkit.trainers.common import ModelArgs, RunArgs
+from rlhfkit.trainers.common import ModelArgs, RunArgs, SamplingArgs
 
 
 @dataclass
-class PPOConfig(ModelArgs, RunArgs):
+class PPOConfig(SamplingArgs, ModelArgs, RunArgs):
     """PPO with GAE and a value head on the shared base (actor-critic), KL penalty against a frozen reference."""
 
     # The CPU demo adapts the top 12 of SmolLM2's 30 layers: backward stops there (update 18 s -> 14 s
@@ -25,10 +25,6 @@ class PPOConfig(ModelArgs, RunArgs):
     iterations: int = option(15, "PPO iterations (rollout + update)")
     rollout_batch_size: int = option(16, "prompts sampled per iteration")
     max_new_tokens: int = option(48, "response length limit")
-    temperature: float = option(1.0, "sampling temperature; log-probs, reference and entropy use the same T")
-    top_k: int = option(0, "0 = no top-k truncation (recommended: truncation biases the stored log-probs)")
-    top_p: float = option(1.0, "1.0 = no nucleus truncation (recommended)")
-    stop_ids: list | None = option(None, "token ids that end a response (default: the tokenizer's eos)")
     generation_batch_size: int = option(16, "prompts per generate() call")
     # update
     ppo_epochs: int = option(2, "passes over each rollout")
