@@ -6,6 +6,7 @@ import os
 
 import pytest
 import torch
+
 from tiny_lm import build_tiny_model, build_tokenizer
 
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")

@@ -7,7 +7,6 @@ import math
 
 import pytest
 import torch
-from tiny_lm import build_tiny_model, build_tokenizer
 
 from rlhfkit.errors import ConfigError
 from rlhfkit.models.policy import ActorCritic
@@ -24,6 +23,8 @@ from rlhfkit.trainers.dpo import (
     win_rate,
 )
 from rlhfkit.trainers.dpo_config import DPOConfig
+
+from tiny_lm import build_tiny_model, build_tokenizer
 
 VOWELS = ("def reward(prompts, completions, **kw):\n"
           "    return [sum(ch in 'aeiou' for ch in c) / max(1, len(c)) for c in completions]\n")

@@ -7,7 +7,6 @@ import math
 
 import pytest
 import torch
-from tiny_lm import build_tiny_model, build_tokenizer
 
 from rlhfkit.errors import ConfigError
 from rlhfkit.models.policy import ActorCritic
@@ -22,6 +21,8 @@ from rlhfkit.trainers.grpo import (
     train,
 )
 from rlhfkit.trainers.grpo_config import GRPOConfig, RLOOConfig
+
+from tiny_lm import build_tiny_model, build_tokenizer
 
 PROMPTS = [f"Write a review of thing number {i}." for i in range(32)]
 VOWELS = ("def reward(prompts, completions, **kw):\n"

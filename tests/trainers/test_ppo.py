@@ -6,7 +6,6 @@ import json
 
 import pytest
 import torch
-from tiny_lm import build_tiny_model, build_tokenizer
 
 from rlhfkit.algos import logprobs_from_logits, shape_rewards
 from rlhfkit.errors import ConfigError
@@ -15,6 +14,8 @@ from rlhfkit.rollout import SamplingParams, forward_logprobs, generate, score_ro
 from rlhfkit.runtime.config import build_config, parse_args
 from rlhfkit.trainers.ppo import RatioCheckError, train
 from rlhfkit.trainers.ppo_config import PPOConfig
+
+from tiny_lm import build_tiny_model, build_tokenizer
 
 PROMPTS = [f"Write a review of thing number {i}." for i in range(32)]
 

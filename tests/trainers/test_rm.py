@@ -7,7 +7,6 @@ import json
 
 import pytest
 import torch
-from tiny_lm import build_tiny_model, build_tokenizer
 
 from rlhfkit.errors import ConfigError, UserError
 from rlhfkit.models.reward_model import (
@@ -20,6 +19,8 @@ from rlhfkit.models.reward_model import (
 )
 from rlhfkit.runtime.config import build_config, parse_args
 from rlhfkit.trainers.rm import RMConfig, train
+
+from tiny_lm import build_tiny_model, build_tokenizer
 
 
 @pytest.fixture()

@@ -9,13 +9,14 @@ import math
 import pytest
 import torch
 import torch.nn.functional as F
-from tiny_lm import build_tiny_model, build_tokenizer
 
 from rlhfkit.data.chat import IGNORE_INDEX
 from rlhfkit.errors import ConfigError
 from rlhfkit.models.reward_model import format_example
 from rlhfkit.runtime.config import build_config, parse_args
 from rlhfkit.trainers.sft import ResponseNLL, SFTConfig, collate, sft_step, tokenize_examples, train
+
+from tiny_lm import build_tiny_model, build_tokenizer
 
 EXAMPLES = [
     {"prompt": "Write a short review of the new cafe.", "response": "It was great, lovely coffee."},

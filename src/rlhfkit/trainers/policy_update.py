@@ -193,7 +193,7 @@ class RLRun:
     def score(self, rollout: Rollout, order: torch.Tensor) -> Rollout:
         """The teacher-forced pass, grouped by `order` (the first update epoch's shuffle)."""
         t0 = time.perf_counter()
-        with autocast(self.cfg.dtype, self.device):
+        with self.tracker.phase("scoring", None), autocast(self.cfg.dtype, self.device):
             score_rollout(self.core, self.reference, rollout, self.cfg.temperature, self.cfg.micro_batch_size, order)
         rollout.timings["timing/logprobs_s"] = time.perf_counter() - t0
         return rollout
@@ -204,10 +204,12 @@ class RLRun:
     def update(self, rollout: Rollout, loss_fn: LossFn, epochs: int, mini_batch_size: int,
                first_perm: torch.Tensor) -> dict[str, float]:
         cfg = self.cfg
-        return update_policy(self.model, self.optimizer, self.scheduler, self.accelerator, rollout, loss_fn,
-                             epochs=epochs, mini_batch_size=mini_batch_size, micro_batch_size=cfg.micro_batch_size,
-                             max_grad_norm=cfg.max_grad_norm, ratio_check_tol=cfg.ratio_check_tol,
-                             generator=self.generator, first_perm=first_perm)
+        with self.tracker.phase("update", None):
+            return update_policy(self.model, self.optimizer, self.scheduler, self.accelerator, rollout, loss_fn,
+                                 epochs=epochs, mini_batch_size=mini_batch_size,
+                                 micro_batch_size=cfg.micro_batch_size, max_grad_norm=cfg.max_grad_norm,
+                                 ratio_check_tol=cfg.ratio_check_tol, generator=self.generator,
+                                 first_perm=first_perm)
 
     def log(self, iteration: int, rollout: Rollout, metrics: dict[str, float], times: tuple[float, float, float],
             extra_sample_fields: dict[str, list] | None = None) -> None:
