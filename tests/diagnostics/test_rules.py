@@ -226,3 +226,13 @@ def test_seed001_flat_value_loss_needs_a_shorter_window():
     found = diagnose(_seed001(), Thresholds(value_window=6), strict=True)
     value = [f for f in found if f.rule == "value_loss_not_learning"]
     assert value and value[0].iteration == 5 and value[0].evidence["iterations"] == [0, 1, 2, 3, 4, 5]
+
+
+def test_value_loss_rule_ignores_a_zero_start():
+    """Zero-initialised head on all-zero early rewards: loss 0 -> 3e-4 is not a '2.7e+10%' rise."""
+    rows = [{"iteration": i, "loss/value": 0.0 if i < 8 else 3e-4, "rollout/reward_mean": 0.0 if i < 9 else 0.01,
+             "rollout/reward_std": 0.0 if i < 9 else 0.004} for i in range(12)]
+    assert "value_loss_not_learning" not in {f.rule for f in diagnose(rows, strict=True)}
+    for i in range(8):
+        rows[i]["loss/value"] = 1e-4
+    assert "value_loss_not_learning" in {f.rule for f in diagnose(rows, strict=True)}  # a real rise still fires

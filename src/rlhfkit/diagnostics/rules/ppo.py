@@ -154,6 +154,10 @@ def value_loss_not_learning(h: History, t: Thresholds) -> list[Finding]:
             return []
     elif move < t.value_reward_move * max(abs(r_first), 1e-12):
         return []
+    if vl_first <= 1e-12:
+        # A zero start (zero-initialised value head on all-zero rewards) makes any relative
+        # change infinite and meaningless: seen as "rose 2.7e+10%" on a tiny run.
+        return []
     change = rel_change(vl_last, vl_first)
     if change >= t.value_rise_rel:
         trend = f"rose {fmt(100 * change)}%"
