@@ -31,12 +31,16 @@ from rlhfkit.algos import (
     ppo_policy_loss,
     shape_rewards,
 )
-from rlhfkit.errors import UserError
 from rlhfkit.rollout import Rollout, forward_logprobs
-from rlhfkit.runtime.config import parse_args
 from rlhfkit.trainers.common import autocast
 from rlhfkit.trainers.grpo_config import GRPOConfig, RLOOConfig
-from rlhfkit.trainers.policy_update import RatioCheckError, policy_update_metrics, rollout_metrics, start_run
+from rlhfkit.trainers.policy_update import (  # noqa: F401  (RatioCheckError: re-exported)
+    RatioCheckError,
+    policy_update_metrics,
+    rollout_metrics,
+    run_command,
+    start_run,
+)
 
 
 def build_policy_model(cfg: GRPOConfig):
@@ -167,20 +171,9 @@ def train(cfg: GRPOConfig) -> dict:
     return run.finish()
 
 
-def _main(cls, argv: list[str], prog: str) -> int:
-    cfg = parse_args(cls, argv, prog)
-    if cfg is None:
-        return 0
-    try:
-        train(cfg)
-    except RatioCheckError as e:
-        raise UserError(str(e)) from None
-    return 0
-
-
 def main(argv: list[str]) -> int:
-    return _main(GRPOConfig, argv, "rlhfkit grpo")
+    return run_command(GRPOConfig, train, argv, "rlhfkit grpo")
 
 
 def rloo_main(argv: list[str]) -> int:
-    return _main(RLOOConfig, argv, "rlhfkit rloo")
+    return run_command(RLOOConfig, train, argv, "rlhfkit rloo")

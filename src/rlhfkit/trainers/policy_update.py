@@ -273,3 +273,18 @@ def start_run(cfg, command: str, build_models: Callable) -> RLRun:
                  core=accelerator.unwrap_model(model), reference=reference, tok=tok, optimizer=optimizer,
                  scheduler=scheduler, params=params, generator=torch.Generator().manual_seed(cfg.seed),
                  summary={"run_dir": str(run_dir)})
+
+
+def run_command(config_cls, train_fn: Callable, argv: list[str], prog: str) -> int:
+    """CLI entry of an RL trainer: parse, train, and report a broken ratio check as a user error."""
+    from rlhfkit.errors import UserError
+    from rlhfkit.runtime.config import parse_args
+
+    cfg = parse_args(config_cls, argv, prog)
+    if cfg is None:
+        return 0
+    try:
+        train_fn(cfg)
+    except RatioCheckError as e:
+        raise UserError(str(e)) from None
+    return 0

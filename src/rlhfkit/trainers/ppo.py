@@ -29,15 +29,14 @@ from rlhfkit.algos import (
     ppo_value_loss,
     shape_rewards,
 )
-from rlhfkit.errors import UserError
 from rlhfkit.rollout import Rollout, forward_logprobs
-from rlhfkit.runtime.config import parse_args
 from rlhfkit.trainers.common import autocast
 from rlhfkit.trainers.policy_update import (  # noqa: F401  (collect_rollout, rollout_metrics: re-exported)
     RatioCheckError,
     collect_rollout,
     policy_update_metrics,
     rollout_metrics,
+    run_command,
     start_run,
 )
 from rlhfkit.trainers.ppo_config import PPOConfig
@@ -126,11 +125,4 @@ def train(cfg: PPOConfig) -> dict:
 
 
 def main(argv: list[str]) -> int:
-    cfg = parse_args(PPOConfig, argv, "rlhfkit ppo")
-    if cfg is None:
-        return 0
-    try:
-        train(cfg)
-    except RatioCheckError as e:
-        raise UserError(str(e)) from None
-    return 0
+    return run_command(PPOConfig, train, argv, "rlhfkit ppo")
