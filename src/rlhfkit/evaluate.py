@@ -19,7 +19,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from rlhfkit.runtime.config import check, option, parse_args
+from rlhfkit.runtime.config import check, config_main, option
 
 
 @dataclass
@@ -227,8 +227,4 @@ def format_report(report: dict) -> str:
 
 
 def main(argv: list[str]) -> int:
-    cfg = parse_args(EvalConfig, argv, "rlhfkit eval")
-    if cfg is None:
-        return 0
-    evaluate(cfg)
-    return 0
+    return config_main(EvalConfig, evaluate, argv, "rlhfkit eval")

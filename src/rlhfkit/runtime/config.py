@@ -154,6 +154,14 @@ def parse_args(cls: type[C], argv: list[str], prog: str) -> C | None:
     return build_config(cls, merged)
 
 
+def config_main(cls: type[C], run: typing.Callable[[C], Any], argv: list[str], prog: str) -> int:
+    """Entry of a config-driven command: parse ``[CONFIG.yaml] key=value ...`` (or print --help), run."""
+    cfg = parse_args(cls, argv, prog)
+    if cfg is not None:
+        run(cfg)
+    return 0
+
+
 def help_text(cls: type, prog: str) -> str:
     doc = (cls.__doc__ or "").strip().splitlines()[0] if cls.__doc__ else ""
     lines = [f"usage: {prog} [CONFIG.yaml] [key=value ...]", "", doc, "", "options (key=value):"]

@@ -25,7 +25,7 @@ from rlhfkit.algos import dpo_loss, logprobs_and_entropy
 from rlhfkit.errors import DataError
 from rlhfkit.rollout import Rollout, SamplingParams, forward_logprobs
 from rlhfkit.rollout.core import trim_rows
-from rlhfkit.runtime.config import parse_args
+from rlhfkit.runtime.config import config_main
 from rlhfkit.trainers.common import autocast, format_prompts
 from rlhfkit.trainers.dpo_config import DPOConfig
 
@@ -313,8 +313,4 @@ def train(cfg: DPOConfig) -> dict:
 
 
 def main(argv: list[str]) -> int:
-    cfg = parse_args(DPOConfig, argv, "rlhfkit dpo")
-    if cfg is None:
-        return 0
-    train(cfg)
-    return 0
+    return config_main(DPOConfig, train, argv, "rlhfkit dpo")

@@ -32,13 +32,13 @@ from rlhfkit.algos import (
     shape_rewards,
 )
 from rlhfkit.rollout import Rollout, forward_logprobs
+from rlhfkit.runtime.config import config_main
 from rlhfkit.trainers.common import autocast
 from rlhfkit.trainers.grpo_config import GRPOConfig, RLOOConfig
 from rlhfkit.trainers.policy_update import (  # noqa: F401  (RatioCheckError: re-exported)
     RatioCheckError,
     policy_update_metrics,
     rollout_metrics,
-    run_command,
     start_run,
 )
 
@@ -172,8 +172,8 @@ def train(cfg: GRPOConfig) -> dict:
 
 
 def main(argv: list[str]) -> int:
-    return run_command(GRPOConfig, train, argv, "rlhfkit grpo")
+    return config_main(GRPOConfig, train, argv, "rlhfkit grpo")
 
 
 def rloo_main(argv: list[str]) -> int:
-    return run_command(RLOOConfig, train, argv, "rlhfkit rloo")
+    return config_main(RLOOConfig, train, argv, "rlhfkit rloo")

@@ -17,6 +17,7 @@ from typing import Any
 import torch
 
 from rlhfkit.algos import masked_mean
+from rlhfkit.errors import UserError
 from rlhfkit.rollout import Rollout, SamplingParams, generate, score_rollout
 from rlhfkit.rollout.core import trim_rows
 from rlhfkit.trainers.common import autocast, format_prompts, info_lists
@@ -27,8 +28,9 @@ from rlhfkit.trainers.common import autocast, format_prompts, info_lists
 LossFn = Callable[[Rollout, float, float], tuple[torch.Tensor, dict[str, float]]]
 
 
-class RatioCheckError(RuntimeError):
-    """The first-micro-batch ratio is not 1: log-prob reconstruction is broken (pitfall 4)."""
+class RatioCheckError(UserError):
+    """The first-micro-batch ratio is not 1: log-prob reconstruction is broken (pitfall 4).
+    A UserError so the CLI prints it as one line with exit code 2 (usually a setting to fix)."""
 
 
 # ----------------------------------------------------------------------------- rollout
@@ -274,17 +276,3 @@ def start_run(cfg, command: str, build_models: Callable) -> RLRun:
                  scheduler=scheduler, params=params, generator=torch.Generator().manual_seed(cfg.seed),
                  summary={"run_dir": str(run_dir)})
 
-
-def run_command(config_cls, train_fn: Callable, argv: list[str], prog: str) -> int:
-    """CLI entry of an RL trainer: parse, train, and report a broken ratio check as a user error."""
-    from rlhfkit.errors import UserError
-    from rlhfkit.runtime.config import parse_args
-
-    cfg = parse_args(config_cls, argv, prog)
-    if cfg is None:
-        return 0
-    try:
-        train_fn(cfg)
-    except RatioCheckError as e:
-        raise UserError(str(e)) from None
-    return 0

@@ -30,13 +30,13 @@ from rlhfkit.algos import (
     shape_rewards,
 )
 from rlhfkit.rollout import Rollout, forward_logprobs
+from rlhfkit.runtime.config import config_main
 from rlhfkit.trainers.common import autocast
 from rlhfkit.trainers.policy_update import (  # noqa: F401  (collect_rollout, rollout_metrics: re-exported)
     RatioCheckError,
     collect_rollout,
     policy_update_metrics,
     rollout_metrics,
-    run_command,
     start_run,
 )
 from rlhfkit.trainers.ppo_config import PPOConfig
@@ -125,4 +125,4 @@ def train(cfg: PPOConfig) -> dict:
 
 
 def main(argv: list[str]) -> int:
-    return run_command(PPOConfig, train, argv, "rlhfkit ppo")
+    return config_main(PPOConfig, train, argv, "rlhfkit ppo")

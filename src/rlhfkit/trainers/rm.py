@@ -20,7 +20,7 @@ from dataclasses import dataclass
 import torch
 
 from rlhfkit.algos import bradley_terry_loss
-from rlhfkit.runtime.config import check, option, parse_args, save_config
+from rlhfkit.runtime.config import check, config_main, option, save_config
 from rlhfkit.runtime.seeding import seed_everything
 from rlhfkit.runtime.tracker import Tracker, make_run_dir
 from rlhfkit.trainers.common import ModelArgs, PromptStream, RunArgs, autocast, mean_std
@@ -252,8 +252,4 @@ def train(cfg: RMConfig) -> dict:
 
 
 def main(argv: list[str]) -> int:
-    cfg = parse_args(RMConfig, argv, "rlhfkit rm")
-    if cfg is None:
-        return 0
-    train(cfg)
-    return 0
+    return config_main(RMConfig, train, argv, "rlhfkit rm")

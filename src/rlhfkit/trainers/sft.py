@@ -27,7 +27,7 @@ from torch import nn
 from rlhfkit.algos import aggregate_loss, logprobs_from_logits
 from rlhfkit.data.chat import IGNORE_INDEX, tokenize_sft_example
 from rlhfkit.errors import DataError, UserError
-from rlhfkit.runtime.config import check, option, parse_args, save_config
+from rlhfkit.runtime.config import check, config_main, option, save_config
 from rlhfkit.runtime.seeding import seed_everything
 from rlhfkit.runtime.tracker import Tracker, make_run_dir
 from rlhfkit.trainers.common import ModelArgs, PromptStream, RunArgs, autocast, make_optimizer
@@ -301,8 +301,4 @@ def save_sft(model, tok, out, merged: bool) -> dict:
 
 
 def main(argv: list[str]) -> int:
-    cfg = parse_args(SFTConfig, argv, "rlhfkit sft")
-    if cfg is None:
-        return 0
-    train(cfg)
-    return 0
+    return config_main(SFTConfig, train, argv, "rlhfkit sft")
