@@ -7,7 +7,16 @@ bf16 (bf16 only where it is fast: see rlhfkit.models.loading.fast_bf16_available
 Each configuration runs in its own subprocess so peak RSS is per configuration. The first
 iteration is a warm-up and is excluded from the means.
 
+With `--trl-python PY` (an interpreter that has trl==1.12.0, the `bench` extra), the same work is
+also run by trl's experimental PPOTrainer (configurations `trl-*`), so the ratios come from one run.
+TRL's design needs a separate value model and a reward *model* (both AutoModelForSequenceClassification
+built from the same SmolLM2 weights); it cannot take a Python reward function. So TRL does one more
+135M forward per rollout (the reward model) and trains a full 135M value model, as its users do.
+TRL runs with its fastest settings here: fp32 (its default bf16 is slower on this CPU), no gradient
+checkpointing (its default is on), no sample generations.
+
     python bench/bench_ppo.py [--iterations 3] [--configs lora-fp32,full-fp32] [--no-write]
+    .venv-bench/bin/python bench/bench_ppo.py --trl-python .venv-bench/bin/python
 """
 
 from __future__ import annotations
@@ -33,6 +42,8 @@ CONFIGS = {
 STANDARD = {"rollout_batch_size": 16, "max_new_tokens": 48, "temperature": 1.0, "ppo_epochs": 2,
             "mini_batch_size": 8, "micro_batch_size": 8, "num_eval_prompts": 0, "prompts": "builtin:reviews",
             "reward": "sentiment", "quiet": True, "tensorboard": False}
+# trl==1.12.0 experimental PPOTrainer on the same work; compared with the rlhfkit config in the value.
+TRL_CONFIGS = {"trl-lora-fp32": "lora-fp32", "trl-full-fp32": "full-fp32"}
 DOC = Path(__file__).resolve().parents[1] / "docs" / "benchmarks.md"
 START, END = "<!-- bench_ppo:start -->", "<!-- bench_ppo:end -->"
 
@@ -60,6 +71,76 @@ def run_one(name: str, iterations: int) -> dict:
     return res
 
 
+def run_trl(name: str, iterations: int) -> dict:
+    """The standard work with trl's PPOTrainer in this process; prints a JSON line with its figures."""
+    import resource
+
+    os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
+    import torch
+    from datasets import Dataset
+    from peft import LoraConfig
+    from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification, TrainerCallback
+    from trl.experimental.ppo import PPOConfig, PPOTrainer
+
+    from rlhfkit.data.prompts import load_prompts
+    from rlhfkit.models import load_tokenizer
+    from rlhfkit.models.loading import resolve_model_path
+    from rlhfkit.models.policy import default_lora_targets
+    from rlhfkit.trainers.common import ModelArgs, format_prompts
+
+    torch.manual_seed(0)
+    path = resolve_model_path("smollm2-135m-instruct")
+    tok = load_tokenizer(str(path), padding_side="left")
+    # TRL derives the attention mask from `token != pad`; SmolLM2's pad is its eos (<|im_end|>), which
+    # also closes every chat turn in the prompt. A distinct pad keeps TRL's masks right.
+    tok.pad_token = "<|endoftext|>"
+    n = STANDARD["rollout_batch_size"]
+    records = load_prompts(STANDARD["prompts"], split="train", seed=0)[: n * iterations]
+    texts = format_prompts(tok, [r["prompt"] for r in records], ModelArgs())
+    data = Dataset.from_dict({"input_ids": [tok(t, add_special_tokens=False)["input_ids"] for t in texts]})
+    lora = CONFIGS[TRL_CONFIGS[name]]["lora"]
+    policy = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+    value = AutoModelForSequenceClassification.from_pretrained(path, num_labels=1, dtype=torch.float32)
+    reward = AutoModelForSequenceClassification.from_pretrained(path, num_labels=1, dtype=torch.float32)
+    for m in (policy, value, reward):
+        m.config.pad_token_id = tok.pad_token_id
+    peft_config = LoraConfig(r=16, lora_alpha=32, lora_dropout=0.0, target_modules=default_lora_targets(policy),
+                             task_type="CAUSAL_LM") if lora else None
+    args = PPOConfig(output_dir=tempfile.mkdtemp(), per_device_train_batch_size=STANDARD["micro_batch_size"],
+                     gradient_accumulation_steps=n // STANDARD["micro_batch_size"],
+                     num_mini_batches=n // STANDARD["mini_batch_size"], num_ppo_epochs=STANDARD["ppo_epochs"],
+                     total_episodes=n * iterations, local_rollout_forward_batch_size=n,
+                     response_length=STANDARD["max_new_tokens"], temperature=STANDARD["temperature"],
+                     stop_token="eos", learning_rate=CONFIGS[TRL_CONFIGS[name]]["lr"], bf16=False, fp16=False,
+                     gradient_checkpointing=False, num_sample_generations=0, report_to="none",
+                     save_strategy="no", logging_steps=1, disable_tqdm=True, use_cpu=True, seed=0)
+
+    stamps: list[float] = []
+    logged: list[dict] = []  # TRL's own metrics per iteration
+
+    class Clock(TrainerCallback):
+        def on_train_begin(self, *a, **k):
+            stamps.append(time.perf_counter())
+
+        def on_step_end(self, *a, **k):
+            stamps.append(time.perf_counter())
+
+        def on_log(self, args, state, control, logs=None, **k):
+            logged.append(dict(logs or {}))
+
+    trainer = PPOTrainer(args=args, processing_class=tok, model=policy, ref_model=None,
+                         reward_model=reward, value_model=value, train_dataset=data, eval_dataset=data,
+                         peft_config=peft_config, callbacks=[Clock()])
+    trainer.train()
+    steps = [b - a for a, b in zip(stamps, stamps[1:])]
+    steps = steps[1:] or steps  # drop the warm-up iteration
+    res = {"iteration_s": sum(steps) / len(steps), "peak_rss_gb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20,
+           "iterations_timed": len(steps), "trl_ratio_mean": [r.get("val/ratio") for r in logged]}
+    res["tokens_per_s"] = n * STANDARD["max_new_tokens"] / res["iteration_s"]  # TRL keeps every position
+    print("RESULT " + json.dumps(res), flush=True)
+    return res
+
+
 def machine() -> str:
     import torch
 
@@ -82,14 +163,16 @@ def main() -> None:
     ap.add_argument("--configs", default=None, help=f"comma-separated subset of {','.join(CONFIGS)}")
     ap.add_argument("--force-bf16", action="store_true", help="run bf16 configurations even without fast bf16")
     ap.add_argument("--no-write", action="store_true", help="print only; leave docs/benchmarks.md alone")
+    ap.add_argument("--trl-python", default=None,
+                    help="python with trl==1.12.0 installed: also run the same work with trl's PPOTrainer")
     ap.add_argument("--one", help=argparse.SUPPRESS)
     a = ap.parse_args()
     if a.one:
-        run_one(a.one, a.iterations)
+        (run_trl if a.one in TRL_CONFIGS else run_one)(a.one, a.iterations)
         return
     from rlhfkit.models.loading import fast_bf16_available
 
-    names = a.configs.split(",") if a.configs else list(CONFIGS)
+    names = a.configs.split(",") if a.configs else list(CONFIGS) + (list(TRL_CONFIGS) if a.trl_python else [])
     header = machine()
     print(header)
     results: dict[str, dict | str] = {}
@@ -98,7 +181,11 @@ def main() -> None:
             results[name] = "skipped: no fast bf16 on this machine (bf16 matmuls are slower than fp32 here)"
             print(f"{name}: {results[name]}")
             continue
-        proc = subprocess.run([sys.executable, __file__, "--one", name, "--iterations", str(a.iterations)],
+        python = a.trl_python if name in TRL_CONFIGS else sys.executable
+        if python is None:
+            results[name] = "skipped: pass --trl-python"
+            continue
+        proc = subprocess.run([python, __file__, "--one", name, "--iterations", str(a.iterations)],
                               capture_output=True, text=True)
         m = re.search(r"^RESULT (.*)$", proc.stdout, re.M)
         results[name] = json.loads(m.group(1)) if m else f"failed: {proc.stderr.strip().splitlines()[-1:]}"
@@ -117,6 +204,8 @@ def render(header: str, results: dict, iterations: int) -> str:
              "| config | generate s | reward s | logprobs+ref s | update s | iteration s | vs lora-fp32 | tokens/s | peak RSS GB |",
              "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
     for name, r in results.items():
+        if name in TRL_CONFIGS:
+            continue
         if isinstance(r, str):
             lines.append(f"| {name} | {r} | | | | | | | |")
             continue
@@ -124,8 +213,32 @@ def render(header: str, results: dict, iterations: int) -> str:
         lines.append(f"| {name} | {r['generate_s']:.1f} | {r['reward_s']:.3f} | {r['logprobs_s']:.1f} | {r['update_s']:.1f} "
                      f"| {r['iteration_s']:.1f} | {ratio} | {r['tokens_per_s']:.1f} | {r['peak_rss_gb']:.2f} |")
     lines.append("")
-    lines.append("TRL comparison: not run (the `bench` extra with trl==1.12.0 is not installed by the set-up).")
+    lines += render_trl(results)
     return "\n".join(lines)
+
+
+def render_trl(results: dict) -> list[str]:
+    """rlhfkit against trl's PPOTrainer on the same work: speed-up = TRL s / rlhfkit s."""
+    trl = {k: v for k, v in results.items() if k in TRL_CONFIGS}
+    if not trl:
+        return ["TRL comparison: not run (pass --trl-python with an interpreter that has trl==1.12.0)."]
+    lines = ["TRL comparison (trl==1.12.0 `trl.experimental.ppo.PPOTrainer`, same prompts, 16 x 48 tokens, "
+             "2 epochs, mini-batch 8, fp32, no gradient checkpointing):", "",
+             "| TRL config | TRL iteration s | TRL peak RSS GB | rlhfkit config | rlhfkit iteration s | speed-up "
+             "| rlhfkit peak RSS GB | memory ratio (rlhfkit / TRL) |",
+             "| --- | ---: | ---: | --- | ---: | ---: | ---: | ---: |"]
+    for name, t in trl.items():
+        ours_names = [TRL_CONFIGS[name]] + (["lora-top12-fp32"] if "lora" in name else [])
+        for ours_name in ours_names:
+            ours = results.get(ours_name)
+            if isinstance(t, str) or not isinstance(ours, dict):
+                lines.append(f"| {name} | {t if isinstance(t, str) else 'ok'} | | {ours_name} | "
+                             f"{ours if isinstance(ours, str) else 'not run'} | | | |")
+                continue
+            lines.append(f"| {name} | {t['iteration_s']:.1f} | {t['peak_rss_gb']:.2f} | {ours_name} "
+                         f"| {ours['iteration_s']:.1f} | {t['iteration_s'] / ours['iteration_s']:.2f}x "
+                         f"| {ours['peak_rss_gb']:.2f} | {ours['peak_rss_gb'] / t['peak_rss_gb']:.2f} |")
+    return lines
 
 
 def write_block(table: str) -> None:
