@@ -29,6 +29,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "doctor": ("rlhfkit.diagnostics.cli:doctor_main", "print training-health findings for a run"),
     "report": ("rlhfkit.diagnostics.cli:report_main", "build an HTML report of one or more runs"),
     "selfcheck": ("rlhfkit.selfcheck:main", "check the RL maths on worked examples"),
+    "estimate-memory": ("rlhfkit.runtime.memory:main", "memory per device of a run, component by component"),
 }
 
 

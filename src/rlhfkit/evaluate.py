@@ -31,15 +31,21 @@ class EvalConfig:
     prompts: str = option("builtin:reviews", "prompts: builtin:NAME or a JSONL/CSV/TXT/Parquet file")
     split: str = option("test", "split of `prompts` (files without a split field are used whole)", ("train", "test"))
     num_prompts: int | None = option(64, "a seeded random subset of this many prompts (None = all)")
-    rewards: list = option(["sentiment"], "rewards to report, each SPEC or NAME=SPEC: sentiment | arithmetic | "
+    rewards: list[str] = option(["sentiment"], "rewards to report, each SPEC or NAME=SPEC: sentiment | arithmetic | "
                            "length[:N] | model:PATH | python:module:function")
     temperature: float = option(0.0, "0 = greedy; > 0 samples with this temperature")
     max_new_tokens: int = option(48, "completion length limit")
     batch_size: int = option(16, "prompts per generate() call")
     dtype: str = option("auto", "model weights/compute dtype; auto = bf16 where it is fast (GPU, CPU with AVX-512 "
                         "BF16/AMX), else fp32", ("auto", "fp32", "bf16"))
-    chat_template: bool = option(True, "format prompts with the tokenizer's chat template when it has one")
+    chat_template: bool | None = option(None, "format prompts with the tokenizer's chat template (None: when it "
+                                        "has one; true: required; false: the plain 'User: ...' format)")
     system_prompt: str | None = option(None, "optional system message")
+    max_prompt_length: int | None = option(None, "prompt tokens (after formatting) kept for generation (None: the "
+                                           "model's context window minus max_new_tokens)")
+    prompt_overflow: str = option("truncate_left", "a longer prompt: truncate_left keeps its last max_prompt_length "
+                                  "tokens (one warning says how many were cut); error stops before sampling",
+                                  ("truncate_left", "error"))
     perplexity: bool = option(True, "perplexity of reference responses (prompt records with a 'response' field)")
     rouge: bool = option(True, "ROUGE-L F1 of completions against reference responses (rouge-score package)")
     out_dir: str = option("runs/eval", "folder for report.json and samples.jsonl")
@@ -49,6 +55,8 @@ class EvalConfig:
         check(self.temperature >= 0, f"temperature ({self.temperature}) must be >= 0")
         check(self.max_new_tokens >= 1 and self.batch_size >= 1, "max_new_tokens and batch_size must be >= 1")
         check(self.num_prompts is None or self.num_prompts >= 1, f"num_prompts ({self.num_prompts}) must be >= 1")
+        check(self.max_prompt_length is None or self.max_prompt_length >= 1,
+              f"max_prompt_length ({self.max_prompt_length}) must be >= 1")
         parse_rewards(self.rewards)
 
 
@@ -111,13 +119,16 @@ def run_model(spec: str, records: list[dict], cfg: EvalConfig) -> dict:
     from rlhfkit.generate import generate_texts, load_for_inference
     from rlhfkit.models.reward_model import format_example
     from rlhfkit.rollout import SamplingParams
+    from rlhfkit.rollout.prompt_fit import enforce_prompt_limit, prompt_token_limit
     from rlhfkit.trainers.common import autocast
 
     model, tok = load_for_inference(spec, cfg.dtype)
     device = next(model.parameters()).device
     formatted = [format_example(tok, r.get("messages") or r["prompt"], "", cfg.chat_template, cfg.system_prompt)[0]
                  for r in records]
-    params = SamplingParams(cfg.max_new_tokens, cfg.temperature, 0, 1.0, (tok.eos_token_id,))
+    limit, how = prompt_token_limit(model, cfg.max_new_tokens, cfg.max_prompt_length)
+    enforce_prompt_limit(tok, [(formatted, getattr(records, "where", None))], limit, cfg.prompt_overflow, how)
+    params = SamplingParams(cfg.max_new_tokens, cfg.temperature, 0, 1.0, (tok.eos_token_id,), limit)
     t0 = time.time()
     with autocast(cfg.dtype, device), torch.no_grad():
         completions = generate_texts(model, tok, formatted, params, cfg.seed, cfg.batch_size)

@@ -35,8 +35,8 @@ def load_for_inference(model: str, dtype: str = "fp32"):
     """(model, tokenizer) for sampling: a model folder, an rlhfkit run output, or the default."""
     from rlhfkit.models import load_causal_lm, load_tokenizer
 
+    lm = load_causal_lm(model, dtype=dtype, trainable=False)  # first: "not a causal LM" wins over tokenizer errors
     tok = load_tokenizer(model, padding_side="left")
-    lm = load_causal_lm(model, dtype=dtype, trainable=False)
     return lm, tok
 
 

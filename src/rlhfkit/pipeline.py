@@ -34,14 +34,15 @@ from typing import Any
 import yaml
 
 from rlhfkit.errors import ConfigError, UserError
-from rlhfkit.runtime.config import build_config, read_yaml, to_dict
+from rlhfkit.runtime.config import build_config, coerce, read_yaml, to_dict
 
 STAGES = ("sft", "prefs", "rm", "ppo", "eval")
 MARKER = "rlhfkit_stage.json"
 TOP_KEYS = {"output_dir": "runs/pipeline", "model": "smollm2-135m-instruct", "dtype": "auto", "seed": 0,
             "quiet": False, "stages": list(STAGES), "prompts": "builtin:reviews", "ground_truth": "sentiment"}
-# Keys that change how a stage reports, not what it produces.
-NOT_FINGERPRINTED = {"quiet", "tensorboard", "wandb", "overwrite"}
+# Keys that change how a stage reports (or saves, resumes, handles faults), not what it produces.
+NOT_FINGERPRINTED = {"quiet", "tensorboard", "wandb", "overwrite", "save_every", "keep_checkpoints", "resume",
+                     "max_nonfinite_steps"}
 
 
 # ----------------------------------------------------------------------------- config
@@ -68,9 +69,12 @@ def load_pipeline_config(argv: list[str]) -> dict:
             cfg = merge(cfg, _normalise({section: {sub: val}} if dot else {key: val}, "command line"))
         else:
             raise ConfigError(f"unexpected argument '{arg}': expected CONFIG.yaml, key=value or stage.key=value")
+    for key, default in TOP_KEYS.items():  # the types of the defaults
+        value = cfg.get(key, copy.deepcopy(default))
+        cfg[key] = coerce(key, value, list[str] if isinstance(default, list) else type(default))
     for s in cfg["stages"]:
         if s not in STAGES:
-            raise ConfigError(f"stages: unknown stage '{s}' (expected some of {', '.join(STAGES)})")
+            raise ConfigError(f"stages: unknown stage {s!r} (expected some of {', '.join(STAGES)})")
     return cfg
 
 
@@ -88,9 +92,9 @@ def _normalise(data: dict, source: str) -> dict:
         else:
             import difflib
 
-            close = difflib.get_close_matches(k, [*TOP_KEYS, *STAGES], n=1)
+            close = difflib.get_close_matches(str(k), [*TOP_KEYS, *STAGES], n=1)
             hint = f" (did you mean '{close[0]}'?)" if close else ""
-            raise ConfigError(f"{source}: unknown pipeline key '{k}'{hint}")
+            raise ConfigError(f"{source}: unknown pipeline key {str(k)!r}{hint}")
     return out
 
 

@@ -33,7 +33,7 @@ class PrefsConfig:
     overwrite: bool = option(False, "replace `out` if it exists")
     model: str = option("smollm2-135m-instruct", "model that writes the completions (a folder, a run's final/, or the default)")
     prompts: str = option("builtin:reviews", "prompts: builtin:reviews|stories|arithmetic|instructions or a JSONL/CSV/TXT file")
-    splits: list = option(["train", "test"], "prompt splits to use; files without a split field count as 'train'")
+    splits: list[str] = option(["train", "test"], "prompt splits to use; files without a split field count as 'train'")
     num_prompts: int | None = option(None, "prompts per split, a seeded random subset (None = all)")
     k: int = option(4, "completions sampled per prompt")
     pairs: str = option("best-worst", "best-worst: one pair per prompt (highest vs lowest score); all: every pair "
@@ -47,8 +47,14 @@ class PrefsConfig:
     batch_size: int = option(32, "sequences per generate() call")
     dtype: str = option("auto", "model weights/compute dtype; auto = bf16 where it is fast (GPU, CPU with AVX-512 "
                         "BF16/AMX), else fp32", ("auto", "fp32", "bf16"))
-    chat_template: bool = option(True, "format prompts with the tokenizer's chat template when it has one")
+    chat_template: bool | None = option(None, "format prompts with the tokenizer's chat template (None: when it "
+                                        "has one; true: required; false: the plain 'User: ...' format)")
     system_prompt: str | None = option(None, "optional system message")
+    max_prompt_length: int | None = option(None, "prompt tokens (after formatting) kept for generation (None: the "
+                                           "model's context window minus max_new_tokens)")
+    prompt_overflow: str = option("truncate_left", "a longer prompt: truncate_left keeps its last max_prompt_length "
+                                  "tokens (one warning says how many were cut); error stops before sampling",
+                                  ("truncate_left", "error"))
     seed: int = option(0, "seed for the prompt subset and sampling")
 
     def validate(self) -> None:
@@ -57,6 +63,9 @@ class PrefsConfig:
         check(0 < self.top_p <= 1, f"top_p ({self.top_p}) must be in (0, 1]")
         check(self.max_new_tokens >= 1 and self.batch_size >= 1, "max_new_tokens and batch_size must be >= 1")
         check(self.min_gap >= 0, f"min_gap ({self.min_gap}) must be >= 0")
+        check(self.num_prompts is None or self.num_prompts >= 1, f"num_prompts ({self.num_prompts}) must be >= 1")
+        check(self.max_prompt_length is None or self.max_prompt_length >= 1,
+              f"max_prompt_length ({self.max_prompt_length}) must be >= 1")
         check(bool(self.splits) and all(s in ("train", "test") for s in self.splits),
               f"splits ({self.splits}) must be a non-empty list of train, test")
 
@@ -121,6 +130,7 @@ def make_preferences(cfg: PrefsConfig) -> dict:
     from rlhfkit.models.reward_model import format_example
     from rlhfkit.rewards import get_reward, score_batch
     from rlhfkit.rollout import SamplingParams
+    from rlhfkit.rollout.prompt_fit import enforce_prompt_limit, prompt_token_limit
     from rlhfkit.runtime.seeding import seed_everything
     from rlhfkit.trainers.common import autocast, info_lists
 
@@ -139,7 +149,9 @@ def make_preferences(cfg: PrefsConfig) -> dict:
     formatted = [format_example(tok, r.get("messages") or r["prompt"], "", cfg.chat_template, cfg.system_prompt)[0]
                  for r in records]
     repeated = [f for f in formatted for _ in range(cfg.k)]
-    params = SamplingParams(cfg.max_new_tokens, cfg.temperature, 0, cfg.top_p, (tok.eos_token_id,))
+    limit, how = prompt_token_limit(model, cfg.max_new_tokens, cfg.max_prompt_length)
+    enforce_prompt_limit(tok, [(formatted, lambda i: str(cfg.prompts))], limit, cfg.prompt_overflow, how)
+    params = SamplingParams(cfg.max_new_tokens, cfg.temperature, 0, cfg.top_p, (tok.eos_token_id,), limit)
     device = next(model.parameters()).device
     with autocast(cfg.dtype, device), torch.no_grad():
         completions = generate_texts(model, tok, repeated, params, cfg.seed, cfg.batch_size)

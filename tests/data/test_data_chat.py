@@ -4,8 +4,14 @@ from __future__ import annotations
 
 import pytest
 
-from rlhfkit.data.chat import IGNORE_INDEX, format_prompt, format_sft_example, tokenize_sft_example
-from rlhfkit.errors import DataError
+from rlhfkit.data.chat import (
+    IGNORE_INDEX,
+    format_prompt,
+    format_sft_example,
+    tokenize_sft_example,
+    use_chat_template,
+)
+from rlhfkit.errors import ConfigError, DataError
 
 
 def test_plain_format_single_turn(plain_tokenizer):
@@ -95,3 +101,29 @@ def test_template_errors_become_data_errors(tokenizer_factory):
 def test_bad_prompt_type_is_a_data_error(plain_tokenizer):
     with pytest.raises(DataError, match="a prompt must be a string or a list"):
         format_prompt(plain_tokenizer, 42)  # type: ignore[arg-type]
+
+
+def test_chat_template_setting_none_false_true(plain_tokenizer, chat_tokenizer):
+    assert use_chat_template(chat_tokenizer, None) is True and use_chat_template(plain_tokenizer, None) is False
+    assert use_chat_template(chat_tokenizer, False) is False and use_chat_template(chat_tokenizer, True) is True
+    plain_tokenizer.name_or_path = "models/plain"
+    with pytest.raises(ConfigError) as err:
+        use_chat_template(plain_tokenizer, True)
+    assert str(err.value) == (
+        "chat_template=true, but the tokenizer of models/plain has no chat template; set chat_template=false "
+        "(or leave it unset) to use the plain 'User: ...\\n\\nAssistant: ' format"
+    )
+
+
+def test_format_prompts_plain_format_takes_message_lists_and_the_system_prompt(chat_tokenizer):
+    from types import SimpleNamespace
+
+    from rlhfkit.trainers.common import format_prompts
+
+    conv = [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello!"},
+            {"role": "user", "content": "Bye"}]
+    args = SimpleNamespace(chat_template=False, system_prompt="Be brief.")
+    assert format_prompts(chat_tokenizer, ["Hi", conv], args) == [
+        "System: Be brief.\n\nUser: Hi\n\nAssistant: ",
+        "System: Be brief.\n\nUser: Hi\n\nAssistant: Hello!\n\nUser: Bye\n\nAssistant: ",
+    ]

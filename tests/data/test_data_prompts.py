@@ -141,7 +141,7 @@ def test_missing_prompt_names_file_line_and_choices(tmp_path):
     path = write_jsonl(tmp_path / "p.jsonl", [{"prompt": "ok"}, {"text": "no prompt"}])
     with pytest.raises(DataError) as err:
         load_prompts(str(path))
-    assert str(err.value) == f"{path}:2: missing field 'prompt' (expected one of: prompt, messages)"
+    assert str(err.value) == f"{path}:2: missing field 'prompt' (expected one of: prompt, messages); found: text"
 
 
 @pytest.mark.parametrize(

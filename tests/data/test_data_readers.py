@@ -240,11 +240,11 @@ def test_require_fields_names_file_line_and_alternatives(tmp_path):
     require_fields(records[:1], [("prompt", "messages")], path)  # the first record alone passes
     with pytest.raises(DataError) as err:
         require_fields(records, [("prompt", "messages")])
-    assert str(err.value) == f"{path}:2: missing field 'prompt' (expected one of: prompt, messages)"
+    assert str(err.value) == f"{path}:2: missing field 'prompt' (expected one of: prompt, messages); found: text"
 
 
 def test_require_fields_treats_null_as_missing_and_plain_lists_use_record_numbers():
-    with pytest.raises(DataError, match=r"^x\.json: record 2: missing field 'response'$"):
+    with pytest.raises(DataError, match=r"^x\.json: record 2: missing field 'response'; the record has no fields$"):
         require_fields([{"response": "ok"}, {"response": None}], ["response"], "x.json")
     require_fields([{"a": 1, "b": 2}], ["a", ("b", "c")])  # passes: returns None, raises nothing
 

@@ -173,7 +173,7 @@ def test_run_folder_metrics_no_reference_when_beta_is_zero(tmp_path, tiny_model_
                 "rollout/stop_fraction", "rollout/entropy", "rollout/group_reward_std", "rollout/solved_fraction",
                 "loss/policy", "loss/total", "params/policy_clip_frac", "params/approx_kl", "params/grad_norm",
                 "params/ratio_first_microbatch_maxdev", "params/lr", "timing/rollout_s", "timing/update_s",
-                "throughput/tokens_per_s"):
+                "timing/generate_s", "timing/logprobs_s", "throughput/tokens_per_s"):
         assert key in rows[0], key
     assert "rollout/kl" not in rows[0] and "loss/kl" not in rows[0]
     assert all(r["params/ratio_first_microbatch_maxdev"] == 0.0 for r in rows)

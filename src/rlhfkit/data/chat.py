@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from rlhfkit.errors import DataError
+from rlhfkit.errors import ConfigError, DataError
 
 Prompt = str | list[dict[str, Any]]
 PLAIN_ROLES = {"system": "System", "user": "User", "assistant": "Assistant"}
@@ -22,6 +22,23 @@ IGNORE_INDEX = -100  # label value the loss skips (PyTorch's cross-entropy defau
 def has_chat_template(tokenizer: Any) -> bool:
     """True if the tokenizer carries a non-empty chat template."""
     return bool(getattr(tokenizer, "chat_template", None))
+
+
+def use_chat_template(tokenizer: Any, setting: bool | None) -> bool:
+    """Whether to format with the tokenizer's chat template.
+
+    ``setting`` is the ``chat_template`` option: None uses the template when the tokenizer has
+    one; False never does; True requires it and raises ConfigError when the tokenizer has none.
+    """
+    if setting is None:
+        return has_chat_template(tokenizer)
+    if setting and not has_chat_template(tokenizer):
+        name = getattr(tokenizer, "name_or_path", "") or "the model"
+        raise ConfigError(
+            f"chat_template=true, but the tokenizer of {name} has no chat template; set chat_template=false "
+            "(or leave it unset) to use the plain 'User: ...\\n\\nAssistant: ' format"
+        )
+    return bool(setting)
 
 
 def to_messages(prompt: Prompt, system: str | None = None) -> list[dict[str, Any]]:

@@ -14,7 +14,7 @@ import json
 from typing import Any
 
 from rlhfkit.data.prompts import prompt_record
-from rlhfkit.data.readers import Records, expect_float
+from rlhfkit.data.readers import Records, expect_float, missing_field
 from rlhfkit.data.sets import builtin_name, load_split, sample
 from rlhfkit.data.sft import response_text
 from rlhfkit.errors import DataError
@@ -51,7 +51,7 @@ def preference_record(record: dict[str, Any], where: str) -> dict[str, Any]:
     out = prompt_record(record, where)
     for field in ("chosen", "rejected"):
         if record.get(field) is None:
-            raise DataError(f"{where}: missing field {field!r}")
+            raise missing_field(where, record, (field,))
     out["chosen"] = response_text(record["chosen"], "chosen", where)
     out["rejected"] = response_text(record["rejected"], "rejected", where)
     if out["chosen"].strip() == out["rejected"].strip():

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from rlhfkit.data.readers import Records, expect_messages, expect_text
+from rlhfkit.data.readers import Records, expect_messages, expect_text, missing_field
 from rlhfkit.data.sets import info_fields, load_split, sample
 from rlhfkit.errors import DataError
 
@@ -51,7 +51,7 @@ def prompt_record(record: dict[str, Any], where: str) -> dict[str, Any]:
         return out
     if record.get("messages") is not None:
         return _from_messages(out, expect_messages(record["messages"], where), where)
-    raise DataError(f"{where}: missing field 'prompt' (expected one of: prompt, messages)")
+    raise missing_field(where, record, ("prompt", "messages"))
 
 
 def _from_messages(out: dict[str, Any], messages: list[dict[str, str]], where: str) -> dict[str, Any]:

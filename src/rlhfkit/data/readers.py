@@ -83,7 +83,7 @@ def read_records(path: str | os.PathLike, *, split: str | None = None) -> Record
     unknown format, malformed content or an empty result.
     """
     p = Path(path)
-    shown = str(path)
+    shown = printable(str(path))
     try:
         is_dir, exists = p.is_dir(), p.exists()
     except (OSError, ValueError) as e:  # e.g. an embedded NUL byte or a name too long
@@ -293,8 +293,17 @@ def require_fields(
             names = (field,) if isinstance(field, str) else tuple(field)
             if any(rec.get(n) is not None for n in names):
                 continue
-            hint = f" (expected one of: {', '.join(names)})" if len(names) > 1 else ""
-            raise DataError(f"{where(records, i, path)}: missing field {names[0]!r}{hint}")
+            raise missing_field(where(records, i, path), rec, names)
+
+
+def missing_field(where_: str, record: Mapping[str, Any], names: Sequence[str]) -> DataError:
+    """``data.jsonl:3: missing field 'prompt' (expected one of: prompt, messages); found: text, id``."""
+    hint = f" (expected one of: {', '.join(names)})" if len(names) > 1 else ""
+    found = ", ".join(repr(k) if not isinstance(k, str) or not k.isidentifier() else k
+                      for k, v in record.items() if v is not None)
+    found = found if len(found) <= 100 else found[:97] + "..."
+    have = f"found: {found}" if found else "the record has no fields"
+    return DataError(f"{where_}: missing field {names[0]!r}{hint}; {have}")
 
 
 def expect_text(value: Any, field: str, where_: str, *, allow_empty: bool = False) -> str:
@@ -362,6 +371,11 @@ def _short(value: Any, limit: int = 60) -> str:
     """A one-line repr, cut to ``limit`` characters."""
     text = repr(value)
     return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def printable(text: str) -> str:
+    """``text`` as is, or its repr when it holds newlines or other control characters."""
+    return text if text.isprintable() else repr(text)
 
 
 def _one_line(exc: BaseException) -> str:

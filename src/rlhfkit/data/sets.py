@@ -14,7 +14,7 @@ from importlib import resources
 from typing import Any
 
 from rlhfkit.data import arithmetic
-from rlhfkit.data.readers import Records, read_records
+from rlhfkit.data.readers import Records, printable, read_records
 from rlhfkit.errors import ConfigError, DataError
 
 BUILTIN_PREFIX = "builtin:"
@@ -74,8 +74,8 @@ def _select_split(records: Records, split: str | None, spec: str) -> Records:
         return records
     keep = [i for i, r in enumerate(records) if r.get("split") == split]
     if not keep:
-        found = sorted({str(r.get("split")) for r in records})
-        raise DataError(f"{spec}: no records with split {split!r} (found: {', '.join(found)})")
+        found = sorted({printable(str(r.get("split"))) for r in records})
+        raise DataError(f"{records.source}: no records with split {split!r} (found: {', '.join(found)})")
     out = records.subset(keep)
     for i, rec in enumerate(out):
         out[i] = {k: v for k, v in rec.items() if k != "split"}

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from rlhfkit.data.readers import Records, expect_messages, expect_text, message_text
+from rlhfkit.data.readers import Records, expect_messages, expect_text, message_text, missing_field
 from rlhfkit.data.sets import builtin_name, load_split, sample
 from rlhfkit.errors import DataError
 
@@ -58,7 +58,7 @@ def sft_record(record: dict[str, Any], where: str) -> dict[str, Any]:
         return _from_messages(out, expect_messages(record["messages"], where), where)
 
     if record.get("prompt") is None:
-        raise DataError(f"{where}: missing field 'prompt' (expected one of: prompt, messages)")
+        raise missing_field(where, record, ("prompt", "messages"))
     prompt = record["prompt"]
     out["prompt"] = (
         expect_messages(prompt, where, "prompt")
@@ -67,9 +67,7 @@ def sft_record(record: dict[str, Any], where: str) -> dict[str, Any]:
     )
     field = next((f for f in RESPONSE_FIELDS if record.get(f) is not None), None)
     if field is None:
-        raise DataError(
-            f"{where}: missing field 'response' (expected one of: response, completion, messages)"
-        )
+        raise missing_field(where, record, (*RESPONSE_FIELDS, "messages"))
     out.pop("completion", None)
     out["response"] = response_text(record[field], field, where)
     return out

@@ -36,6 +36,8 @@ METRICS: dict[str, str] = {
     "params/lr": "Learning rate at the end of the iteration.",
     "params/ratio_first_microbatch_maxdev": "Max |pi/pi_old - 1| on the first micro-batch of the "
     "rollout, before any update: must be ~0 (float error).",
+    "params/skipped_steps": "Optimiser steps of the iteration skipped because the loss or the gradient "
+    "norm was NaN/inf (nothing applied); the run stops after max_nonfinite_steps in a row.",
     # timing
     "timing/rollout_s": "Seconds spent generating and scoring the rollout.",
     "timing/update_s": "Seconds spent in the optimisation phase.",

@@ -89,14 +89,41 @@ def resolve_model_path(name_or_path: str) -> Path:
             _materialise_default(target)
         return target
     path = Path(name_or_path).expanduser()
-    if not path.exists():
+    try:
+        exists, is_file = path.exists(), path.is_file()
+    except (OSError, ValueError):  # a NUL byte, a name too long
+        exists = is_file = False
+    if not exists:
         raise UserError(
             f"model '{name_or_path}' not found: give a local Hugging Face model folder or '{DEFAULT_MODEL}'"
             " (models are never downloaded)"
         )
+    if is_file:
+        raise UserError(f"model: {path} is a file, not a causal LM folder (expected a folder with config.json)")
     if not (path / "config.json").is_file() and not (path / "adapter_config.json").is_file():
         raise UserError(f"{path} is not a causal LM folder: no config.json or adapter_config.json in it")
     return path
+
+
+def check_causal_lm(path: Path) -> None:
+    """UserError unless ``path/config.json`` names an architecture AutoModelForCausalLM can load."""
+    from transformers import AutoConfig
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
+    try:
+        config = AutoConfig.from_pretrained(path)
+    except (OSError, ValueError, KeyError) as e:
+        raise UserError(f"{path}/config.json is not a usable model config ({_first_line(e)})") from e
+    if config.model_type not in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES:
+        raise UserError(
+            f"{path} holds a '{config.model_type}' model, not a causal LM (expected a decoder that "
+            "AutoModelForCausalLM loads, e.g. llama, qwen2, mistral, gpt2)"
+        )
+
+
+def _first_line(e: BaseException) -> str:
+    lines = str(e).strip().splitlines()
+    return lines[0] if lines else type(e).__name__
 
 
 def load_tokenizer(name_or_path: str, padding_side: str = "left"):
@@ -106,7 +133,10 @@ def load_tokenizer(name_or_path: str, padding_side: str = "left"):
     adapter_cfg = path / "adapter_config.json"
     if not (path / "tokenizer_config.json").is_file() and adapter_cfg.is_file():
         path = resolve_model_path(_adapter_base(path))
-    tok = AutoTokenizer.from_pretrained(path)
+    try:
+        tok = AutoTokenizer.from_pretrained(path)
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise UserError(f"{path}: could not load its tokenizer ({_first_line(e)})") from e
     tok.padding_side = padding_side
     if tok.pad_token_id is None:  # many causal LMs have none; eos is the usual stand-in
         tok.pad_token = tok.eos_token
@@ -116,7 +146,13 @@ def load_tokenizer(name_or_path: str, padding_side: str = "left"):
 def _adapter_base(path: Path) -> str:
     import json
 
-    return json.loads((path / "adapter_config.json").read_text())["base_model_name_or_path"]
+    try:
+        base = json.loads((path / "adapter_config.json").read_text())["base_model_name_or_path"]
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise UserError(f"{path}/adapter_config.json: no usable base_model_name_or_path ({_first_line(e)})") from e
+    if not isinstance(base, str) or not base:
+        raise UserError(f"{path}/adapter_config.json: base_model_name_or_path must name the base model folder")
+    return base
 
 
 def disable_dropout(model: torch.nn.Module) -> torch.nn.Module:
@@ -131,15 +167,37 @@ def disable_dropout(model: torch.nn.Module) -> torch.nn.Module:
     return model
 
 
+def set_gradient_checkpointing(model: torch.nn.Module, enabled: bool = True) -> torch.nn.Module:
+    """Turn activation (gradient) checkpointing on or off for a transformers model, bare or wrapped by
+    peft. Non-reentrant checkpointing: gradients reach LoRA adapters even though the frozen embeddings
+    need none (no `enable_input_require_grads` hook), and the gradients equal those without it.
+    It acts in train mode only, so generation and no-grad scoring are unaffected."""
+    get_base = getattr(model, "get_base_model", None)
+    base = get_base() if callable(get_base) else model
+    new_api = hasattr(base, "activation_checkpointing_enable")  # transformers >= 5.x; older: gradient_*
+    if enabled:
+        kwargs = {"use_reentrant": False}
+        if new_api:
+            base.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)
+        else:
+            base.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
+    else:
+        (base.activation_checkpointing_disable if new_api else base.gradient_checkpointing_disable)()
+    return model
+
+
 def load_causal_lm(name_or_path: str, dtype: str = "fp32", trainable: bool = True):
     """Load a causal LM (a plain folder, the default, or a saved LoRA adapter merged on its base).
 
     Returns the model in train mode with dropout disabled, or eval/frozen when not trainable.
     """
+    from safetensors import SafetensorError
     from transformers import AutoModelForCausalLM
 
     path = resolve_model_path(name_or_path)
     torch_dtype = DTYPES[dtype]
+    if (path / "config.json").is_file():
+        check_causal_lm(path)
     try:
         if (path / "adapter_config.json").is_file() and not (path / "config.json").is_file():
             from peft import PeftModel
@@ -148,8 +206,8 @@ def load_causal_lm(name_or_path: str, dtype: str = "fp32", trainable: bool = Tru
             model = PeftModel.from_pretrained(base, path).merge_and_unload()
         else:
             model = AutoModelForCausalLM.from_pretrained(path, dtype=torch_dtype)
-    except (OSError, ValueError, KeyError) as e:
-        raise UserError(f"{path}: could not load a causal LM ({str(e).splitlines()[0]})") from None
+    except (OSError, ValueError, KeyError, SafetensorError) as e:
+        raise UserError(f"{path}: could not load a causal LM ({_first_line(e)})") from e
     disable_dropout(model)
     if not trainable:
         model.eval().requires_grad_(False)

@@ -14,6 +14,8 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from rlhfkit.errors import UserError
+
 VALUE_HEAD_FILE = "value_head.safetensors"
 
 
@@ -99,10 +101,12 @@ class Reference:
     With LoRA (pitfall 14) it is the same model with the adapter disabled: no second copy.
     With full fine-tuning it is a frozen deep copy made before training (optionally bf16).
     `model` gives a separate reference model instead (e.g. DPO's `reference_model`).
+    `offload` keeps the frozen copy in CPU memory outside `loaded(device)` (nothing to offload
+    with LoRA).
     """
 
     def __init__(self, actor: ActorCritic, use_adapter_off: bool, dtype: torch.dtype | None = None,
-                 model: nn.Module | None = None):
+                 model: nn.Module | None = None, offload: bool = False):
         self.actor = actor
         self.frozen: nn.Module | None = None
         if model is not None:
@@ -111,6 +115,28 @@ class Reference:
             self.frozen = copy.deepcopy(_unwrap(actor.policy)).eval().requires_grad_(False)
         if self.frozen is not None and dtype is not None:
             self.frozen.to(dtype)
+        self.offload = offload and self.frozen is not None
+
+    def to(self, device: torch.device | str) -> Reference:
+        """Place the frozen copy on `device` (the trainer's accelerator), or in CPU memory when offloaded."""
+        if self.frozen is not None:
+            self.frozen.to("cpu" if self.offload else device)
+        return self
+
+    @contextlib.contextmanager
+    def loaded(self, device: torch.device | str):
+        """The frozen copy on `device` for the wrapped scoring pass; back in CPU memory after it when
+        offloaded (one copy each way per pass, not per micro-batch). A no-op otherwise."""
+        if not self.offload:
+            yield self
+            return
+        self.frozen.to(device)
+        try:
+            yield self
+        finally:
+            self.frozen.to("cpu")
+            if torch.device(device).type == "cuda":
+                torch.cuda.empty_cache()
 
     @contextlib.contextmanager
     def _adapter_off(self):
@@ -142,7 +168,20 @@ def default_lora_targets(model: nn.Module) -> list[str]:
         hit = [g for g in group if g in names]
         if hit:
             return hit
-    raise ValueError("could not choose LoRA target modules; set lora_target_modules")
+    raise UserError("could not choose LoRA target modules for this architecture; set lora_target_modules "
+                    f"(its linear layers: {', '.join(sorted(names)) or 'none'})")
+
+
+def check_lora_targets(model: nn.Module, targets: list[str] | None) -> list[str]:
+    """The LoRA target module names: `targets`, each checked against the model, or the default choice."""
+    if not targets:
+        return default_lora_targets(model)
+    linear = {n.rsplit(".", 1)[-1] for n, m in model.named_modules() if isinstance(m, nn.Linear)}
+    missing = [t for t in targets if t not in linear]
+    if missing:
+        raise UserError(f"lora_target_modules: no linear layer named {missing[0]!r} in the model "
+                        f"(expected some of: {', '.join(sorted(linear))})")
+    return list(targets)
 
 
 def add_lora(model: nn.Module, r: int, alpha: int, dropout: float, targets: list[str] | None,
@@ -158,7 +197,7 @@ def add_lora(model: nn.Module, r: int, alpha: int, dropout: float, targets: list
         r=r,
         lora_alpha=alpha,
         lora_dropout=dropout,
-        target_modules=targets or default_lora_targets(model),
+        target_modules=check_lora_targets(model, targets),
         task_type="CAUSAL_LM",
         bias="none",
         layers_to_transform=layers,
@@ -166,23 +205,34 @@ def add_lora(model: nn.Module, r: int, alpha: int, dropout: float, targets: list
     return get_peft_model(model, cfg)
 
 
-def save_actor(actor: ActorCritic, tokenizer, out_dir: str | Path, merge: bool = False) -> Path:
-    """Save policy (adapter, or merged/full weights), tokenizer and value head (if any) in HF format."""
+def save_actor(actor: ActorCritic, tokenizer, out_dir: str | Path, merge: bool = False,
+               state_dict: dict[str, torch.Tensor] | None = None) -> Path:
+    """Save policy (adapter, or merged/full weights), tokenizer and value head (if any) in HF format.
+    `state_dict` is the actor's full state dict when its live weights are sharded (FSDP, ZeRO-3:
+    rlhfkit.runtime.distributed.full_state_dict); merging needs live weights."""
     from safetensors.torch import save_file
 
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     policy = actor.policy
+    if merge and state_dict is not None:
+        raise ValueError("merged weights cannot be saved from a sharded state dict; merge the saved adapter instead")
     if merge and hasattr(policy, "merge_and_unload"):
         policy = copy.deepcopy(policy).merge_and_unload()
-    policy.save_pretrained(out)
+    policy.save_pretrained(out, state_dict=_part(state_dict, "policy."))
     tokenizer.save_pretrained(out)
     head = None
     if actor.value_head is not None:
         head = VALUE_HEAD_FILE
-        save_file({k: v.detach().contiguous().cpu() for k, v in actor.value_head.state_dict().items()}, out / head)
+        weights = _part(state_dict, "value_head.") or actor.value_head.state_dict()
+        save_file({k: v.detach().contiguous().cpu() for k, v in weights.items()}, out / head)
     (out / "rlhfkit.json").write_text(json.dumps({"value_head": head, "merged": merge}, indent=2))
     return out
+
+
+def _part(state: dict | None, prefix: str) -> dict | None:
+    """Entries of a state dict under `prefix`, prefix removed (None stays None)."""
+    return None if state is None else {k[len(prefix):]: v for k, v in state.items() if k.startswith(prefix)}
 
 
 def load_value_head(path: str | Path, hidden_size: int) -> ValueHead:

@@ -32,7 +32,7 @@ from torch import nn
 
 from rlhfkit.algos import last_valid_index
 from rlhfkit.errors import UserError
-from rlhfkit.models.policy import default_lora_targets, position_ids_from_mask
+from rlhfkit.models.policy import check_lora_targets, position_ids_from_mask
 
 META_FILE = "rlhfkit_rm.json"
 HEAD_FILE = "score_head.safetensors"
@@ -46,24 +46,25 @@ ENCODER_TYPES = frozenset({"bert", "roberta", "distilbert", "deberta", "deberta-
 # ----------------------------------------------------------------------------- formatting
 
 
-def format_example(tokenizer, prompt, response: str, chat_template: bool = True,
+def format_example(tokenizer, prompt, response: str, chat_template: bool | None = None,
                    system: str | None = None) -> tuple[str, str]:
     """``(prompt_text, full_text)`` for one (prompt, response) pair, shared by SFT, the reward
     model, its scorer and eval so that all of them see the same text.
 
-    With ``chat_template`` and a tokenizer that has one: the tokenizer's template
-    (:func:`rlhfkit.data.chat.format_sft_example`). Otherwise the seed-004 format
+    ``chat_template`` as in :func:`rlhfkit.data.chat.use_chat_template` (None: the tokenizer's
+    template when it has one, True: required). With the template:
+    :func:`rlhfkit.data.chat.format_sft_example`; otherwise the seed-004 format
     ``User: {prompt}\\n\\nAssistant: {response}`` (plus the EOS string, if any).
     """
     from rlhfkit.data.chat import (
         end_of_turn,
         format_sft_example,
-        has_chat_template,
         plain_format,
         to_messages,
+        use_chat_template,
     )
 
-    if chat_template and has_chat_template(tokenizer):
+    if use_chat_template(tokenizer, chat_template):
         return format_sft_example(tokenizer, prompt, response, system)
     prompt_text = plain_format(to_messages(prompt, system))
     return prompt_text, prompt_text + response + end_of_turn(tokenizer)
@@ -165,7 +166,7 @@ def add_backbone_lora(backbone: nn.Module, r: int, alpha: int, dropout: float, t
         pattern = next((name.rsplit(".", 1)[-1] for name, mod in backbone.named_modules()
                         if isinstance(mod, nn.ModuleList) and len(mod) == n), None)
     cfg = LoraConfig(r=r, lora_alpha=alpha, lora_dropout=dropout, bias="none",
-                     target_modules=targets or default_lora_targets(backbone), layers_to_transform=layers,
+                     target_modules=check_lora_targets(backbone, targets), layers_to_transform=layers,
                      layers_pattern=pattern if layers else None)
     return get_peft_model(backbone, cfg)
 
@@ -180,20 +181,27 @@ def resolve_pooling(pooling: str, causal: bool) -> str:
 # ----------------------------------------------------------------------------- save / load
 
 
-def save_reward_model(model: RewardModel, tokenizer, out_dir: str | Path, meta: dict, merge: bool = False) -> Path:
-    """Backbone (adapter, or full/merged weights) + head + tokenizer + rlhfkit_rm.json."""
+def save_reward_model(model: RewardModel, tokenizer, out_dir: str | Path, meta: dict, merge: bool = False,
+                      state_dict: dict | None = None) -> Path:
+    """Backbone (adapter, or full/merged weights) + head + tokenizer + rlhfkit_rm.json. `state_dict`:
+    the model's full weights when the live ones are sharded (FSDP/ZeRO-3; an adapter stays unmerged)."""
     from safetensors.torch import save_file
 
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     backbone = model.backbone
     is_adapter = hasattr(backbone, "peft_config")
-    if merge and is_adapter:
+    if merge and is_adapter and state_dict is None:
         backbone = copy.deepcopy(backbone).merge_and_unload()
         is_adapter = False
-    backbone.save_pretrained(out)
+
+    def part(prefix: str) -> dict | None:
+        return None if state_dict is None else {k[len(prefix):]: v for k, v in state_dict.items() if k.startswith(prefix)}
+
+    backbone.save_pretrained(out, state_dict=part("backbone."))
     tokenizer.save_pretrained(out)
-    save_file({k: v.detach().float().contiguous().cpu() for k, v in model.head.state_dict().items()}, out / HEAD_FILE)
+    head = part("head.") or model.head.state_dict()
+    save_file({k: v.detach().float().contiguous().cpu() for k, v in head.items()}, out / HEAD_FILE)
     full = {**meta, "adapter": is_adapter, "causal": model.causal, "pooling": model.pooling, "head": HEAD_FILE}
     (out / META_FILE).write_text(json.dumps(full, indent=2))
     return out
@@ -291,7 +299,9 @@ class RewardScorer:
         self.dtype = meta.get("dtype", "fp32")
 
     def texts(self, prompts: Sequence, completions: Sequence[str]) -> list[str]:
-        chat, system = self.meta.get("chat_template", True), self.meta.get("system_prompt")
+        # Saved true (older models) means "the template, when there is one"; false means plain.
+        chat = None if self.meta.get("chat_template", True) is not False else False
+        system = self.meta.get("system_prompt")
         return [format_example(self.tok, p, c, chat, system)[1] for p, c in zip(prompts, completions)]
 
     def raw_scores(self, prompts: Sequence, completions: Sequence[str]) -> list[float]:

@@ -7,6 +7,7 @@ Notation: B rollout batch, P padded prompt width (left padding), R response widt
 
 from __future__ import annotations
 
+import contextlib
 import warnings
 from dataclasses import dataclass, field, fields
 
@@ -25,6 +26,7 @@ class SamplingParams:
     top_k: int = 0
     top_p: float = 1.0
     stop_ids: tuple[int, ...] = ()
+    max_prompt_length: int | None = None  # keep the last N prompt tokens (rollout/prompt_fit.py)
 
     def __post_init__(self):
         if self.top_k not in (0, None) or self.top_p < 1.0:
@@ -105,6 +107,8 @@ def generate(
     was_training = model.training
     model.eval()
     enc = tokenizer(prompt_texts, return_tensors="pt", padding=True, add_special_tokens=False)
+    if params.max_prompt_length is not None:  # left padding: the last columns hold every prompt's end
+        enc = {k: v[:, -params.max_prompt_length :] for k, v in enc.items()}
     stop_ids = tuple(params.stop_ids) or (tokenizer.eos_token_id,)
     gen_cfg = GenerationConfig(
         do_sample=params.temperature > 0,
@@ -125,9 +129,16 @@ def generate(
         seq = model.generate(input_ids=ids, attention_mask=mask, generation_config=gen_cfg)
         outs.append(seq[:, ids.shape[1] :].cpu())
     model.train(was_training)
-    width = max(o.shape[1] for o in outs)
+    return rollout_from_tokens(tokenizer, enc, [row for o in outs for row in o], stop_ids)
+
+
+def rollout_from_tokens(tokenizer, enc, responses: list, stop_ids: tuple[int, ...]) -> Rollout:
+    """A Rollout from the left-padded prompt encoding and one sampled token sequence per prompt
+    (any generation backend): responses right-padded, masked up to and including the first stop."""
     pad = tokenizer.pad_token_id
-    response = torch.cat([torch.nn.functional.pad(o, (0, width - o.shape[1]), value=pad) for o in outs])
+    rows = [torch.as_tensor(r, dtype=torch.long) for r in responses]
+    width = max(1, max(len(r) for r in rows))
+    response = torch.stack([torch.nn.functional.pad(r, (0, width - len(r)), value=pad) for r in rows])
     rmask, stopped = response_mask(response, stop_ids)
     completions = decode_responses(tokenizer, response, rmask, stopped)
     return Rollout(
@@ -182,18 +193,21 @@ def score_rollout(actor, reference, rollout: Rollout, temperature: float, micro_
     B = rollout.response_ids.shape[0]
     order = torch.arange(B) if order is None else order
     parts: dict[str, list[torch.Tensor]] = {"logprobs": [], "values": [], "entropy": [], "ref_logprobs": []}
-    for i in range(0, B, micro_batch_size):
-        mb = trim_rows(rollout, order[i : i + micro_batch_size])
-        lp, v, ent = forward_logprobs(actor, mb, temperature, with_values=True, with_entropy=True)
-        parts["logprobs"].append(lp.cpu())
-        if v is not None:  # a policy-only model (GRPO, RLOO) has no value head
-            parts["values"].append(v.cpu())
-        parts["entropy"].append(ent.cpu())
-        if reference is not None:
-            device = next(actor.parameters()).device
-            ref_logits = reference.logits(mb.input_ids.to(device), mb.attention_mask.to(device), mb.response_ids.shape[1])
-            ref_lp, _ = logprobs_and_entropy(ref_logits, mb.response_ids.to(device), temperature, with_entropy=False)
-            parts["ref_logprobs"].append((ref_lp * mb.response_mask.to(device)).cpu())
+    device = next(actor.parameters()).device
+    loaded = getattr(reference, "loaded", None)  # an offloaded reference comes in once per pass
+    with loaded(device) if callable(loaded) else contextlib.nullcontext():
+        for i in range(0, B, micro_batch_size):
+            mb = trim_rows(rollout, order[i : i + micro_batch_size])
+            lp, v, ent = forward_logprobs(actor, mb, temperature, with_values=True, with_entropy=True)
+            parts["logprobs"].append(lp.cpu())
+            if v is not None:  # a policy-only model (GRPO, RLOO) has no value head
+                parts["values"].append(v.cpu())
+            parts["entropy"].append(ent.cpu())
+            if reference is not None:
+                ref_logits = reference.logits(mb.input_ids.to(device), mb.attention_mask.to(device),
+                                              mb.response_ids.shape[1])
+                ref_lp, _ = logprobs_and_entropy(ref_logits, mb.response_ids.to(device), temperature, with_entropy=False)
+                parts["ref_logprobs"].append((ref_lp * mb.response_mask.to(device)).cpu())
     actor.train(was_training)
     R = rollout.response_ids.shape[1]
     inverse = torch.argsort(order)  # back from micro-batch order to row order

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import math
 import types
 import typing
 from pathlib import Path
@@ -40,71 +41,106 @@ def _base_type(tp: Any) -> tuple[Any, bool]:
     return tp, False
 
 
+def _type_name(tp: Any) -> str:
+    """``float``, ``list[int]``: how a type is shown in messages and --help."""
+    return str(tp) if typing.get_origin(tp) is not None else getattr(tp, "__name__", str(tp))
+
+
 def _coerce(key: str, raw: Any, tp: Any, choices: tuple | None, source: str) -> Any:
+    """``raw`` (from YAML or the command line) as type ``tp``, or a one-line ConfigError."""
     base, optional = _base_type(tp)
     where = f"{source}: " if source else ""
     if raw is None or (isinstance(raw, str) and raw.lower() in ("none", "null") and optional):
         if optional:
             return None
-        raise ConfigError(f"{where}{key}: null is not allowed (expected {getattr(base, '__name__', base)})")
+        raise ConfigError(f"{where}{key}: null is not allowed (expected {_type_name(base)})")
     try:
-        if base is bool:
-            if isinstance(raw, bool):
-                value = raw
-            elif str(raw).lower() in ("1", "true", "yes", "on"):
-                value = True
-            elif str(raw).lower() in ("0", "false", "no", "off"):
-                value = False
-            else:
-                raise ValueError
-        elif base is int:
-            if isinstance(raw, bool) or (isinstance(raw, float) and not raw.is_integer()):
-                raise ValueError
-            value = int(float(raw)) if isinstance(raw, str) and "e" in raw.lower() else int(raw)
-        elif base is float:
-            if isinstance(raw, bool):
-                raise ValueError
-            value = float(raw)
-        elif typing.get_origin(base) is list or base is list:
-            value = list(raw) if isinstance(raw, (list, tuple)) else [s for s in str(raw).split(",") if s]
-        elif base is str:
-            if isinstance(raw, (dict, list)):
-                raise ValueError
-            value = str(raw)
-        else:
-            value = raw
-    except (TypeError, ValueError):
-        name = getattr(base, "__name__", str(base))
-        raise ConfigError(f"{where}{key}={raw!r}: expected {name}") from None
+        value = _convert(raw, base)
+    except (TypeError, ValueError, OverflowError):
+        raise ConfigError(f"{where}{key}={raw!r}: expected {_type_name(base)}") from None
     if choices is not None and value not in choices:
         raise ConfigError(f"{where}{key}={value!r}: expected one of {', '.join(map(str, choices))}")
     return value
+
+
+def coerce(key: str, raw: Any, tp: Any, choices: tuple | None = None, source: str = "") -> Any:
+    """One value as type ``tp`` (``int``, ``list[str]``, ``float | None``, ...), or a one-line ConfigError."""
+    return _coerce(key, raw, tp, choices, source)
+
+
+def _convert(raw: Any, base: Any) -> Any:
+    """Convert one value; TypeError/ValueError/OverflowError when it is not a ``base``."""
+    if base is bool:
+        if isinstance(raw, bool):
+            return raw
+        text = str(raw).lower()
+        if text in ("1", "true", "yes", "on", "0", "false", "no", "off"):
+            return text in ("1", "true", "yes", "on")
+        raise ValueError
+    if base is int:
+        if isinstance(raw, bool) or (isinstance(raw, float) and not raw.is_integer()):
+            raise ValueError
+        return int(float(raw)) if isinstance(raw, str) and "e" in raw.lower() else int(raw)
+    if base is float:
+        value = float(raw) if not isinstance(raw, (bool, dict, list)) else None
+        if value is None or math.isnan(value):
+            raise ValueError
+        return value
+    if base is list or typing.get_origin(base) is list:
+        items = _as_list(raw)
+        element = (typing.get_args(base) or (None,))[0]
+        return items if element is None else [_convert(x, element) for x in items]
+    if base is str:
+        if isinstance(raw, (dict, list)):
+            raise ValueError
+        return str(raw)
+    return raw
+
+
+def _as_list(raw: Any) -> list:
+    """A YAML list as is; ``a,b`` on the command line as ``["a", "b"]``; a scalar as ``[scalar]``."""
+    if isinstance(raw, (list, tuple)):
+        return list(raw)
+    if isinstance(raw, dict):
+        raise ValueError
+    if isinstance(raw, str):
+        return [s.strip() for s in raw.split(",") if s.strip()]
+    return [raw]
 
 
 def _fields(cls: type) -> dict[str, dataclasses.Field]:
     return {f.name: f for f in dataclasses.fields(cls)}
 
 
-def _unknown_key(key: str, known: typing.Iterable[str], source: str) -> ConfigError:
+def _unknown_key(key: Any, known: typing.Iterable[str], source: str) -> ConfigError:
+    key = str(key)  # YAML keys may be numbers, null, booleans
     close = difflib.get_close_matches(key, list(known), n=1)
     hint = f" (did you mean '{close[0]}'?)" if close else ""
     where = f"{source}: " if source else ""
-    return ConfigError(f"{where}unknown config key '{key}'{hint}")
+    return ConfigError(f"{where}unknown config key {key!r}{hint}")
 
 
-def build_config(cls: type[C], values: dict[str, Any], source: str = "") -> C:
-    """Make `cls` from a mapping, coercing types and rejecting unknown keys, then validate."""
+def build_config(cls: type[C], values: dict[str, Any], source: str = "",
+                 sources: dict[str, str] | None = None) -> C:
+    """Make `cls` from a mapping, coercing types and rejecting unknown keys, then validate.
+
+    `sources` names where a key came from (a YAML file) for its error messages. Every class in
+    `cls`'s MRO that defines its own ``validate()`` runs it, mixins first (so ModelArgs and
+    SamplingArgs check their fields for every trainer).
+    """
     fields = _fields(cls)
     hints = typing.get_type_hints(cls)
     kwargs = {}
     for key, raw in values.items():
         if key not in fields:
             raise _unknown_key(key, fields, source)
-        kwargs[key] = _coerce(key, raw, hints[key], fields[key].metadata.get("choices"), source)
+        where = (sources or {}).get(key, source)
+        kwargs[key] = _coerce(key, raw, hints[key], fields[key].metadata.get("choices"), where)
     cfg = cls(**kwargs)
-    validate = getattr(cfg, "validate", None)
-    if validate is not None:
-        validate()
+    for klass in reversed(type(cfg).__mro__):
+        validate = vars(klass).get("validate")
+        if callable(validate):
+            validate(cfg)
     return cfg
 
 
@@ -113,14 +149,36 @@ def read_yaml(path: str | Path) -> dict[str, Any]:
     if not p.is_file():
         raise ConfigError(f"config file not found: {p}")
     try:
-        data = yaml.safe_load(p.read_text()) or {}
+        data = yaml.safe_load(p.read_text(encoding="utf-8")) or {}
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         line = f":{mark.line + 1}" if mark is not None else ""
-        raise ConfigError(f"{p}{line}: invalid YAML ({getattr(e, 'problem', e)})") from None
+        problem = " ".join(str(getattr(e, "problem", None) or e).split())
+        raise ConfigError(f"{p}{line}: invalid YAML ({problem})") from None
+    except UnicodeDecodeError as e:
+        raise ConfigError(f"{p}: not a UTF-8 text file (byte {e.start})") from None
+    except (OSError, ValueError, RecursionError) as e:  # unreadable; a bad date; absurd nesting
+        raise ConfigError(f"{p}: cannot read the config ({type(e).__name__}: {_first_line(e)})") from None
     if not isinstance(data, dict):
         raise ConfigError(f"{p}: expected a mapping of key: value, got {type(data).__name__}")
     return data
+
+
+def _first_line(exc: BaseException) -> str:
+    lines = str(exc).strip().splitlines()
+    return lines[0] if lines else type(exc).__name__
+
+
+def _cli_value(cls: type, key: str, val: str) -> Any:
+    """A command-line value: YAML scalars (1e-5 -> float, true -> bool, [a, b] -> list), but text
+    fields keep the text as typed (run_name=007 stays '007')."""
+    base, optional = _base_type(typing.get_type_hints(cls)[key])
+    if base is str and not (optional and val.strip().lower() in ("none", "null")):
+        return val
+    try:
+        return yaml.safe_load(val) if val.strip() else ""
+    except (yaml.YAMLError, ValueError, RecursionError):
+        return val
 
 
 def parse_args(cls: type[C], argv: list[str], prog: str) -> C | None:
@@ -130,28 +188,55 @@ def parse_args(cls: type[C], argv: list[str], prog: str) -> C | None:
         return None
     merged: dict[str, Any] = {}
     sources: dict[str, str] = {}
-    for arg in argv:
+    for arg in _flag_values(argv):
         if "=" in arg:
             key, _, val = arg.partition("=")
             key = key.lstrip("-").replace("-", "_")
             if key not in _fields(cls):
                 raise _unknown_key(key, _fields(cls), "command line")
-            try:  # YAML scalars: 1e-5 -> float, true -> bool, [a, b] -> list
-                merged[key] = yaml.safe_load(val) if val.strip() else ""
-            except yaml.YAMLError:
-                merged[key] = val
-            sources[key] = "command line"
+            merged[key] = _cli_value(cls, key, val)
+            sources.pop(key, None)
         elif arg.endswith((".yaml", ".yml")):
             data = read_yaml(arg)
             for k in data:
                 if k not in _fields(cls):
                     raise _unknown_key(k, _fields(cls), arg)
             merged.update(data)
+            sources.update(dict.fromkeys(data, arg))
         elif arg.startswith("-"):
-            raise ConfigError(f"unknown option '{arg}'; options are key=value pairs (see '{prog} --help')")
+            raise ConfigError(f"unknown option {arg!r}; options are key=value pairs (see '{prog} --help')")
         else:
-            raise ConfigError(f"unexpected argument '{arg}': expected CONFIG.yaml or key=value")
-    return build_config(cls, merged)
+            raise ConfigError(f"unexpected argument {arg!r}: expected CONFIG.yaml or key=value")
+    return build_config(cls, _with_resumed_config(cls, merged), sources=sources)
+
+
+def _flag_values(argv: list[str]) -> list[str]:
+    """``--resume RUN_DIR`` (two words) as ``resume=RUN_DIR``."""
+    out, i = [], 0
+    while i < len(argv):
+        if argv[i] == "--resume":
+            if i + 1 >= len(argv) or "=" in argv[i + 1]:
+                raise ConfigError("--resume needs a run folder: --resume RUN_DIR (or resume=auto)")
+            out.append(f"resume={argv[i + 1]}")
+            i += 2
+        else:
+            out.append(argv[i])
+            i += 1
+    return out
+
+
+def _with_resumed_config(cls: type, merged: dict[str, Any]) -> dict[str, Any]:
+    """Resuming a run folder: its saved config.yaml is the base that the given keys override."""
+    resume = merged.get("resume")
+    if resume in (None, "", "auto") or "resume" not in _fields(cls):
+        return merged
+    from rlhfkit.runtime.checkpoint import saved_config
+
+    base = saved_config(str(resume))
+    for k in base:
+        if k not in _fields(cls):
+            raise _unknown_key(k, _fields(cls), f"{resume}/config.yaml")
+    return {**base, **merged}
 
 
 def config_main(cls: type[C], run: typing.Callable[[C], Any], argv: list[str], prog: str) -> int:
@@ -168,7 +253,7 @@ def help_text(cls: type, prog: str) -> str:
     hints = typing.get_type_hints(cls)
     for f in dataclasses.fields(cls):
         base, optional = _base_type(hints[f.name])
-        tname = getattr(base, "__name__", str(base)) + (" | None" if optional else "")
+        tname = _type_name(base) + (" | None" if optional else "")
         default = f.default if f.default is not dataclasses.MISSING else f.default_factory()  # type: ignore[misc]
         choices = f.metadata.get("choices")
         extra = f" {{{'|'.join(map(str, choices))}}}" if choices else ""

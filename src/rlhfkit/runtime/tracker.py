@@ -5,6 +5,7 @@ runs/<name>/metrics.jsonl    one JSON object per iteration, with an integer "ite
 runs/<name>/samples.jsonl    a few completions per iteration with their rewards
 runs/<name>/diagnostics.jsonl training-health findings (rlhfkit.diagnostics)
 runs/<name>/summary.json     before/after evaluation
+runs/<name>/checkpoints/     step-N folders to resume from (rlhfkit.runtime.checkpoint)
 """
 
 from __future__ import annotations
@@ -56,6 +57,14 @@ class Tracker:
             self.sinks = make_sinks(self.run_dir, tensorboard=tensorboard, wandb=wandb, config=config)
         except ImportError:
             self.sinks = []
+
+    def resume(self, history: list[dict]) -> None:
+        """Continue a run from a checkpoint: the diagnostics rules replay the metric rows kept before
+        it silently, so they judge the same history as an uninterrupted run and repeat no finding."""
+        if self.monitor is not None:
+            from rlhfkit.diagnostics import Monitor
+
+            self.monitor = Monitor(path=self.run_dir / "diagnostics.jsonl", history=history)
 
     def phase(self, name: str, total: int | None = None):
         if self.console is not None:

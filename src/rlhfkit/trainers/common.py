@@ -9,7 +9,9 @@ from dataclasses import dataclass
 
 import torch
 
-from rlhfkit.runtime.config import option
+from rlhfkit.runtime.config import check, option
+
+OVERFLOW_MODES = ("truncate_left", "error")
 
 
 @dataclass
@@ -22,11 +24,24 @@ class ModelArgs:
     lora_r: int = option(16, "LoRA rank")
     lora_alpha: int = option(32, "LoRA alpha (scale = alpha / r)")
     lora_dropout: float = option(0.0, "LoRA dropout; keep 0 for RL so rollouts and updates see the same policy")
-    lora_target_modules: list | None = option(None, "module names to adapt; None chooses attention+MLP projections")
+    lora_target_modules: list[str] | None = option(None, "module names to adapt; None chooses attention+MLP projections")
     lora_layers: int | None = option(None, "adapt only the top N transformer layers (None: all). Backward then stops "
                                      "below the lowest adapted layer: a large CPU speed-up for a small loss in capacity")
-    chat_template: bool = option(True, "format prompts with the tokenizer's chat template when it has one")
+    chat_template: bool | None = option(None, "format prompts with the tokenizer's chat template. None: when it has "
+                                        "one, else the plain 'User: ...\\n\\nAssistant: ' format; true: require it (an "
+                                        "error if the tokenizer has none); false: always the plain format")
     system_prompt: str | None = option(None, "optional system message for chat-formatted prompts")
+
+    def validate(self) -> None:
+        check(self.lora_r >= 1, f"lora_r ({self.lora_r}) must be >= 1")
+        check(self.lora_alpha > 0, f"lora_alpha ({self.lora_alpha}) must be > 0")
+        check(0 <= self.lora_dropout < 1, f"lora_dropout ({self.lora_dropout}) must be in [0, 1)")
+        check(self.lora_layers is None or self.lora_layers >= 1, f"lora_layers ({self.lora_layers}) must be >= 1")
+        check(self.lora_target_modules is None or len(self.lora_target_modules) > 0,
+              "lora_target_modules ([]) must name at least one module, or be None to choose them")
+    gradient_checkpointing: bool = option(False, "recompute each transformer layer's activations in the backward pass "
+                                          "instead of storing them: training activation memory drops from ~all "
+                                          "layers to ~one layer, for ~30% more compute (same gradients)")
 
 
 @dataclass
@@ -34,7 +49,51 @@ class SamplingArgs:
     temperature: float = option(1.0, "sampling temperature; log-probs, reference and entropy use the same T")
     top_k: int = option(0, "0 = no top-k truncation (recommended: truncation biases the stored log-probs)")
     top_p: float = option(1.0, "1.0 = no nucleus truncation (recommended)")
-    stop_ids: list | None = option(None, "token ids that end a response (default: the tokenizer's eos)")
+    stop_ids: list[int] | None = option(None, "token ids that end a response (default: the tokenizer's eos)")
+    max_prompt_length: int | None = option(None, "prompt tokens (after chat formatting) that fit in a rollout (None: "
+                                           "the model's context window minus max_new_tokens)")
+    prompt_overflow: str = option("truncate_left", "a longer prompt: truncate_left keeps its last max_prompt_length "
+                                  "tokens (one warning says how many were cut); error stops before training",
+                                  OVERFLOW_MODES)
+
+    def validate(self) -> None:
+        check(self.top_k >= 0, f"top_k ({self.top_k}) must be >= 0 (0 = no top-k truncation)")
+        check(0 < self.top_p <= 1, f"top_p ({self.top_p}) must be in (0, 1]")
+        check(self.stop_ids is None or all(i >= 0 for i in self.stop_ids),
+              f"stop_ids ({self.stop_ids}) must be token ids >= 0")
+        check(self.max_prompt_length is None or self.max_prompt_length >= 1,
+              f"max_prompt_length ({self.max_prompt_length}) must be >= 1")
+
+
+@dataclass
+class ReferenceArgs:
+    offload_reference: bool = option(False, "keep the frozen reference copy in CPU memory and move it to the "
+                                     "accelerator only for its scoring pass (full fine-tuning or reference_model; "
+                                     "with LoRA the reference is the adapter-disabled policy, there is no copy to "
+                                     "offload; on a CPU-only machine it changes nothing)")
+
+
+@dataclass
+class GenerationArgs:
+    generation_backend: str = option("hf", "who samples rollouts: hf = HF generate on the training policy; vllm = a "
+                                     "vLLM engine on this GPU, its weights synced from the policy every iteration "
+                                     "(extra `vllm`, CUDA only, untested by the project; falls back to hf with a "
+                                     "message when unavailable). Log-probs always come from the trainer",
+                                     ("hf", "vllm"))
+    vllm_gpu_memory_utilization: float = option(0.3, "vllm: share of GPU memory the engine may take (weights + KV "
+                                                 "cache); the rest stays for training")
+    vllm_max_model_len: int | None = option(None, "vllm: longest prompt + response (None: the model's maximum)")
+
+    def __post_init__(self) -> None:
+        from rlhfkit.runtime.config import check
+
+        check(0 < self.vllm_gpu_memory_utilization <= 1,
+              f"vllm_gpu_memory_utilization ({self.vllm_gpu_memory_utilization}) must be in (0, 1]")
+        check(self.vllm_max_model_len is None or self.vllm_max_model_len >= 1,
+              f"vllm_max_model_len ({self.vllm_max_model_len}) must be >= 1 or None")
+        parent = getattr(super(), "__post_init__", None)
+        if parent is not None:  # the other mixins' checks (RunArgs)
+            parent()
 
 
 @dataclass
@@ -45,6 +104,22 @@ class RunArgs:
     quiet: bool = option(False, "plain one-line logs instead of progress bars (for log files)")
     tensorboard: bool | None = option(None, "log to TensorBoard (None: when installed)")
     wandb: bool = option(False, "log to Weights & Biases (when installed)")
+    save_every: int = option(10, "write a checkpoint to RUN/checkpoints every N iterations (sft/rm/dpo: optimiser "
+                             "steps) and at the end; 0 = only when stopped by SIGINT/SIGTERM")
+    keep_checkpoints: int = option(2, "newest checkpoints kept (older ones are deleted)")
+    resume: str | None = option(None, "continue from the newest complete checkpoint of a run folder (on the command "
+                                "line: --resume RUN_DIR; its config.yaml is the base, key=value overrides apply), "
+                                "or auto: continue output_dir/run_name if it has a checkpoint, else start afresh")
+    max_nonfinite_steps: int = option(3, "an optimiser step whose loss or gradient norm is NaN/inf is skipped; stop "
+                                      "with a diagnosis after this many in a row")
+
+    def __post_init__(self) -> None:
+        # RunArgs is mixed into every trainer's config: checked here so no validate() repeats it.
+        from rlhfkit.runtime.config import check
+
+        check(self.save_every >= 0, f"save_every ({self.save_every}) must be >= 0 (0 = only when stopped)")
+        check(self.keep_checkpoints >= 1, f"keep_checkpoints ({self.keep_checkpoints}) must be >= 1")
+        check(self.max_nonfinite_steps >= 1, f"max_nonfinite_steps ({self.max_nonfinite_steps}) must be >= 1")
 
 
 def autocast(dtype: str, device: torch.device):
@@ -57,16 +132,18 @@ def autocast(dtype: str, device: torch.device):
 def build_policy(args: ModelArgs, trainable: bool = True):
     """(model, tokenizer). With LoRA the frozen base is stored in the compute dtype."""
     from rlhfkit.models import load_causal_lm, load_tokenizer
-    from rlhfkit.models.loading import resolve_dtype
+    from rlhfkit.models.loading import resolve_dtype, set_gradient_checkpointing
     from rlhfkit.models.policy import add_lora
 
     args.dtype = resolve_dtype(args.dtype)
-    tok = load_tokenizer(args.model, padding_side="left")
     base_dtype = "bf16" if (args.dtype == "bf16" and args.lora) else "fp32"
-    model = load_causal_lm(args.model, dtype=base_dtype, trainable=True)
+    model = load_causal_lm(args.model, dtype=base_dtype, trainable=True)  # first: "not a causal LM" wins
+    tok = load_tokenizer(args.model, padding_side="left")
     if args.lora and trainable:
         model = add_lora(model, args.lora_r, args.lora_alpha, args.lora_dropout, args.lora_target_modules,
                          args.lora_layers)
+    if getattr(args, "gradient_checkpointing", False):
+        set_gradient_checkpointing(model)
     return model, tok
 
 
@@ -79,11 +156,17 @@ def make_optimizer(params, lr: float, warmup_steps: int, weight_decay: float = 0
 
 
 class PromptStream:
-    """Endless, reproducible pass over prompt records: shuffled per epoch with the run seed."""
+    """Endless, reproducible pass over prompt records: shuffled per epoch with the run seed.
 
-    def __init__(self, records: list[dict], seed: int):
+    With `world` processes, `next(n)` draws the next n x world records (the same on every process)
+    and returns this process's share [rank::world]: each process gets different records, and
+    together they get exactly what one process would get from `next(n x world)`.
+    """
+
+    def __init__(self, records: list[dict], seed: int, rank: int = 0, world: int = 1):
         self.records = records
         self.seed = seed
+        self.rank, self.world = rank, world
         self.epoch = 0
         self.pos = 0
         self._order = self._shuffle()
@@ -95,13 +178,13 @@ class PromptStream:
 
     def next(self, n: int) -> list[dict]:
         out = []
-        while len(out) < n:
+        while len(out) < n * self.world:
             if self.pos >= len(self._order):
                 self.epoch, self.pos = self.epoch + 1, 0
                 self._order = self._shuffle()
             out.append(self.records[self._order[self.pos]])
             self.pos += 1
-        return out
+        return out[self.rank :: self.world]
 
     def state_dict(self) -> dict:
         return {"epoch": self.epoch, "pos": self.pos}
@@ -111,11 +194,21 @@ class PromptStream:
         self._order = self._shuffle()
 
 
-def format_prompts(tokenizer, prompts: list, args: ModelArgs) -> list[str]:
-    from rlhfkit.data.chat import format_prompt
+def check_optimizer(cfg) -> None:
+    """Ranges of the AdamW options every trainer has (lr, warmup_steps, weight_decay, adam_eps, max_grad_norm)."""
+    check(cfg.lr > 0, f"lr ({cfg.lr}) must be > 0")
+    check(cfg.warmup_steps >= 0, f"warmup_steps ({cfg.warmup_steps}) must be >= 0")
+    check(cfg.weight_decay >= 0, f"weight_decay ({cfg.weight_decay}) must be >= 0")
+    check(cfg.adam_eps > 0, f"adam_eps ({cfg.adam_eps}) must be > 0")
+    check(cfg.max_grad_norm > 0, f"max_grad_norm ({cfg.max_grad_norm}) must be > 0")
 
-    if not args.chat_template:
-        return [f"User: {p}\n\nAssistant: " if isinstance(p, str) else p for p in prompts]
+
+def format_prompts(tokenizer, prompts: list, args: ModelArgs) -> list[str]:
+    """Prompt texts (strings or message lists) as the model sees them; see ModelArgs.chat_template."""
+    from rlhfkit.data.chat import format_prompt, plain_format, to_messages, use_chat_template
+
+    if not use_chat_template(tokenizer, args.chat_template):
+        return [plain_format(to_messages(p, args.system_prompt)) for p in prompts]
     return [format_prompt(tokenizer, p, system=args.system_prompt) for p in prompts]
 
 

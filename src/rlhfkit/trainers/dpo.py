@@ -16,6 +16,7 @@ losses from algos.dpo_loss. Formulas and defaults: docs/algorithms.md.
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections import defaultdict
 
@@ -25,7 +26,14 @@ from rlhfkit.algos import dpo_loss, logprobs_and_entropy
 from rlhfkit.errors import DataError
 from rlhfkit.rollout import Rollout, SamplingParams, forward_logprobs
 from rlhfkit.rollout.core import trim_rows
-from rlhfkit.runtime.config import config_main
+from rlhfkit.runtime.config import check, config_main
+from rlhfkit.runtime.distributed import (
+    accumulate_backward,
+    agree_on_run_name,
+    configure_deepspeed,
+    full_state_dict,
+    sum_over_processes,
+)
 from rlhfkit.trainers.common import autocast, format_prompts
 from rlhfkit.trainers.dpo_config import DPOConfig
 
@@ -52,10 +60,10 @@ def load_pairs(spec: str) -> tuple[list[dict], list[dict]]:
 
     path = resolve_prefs(spec)
     if not any("split" in r for r in load_split(path, None)):
-        return list(load_preferences(path)), []
-    train = list(load_preferences(path, split="train"))
+        return load_preferences(path), []
+    train = load_preferences(path, split="train")  # Records: they name file:line in messages
     try:
-        held_out = list(load_preferences(path, split="test"))
+        held_out = load_preferences(path, split="test")
     except DataError:
         held_out = []
     return train, held_out
@@ -84,6 +92,16 @@ def encode_pairs(tok, pairs: list[dict], cfg: DPOConfig) -> Rollout:
     r_mask = torch.tensor([[1.0] * len(r) + [0.0] * (R - len(r)) for r in responses])
     return Rollout(query_ids=q_ids, query_mask=q_mask, response_ids=r_ids, response_mask=r_mask,
                    stopped=torch.ones(len(responses), dtype=torch.bool))
+
+
+def check_prompt_lengths(tok, pair_sets: list[list[dict]], cfg: DPOConfig) -> None:
+    """Prompts longer than max_prompt_length: one warning with the count (they keep their end), or a
+    DataError naming the first one (prompt_overflow=error)."""
+    from rlhfkit.rollout.prompt_fit import enforce_prompt_limit
+
+    groups = [(format_prompts(tok, [p.get("messages") or p["prompt"] for p in pairs], cfg), getattr(pairs, "where", None))
+              for pairs in pair_sets]
+    enforce_prompt_limit(tok, groups, cfg.max_prompt_length, cfg.prompt_overflow, f"max_prompt_length={cfg.max_prompt_length}")
 
 
 def pair_rows(idx: torch.Tensor, n_pairs: int) -> torch.Tensor:
@@ -126,12 +144,15 @@ def dpo_batch_loss(policy_logps: torch.Tensor, ref_logps: torch.Tensor, lengths:
     return losses.sum() / n_pairs, metrics
 
 
-def plan_batches(n_pairs: int, cfg: DPOConfig, generator: torch.Generator) -> list[torch.Tensor]:
-    """Pair indices of every optimiser step: a fresh shuffle per epoch, cut at max_steps."""
+def plan_batches(n_pairs: int, cfg: DPOConfig, generator: torch.Generator, world: int = 1) -> list[torch.Tensor]:
+    """Pair indices of every optimiser step: a fresh shuffle per epoch, cut at max_steps. With
+    `world` processes an epoch's last, short batch is cut to a multiple of `world`, so that every
+    process gets as many pairs (and runs as many backward passes) as the others."""
     batches = []
     for _ in range(cfg.epochs):
         perm = torch.randperm(n_pairs, generator=generator)
-        batches += [perm[i : i + cfg.batch_size] for i in range(0, n_pairs, cfg.batch_size)]
+        cut = [perm[i : i + cfg.batch_size] for i in range(0, n_pairs, cfg.batch_size)]
+        batches += [b[: len(b) // world * world] for b in cut if len(b) >= world]
     return batches[: cfg.max_steps] if cfg.max_steps else batches
 
 
@@ -153,7 +174,8 @@ def build_models(cfg: DPOConfig):
     model = ActorCritic(policy, value_head=None)
     ref_dtype = torch.bfloat16 if cfg.dtype == "bf16" else None
     other = load_causal_lm(cfg.reference_model, dtype="fp32", trainable=False) if cfg.reference_model else None
-    return model, Reference(model, use_adapter_off=cfg.lora, dtype=ref_dtype, model=other), tok
+    reference = Reference(model, use_adapter_off=cfg.lora, dtype=ref_dtype, model=other, offload=cfg.offload_reference)
+    return model, reference, tok
 
 
 # ----------------------------------------------------------------------------- judged evaluation
@@ -180,7 +202,7 @@ def judged_samples(model, tok, records: list[dict], judge, cfg: DPOConfig, seed:
 
     recs = [r for r in records for _ in range(cfg.eval_samples_per_prompt)]
     formatted = format_prompts(tok, [r.get("messages") or r["prompt"] for r in recs], cfg)
-    params = SamplingParams(cfg.max_new_tokens, cfg.temperature, 0, 1.0, (tok.eos_token_id,))
+    params = SamplingParams(cfg.max_new_tokens, cfg.temperature, 0, 1.0, (tok.eos_token_id,), cfg.max_prompt_length)
     return sample_and_score(model.policy, tok, recs, formatted, judge, params, seed, cfg.generation_batch_size, cfg.dtype)
 
 
@@ -195,15 +217,25 @@ def win_rate(after: list[float], before: list[float]) -> dict[str, float]:
 # ----------------------------------------------------------------------------- loop
 
 
-def precompute_reference(reference, data: Rollout, batches: list[torch.Tensor], cfg: DPOConfig, device) -> torch.Tensor:
-    """Reference log-probs of all 2N rows, grouped like the first epoch's micro-batches (so with
-    LoRA, step 0 sees log pi == log pi_ref to the last bit and the loss is exactly log 2)."""
+def precompute_reference(reference, data: Rollout, batches: list[torch.Tensor], cfg: DPOConfig, device,
+                         world: int = 1) -> torch.Tensor:
+    """Reference log-probs of all 2N rows, grouped like the first epoch's micro-batches on each
+    process (so with LoRA, step 0 sees log pi == log pi_ref to the last bit and the loss is exactly
+    log 2); pairs the first batches miss (cut for `world` processes) are computed after them."""
     n = data.response_ids.shape[0] // 2
-    table = torch.zeros(2 * n)
-    for batch in batches[: -(-n // cfg.batch_size)]:  # the first epoch covers every pair once
-        for m0 in range(0, len(batch), cfg.micro_batch_size):
-            rows = pair_rows(batch[m0 : m0 + cfg.micro_batch_size], n)
+    table, done = torch.zeros(2 * n), torch.zeros(n, dtype=torch.bool)
+
+    def fill(pairs: torch.Tensor) -> None:
+        pairs = pairs[~done[pairs]]
+        for m0 in range(0, len(pairs), cfg.micro_batch_size):
+            rows = pair_rows(pairs[m0 : m0 + cfg.micro_batch_size], n)
             table[rows] = reference_logps(reference, data, rows, cfg, device).cpu()
+        done[pairs] = True
+
+    for batch in batches[: -(-n // cfg.batch_size)]:  # the first epoch, each process's share in turn
+        for r in range(world):
+            fill(batch[r::world])
+    fill((~done).nonzero().squeeze(1))
     return table
 
 
@@ -217,12 +249,13 @@ def train_step(model, data: Rollout, batch: torch.Tensor, ref_table, reference, 
         rows = pair_rows(idx, n)
         logps, lengths = sequence_logps(model, data, rows, cfg, device)
         ref = ref_table[rows].to(device) if ref_table is not None else reference_logps(reference, data, rows, cfg, device)
-        loss, st = dpo_batch_loss(logps, ref, lengths, cfg, float(len(batch)))
-        accelerator.backward(loss * world)  # DDP averages over processes; the loss is already a global mean
+        loss, st = dpo_batch_loss(logps, ref, lengths, cfg, float(len(batch)))  # / all processes' pairs
+        accumulate_backward(accelerator, model, loss, sync=m0 + cfg.micro_batch_size >= len(local))
         sums["loss/dpo"] += loss.item()
         for k, v in st.items():
             sums[k] += v * len(idx) / len(local)
-    return dict(sums)
+    sums = sum_over_processes(accelerator, dict(sums))  # loss/dpo: the global loss; the others: x world
+    return {k: v if k == "loss/dpo" else v / world for k, v in sums.items()}
 
 
 def held_out_metrics(model, held: Rollout, held_ref: torch.Tensor, cfg: DPOConfig, device) -> dict[str, float]:
@@ -239,53 +272,76 @@ def train(cfg: DPOConfig) -> dict:
 
     from rlhfkit.models.policy import save_actor
     from rlhfkit.rewards import get_reward
+    from rlhfkit.runtime.checkpoint import Checkpointer, open_run_dir
     from rlhfkit.runtime.config import save_config
+    from rlhfkit.runtime.faults import NonFiniteGuard, guarded_step
     from rlhfkit.runtime.seeding import seed_everything
-    from rlhfkit.runtime.tracker import Tracker, make_run_dir
+    from rlhfkit.runtime.tracker import Tracker
     from rlhfkit.trainers.common import make_optimizer
 
     accelerator = Accelerator(cpu=not torch.cuda.is_available())
     device = accelerator.device
     seed_everything(cfg.seed)
     # 1. data
+    # Data, judge, model and prompt lengths are checked before the run folder exists.
     train_pairs, held_out = load_pairs(cfg.prefs)
+    judge = get_reward(cfg.judge)
     model, reference, tok = build_models(cfg)
+    world = accelerator.num_processes
+    check(cfg.batch_size % world == 0, f"batch_size ({cfg.batch_size}) must be divisible by the {world} processes")
+    model.to(device)  # before prepare: the reference passes and the judge's samples run first
+    reference.to(device)  # a frozen copy stays in CPU memory when offloaded
+    check_prompt_lengths(tok, [train_pairs, held_out], cfg)
     data, N = encode_pairs(tok, train_pairs, cfg), len(train_pairs)
     held = encode_pairs(tok, held_out, cfg) if held_out else None
-    batches = plan_batches(N, cfg, torch.Generator().manual_seed(cfg.seed))
-    run_dir = make_run_dir(cfg.output_dir, cfg.run_name, "dpo")
+    batches = plan_batches(N, cfg, torch.Generator().manual_seed(cfg.seed), world)
+    agree_on_run_name(accelerator, cfg, "dpo")
+    run_dir, resume_from = open_run_dir(cfg, "dpo")
     if accelerator.is_main_process:
         save_config(cfg, run_dir / "config.yaml")
     tracker = Tracker(run_dir, len(batches), cfg.quiet, accelerator.is_main_process, cfg.tensorboard, cfg.wandb)
     summary: dict = {"run_dir": str(run_dir), "train_pairs": N, "held_out_pairs": len(held_out)}
     # 2. reference
-    held_ref = reference_logps(reference, held, pair_rows(torch.arange(len(held_out)), len(held_out)), cfg,
-                               device).cpu() if held is not None else None
+    with reference.loaded(device):
+        held_ref = reference_logps(reference, held, pair_rows(torch.arange(len(held_out)), len(held_out)), cfg,
+                                   device).cpu() if held is not None else None
     ref_table = None
     if should_precompute(cfg, N, len(batches)):
-        with tracker.phase("reference log-probs", None):
-            ref_table = precompute_reference(reference, data, batches, cfg, device)
+        with tracker.phase("reference log-probs", None), reference.loaded(device):
+            ref_table = precompute_reference(reference, data, batches, cfg, device, world)
         if reference.frozen is not None:
             reference = None  # the frozen copy is no longer needed: free its memory
     summary["precomputed_ref_logps"] = ref_table is not None
+    optimizer, scheduler = make_optimizer(model.parameters(), cfg.lr, cfg.warmup_steps, cfg.weight_decay, cfg.adam_eps)
+    configure_deepspeed(accelerator, cfg.micro_batch_size, cfg.max_grad_norm)
+    wrapped, optimizer, scheduler = accelerator.prepare(model, optimizer, scheduler)
+    guard = NonFiniteGuard.for_config(cfg, tracker.print)
+    judged: dict = {}  # the starting model's judged scores, kept in checkpoints
+    ckpt = Checkpointer(cfg, run_dir, "dpo", accelerator, tracker, model=model, optimizer=optimizer,
+                        scheduler=scheduler, objects={"summary": summary, "judged": judged}, guard=guard,
+                        unit="step", total=len(batches))
+    ckpt.resume(resume_from)  # when resuming: weights, optimiser, RNG, the starting model's judged scores
     # 3. the starting model, judged
-    judge = get_reward(cfg.judge)
     records = eval_records(train_pairs, held_out, cfg) if cfg.num_eval_prompts > 0 else []
     seed = cfg.seed + 424242  # same seed before and after: the comparison sees the same sampling noise
-    before = judged_samples(model, tok, records, judge, cfg, seed)[1] if records else []
-    # 4. train
-    optimizer, scheduler = make_optimizer(model.parameters(), cfg.lr, cfg.warmup_steps, cfg.weight_decay, cfg.adam_eps)
-    wrapped, optimizer, scheduler = accelerator.prepare(model, optimizer, scheduler)
-    for step, batch in enumerate(batches):
-        t0 = time.time()
-        metrics = train_step(wrapped, data, batch, ref_table, reference, cfg, accelerator)
-        grad_norm = accelerator.clip_grad_norm_(wrapped.parameters(), cfg.max_grad_norm)
-        optimizer.step()
-        scheduler.step()
-        optimizer.zero_grad(set_to_none=True)
-        metrics.update({"params/grad_norm": float(grad_norm), "params/lr": scheduler.get_last_lr()[0],
-                        "params/epoch": (step + 1) * cfg.batch_size / N, "timing/step_s": time.time() - t0})
-        tracker.log(step, metrics)
+    if records and "before" not in judged:
+        judged["before"] = judged_samples(model, tok, records, judge, cfg, seed)[1]
+    before = judged.get("before", [])
+    # 4. train (the batches are planned from the seed, so a resumed run just starts further in)
+    with ckpt.signals:
+        for step in range(ckpt.start, len(batches)):
+            t0 = time.time()
+            with reference.loaded(device) if reference is not None else contextlib.nullcontext():
+                metrics = train_step(wrapped, data, batches[step], ref_table, reference, cfg, accelerator)
+            grad_norm, skipped = guarded_step(wrapped.parameters(), optimizer, scheduler, accelerator,
+                                              cfg.max_grad_norm, loss=metrics["loss/dpo"], guard=guard,
+                                              where=f"step {step}")
+            metrics.update({"params/grad_norm": grad_norm, "params/lr": scheduler.get_last_lr()[0],
+                            "params/skipped_steps": float(skipped),
+                            "params/epoch": (step + 1) * cfg.batch_size / N, "timing/step_s": time.time() - t0})
+            tracker.log(step, metrics)
+            ckpt.end_step(step)  # checkpoint when due or asked to stop
+    ckpt.finish(len(batches))
     # 5. after: held-out preference accuracy, judged win rate over the starting model
     if held is not None:
         m = summary["held_out"] = held_out_metrics(model, held, held_ref, cfg, device)
@@ -303,9 +359,10 @@ def train(cfg: DPOConfig) -> dict:
         recs = [r for r in records for _ in range(cfg.eval_samples_per_prompt)]
         tracker.log_samples(len(batches) - 1, [{"prompt": str(r["prompt"]), "completion": c, "score": a,
                                                 "score_before": b} for r, c, a, b in zip(recs, completions, after, before)])
+    state = full_state_dict(accelerator, wrapped)  # FSDP / ZeRO-3: gathered on every process
     if accelerator.is_main_process:
-        save_actor(model, tok, run_dir / "final")
-        if cfg.save_merged and cfg.lora:
+        save_actor(model, tok, run_dir / "final", state_dict=state)
+        if cfg.save_merged and cfg.lora and state is None:
             save_actor(model, tok, run_dir / "final" / "merged", merge=True)
         tracker.write_json("summary.json", summary)
     tracker.close()

@@ -10,13 +10,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from rlhfkit.runtime.config import check, option
-from rlhfkit.trainers.common import ModelArgs, RunArgs
+from rlhfkit.trainers.common import OVERFLOW_MODES, ModelArgs, ReferenceArgs, RunArgs, check_optimizer
 
 LOSS_TYPES = ("sigmoid", "ipo", "cdpo")
 
 
 @dataclass
-class DPOConfig(ModelArgs, RunArgs):
+class DPOConfig(ReferenceArgs, ModelArgs, RunArgs):
     """DPO (sigmoid), IPO and label-smoothed cDPO on preference pairs, against a frozen reference."""
 
     # data
@@ -24,6 +24,9 @@ class DPOConfig(ModelArgs, RunArgs):
                         "`rlhfkit label export` (prompt, chosen, rejected), or builtin:prefs_reviews. Records with "
                         "split=test are held out")
     max_prompt_length: int = option(192, "prompt tokens kept (the end of longer prompts)")
+    prompt_overflow: str = option("truncate_left", "a prompt longer than max_prompt_length: truncate_left keeps its "
+                                  "end (one warning says how many were cut); error stops before training",
+                                  OVERFLOW_MODES)
     max_response_length: int = option(128, "response tokens kept (the start of longer responses, end-of-turn included)")
     # loss
     loss_type: str = option("sigmoid", "sigmoid = DPO; ipo = IPO on length-averaged log-probs; cdpo = sigmoid with "
@@ -39,7 +42,7 @@ class DPOConfig(ModelArgs, RunArgs):
     # optimisation
     epochs: int = option(2, "passes over the training pairs")
     max_steps: int | None = option(None, "stop after this many optimiser steps (None: epochs decide)")
-    batch_size: int = option(16, "pairs per optimiser step")
+    batch_size: int = option(16, "pairs per optimiser step (all processes together; each takes its share)")
     micro_batch_size: int = option(4, "pairs per forward/backward (2 x this many sequences)")
     lr: float = option(1e-4, "AdamW learning rate (LoRA default; use ~5e-7..5e-6 for full fine-tuning)")
     warmup_steps: int = option(4, "linear lr warm-up, in optimiser steps")
@@ -74,6 +77,6 @@ class DPOConfig(ModelArgs, RunArgs):
         check(0 <= self.smoothing < 0.5, f"label_smoothing ({self.label_smoothing}) must be in [0, 0.5)")
         check(not (self.loss_type == "ipo" and self.smoothing > 0),
               f"label_smoothing ({self.label_smoothing}) applies to sigmoid/cdpo, not ipo")
-        check(self.lr > 0, f"lr ({self.lr}) must be > 0")
+        check_optimizer(self)
         check(self.temperature > 0, f"temperature ({self.temperature}) must be > 0")
         check(self.num_eval_prompts >= 0, f"num_eval_prompts ({self.num_eval_prompts}) must be >= 0")

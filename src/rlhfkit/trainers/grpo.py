@@ -52,7 +52,8 @@ def build_policy_model(cfg: GRPOConfig):
     actor = ActorCritic(policy, value_head=None)
     reference = None
     if cfg.beta > 0:
-        reference = Reference(actor, use_adapter_off=cfg.lora, dtype=torch.bfloat16 if cfg.dtype == "bf16" else None)
+        reference = Reference(actor, use_adapter_off=cfg.lora, dtype=torch.bfloat16 if cfg.dtype == "bf16" else None,
+                              offload=cfg.offload_reference)
     return actor, reference, tok
 
 
@@ -107,13 +108,14 @@ def keep_rows(rollout: Rollout, rows: torch.Tensor) -> Rollout:
 # ----------------------------------------------------------------------------- update
 
 
-def micro_batch_loss(model, mb: Rollout, cfg: GRPOConfig, n_tokens: float, n_seqs: float, device):
+def micro_batch_loss(model, mb: Rollout, cfg: GRPOConfig, n_tokens: float, n_seqs: float, device,
+                     num_processes: int = 1):
     """Loss of one micro-batch: clipped ratio (+ beta * k3 KL), normalised by the global counts of
-    the mini-batch, so the micro-batch losses and gradients add up to the mini-batch's."""
+    the mini-batch (all processes), so the micro-batch losses and gradients add up to the mini-batch's."""
     mask = mb.response_mask.to(device)
     with autocast(cfg.dtype, device):
         logp, _, _ = forward_logprobs(model, mb, cfg.temperature, with_values=False)
-    constant = cfg.loss_agg_constant or float(cfg.optimiser_batch * cfg.max_new_tokens)
+    constant = cfg.loss_agg_constant or float(cfg.optimiser_batch * num_processes * cfg.max_new_tokens)
     agg = {"agg_mode": cfg.loss_agg, "num_tokens": n_tokens, "num_seqs": n_seqs, "constant": constant}
     old_lp = mb.logprobs.to(device)
     pl, pm = ppo_policy_loss(logp, old_lp, mb.advantages.to(device), mask, cfg.clip_eps,
@@ -137,10 +139,11 @@ def train(cfg: GRPOConfig) -> dict:
     G = cfg.group_size
 
     def loss_fn(mb: Rollout, n_tokens: float, n_seqs: float):
-        return micro_batch_loss(run.model, mb, cfg, n_tokens, n_seqs, run.device)
+        return micro_batch_loss(run.model, mb, cfg, n_tokens, n_seqs, run.device, run.world)
 
-    with run.evaluating():
-        for it in range(cfg.iterations):
+    run.resume()  # when resuming: weights, optimiser, data position, RNG, ... from the checkpoint
+    with run.evaluating(), run.stop_signals():
+        for it in range(run.start, cfg.iterations):
             t0 = time.time()
             records = [r for r in run.stream.next(cfg.prompts_per_iteration) for _ in range(G)]  # groups of G rows
             rollout = run.sample(records, it)  # steps 1-2
@@ -153,6 +156,7 @@ def train(cfg: GRPOConfig) -> dict:
                 used = keep_rows(rollout, rows)
                 perm = torch.randperm(len(rows), generator=run.generator)
                 run.score(used, perm)  # step 4
+                metrics["timing/logprobs_s"] = used.timings["timing/logprobs_s"]  # `used` is a copy of `rollout`
                 t1 = time.time()
                 m = run.update(used, loss_fn, cfg.update_epochs, cfg.optimiser_batch, perm)  # step 5
                 t2 = time.time()
@@ -164,6 +168,7 @@ def train(cfg: GRPOConfig) -> dict:
             metrics["params/beta"] = cfg.beta
             adv = rollout.advantages.sum(1) / rollout.response_mask.sum(1).clamp(min=1)
             run.log(it, rollout, metrics, (t0, t1, t2), {"advantage": adv.tolist()})  # step 6
+            run.end_iteration(it)  # checkpoint when due or asked to stop
     if cfg.reward == "arithmetic" and "eval_after" in run.summary:  # exact match: mean reward = accuracy
         b, a = run.summary["eval_before"], run.summary["eval_after"]
         run.tracker.print(f"[eval] held-out accuracy (T={cfg.temperature}): {b['mean']:.1%} before -> "

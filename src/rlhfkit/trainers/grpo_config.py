@@ -9,13 +9,20 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from rlhfkit.runtime.config import check, option
-from rlhfkit.trainers.common import ModelArgs, RunArgs, SamplingArgs
+from rlhfkit.trainers.common import (
+    GenerationArgs,
+    ModelArgs,
+    ReferenceArgs,
+    RunArgs,
+    SamplingArgs,
+    check_optimizer,
+)
 
 ADVANTAGES = ("group", "rloo")
 
 
 @dataclass
-class GRPOConfig(SamplingArgs, ModelArgs, RunArgs):
+class GRPOConfig(GenerationArgs, ReferenceArgs, SamplingArgs, ModelArgs, RunArgs):
     """GRPO: G sampled completions per prompt, group-relative advantages, clipped ratio, no value head."""
 
     # data and reward
@@ -26,7 +33,8 @@ class GRPOConfig(SamplingArgs, ModelArgs, RunArgs):
     solved_threshold: float = option(1.0, "a sample counts as solved when its score is >= this (rollout/solved_fraction)")
     # rollout
     iterations: int = option(30, "iterations (rollout + update)")
-    rollout_batch_size: int = option(64, "completions sampled per iteration = prompts per iteration x group_size")
+    rollout_batch_size: int = option(64, "completions sampled per iteration and process = prompts per iteration x "
+                                     "group_size (N processes: N x this; mini/micro batch sizes are per process)")
     group_size: int = option(8, "G: completions sampled per prompt (the group the baseline is taken over)")
     max_new_tokens: int = option(16, "response length limit")
     generation_batch_size: int = option(64, "prompts per generate() call")
@@ -53,7 +61,8 @@ class GRPOConfig(SamplingArgs, ModelArgs, RunArgs):
     loss_agg: str = option("token-mean", "loss aggregation over a mini-batch (docs/algorithms.md): token-mean = every "
                            "token weighs the same; seq-mean = every sequence (original GRPO); constant = sum / "
                            "loss_agg_constant (Dr. GRPO)", ("token-mean", "seq-mean", "constant"))
-    loss_agg_constant: float | None = option(None, "divisor of loss_agg=constant (None: mini_batch_size x max_new_tokens)")
+    loss_agg_constant: float | None = option(None, "divisor of loss_agg=constant (None: mini_batch_size x max_new_tokens "
+                                             "x processes)")
     beta: float = option(0.0, "coefficient of the k3 KL(pi || pi_ref) term in the loss; 0 loads no reference at all")
     # outputs and checks
     ratio_check_tol: float = option(1e-3, "max |ratio-1| allowed on the first micro-batch of each rollout (it repeats "
@@ -84,7 +93,10 @@ class GRPOConfig(SamplingArgs, ModelArgs, RunArgs):
               f"mini_batch_size ({mini}) must be divisible by micro_batch_size ({self.micro_batch_size})")
         check(self.temperature > 0, f"temperature ({self.temperature}) must be > 0 for sampled rollouts")
         check(0 < self.top_p <= 1, f"top_p ({self.top_p}) must be in (0, 1]")
-        check(self.lr > 0, f"lr ({self.lr}) must be > 0")
+        check_optimizer(self)
+        check(self.log_samples >= 0, f"log_samples ({self.log_samples}) must be >= 0")
+        check(self.ratio_check_tol > 0, f"ratio_check_tol ({self.ratio_check_tol}) must be > 0")
+        check(self.score_clip is None or self.score_clip > 0, f"score_clip ({self.score_clip}) must be > 0 or None")
         check(self.clip_eps > 0, f"clip_eps ({self.clip_eps}) must be > 0")
         check(self.clip_eps_high is None or self.clip_eps_high > 0, f"clip_eps_high ({self.clip_eps_high}) must be > 0")
         check(self.beta >= 0, f"beta ({self.beta}) must be >= 0")

@@ -31,6 +31,7 @@ from rlhfkit.algos import (
 )
 from rlhfkit.rollout import Rollout, forward_logprobs
 from rlhfkit.runtime.config import config_main
+from rlhfkit.runtime.distributed import global_mean_var
 from rlhfkit.trainers.common import autocast
 from rlhfkit.trainers.policy_update import (  # noqa: F401  (collect_rollout, rollout_metrics: re-exported)
     RatioCheckError,
@@ -45,8 +46,9 @@ from rlhfkit.trainers.setup import build_actor_critic
 # ----------------------------------------------------------------------------- advantages
 
 
-def compute_advantages(rollout: Rollout, cfg: PPOConfig, kl_coef: float) -> dict[str, float]:
-    """Steps 4-5: shaped rewards, GAE, returns before whitening (pitfall 7)."""
+def compute_advantages(rollout: Rollout, cfg: PPOConfig, kl_coef: float, accelerator=None) -> dict[str, float]:
+    """Steps 4-5: shaped rewards, GAE, returns before whitening (pitfall 7). With an accelerator of
+    several processes the advantages are whitened with the statistics of the global rollout."""
     mask = rollout.response_mask
     ref = rollout.ref_logprobs if rollout.ref_logprobs is not None else rollout.logprobs
     beta = kl_coef if cfg.kl_penalty == "reward" else 0.0
@@ -55,7 +57,11 @@ def compute_advantages(rollout: Rollout, cfg: PPOConfig, kl_coef: float) -> dict
         stopped=rollout.stopped, no_stop_penalty=cfg.no_stop_penalty, score_clip=cfg.score_clip,
     )
     adv, rollout.returns = gae(rollout.rewards, rollout.values, mask, cfg.gamma, cfg.lam)
-    rollout.advantages = masked_whiten(adv, mask) if cfg.whiten_advantages else adv
+    if cfg.whiten_advantages:
+        mean, var = global_mean_var(accelerator, adv, mask) if accelerator is not None else (None, None)
+        rollout.advantages = masked_whiten(adv, mask, mean=mean, var=var)
+    else:
+        rollout.advantages = adv
     kl_seq = ((rollout.logprobs - ref) * mask).sum(1)  # k1 per sequence, the logged rollout KL
     return {
         "rollout/kl": kl_seq.mean().item(),
@@ -69,12 +75,14 @@ def compute_advantages(rollout: Rollout, cfg: PPOConfig, kl_coef: float) -> dict
 # ----------------------------------------------------------------------------- update
 
 
-def micro_batch_loss(actor, mb: Rollout, cfg: PPOConfig, kl_coef: float, n_tokens: int, device):
-    """Loss of one micro-batch, normalised by the mini-batch token count (pitfall 11)."""
+def micro_batch_loss(actor, mb: Rollout, cfg: PPOConfig, kl_coef: float, n_tokens: int, device,
+                     n_seqs: float | None = None):
+    """Loss of one micro-batch, normalised by the mini-batch token (or sequence) count of all
+    processes (pitfall 11)."""
     mask = mb.response_mask.to(device)
     with autocast(cfg.dtype, device):
         logp, values, ent = forward_logprobs(actor, mb, cfg.temperature, with_values=True, with_entropy=True)
-    agg = {"agg_mode": cfg.loss_agg, "num_tokens": n_tokens, "num_seqs": cfg.mini_batch_size}
+    agg = {"agg_mode": cfg.loss_agg, "num_tokens": n_tokens, "num_seqs": n_seqs or cfg.mini_batch_size}
     old_lp = mb.logprobs.to(device)
     pl, pm = ppo_policy_loss(logp, old_lp, mb.advantages.to(device), mask, cfg.clip_eps, **agg)
     vl, vm = ppo_value_loss(values, mb.values.to(device), mb.returns.to(device), mask, cfg.value_clip_eps, **agg)
@@ -92,7 +100,7 @@ def ppo_update(run, rollout: Rollout, cfg: PPOConfig, kl_coef: float, first_perm
     """Step 6: ppo_epochs x shuffled mini-batches x micro-batches (trainers/policy_update.py)."""
 
     def loss_fn(mb: Rollout, n_tokens: float, n_seqs: float):
-        return micro_batch_loss(run.model, mb, cfg, kl_coef, n_tokens, run.device)
+        return micro_batch_loss(run.model, mb, cfg, kl_coef, n_tokens, run.device, n_seqs)
 
     m = run.update(rollout, loss_fn, cfg.ppo_epochs, cfg.mini_batch_size, first_perm)
     return {**policy_update_metrics(m), "loss/value": m["loss/value"], "loss/entropy": m["loss/entropy"],
@@ -107,20 +115,22 @@ def train(cfg: PPOConfig) -> dict:
     run = start_run(cfg, "ppo", build_actor_critic)
     kl_ctl = (AdaptiveKLController(cfg.kl_coef, cfg.kl_target, cfg.kl_horizon) if cfg.adaptive_kl
               else FixedKLController(cfg.kl_coef))
-    with run.evaluating():
-        for it in range(cfg.iterations):
+    run.resume(kl_ctl=kl_ctl)  # when resuming: weights, optimiser, data position, RNG, ... from the checkpoint
+    with run.evaluating(), run.stop_signals():
+        for it in range(run.start, cfg.iterations):
             t0 = time.time()
             records = run.stream.next(cfg.rollout_batch_size)
             perm = torch.randperm(cfg.rollout_batch_size, generator=run.generator)
             rollout = run.rollout(records, it, perm)  # steps 1-3
-            metrics = compute_advantages(rollout, cfg, kl_ctl.value)  # steps 4-5
+            metrics = compute_advantages(rollout, cfg, kl_ctl.value, run.accelerator)  # steps 4-5
             t1 = time.time()
             metrics.update(ppo_update(run, rollout, cfg, kl_ctl.value, perm))  # step 6
             t2 = time.time()
             metrics.update(rollout_metrics(rollout))
             metrics["params/kl_coef"] = kl_ctl.value
-            kl_ctl.update(metrics["rollout/kl"], cfg.rollout_batch_size)
+            kl_ctl.update(run.mean_over_processes(metrics)["rollout/kl"], cfg.rollout_batch_size * run.world)
             run.log(it, rollout, metrics, (t0, t1, t2))  # step 7
+            run.end_iteration(it)  # checkpoint when due or asked to stop
     return run.finish()
 
 

@@ -5,11 +5,18 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from rlhfkit.runtime.config import check, option
-from rlhfkit.trainers.common import ModelArgs, RunArgs, SamplingArgs
+from rlhfkit.trainers.common import (
+    GenerationArgs,
+    ModelArgs,
+    ReferenceArgs,
+    RunArgs,
+    SamplingArgs,
+    check_optimizer,
+)
 
 
 @dataclass
-class PPOConfig(SamplingArgs, ModelArgs, RunArgs):
+class PPOConfig(GenerationArgs, ReferenceArgs, SamplingArgs, ModelArgs, RunArgs):
     """PPO with GAE and a value head on the shared base (actor-critic), KL penalty against a frozen reference."""
 
     # The CPU demo adapts the top 12 of SmolLM2's 30 layers: backward stops there (update 18 s -> 14 s
@@ -23,7 +30,8 @@ class PPOConfig(SamplingArgs, ModelArgs, RunArgs):
     reward: str = option("sentiment", "sentiment | arithmetic | length[:N] | model:PATH | python:module:function")
     # rollout
     iterations: int = option(15, "PPO iterations (rollout + update)")
-    rollout_batch_size: int = option(16, "prompts sampled per iteration")
+    rollout_batch_size: int = option(16, "prompts sampled per iteration, per process (N processes sample N x this "
+                                     "different prompts; mini/micro batch sizes are per process too)")
     max_new_tokens: int = option(48, "response length limit")
     generation_batch_size: int = option(16, "prompts per generate() call")
     # update
@@ -62,7 +70,8 @@ class PPOConfig(SamplingArgs, ModelArgs, RunArgs):
 
     def validate(self) -> None:
         check(self.iterations >= 1, f"iterations ({self.iterations}) must be >= 1")
-        for k in ("rollout_batch_size", "mini_batch_size", "micro_batch_size", "ppo_epochs", "max_new_tokens"):
+        for k in ("rollout_batch_size", "mini_batch_size", "micro_batch_size", "ppo_epochs", "max_new_tokens",
+                  "generation_batch_size", "kl_horizon"):
             check(getattr(self, k) >= 1, f"{k} ({getattr(self, k)}) must be >= 1")
         check(self.rollout_batch_size % self.mini_batch_size == 0,
               f"rollout_batch_size ({self.rollout_batch_size}) must be divisible by mini_batch_size ({self.mini_batch_size})")
@@ -70,8 +79,14 @@ class PPOConfig(SamplingArgs, ModelArgs, RunArgs):
               f"mini_batch_size ({self.mini_batch_size}) must be divisible by micro_batch_size ({self.micro_batch_size})")
         check(self.temperature > 0, f"temperature ({self.temperature}) must be > 0 for PPO rollouts")
         check(0 < self.top_p <= 1, f"top_p ({self.top_p}) must be in (0, 1]")
-        check(self.lr > 0, f"lr ({self.lr}) must be > 0")
-        check(0 <= self.gamma <= 1 and 0 <= self.lam <= 1, "gamma and lam must be in [0, 1]")
+        check_optimizer(self)
+        check(0 <= self.gamma <= 1, f"gamma ({self.gamma}) must be in [0, 1]")
+        check(0 <= self.lam <= 1, f"lam ({self.lam}) must be in [0, 1]")
         check(self.clip_eps > 0, f"clip_eps ({self.clip_eps}) must be > 0")
-        check(self.kl_coef >= 0, f"kl_coef ({self.kl_coef}) must be >= 0")
+        for k in ("value_clip_eps", "score_clip"):
+            check(getattr(self, k) is None or getattr(self, k) > 0, f"{k} ({getattr(self, k)}) must be > 0 or None")
+        for k in ("kl_coef", "vf_coef", "log_samples"):
+            check(getattr(self, k) >= 0, f"{k} ({getattr(self, k)}) must be >= 0")
+        check(self.kl_target > 0, f"kl_target ({self.kl_target}) must be > 0")
+        check(self.ratio_check_tol > 0, f"ratio_check_tol ({self.ratio_check_tol}) must be > 0")
         check(self.num_eval_prompts >= 0, f"num_eval_prompts ({self.num_eval_prompts}) must be >= 0")

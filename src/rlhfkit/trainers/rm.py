@@ -20,10 +20,18 @@ from dataclasses import dataclass
 import torch
 
 from rlhfkit.algos import bradley_terry_loss
+from rlhfkit.runtime.checkpoint import Checkpointer, open_run_dir
 from rlhfkit.runtime.config import check, config_main, option, save_config
+from rlhfkit.runtime.distributed import (
+    accumulate_backward,
+    agree_on_run_name,
+    configure_deepspeed,
+    full_state_dict,
+)
+from rlhfkit.runtime.faults import NonFiniteGuard, guarded_step
 from rlhfkit.runtime.seeding import seed_everything
-from rlhfkit.runtime.tracker import Tracker, make_run_dir
-from rlhfkit.trainers.common import ModelArgs, PromptStream, RunArgs, autocast, mean_std
+from rlhfkit.runtime.tracker import Tracker
+from rlhfkit.trainers.common import ModelArgs, PromptStream, RunArgs, autocast, check_optimizer, mean_std
 
 
 @dataclass
@@ -66,8 +74,8 @@ class RMConfig(ModelArgs, RunArgs):
         check(self.batch_size % self.micro_batch_size == 0,
               f"batch_size ({self.batch_size}) must be divisible by micro_batch_size ({self.micro_batch_size})")
         check(self.max_steps >= 0, f"max_steps ({self.max_steps}) must be >= 0")
-        check(self.lr > 0, f"lr ({self.lr}) must be > 0")
-        check(self.lora_layers is None or self.lora_layers >= 1, f"lora_layers ({self.lora_layers}) must be >= 1")
+        check_optimizer(self)
+        check(self.head_lr is None or self.head_lr > 0, f"head_lr ({self.head_lr}) must be > 0")
         check(self.center_coef >= 0, f"center_coef ({self.center_coef}) must be >= 0")
         check(0 <= self.eval_fraction < 1, f"eval_fraction ({self.eval_fraction}) must be in [0, 1)")
 
@@ -94,13 +102,20 @@ def build_reward_model(cfg: RMConfig):
                                      cfg.lora_layers)
     else:
         backbone.requires_grad_(True)
+    if cfg.gradient_checkpointing:
+        from rlhfkit.models.loading import set_gradient_checkpointing
+
+        set_gradient_checkpointing(backbone)
     torch.manual_seed(cfg.seed)
     head = ScoreHead(backbone.config.hidden_size)
     model = RewardModel(backbone, head, causal=causal, pooling=resolve_pooling(cfg.pooling, causal))
     padding_side = "left" if causal else "right"  # encoders have absolute positions and no position_ids here
     tok = load_tokenizer(cfg.model, padding_side=padding_side)
     base = cfg.model if cfg.model == DEFAULT_MODEL else str(resolve_model_path(cfg.model).resolve())
-    info = {"base_model": base, "dtype": cfg.dtype, "chat_template": cfg.chat_template,
+    from rlhfkit.data.chat import use_chat_template
+
+    # The resolved choice (an error here when chat_template=true and the tokenizer has none).
+    info = {"base_model": base, "dtype": cfg.dtype, "chat_template": use_chat_template(tok, cfg.chat_template),
             "system_prompt": cfg.system_prompt, "max_length": cfg.max_length, "add_special_tokens": not causal,
             "padding_side": padding_side, "normalize": cfg.normalize}
     return model, tok, info
@@ -155,24 +170,25 @@ def evaluate_pairs(model, tok, pairs: list[dict], info: dict, cfg: RMConfig, dev
 
 
 def rm_step(model, optimizer, scheduler, accelerator, tok, batch: list[dict], info: dict, cfg: RMConfig,
-            share: float) -> dict:
-    """Steps 2-4 on this process's pairs; `share` = len(batch) / global batch size."""
+            share: float, *, guard=None, where: str = "") -> dict:
+    """Steps 2-4 on this process's pairs; `share` = len(batch) / global batch size. A non-finite loss
+    or gradient norm skips the optimiser step (rlhfkit.runtime.faults.guarded_step)."""
     sums = {"loss/rm": 0.0, "rm/accuracy": 0.0, "rm/margin": 0.0, "rm/chosen_mean": 0.0, "rm/rejected_mean": 0.0}
     for m0 in range(0, len(batch), cfg.micro_batch_size):
         mb = batch[m0 : m0 + cfg.micro_batch_size]
         loss, m = pair_loss(model, tok, mb, info, cfg, accelerator.device)
         w = len(mb) / len(batch)  # pair mean over the whole mini-batch, whatever the split
-        accelerator.backward(loss * w)
+        accumulate_backward(accelerator, model, loss * len(mb) / cfg.batch_size,  # / all processes' pairs
+                            sync=m0 + cfg.micro_batch_size >= len(batch))
         sums["loss/rm"] += loss.item() * w
         for k in ("accuracy", "margin", "chosen_mean", "rejected_mean"):
             sums[f"rm/{k}"] += m[k] * w
-    grad_norm = accelerator.clip_grad_norm_(model.parameters(), cfg.max_grad_norm)
-    optimizer.step()
-    scheduler.step()
-    optimizer.zero_grad(set_to_none=True)
+    grad_norm, skipped = guarded_step(model.parameters(), optimizer, scheduler, accelerator, cfg.max_grad_norm,
+                                      loss=sums["loss/rm"], guard=guard, where=where)
     out = {k: accelerator.reduce(torch.tensor(v * share, device=accelerator.device), "sum").item()
            for k, v in sums.items()}
-    out.update({"params/grad_norm": float(grad_norm), "params/lr": scheduler.get_last_lr()[0]})
+    out.update({"params/grad_norm": grad_norm, "params/lr": scheduler.get_last_lr()[0],
+                "params/skipped_steps": float(skipped)})
     return out
 
 
@@ -199,39 +215,52 @@ def train(cfg: RMConfig) -> dict:
     accelerator = Accelerator(cpu=not torch.cuda.is_available())
     seed_everything(cfg.seed)
     cfg.dtype = resolve_dtype(cfg.dtype)  # 'auto' -> bf16 where bf16 matmuls are fast, else fp32
-    run_dir = make_run_dir(cfg.output_dir, cfg.run_name, "rm")
-    if accelerator.is_main_process:
-        save_config(cfg, run_dir / "config.yaml")
+    # Data and model are checked before the run folder exists: bad input leaves nothing behind.
     train_pairs, eval_pairs = train_eval_split(load_preferences, cfg.data, cfg.eval_data, cfg.eval_fraction, cfg.seed)
     eval_pairs = subset(eval_pairs, cfg.max_eval_pairs, cfg.seed + 1)
     model, tok, info = build_reward_model(cfg)
     W, rank = accelerator.num_processes, accelerator.process_index
     check(cfg.batch_size % W == 0, f"batch_size ({cfg.batch_size}) must be divisible by the {W} processes")
     steps = cfg.max_steps or cfg.epochs * -(-len(train_pairs) // cfg.batch_size)
+    agree_on_run_name(accelerator, cfg, "rm")
+    run_dir, resume_from = open_run_dir(cfg, "rm")
+    if accelerator.is_main_process:
+        save_config(cfg, run_dir / "config.yaml")
     tracker = Tracker(run_dir, steps, cfg.quiet, accelerator.is_main_process, cfg.tensorboard, cfg.wandb)
     optimizer, scheduler = make_rm_optimizer(model, cfg)
+    configure_deepspeed(accelerator, cfg.micro_batch_size, cfg.max_grad_norm)
     model, optimizer, scheduler = accelerator.prepare(model, optimizer, scheduler)
     core = accelerator.unwrap_model(model)
     device = accelerator.device
     stream = PromptStream(train_pairs, cfg.seed)
     summary: dict = {"run_dir": str(run_dir), "train_pairs": len(train_pairs), "eval_pairs": len(eval_pairs),
                      "steps": steps}
+    guard = NonFiniteGuard.for_config(cfg, tracker.print)
+    ckpt = Checkpointer(cfg, run_dir, "rm", accelerator, tracker, model=core, optimizer=optimizer,
+                        scheduler=scheduler, objects={"stream": stream, "summary": summary}, guard=guard,
+                        unit="step", total=steps)
+    ckpt.resume(resume_from)  # when resuming: weights, optimiser, data position, RNG, before-eval
     if eval_pairs:
-        summary["eval_before"] = evaluate_pairs(core, tok, eval_pairs, info, cfg, device)
+        if "eval_before" not in summary:
+            summary["eval_before"] = evaluate_pairs(core, tok, eval_pairs, info, cfg, device)
         tracker.print(f"[eval] before: accuracy {summary['eval_before']['accuracy']:.3f}, "
                       f"loss {summary['eval_before']['loss']:.4f} ({len(eval_pairs)} pairs)")
     model.train()
-    for step in range(steps):
-        t0 = time.time()
-        batch = stream.next(cfg.batch_size)[rank::W]  # 1.
-        metrics = rm_step(model, optimizer, scheduler, accelerator, tok, batch, info, cfg, len(batch) / cfg.batch_size)
-        metrics["timing/step_s"] = time.time() - t0
-        if eval_pairs and ((cfg.eval_every and (step + 1) % cfg.eval_every == 0) or step == steps - 1):
-            ev = evaluate_pairs(core, tok, eval_pairs, info, cfg, device)  # 5.
-            metrics.update({"eval/rm_loss": ev["loss"], "eval/rm_accuracy": ev["accuracy"],
-                            "eval/rm_margin": ev["margin"]})
-            summary["eval_after"] = ev
-        tracker.log(step, metrics)  # 6.
+    with ckpt.signals:
+        for step in range(ckpt.start, steps):
+            t0 = time.time()
+            batch = stream.next(cfg.batch_size)[rank::W]  # 1.
+            metrics = rm_step(model, optimizer, scheduler, accelerator, tok, batch, info, cfg,
+                              len(batch) / cfg.batch_size, guard=guard, where=f"step {step}")
+            metrics["timing/step_s"] = time.time() - t0
+            if eval_pairs and ((cfg.eval_every and (step + 1) % cfg.eval_every == 0) or step == steps - 1):
+                ev = evaluate_pairs(core, tok, eval_pairs, info, cfg, device)  # 5.
+                metrics.update({"eval/rm_loss": ev["loss"], "eval/rm_accuracy": ev["accuracy"],
+                                "eval/rm_margin": ev["margin"]})
+                summary["eval_after"] = ev
+            tracker.log(step, metrics)  # 6.
+            ckpt.end_step(step)  # checkpoint when due or asked to stop
+    ckpt.finish(steps)
     if "eval_after" in summary:
         tracker.print(f"[eval] after:  accuracy {summary['eval_after']['accuracy']:.3f}, "
                       f"loss {summary['eval_after']['loss']:.4f}")
@@ -243,8 +272,9 @@ def train(cfg: RMConfig) -> dict:
     mean, std = mean_std(raw)
     info.update({"score_mean": mean, "score_std": std, "stats_responses": len(raw)})
     summary["score_stats"] = {"mean": mean, "std": std, "n": len(raw)}
+    state = full_state_dict(accelerator, model)  # FSDP / ZeRO-3: gathered on every process
     if accelerator.is_main_process:
-        save_reward_model(core, tok, run_dir / "final", info, merge=cfg.save_merged)
+        save_reward_model(core, tok, run_dir / "final", info, merge=cfg.save_merged, state_dict=state)
         summary["final"] = str(run_dir / "final")
         tracker.write_json("summary.json", summary)
     tracker.close()

@@ -29,11 +29,25 @@ def prepare_data(cfg) -> tuple:
     return reward_fn, train, held_out
 
 
+def prompt_limit(cfg, tok, model, *record_sets) -> int | None:
+    """The token limit of rollout prompts (SamplingArgs.max_prompt_length, else the context window
+    minus max_new_tokens); longer prompts get one warning or, with prompt_overflow=error, a DataError."""
+    from rlhfkit.rollout.prompt_fit import enforce_prompt_limit, prompt_token_limit
+    from rlhfkit.trainers.common import format_prompts
+
+    limit, how = prompt_token_limit(model, cfg.max_new_tokens, cfg.max_prompt_length)
+    groups = [(format_prompts(tok, [r["prompt"] for r in records], cfg), getattr(records, "where", None))
+              for records in record_sets]
+    enforce_prompt_limit(tok, groups, limit, cfg.prompt_overflow, how)
+    return limit
+
+
 def build_actor_critic(cfg):
     """(ActorCritic, Reference | None, tokenizer)."""
     import torch
 
     from rlhfkit.models import load_causal_lm
+    from rlhfkit.models.loading import set_gradient_checkpointing
     from rlhfkit.models.policy import ActorCritic, Reference, ValueHead
     from rlhfkit.trainers.common import build_policy
 
@@ -43,10 +57,13 @@ def build_actor_critic(cfg):
     if cfg.critic_model:
         critic = load_causal_lm(cfg.critic_model, dtype="fp32", trainable=True)
         hidden = critic.config.hidden_size
+        if cfg.gradient_checkpointing:
+            set_gradient_checkpointing(critic)
     actor = ActorCritic(policy, ValueHead(hidden), critic)
     needs_ref = cfg.kl_coef > 0
     ref_dtype = torch.bfloat16 if cfg.dtype == "bf16" else None
-    reference = Reference(actor, use_adapter_off=cfg.lora, dtype=ref_dtype) if needs_ref else None
+    reference = (Reference(actor, use_adapter_off=cfg.lora, dtype=ref_dtype, offload=cfg.offload_reference)
+                 if needs_ref else None)
     return actor, reference, tok
 
 
@@ -65,16 +82,24 @@ def evaluate_reward(model, tok, records, reward_fn, cfg, params: SamplingParams,
 
 
 @contextlib.contextmanager
-def eval_before_after(actor, tok, records, reward_fn, cfg, params, tracker, summary: dict, device):
-    """Score sampled completions on held-out prompts before and after the wrapped training."""
+def eval_before_after(actor, tok, records, reward_fn, cfg, params, tracker, summary: dict, device,
+                      generation_context=contextlib.nullcontext):
+    """Score sampled completions on held-out prompts before and after the wrapped training. A resumed
+    run finds the before-training result in `summary` (restored from the checkpoint) and reuses it.
+    `generation_context()` wraps each evaluation's sampling (full weights under DeepSpeed ZeRO-3)."""
     if not records:
         yield
         return
     seed = cfg.seed + 424242  # same seed before and after: the comparison sees the same sampling noise
-    before = evaluate_reward(actor.policy, tok, records, reward_fn, cfg, params, seed)
+    before = summary.get("eval_before")
+    if before is None:
+        with generation_context():
+            before = evaluate_reward(actor.policy, tok, records, reward_fn, cfg, params, seed)
+        summary["eval_before"] = before
     tracker.print(f"[eval] before training: mean reward {before['mean']:.3f} (sd {before['std']:.3f}, n={before['n']})")
     yield
-    after = evaluate_reward(actor.policy, tok, records, reward_fn, cfg, params, seed)
+    with generation_context():
+        after = evaluate_reward(actor.policy, tok, records, reward_fn, cfg, params, seed)
     tracker.print(f"[eval] after training:  mean reward {after['mean']:.3f} (sd {after['std']:.3f}, n={after['n']})")
     tracker.print(f"[eval] change: {after['mean'] - before['mean']:+.3f} on {after['n']} held-out prompts "
                   f"(reward={cfg.reward}, T={cfg.temperature})")

@@ -27,10 +27,25 @@ from torch import nn
 from rlhfkit.algos import aggregate_loss, logprobs_from_logits
 from rlhfkit.data.chat import IGNORE_INDEX, tokenize_sft_example
 from rlhfkit.errors import DataError, UserError
+from rlhfkit.runtime.checkpoint import Checkpointer, open_run_dir
 from rlhfkit.runtime.config import check, config_main, option, save_config
+from rlhfkit.runtime.distributed import (
+    accumulate_backward,
+    agree_on_run_name,
+    configure_deepspeed,
+    full_state_dict,
+)
+from rlhfkit.runtime.faults import NonFiniteGuard, guarded_step
 from rlhfkit.runtime.seeding import seed_everything
-from rlhfkit.runtime.tracker import Tracker, make_run_dir
-from rlhfkit.trainers.common import ModelArgs, PromptStream, RunArgs, autocast, make_optimizer
+from rlhfkit.runtime.tracker import Tracker
+from rlhfkit.trainers.common import (
+    ModelArgs,
+    PromptStream,
+    RunArgs,
+    autocast,
+    check_optimizer,
+    make_optimizer,
+)
 
 
 @dataclass
@@ -64,9 +79,10 @@ class SFTConfig(ModelArgs, RunArgs):
         check(self.batch_size % self.micro_batch_size == 0,
               f"batch_size ({self.batch_size}) must be divisible by micro_batch_size ({self.micro_batch_size})")
         check(self.max_steps >= 0, f"max_steps ({self.max_steps}) must be >= 0")
-        check(self.lr > 0, f"lr ({self.lr}) must be > 0")
+        check_optimizer(self)
         check(0 <= self.eval_fraction < 1, f"eval_fraction ({self.eval_fraction}) must be in [0, 1)")
-        check(0 <= self.lora_dropout < 1, f"lora_dropout ({self.lora_dropout}) must be in [0, 1)")
+        check(self.max_train_examples is None or self.max_train_examples >= 1,
+              f"max_train_examples ({self.max_train_examples}) must be >= 1")
         check(self.eval_every >= 0, f"eval_every ({self.eval_every}) must be >= 0")
 
 
@@ -204,8 +220,10 @@ def eval_stats(module, examples, pad_id, cfg, device) -> dict:
 # ----------------------------------------------------------------------------- loop
 
 
-def sft_step(module, optimizer, scheduler, accelerator, batch: list[dict], pad_id: int, cfg: SFTConfig) -> dict:
-    """Steps 2-5 for one mini-batch (this process's share); returns loss and grad norm."""
+def sft_step(module, optimizer, scheduler, accelerator, batch: list[dict], pad_id: int, cfg: SFTConfig, *,
+             guard=None, where: str = "") -> dict:
+    """Steps 2-5 for one mini-batch (this process's share); returns loss and grad norm. A non-finite
+    loss or gradient norm skips the optimiser step (rlhfkit.runtime.faults.guarded_step)."""
     device = accelerator.device
     n_tok = accelerator.reduce(torch.tensor(sum(sum(x != IGNORE_INDEX for x in e["labels"][1:]) for e in batch),
                                             device=device, dtype=torch.float32), "sum").item()
@@ -214,17 +232,14 @@ def sft_step(module, optimizer, scheduler, accelerator, batch: list[dict], pad_i
         b = {k: v.to(device) for k, v in collate(batch[m0 : m0 + cfg.micro_batch_size], pad_id).items()}
         with autocast(cfg.dtype, device):
             nll, mask = module(**b)
-        loss = aggregate_loss(nll, mask, num_tokens=max(n_tok, 1.0))
-        # DDP averages gradients over processes; undo it so the global token mean holds.
-        accelerator.backward(loss * accelerator.num_processes)
+        loss = aggregate_loss(nll, mask, num_tokens=max(n_tok, 1.0))  # / all processes' tokens
+        accumulate_backward(accelerator, module, loss, sync=m0 + cfg.micro_batch_size >= len(batch))
         loss_sum += loss.item()
-    grad_norm = accelerator.clip_grad_norm_(module.parameters(), cfg.max_grad_norm)
-    optimizer.step()
-    scheduler.step()
-    optimizer.zero_grad(set_to_none=True)
+    grad_norm, skipped = guarded_step(module.parameters(), optimizer, scheduler, accelerator, cfg.max_grad_norm,
+                                      loss=loss_sum, guard=guard, where=where)
     loss_all = accelerator.reduce(torch.tensor(loss_sum, device=device), "sum").item()
-    return {"loss/sft": loss_all, "params/grad_norm": float(grad_norm), "params/lr": scheduler.get_last_lr()[0],
-            "tokens": n_tok}
+    return {"loss/sft": loss_all, "params/grad_norm": grad_norm, "params/lr": scheduler.get_last_lr()[0],
+            "params/skipped_steps": float(skipped), "tokens": n_tok}
 
 
 def train(cfg: SFTConfig) -> dict:
@@ -236,9 +251,7 @@ def train(cfg: SFTConfig) -> dict:
 
     accelerator = Accelerator(cpu=not torch.cuda.is_available())
     seed_everything(cfg.seed)
-    run_dir = make_run_dir(cfg.output_dir, cfg.run_name, "sft")
-    if accelerator.is_main_process:
-        save_config(cfg, run_dir / "config.yaml")
+    # Data and model are checked before the run folder exists: bad input leaves nothing behind.
     train_rows, eval_rows = train_eval_split(load_sft_examples, cfg.data, cfg.eval_data, cfg.eval_fraction, cfg.seed)
     train_rows = subset(train_rows, cfg.max_train_examples, cfg.seed)
     eval_rows = subset(eval_rows, cfg.max_eval_examples, cfg.seed + 1)
@@ -251,48 +264,66 @@ def train(cfg: SFTConfig) -> dict:
     W, rank = accelerator.num_processes, accelerator.process_index
     check(cfg.batch_size % W == 0, f"batch_size ({cfg.batch_size}) must be divisible by the {W} processes")
     steps = cfg.max_steps or cfg.epochs * math.ceil(len(train_ex) / cfg.batch_size)
+    agree_on_run_name(accelerator, cfg, "sft")
+    run_dir, resume_from = open_run_dir(cfg, "sft")
+    if accelerator.is_main_process:
+        save_config(cfg, run_dir / "config.yaml")
     tracker = Tracker(run_dir, steps, cfg.quiet, accelerator.is_main_process, cfg.tensorboard, cfg.wandb)
     if dropped:
         tracker.print(f"[sft] dropped {dropped} examples whose response did not fit in max_length={cfg.max_length}")
     module = ResponseNLL(model)
     optimizer, scheduler = make_optimizer(model.parameters(), cfg.lr, cfg.warmup_steps, cfg.weight_decay, cfg.adam_eps)
+    configure_deepspeed(accelerator, cfg.micro_batch_size, cfg.max_grad_norm)
     module, optimizer, scheduler = accelerator.prepare(module, optimizer, scheduler)
     core = accelerator.unwrap_model(module)
     stream = PromptStream(train_ex, cfg.seed)
     summary: dict = {"run_dir": str(run_dir), "train_examples": len(train_ex), "eval_examples": len(eval_ex),
                      "steps": steps}
+    guard = NonFiniteGuard.for_config(cfg, tracker.print)
+    ckpt = Checkpointer(cfg, run_dir, "sft", accelerator, tracker, model=core, optimizer=optimizer,
+                        scheduler=scheduler, objects={"stream": stream, "summary": summary}, guard=guard,
+                        unit="step", total=steps)
+    ckpt.resume(resume_from)  # when resuming: weights, optimiser, data position, RNG, before-eval
     if eval_ex:
-        summary["eval_before"] = eval_stats(core, eval_ex, pad_id, cfg, accelerator.device)
+        if "eval_before" not in summary:
+            summary["eval_before"] = eval_stats(core, eval_ex, pad_id, cfg, accelerator.device)
         tracker.print(f"[eval] before: loss {summary['eval_before']['loss']:.4f}, "
                       f"perplexity {summary['eval_before']['perplexity']:.2f} ({len(eval_ex)} examples)")
     module.train()
-    for step in range(steps):
-        t0 = time.time()
-        batch = stream.next(cfg.batch_size)[rank::W]  # 1. this process's share
-        metrics = sft_step(module, optimizer, scheduler, accelerator, batch, pad_id, cfg)  # 2-5.
-        metrics["timing/step_s"] = time.time() - t0
-        if eval_ex and ((cfg.eval_every and (step + 1) % cfg.eval_every == 0) or step == steps - 1):
-            ev = eval_stats(core, eval_ex, pad_id, cfg, accelerator.device)  # 6.
-            metrics.update({"eval/loss": ev["loss"], "eval/perplexity": ev["perplexity"]})
-            summary["eval_after"] = ev
-        tracker.log(step, metrics)  # 7.
+    with ckpt.signals:
+        for step in range(ckpt.start, steps):
+            t0 = time.time()
+            batch = stream.next(cfg.batch_size)[rank::W]  # 1. this process's share
+            metrics = sft_step(module, optimizer, scheduler, accelerator, batch, pad_id, cfg, guard=guard,
+                               where=f"step {step}")  # 2-5.
+            metrics["timing/step_s"] = time.time() - t0
+            if eval_ex and ((cfg.eval_every and (step + 1) % cfg.eval_every == 0) or step == steps - 1):
+                ev = eval_stats(core, eval_ex, pad_id, cfg, accelerator.device)  # 6.
+                metrics.update({"eval/loss": ev["loss"], "eval/perplexity": ev["perplexity"]})
+                summary["eval_after"] = ev
+            tracker.log(step, metrics)  # 7.
+            ckpt.end_step(step)  # checkpoint when due or asked to stop
+    ckpt.finish(steps)
     if "eval_after" in summary:
         tracker.print(f"[eval] after:  loss {summary['eval_after']['loss']:.4f}, "
                       f"perplexity {summary['eval_after']['perplexity']:.2f}")
+    state = full_state_dict(accelerator, module)  # FSDP / ZeRO-3: gathered on every process
     if accelerator.is_main_process:
-        summary.update(save_sft(core.model, tok, run_dir / "final", cfg.save_merged and cfg.lora))
+        state = None if state is None else {k[len("model."):]: v for k, v in state.items() if k.startswith("model.")}
+        summary.update(save_sft(core.model, tok, run_dir / "final", cfg.save_merged and cfg.lora, state))
         tracker.write_json("summary.json", summary)
     tracker.close()
     return summary
 
 
-def save_sft(model, tok, out, merged: bool) -> dict:
-    """RUN/final: the adapter (LoRA) or full weights + tokenizer; final/merged on request."""
+def save_sft(model, tok, out, merged: bool, state_dict: dict | None = None) -> dict:
+    """RUN/final: the adapter (LoRA) or full weights + tokenizer; final/merged on request.
+    `state_dict`: the full weights when the live ones are sharded (FSDP/ZeRO-3; no merged copy then)."""
     out.mkdir(parents=True, exist_ok=True)
-    model.save_pretrained(out)
+    model.save_pretrained(out, state_dict=state_dict)
     tok.save_pretrained(out)
     paths = {"final": str(out)}
-    if merged:
+    if merged and state_dict is None:
         full = copy.deepcopy(model).merge_and_unload()
         full.save_pretrained(out / "merged")
         tok.save_pretrained(out / "merged")

@@ -1,0 +1,181 @@
+"""Generation backends for rollouts: HF `generate` (default, runs everywhere) or vLLM (GPU only).
+
+Either backend returns only the sampled TOKENS as a Rollout. Log-probs, values and reference
+log-probs always come from the trainer's own teacher-forced pass (`score_rollout`), so the first
+update micro-batch still repeats that pass exactly and PPO's ratio check still holds. With vLLM the
+tokens come from vLLM's kernels, whose numerics differ slightly from the trainer's: that small
+sampler/trainer mismatch is not corrected (no importance-sampling correction).
+
+vLLM is an optional extra (`pip install 'rlhfkit[vllm]'`, in its own GPU environment), imported
+only when `generation_backend=vllm` is asked for. Without it, or without a CUDA GPU, the run falls
+back to HF generate and says so. The vLLM path has NOT been run on a GPU by the project yet: it is
+tested only against a fake engine (tests/scale/test_generation_backends.py).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib.util
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import torch
+
+from rlhfkit.rollout.core import Rollout, SamplingParams, generate, rollout_from_tokens
+
+BACKENDS = ("hf", "vllm")
+
+
+def vllm_unavailable_reason() -> str | None:
+    """Why vLLM cannot be used here, or None when it can."""
+    if importlib.util.find_spec("vllm") is None:
+        return "vllm is not installed (pip install 'rlhfkit[vllm]' in a GPU environment)"
+    if not torch.cuda.is_available():
+        return "vLLM needs a CUDA GPU and none is visible"
+    return None
+
+
+def select_backend(requested: str) -> tuple[str, str | None]:
+    """(backend to use, a message when it is not the requested one)."""
+    if requested not in BACKENDS:
+        raise ValueError(f"generation_backend={requested!r}: expected one of {', '.join(BACKENDS)}")
+    if requested == "vllm":
+        reason = vllm_unavailable_reason()
+        if reason is not None:
+            return "hf", f"generation_backend=vllm is unavailable: {reason}; falling back to HF generate"
+    return requested, None
+
+
+class HFBackend:
+    """KV-cached HF `generate` on the training policy itself (no weight copy, nothing to sync)."""
+
+    name = "hf"
+
+    def sync(self, policy) -> None:
+        pass
+
+    def generate(self, policy, tokenizer, texts: list[str], params: SamplingParams, seed: int,
+                 batch_size: int | None = None) -> Rollout:
+        torch.manual_seed(seed)
+        return generate(policy, tokenizer, texts, params, batch_size=batch_size)
+
+
+class VLLMBackend:
+    """Samples with a vLLM engine that holds its own copy of the policy weights.
+
+    `sync(policy)` copies the current weights into the engine (LoRA deltas merged in, the training
+    model untouched) and must run before every rollout; `generate` returns token ids only.
+    `llm` is a `vllm.LLM` and `sampling_params_cls` is `vllm.SamplingParams` (tests pass fakes).
+    """
+
+    name = "vllm"
+
+    def __init__(self, llm, sampling_params_cls):
+        self.llm = llm
+        self.sampling_params_cls = sampling_params_cls
+        self.syncs = 0
+
+    @classmethod
+    def create(cls, model_path: str | Path, dtype: str, gpu_memory_utilization: float, max_model_len: int | None,
+               seed: int, num_processes: int = 1) -> VLLMBackend:
+        """A colocated engine on this process's GPU (untested: no GPU in the project's CI)."""
+        os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # engine in-process: weights loadable
+        from vllm import LLM
+        from vllm import SamplingParams as VLLMSamplingParams
+
+        kwargs = {"model": str(model_path), "dtype": "bfloat16" if dtype == "bf16" else "float32",
+                  "gpu_memory_utilization": gpu_memory_utilization, "seed": seed, "max_model_len": max_model_len}
+        if num_processes > 1:  # one engine per training process, inside the torchrun/accelerate world
+            kwargs["distributed_executor_backend"] = "external_launcher"
+        return cls(LLM(**kwargs), VLLMSamplingParams)
+
+    def sampling_params(self, params: SamplingParams, seed: int):
+        """vLLM's SamplingParams for one request: the same distribution as HF sampling (full
+        vocabulary at temperature T unless top_k/top_p are set), token ids only."""
+        return self.sampling_params_cls(
+            n=1, temperature=params.temperature, top_k=params.top_k if params.top_k else -1, top_p=params.top_p,
+            max_tokens=params.max_new_tokens, stop_token_ids=list(params.stop_ids), seed=seed, detokenize=False)
+
+    def sync(self, policy) -> None:
+        model = _engine_model(self.llm)
+        model.load_weights(weights=merged_weights(policy))
+        reset = getattr(self.llm, "reset_prefix_cache", None)
+        if callable(reset):  # cached prompt KV was computed with the old weights
+            reset()
+        self.syncs += 1
+
+    def generate(self, policy, tokenizer, texts: list[str], params: SamplingParams, seed: int,
+                 batch_size: int | None = None) -> Rollout:
+        enc = tokenizer(texts, return_tensors="pt", padding=True, add_special_tokens=False)
+        if params.max_prompt_length is not None:  # the same prompt cut as HF generate (left padding)
+            enc = {k: v[:, -params.max_prompt_length :] for k, v in enc.items()}
+        stop_ids = tuple(params.stop_ids) or (tokenizer.eos_token_id,)
+        params = dataclasses.replace(params, stop_ids=stop_ids)
+        prompts = [{"prompt_token_ids": ids[m.bool()].tolist()} for ids, m in zip(enc["input_ids"], enc["attention_mask"])]
+        sampling = [self.sampling_params(params, request_seed(seed, i)) for i in range(len(prompts))]
+        outputs = self.llm.generate(prompts, sampling_params=sampling, use_tqdm=False)
+        return rollout_from_tokens(tokenizer, enc, [completion_ids(o.outputs[0], stop_ids) for o in outputs], stop_ids)
+
+
+def request_seed(seed: int, i: int) -> int:
+    """A distinct seed per request: identical prompts (a GRPO group) must not give identical samples."""
+    return (seed * 1_000_003 + i) % 2**63
+
+
+def completion_ids(out, stop_ids: tuple[int, ...]) -> list[int]:
+    """Sampled token ids of one vLLM completion, ending with the stop token when it stopped on one."""
+    ids = list(out.token_ids)
+    stop = getattr(out, "stop_reason", None)
+    if getattr(out, "finish_reason", None) == "stop" and isinstance(stop, int) and (not ids or ids[-1] != stop):
+        ids.append(stop)
+    return ids
+
+
+def merged_weights(policy) -> Iterator[tuple[str, torch.Tensor]]:
+    """(Hugging Face parameter name, tensor) of the policy's current weights: for a LoRA model the
+    base weights plus each adapter's delta, computed without merging into (or changing) the model;
+    names as in the base model's checkpoint, which is what vLLM's `load_weights` reads."""
+    deltas = {}
+    for name, module in policy.named_modules():
+        if hasattr(module, "get_delta_weight") and hasattr(module, "base_layer"):
+            active = [a for a in module.active_adapters if a in getattr(module, "lora_A", {})]
+            if active:
+                with torch.no_grad():
+                    d = sum(module.get_delta_weight(a) for a in active)
+                deltas[_hf_name(name + ".base_layer.weight")] = d.full_tensor() if hasattr(d, "full_tensor") else d
+    for name, p in policy.named_parameters():
+        if "lora_" in name:
+            continue
+        key = _hf_name(name)
+        w = p.detach()
+        w = w.full_tensor() if hasattr(w, "full_tensor") else w  # FSDP2 DTensor shard -> full weight
+        yield key, (w + deltas[key].to(w.dtype)) if key in deltas else w
+
+
+def _hf_name(name: str) -> str:
+    """peft parameter name -> the base model's own name."""
+    for prefix in ("base_model.model.",):
+        if name.startswith(prefix):
+            name = name[len(prefix):]
+    return name.replace(".base_layer.", ".")
+
+
+def _engine_model(llm):
+    """The torch model inside an in-process vLLM engine (V1 with VLLM_ENABLE_V1_MULTIPROCESSING=0, or V0)."""
+    executor = llm.llm_engine.model_executor
+    worker = executor.driver_worker
+    worker = getattr(worker, "worker", worker)
+    return worker.model_runner.model
+
+
+def make_backend(cfg, model_path, num_processes: int = 1, log=print):
+    """The backend `cfg.generation_backend` asks for, falling back to HF generate (with a message
+    through `log`) where vLLM cannot run."""
+    name, message = select_backend(getattr(cfg, "generation_backend", "hf"))
+    if message:
+        log(f"[rlhfkit] {message}")
+    if name == "hf":
+        return HFBackend()
+    return VLLMBackend.create(model_path, cfg.dtype, cfg.vllm_gpu_memory_utilization, cfg.vllm_max_model_len,
+                              cfg.seed, num_processes)

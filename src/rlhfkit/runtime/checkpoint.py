@@ -1,0 +1,437 @@
+"""Checkpoints every trainer writes and resumes from: atomic, complete or absent.
+
+Layout of one checkpoint, RUN/checkpoints/step-N (N = iterations or optimiser steps done):
+
+  trainable.safetensors  parameters with requires_grad: LoRA adapters + value/score head, or all
+                         weights under full fine-tuning (frozen base weights come from `model`)
+  state.pt               optimiser, lr scheduler, data position, torch.Generator states, KL
+                         controller, counters, the before-training evaluation
+  rng-rank{R}.pt         python, numpy, torch CPU (and CUDA) RNG states of process R
+  config.yaml            the configuration at save time
+  meta.json              written last; a folder without it is not a checkpoint
+
+Files are written into checkpoints/.tmp-step-N, fsynced, and the folder is renamed to step-N in
+one `os.replace`, so a crash (even kill -9) leaves either the whole checkpoint or none of it.
+Old checkpoints are renamed to .del-step-N before they are deleted, for the same reason.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from rlhfkit.errors import UserError
+
+CHECKPOINTS = "checkpoints"
+META, WEIGHTS, STATE, CONFIG = "meta.json", "trainable.safetensors", "state.pt", "config.yaml"
+TRAINING_LOGS = ("metrics.jsonl", "samples.jsonl", "diagnostics.jsonl")
+# Test hook: "N" makes the write of step-N sleep after its files are written and before the rename,
+# so a test can kill -9 the process at exactly that point.
+PAUSE_ENV = "RLHFKIT_TEST_CHECKPOINT_PAUSE"
+
+
+def rng_file(rank: int) -> str:
+    return f"rng-rank{rank}.pt"
+
+
+# ----------------------------------------------------------------------------- finding checkpoints
+
+
+def step_of(path: Path) -> int | None:
+    """N of a folder named step-N, else None."""
+    name = path.name
+    if not name.startswith("step-") or not name[5:].isdigit():
+        return None
+    return int(name[5:])
+
+
+def is_complete(path: Path) -> bool:
+    """A step-N folder whose meta.json exists and names files that all exist."""
+    try:
+        meta = json.loads((path / META).read_text())
+    except (OSError, ValueError):
+        return False
+    return all((path / f).is_file() for f in meta.get("files", []))
+
+
+def checkpoints(run_dir: str | Path) -> list[Path]:
+    """Complete checkpoints of a run, oldest first (temporary and half-deleted folders are ignored)."""
+    root = Path(run_dir) / CHECKPOINTS
+    if not root.is_dir():
+        return []
+    found = [(step_of(p), p) for p in root.iterdir() if p.is_dir() and step_of(p) is not None]
+    return [p for _, p in sorted(found) if is_complete(p)]
+
+
+def latest_checkpoint(run_dir: str | Path) -> Path | None:
+    """The newest complete checkpoint of a run folder, or None."""
+    found = checkpoints(run_dir)
+    return found[-1] if found else None
+
+
+def saved_config(run_dir: str | Path) -> dict:
+    """The configuration of a run to resume (the base that command-line overrides change): the one
+    saved with its newest checkpoint, else RUN/config.yaml (which a failed attempt may have changed)."""
+    from rlhfkit.runtime.config import read_yaml
+
+    run_dir = Path(run_dir)
+    if not run_dir.is_dir():
+        raise UserError(f"resume: {run_dir} is not a run folder")
+    return read_yaml((latest_checkpoint(run_dir) or run_dir) / CONFIG)
+
+
+# ----------------------------------------------------------------------------- writing
+
+
+def _fsync_file(path: Path) -> None:
+    with open(path, "rb+") as f:
+        os.fsync(f.fileno())
+
+
+def _fsync_dir(path: Path) -> None:
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:  # some platforms cannot open folders; the rename is still atomic
+        return
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def trainable_tensors(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """name -> CPU copy of every parameter that trains (tied weights appear once)."""
+    return {n: p.detach().cpu().contiguous() for n, p in model.named_parameters() if p.requires_grad}
+
+
+def _plain_rng(state: dict) -> dict:
+    """RNG states as plain Python/tensor values, so torch.load(weights_only=True) can read them."""
+    out = dict(state)
+    if "numpy" in out:
+        kind, keys, pos, has_gauss, cached = out["numpy"]
+        out["numpy"] = (kind, torch.from_numpy(keys.astype("int64")), int(pos), int(has_gauss), float(cached))
+    return out
+
+
+def _numpy_rng(state: dict) -> dict:
+    out = dict(state)
+    if "numpy" in out:
+        kind, keys, pos, has_gauss, cached = out["numpy"]
+        out["numpy"] = (kind, keys.numpy().astype("uint32"), pos, has_gauss, cached)
+    return out
+
+
+def _pause_for_tests(step: int) -> None:
+    if os.environ.get(PAUSE_ENV) == str(step):
+        time.sleep(600)
+
+
+def _retire(path: Path) -> None:
+    """Delete a checkpoint folder without ever leaving a half-deleted step-N behind."""
+    doomed = path.with_name(f".del-{path.name}-{time.time_ns()}")
+    os.replace(path, doomed)
+    shutil.rmtree(doomed, ignore_errors=True)
+
+
+def clean_leftovers(root: Path) -> None:
+    """Remove .tmp-*/.del-* folders a crash left behind."""
+    if root.is_dir():
+        for p in root.iterdir():
+            if p.is_dir() and p.name.startswith((".tmp-", ".del-")):
+                shutil.rmtree(p, ignore_errors=True)
+
+
+def write_checkpoint(run_dir: Path, step: int, *, model: torch.nn.Module, state: dict, config_text: str,
+                     rank: int = 0, world_size: int = 1, keep: int = 2,
+                     barrier: Callable[[], None] = lambda: None, meta: dict | None = None) -> Path:
+    """Write RUN/checkpoints/step-`step` atomically and keep the newest `keep` checkpoints.
+
+    Called on every process: process 0 writes the weights and state, every process its RNG file;
+    `barrier` (e.g. accelerator.wait_for_everyone) orders the steps across processes.
+    """
+    from rlhfkit.runtime.seeding import rng_state
+
+    root = Path(run_dir) / CHECKPOINTS
+    tmp, final = root / f".tmp-step-{step}", root / f"step-{step}"
+    if rank == 0:
+        if tmp.exists():
+            shutil.rmtree(tmp)
+        tmp.mkdir(parents=True)
+    barrier()
+    torch.save(_plain_rng(rng_state()), tmp / rng_file(rank))
+    _fsync_file(tmp / rng_file(rank))
+    if rank == 0:
+        from safetensors.torch import save_file
+
+        save_file(trainable_tensors(model), str(tmp / WEIGHTS))
+        torch.save(state, tmp / STATE)
+        (tmp / CONFIG).write_text(config_text)
+        for name in (WEIGHTS, STATE, CONFIG):
+            _fsync_file(tmp / name)
+    barrier()
+    if rank == 0:
+        files = [WEIGHTS, STATE, CONFIG] + [rng_file(r) for r in range(world_size)]
+        info = {"step": step, "world_size": world_size, "files": files, "time": time.time(), **(meta or {})}
+        (tmp / META).write_text(json.dumps(info, indent=2))
+        _fsync_file(tmp / META)
+        _fsync_dir(tmp)
+        _pause_for_tests(step)
+        if final.exists():  # the same step saved again (e.g. a resumed run that did nothing new)
+            _retire(final)
+        os.replace(tmp, final)
+        _fsync_dir(root)
+        for old in checkpoints(run_dir)[:-keep] if keep > 0 else []:
+            _retire(old)
+    barrier()
+    return final
+
+
+# ----------------------------------------------------------------------------- reading
+
+
+def load_trainable(model: torch.nn.Module, path: Path) -> None:
+    """Copy the saved trainable parameters into `model`; a mismatch is a one-line UserError."""
+    from safetensors.torch import load_file
+
+    saved = load_file(str(path / WEIGHTS))
+    params = {n: p for n, p in model.named_parameters() if p.requires_grad}
+    missing, unexpected = sorted(set(params) - set(saved)), sorted(set(saved) - set(params))
+    if missing or unexpected:
+        raise UserError(f"resume: {path} does not fit this model (missing {missing[:3]}, unexpected "
+                        f"{unexpected[:3]}): was it saved with another model, lora or lora_layers setting?")
+    with torch.no_grad():
+        for name, p in params.items():
+            if p.shape != saved[name].shape:
+                raise UserError(f"resume: {path}: {name} has shape {tuple(saved[name].shape)}, the model "
+                                f"{tuple(p.shape)} (another lora_r or model?)")
+            p.copy_(saved[name])
+
+
+def load_state(path: Path) -> dict:
+    return torch.load(path / STATE, map_location="cpu", weights_only=True)
+
+
+def load_rng(path: Path, rank: int) -> dict | None:
+    f = path / rng_file(rank)
+    return _numpy_rng(torch.load(f, map_location="cpu", weights_only=True)) if f.is_file() else None
+
+
+# ----------------------------------------------------------------------------- stateful objects
+
+
+def get_state(obj: Any) -> Any:
+    """Saveable state of a torch.Generator, a dict (copied) or anything with state_dict()."""
+    if isinstance(obj, torch.Generator):
+        return obj.get_state()
+    if isinstance(obj, dict):
+        return dict(obj)
+    return obj.state_dict()
+
+
+def set_state(obj: Any, state: Any) -> None:
+    """Inverse of `get_state`. A dict only gets the keys it lacks: values the running trainer has
+    already set from its current config win, results from before the checkpoint are carried over."""
+    if isinstance(obj, torch.Generator):
+        obj.set_state(state)
+    elif isinstance(obj, dict):
+        for k, v in state.items():
+            obj.setdefault(k, v)
+    else:
+        obj.load_state_dict(state)
+
+
+# ----------------------------------------------------------------------------- run logs
+
+
+def truncate_logs(run_dir: Path, step: int) -> list[dict]:
+    """Keep only rows with iteration < `step` in the run's jsonl logs (a resumed run writes the
+    later ones again); returns the kept metrics rows. A torn last line is dropped."""
+    kept_metrics: list[dict] = []
+    for name in TRAINING_LOGS:
+        path = Path(run_dir) / name
+        if not path.is_file():
+            continue
+        keep = []
+        for line in path.read_text().splitlines():
+            try:
+                row = json.loads(line)
+            except ValueError:
+                continue
+            if isinstance(row, dict) and isinstance(row.get("iteration"), int) and row["iteration"] < step:
+                keep.append(line)
+                if name == "metrics.jsonl":
+                    kept_metrics.append(row)
+        tmp = path.with_name(path.name + ".tmp")
+        tmp.write_text("".join(line + "\n" for line in keep))
+        os.replace(tmp, path)
+    return kept_metrics
+
+
+# ----------------------------------------------------------------------------- one training loop
+
+
+def open_run_dir(cfg, command: str) -> tuple[Path, Path | None]:
+    """(run folder, checkpoint to resume from or None) for `cfg.resume`: None starts a new run;
+    "auto" continues output_dir/run_name when it holds a checkpoint; a run folder must hold one."""
+    from rlhfkit.runtime.tracker import make_run_dir
+
+    resume = getattr(cfg, "resume", None)
+    if resume in (None, "", "auto"):
+        run_dir = make_run_dir(cfg.output_dir, cfg.run_name, command)
+        return run_dir, latest_checkpoint(run_dir) if resume == "auto" else None
+    run_dir = Path(resume)
+    if not run_dir.is_dir():
+        raise UserError(f"resume: {run_dir} is not a run folder")
+    found = latest_checkpoint(run_dir)
+    if found is None:
+        raise UserError(f"resume: {run_dir} has no complete checkpoint ({CHECKPOINTS}/step-N with {META}); "
+                        "checkpoints are written every save_every iterations and when a run is stopped")
+    return run_dir, found
+
+
+def _sharded(accelerator) -> bool:
+    """FSDP or DeepSpeed: weights or optimiser state are partitioned over processes, which this
+    module's files (whole tensors, one optimiser state dict) do not cover."""
+    from accelerate.utils import DistributedType
+
+    return getattr(accelerator, "distributed_type", None) in (DistributedType.FSDP, DistributedType.DEEPSPEED)
+
+
+class Checkpointer:
+    """Checkpoints of one training loop (every `save_every` steps, at the end, on SIGINT/SIGTERM)
+    and the resume from one. The loop calls `resume` once before training, runs its steps from
+    `start`, calls `end_step(step)` after logging each one and `finish(steps)` after the last.
+
+    `objects` names the loop's other state (see get_state): data stream, generators, KL
+    controller, the summary dict holding the before-training evaluation. `guard` (a
+    NonFiniteGuard) is saved too, and checked at the end of every step. `total`: the steps this
+    run is set to (a checkpoint beyond it is an error).
+    """
+
+    def __init__(self, cfg, run_dir: Path, command: str, accelerator, tracker, *, model, optimizer, scheduler,
+                 objects: dict[str, Any] | None = None, guard=None, unit: str = "iteration", total: int | None = None):
+        from rlhfkit.runtime.faults import StopSignals
+
+        self.cfg, self.run_dir, self.command = cfg, Path(run_dir), command
+        self.accelerator, self.tracker = accelerator, tracker
+        self.model, self.optimizer, self.scheduler = model, optimizer, scheduler
+        self.objects = dict(objects or {})
+        self.guard = guard
+        if guard is not None:
+            self.objects["nonfinite"] = guard
+        self.unit, self.total = unit, total
+        self.every, self.keep = cfg.save_every, cfg.keep_checkpoints
+        self.start = 0
+        self.saved_step: int | None = None
+        self.signals = StopSignals()
+        self.sharded = _sharded(accelerator)
+        if self.sharded and self.every:
+            tracker.print("[checkpoint] not written under FSDP/DeepSpeed (sharded weights and optimiser state "
+                          "are not supported yet): save_every is ignored")
+
+    # ---- resume ---------------------------------------------------------------------------
+    def resume(self, path: Path | None, **objects: Any) -> int:
+        """Register more `objects`, then load everything from checkpoint `path` (None: a fresh run)
+        and cut the run's logs back to it. Returns the first step to run."""
+        from rlhfkit.runtime.seeding import set_rng_state
+
+        self.objects.update(objects)
+        if path is None:
+            return self.start
+        if self.sharded:
+            raise UserError("resume: not supported under FSDP/DeepSpeed; resume with plain DDP or one process")
+        load_trainable(self.model, path)
+        state = load_state(path)
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.scheduler.load_state_dict(state["scheduler"])
+        for name, obj in self.objects.items():
+            if name in state["objects"]:
+                set_state(obj, state["objects"][name])
+        rng = load_rng(path, self.accelerator.process_index)
+        if rng is None:
+            self.tracker.print(f"[resume] {path} has no RNG state for process {self.accelerator.process_index} "
+                               "(another number of processes?): the continuation is not bit-exact")
+        else:
+            set_rng_state(rng)
+        self.start = self.saved_step = int(state["step"])
+        if self.total is not None and self.start > self.total:
+            raise UserError(f"resume: {path} is after {self.start} {self.unit}s, but this run is set to "
+                            f"{self.total}: ask for at least {self.start} (iterations / max_steps)")
+        kept = truncate_logs(self.run_dir, self.start) if self.accelerator.is_main_process else []
+        self.tracker.resume(kept)
+        self.tracker.print(f"[resume] {path}: continuing at {self.unit} {self.start}{self._config_changes(path)}")
+        return self.start
+
+    def _config_changes(self, path: Path) -> str:
+        import yaml
+
+        from rlhfkit.runtime.config import to_dict
+
+        try:
+            old = yaml.safe_load((path / CONFIG).read_text()) or {}
+        except (OSError, yaml.YAMLError):
+            return ""
+        new = to_dict(self.cfg)
+        changed = [k for k in new if k not in ("resume", "quiet") and k in old and old[k] != new[k]]
+        return f" (changed since the checkpoint: {', '.join(changed)})" if changed else ""
+
+    # ---- saving ---------------------------------------------------------------------------
+    def state(self, step: int) -> dict:
+        return {"step": step, "optimizer": self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict(),
+                "objects": {name: get_state(obj) for name, obj in self.objects.items()}}
+
+    def save(self, step: int) -> Path | None:
+        import yaml
+
+        from rlhfkit.runtime.config import to_dict
+
+        acc = self.accelerator
+        if self.sharded:
+            return None
+        if acc.is_main_process:
+            clean_leftovers(self.run_dir / CHECKPOINTS)
+        path = write_checkpoint(self.run_dir, step, model=self.model, state=self.state(step),
+                                config_text=yaml.safe_dump(to_dict(self.cfg), sort_keys=False),
+                                rank=acc.process_index, world_size=acc.num_processes, keep=self.keep,
+                                barrier=acc.wait_for_everyone, meta={"command": self.command, "unit": self.unit})
+        self.saved_step = step
+        return path
+
+    def _stop_signal(self) -> int | None:
+        """The signal that asked this run to stop, agreed by every process (so all stop together)."""
+        signum = self.signals.signum
+        if self.accelerator.num_processes > 1:
+            t = torch.tensor(float(signum is not None), device=self.accelerator.device)
+            if self.accelerator.reduce(t, "sum").item() > 0:
+                signum = signum or int(signal.SIGTERM)
+        return signum
+
+    def end_step(self, step: int) -> None:
+        """After step `step` (0-based) is done and logged: stop if too many optimiser steps in a row
+        were non-finite; checkpoint when due; after a signal, checkpoint and raise Interrupted."""
+        from rlhfkit.runtime.faults import Interrupted
+
+        if self.guard is not None:
+            self.guard.check()
+        done = step + 1
+        signum = self._stop_signal()
+        path = self.save(done) if signum or (self.every and done % self.every == 0) else None
+        if signum:
+            stopped = f"{signal.Signals(signum).name} after {done} {self.unit}{'s' * (done != 1)}"
+            if path is None:
+                raise Interrupted(f"{stopped}; no checkpoint (not supported under FSDP/DeepSpeed)", signum)
+            raise Interrupted(f"{stopped}; checkpoint {path}. Continue with: rlhfkit {self.command} --resume "
+                              f"{self.run_dir}", signum)
+
+    def finish(self, steps: int) -> None:
+        """The final checkpoint (unless save_every = 0 or this step is already saved)."""
+        if self.every and self.saved_step != steps:
+            self.save(steps)

@@ -1,0 +1,143 @@
+"""Multi-process helpers on top of Accelerate: global loss normalisation with gradient accumulation,
+metrics averaged over processes, DeepSpeed set-up, ZeRO-3 generation and full-weight saving.
+
+Every trainer runs unchanged under `accelerate launch` / `torchrun`: data parallel (DDP), FSDP2 or
+DeepSpeed, chosen by the launch configuration (configs/accelerate/, docs/scale.md). With one
+process every helper here is a cheap no-op.
+"""
+
+from __future__ import annotations
+
+import contextlib
+
+import torch
+
+
+def accumulate_backward(accelerator, model, loss: torch.Tensor, sync: bool) -> None:
+    """Backward of one micro-batch of a manually accumulated optimiser step.
+
+    `loss` must already be normalised by the GLOBAL counts of the step (tokens, sequences or pairs
+    of all its micro-batches on all processes), so that the gradients summed over micro-batches and
+    processes are the gradient of the step's loss (pitfall 11). DDP/FSDP average gradients over
+    processes and accelerate/DeepSpeed divide by their accumulation steps: both are undone here.
+    Gradients are all-reduced (and DeepSpeed steps) only when `sync`, on the step's last micro-batch.
+    """
+    scale = accelerator.num_processes * getattr(accelerator, "gradient_accumulation_steps", 1)
+    local = not sync and accelerator.num_processes > 1
+    deepspeed = deepspeed_plugin(accelerator) is not None
+    if deepspeed:  # DeepSpeed reads it to find the accumulation boundary (and steps there)
+        accelerator.gradient_state._set_sync_gradients(sync)
+    try:
+        with accelerator.no_sync(model) if local else contextlib.nullcontext():
+            accelerator.backward(loss * scale)
+    finally:
+        if deepspeed:
+            accelerator.gradient_state._set_sync_gradients(True)
+
+
+def sum_over_processes(accelerator, values: dict[str, float], keep: tuple[str, ...] = ()) -> dict[str, float]:
+    """Sum each value over processes (one all-reduce); keys in `keep` are left as they are.
+    Every process must pass the same keys."""
+    keys = sorted(k for k in values if k not in keep)
+    if accelerator.num_processes == 1 or not keys:
+        return dict(values)
+    t = torch.tensor([float(values[k]) for k in keys], dtype=torch.float64, device=accelerator.device)
+    summed = accelerator.reduce(t, "sum").tolist()
+    return {**values, **dict(zip(keys, summed))}
+
+
+def mean_over_processes(accelerator, values: dict[str, float]) -> dict[str, float]:
+    """Each numeric value averaged over processes (metrics of per-process rollouts, e.g. the rollout
+    KL that drives the adaptive KL controller, which must then agree on every process)."""
+    if accelerator.num_processes == 1:
+        return dict(values)
+    num = {k: v for k, v in values.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
+    summed = sum_over_processes(accelerator, num)
+    return {**values, **{k: v / accelerator.num_processes for k, v in summed.items()}}
+
+
+def max_over_processes(accelerator, value: float) -> float:
+    """The largest `value` of all processes (so every process takes the same branch on it)."""
+    if accelerator.num_processes == 1:
+        return float(value)
+    t = torch.tensor([float(value)], dtype=torch.float64, device=accelerator.device)
+    return float(accelerator.reduce(t, "max"))
+
+
+def deepspeed_plugin(accelerator):
+    """The active DeepSpeed plugin, or None."""
+    return getattr(getattr(accelerator, "state", None), "deepspeed_plugin", None)
+
+
+def configure_deepspeed(accelerator, micro_batch_size: int, max_grad_norm: float) -> None:
+    """Fill the DeepSpeed config's 'auto' values that accelerate cannot infer (rlhfkit passes no
+    DataLoader to `prepare`): the micro-batch size, gradient clipping, and one accumulation step
+    per `backward` boundary (rlhfkit marks the boundary itself, see `accumulate_backward`)."""
+    plugin = deepspeed_plugin(accelerator)
+    if plugin is None:
+        return
+    ds = plugin.deepspeed_config
+    for key, value in (("train_micro_batch_size_per_gpu", micro_batch_size), ("gradient_clipping", max_grad_norm),
+                       ("gradient_accumulation_steps", 1)):
+        if ds.get(key, "auto") == "auto":
+            ds[key] = value
+    if ds.get("train_batch_size", "auto") == "auto":
+        ds["train_batch_size"] = micro_batch_size * ds["gradient_accumulation_steps"] * accelerator.num_processes
+
+
+@contextlib.contextmanager
+def generation_weights(accelerator, model):
+    """Full weights for sampling. Under DeepSpeed ZeRO-3 the weights are partitioned and HF generate
+    would all-gather every layer at every new token: gather them once for the whole rollout instead
+    (each process then holds the full policy while it samples). FSDP2 needs nothing here: HF generate
+    turns on `synced_gpus` for FSDP-managed models, so processes that finish early keep stepping."""
+    plugin = deepspeed_plugin(accelerator)
+    if plugin is None or plugin.zero_stage != 3:
+        yield
+        return
+    import deepspeed
+
+    with deepspeed.zero.GatheredParameters(list(model.parameters()), modifier_rank=None):
+        yield
+
+
+def full_state_dict(accelerator, model) -> dict[str, torch.Tensor] | None:
+    """The prepared model's full state dict when its weights are sharded (FSDP, DeepSpeed ZeRO-3),
+    gathered on every process (a collective call: all processes must make it); None otherwise,
+    meaning the unwrapped model's own weights are complete and can be saved directly."""
+    from accelerate.utils import DistributedType
+
+    sharded = accelerator.distributed_type == DistributedType.FSDP or (
+        deepspeed_plugin(accelerator) is not None and deepspeed_plugin(accelerator).zero_stage == 3)
+    if not sharded:
+        return None
+    return accelerator.get_state_dict(model)
+
+
+def global_mean_var(accelerator, x: torch.Tensor, mask: torch.Tensor) -> tuple[float | None, float | None]:
+    """Mean and population variance of x over the valid positions of ALL processes (for advantage
+    whitening over the global rollout); (None, None) with one process, meaning "use the local ones"."""
+    if accelerator.num_processes == 1:
+        return None, None
+    m = mask.to(torch.float64)
+    x = x.to(torch.float64) * m
+    t = torch.stack([x.sum(), (x * x).sum(), m.sum()]).to(accelerator.device)
+    s1, s2, n = accelerator.reduce(t, "sum").tolist()
+    n = max(n, 1.0)
+    mean = s1 / n
+    return mean, max(s2 / n - mean * mean, 0.0)
+
+
+def agree_on_run_name(accelerator, cfg, command: str) -> None:
+    """With several processes and no `run_name`, every process takes the main process's
+    COMMAND-DATE-TIME name (each would otherwise stamp its own clock second, and the processes
+    of one run would write checkpoints into different folders)."""
+    if accelerator.num_processes == 1 or cfg.run_name:
+        return
+    import time
+
+    from accelerate.utils import broadcast_object_list
+
+    name = [f"{command}-{time.strftime('%Y%m%d-%H%M%S')}"]
+    broadcast_object_list(name, from_process=0)
+    cfg.run_name = name[0]

@@ -1,0 +1,128 @@
+"""Faults during training: stop signals and non-finite optimiser steps.
+
+- `StopSignals`: while a loop runs, SIGINT/SIGTERM only set a flag; the loop finishes its step,
+  writes a checkpoint and raises `Interrupted` (exit code 128 + signal: 130, 143). A second signal
+  stops at once.
+- `guarded_step`: clip, then apply the optimiser step only when the loss and the gradient norm are
+  finite; otherwise drop the gradients. `NonFiniteGuard` counts such skips; after
+  `max_nonfinite_steps` in a row the run stops with a diagnosis (checked once the iteration's
+  metrics, NaNs included, are logged).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import signal
+import threading
+
+import torch
+
+from rlhfkit.errors import UserError
+
+
+class Interrupted(UserError):
+    """The run was stopped by a signal after a checkpoint was written; exit code 128 + signal."""
+
+    label = "stopped"
+
+    def __init__(self, message: str, signum: int):
+        super().__init__(message)
+        self.exit_code = 128 + signum
+
+
+class NonFiniteError(UserError):
+    """Too many optimiser steps in a row had a non-finite loss or gradient norm."""
+
+
+class StopSignals:
+    """Context manager: SIGINT/SIGTERM set `signum` instead of stopping the process (main thread
+    only; elsewhere handlers cannot be installed and signals keep their default effect)."""
+
+    SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+    def __init__(self) -> None:
+        self.signum: int | None = None
+        self._previous: dict = {}
+
+    def __enter__(self) -> StopSignals:
+        if threading.current_thread() is threading.main_thread():
+            self._previous = {s: signal.signal(s, self._handle) for s in self.SIGNALS}
+        return self
+
+    def __exit__(self, *exc) -> bool:
+        for s, handler in self._previous.items():
+            signal.signal(s, handler)
+        self._previous = {}
+        return False
+
+    def _handle(self, signum: int, frame) -> None:
+        name = signal.Signals(signum).name
+        if self.signum is not None:  # asked twice: stop now, without a checkpoint
+            self.__exit__()
+            if signum == signal.SIGINT:
+                raise KeyboardInterrupt
+            raise SystemExit(128 + signum)
+        self.signum = signum
+        # os.write, not print: a handler may run in the middle of another print
+        os.write(2, f"\nrlhfkit: {name}: finishing this step, then writing a checkpoint "
+                    f"(send {name} again to stop at once)\n".encode())
+
+
+class NonFiniteGuard:
+    """Counts optimiser steps skipped for a non-finite loss or gradient norm; `check` (called after
+    the step's metrics are logged) raises NonFiniteError once `max_in_a_row` were skipped in a row.
+    `advice` ends the error message; `log` reports each skip."""
+
+    def __init__(self, max_in_a_row: int = 3, advice: str = "", log=print):
+        self.max_in_a_row = max_in_a_row
+        self.advice = advice
+        self.log = log
+        self.streak = 0
+        self.total = 0
+        self.where = ""
+
+    @classmethod
+    def for_config(cls, cfg, log=print) -> NonFiniteGuard:
+        advice = (f"lower lr (now {cfg.lr:g}) or max_grad_norm, use dtype=fp32 (now {cfg.dtype}), and check "
+                  "the data and rewards for extreme values; then resume from the last checkpoint with --resume")
+        return cls(cfg.max_nonfinite_steps, advice, log)
+
+    def record(self, skipped: bool, where: str, detail: str = "") -> None:
+        if not skipped:
+            self.streak = 0
+            return
+        self.streak += 1
+        self.total += 1
+        self.where = where
+        self.log(f"[fault] {where}: non-finite {detail or 'loss or gradient norm'}; optimiser step skipped "
+                 f"({self.streak} in a row; the run stops at {self.max_in_a_row})")
+
+    def check(self) -> None:
+        if self.streak >= self.max_in_a_row:
+            raise NonFiniteError(f"{self.streak} optimiser steps in a row had a non-finite loss or gradient norm "
+                                 f"(last at {self.where}; none of them changed the weights): {self.advice}")
+
+    def state_dict(self) -> dict:
+        return {"streak": self.streak, "total": self.total}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.streak, self.total = state["streak"], state["total"]
+
+
+def guarded_step(params, optimizer, scheduler, accelerator, max_grad_norm: float, *, loss: float = 0.0,
+                 guard: NonFiniteGuard | None = None, where: str = "") -> tuple[float, bool]:
+    """Clip the accumulated gradients and step, unless the loss or the gradient norm is non-finite:
+    then zero the gradients and leave weights, optimiser state and lr schedule untouched.
+    Every process decides alike (any process non-finite -> all skip). Returns (grad norm, skipped)."""
+    grad_norm = float(accelerator.clip_grad_norm_(params, max_grad_norm))
+    bad = not (math.isfinite(loss) and math.isfinite(grad_norm))
+    if accelerator.num_processes > 1:
+        bad = accelerator.reduce(torch.tensor(float(bad), device=accelerator.device), "sum").item() > 0
+    if not bad:
+        optimizer.step()
+        scheduler.step()
+    optimizer.zero_grad(set_to_none=True)
+    if guard is not None:
+        guard.record(bad, where, f"loss ({loss:.4g}) or gradient norm ({grad_norm:.4g})")
+    return grad_norm, bad

@@ -1,0 +1,223 @@
+"""Memory estimate per device for an rlhfkit run: `rlhfkit estimate-memory model=... key=value`.
+
+Formulas (docs/scale.md explains each one). P = parameters of the policy, T = trainable parameters
+(LoRA adapters, or P), H hidden size, L layers, V vocabulary, d head size, kv key/value heads,
+b_c = bytes of the compute dtype (2 for bf16, 4 for fp32), N devices.
+
+  policy weights   LoRA: P * b_c + T * 4      full: P * 4 (trainable weights stay fp32)
+  gradients        T * 4
+  optimiser        T * 8 (AdamW: two fp32 moments)
+  reference        LoRA: 0 (the adapter-disabled policy)   full: P * b_c   offloaded: 0 (CPU memory)
+  value head       (H + 1) * 16 (weights, gradient, two moments, fp32); PPO only
+  KV cache         2 * L * kv * d * generation_batch * (prompt + new tokens) * b_c
+  generation gather  ZeRO-3 only: P * b_c, the full policy gathered while it samples (DeepSpeed;
+                   FSDP2 gathers one layer at a time, so there it is ~P * b_c / L)
+  activations      L_bw * m * S * H * 34 * b_c / 2 (Korthikanti et al. 2022, with fused attention);
+                   with gradient checkpointing L_bw * m * S * H * b_c + one layer's 34 * m * S * H * b_c / 2
+  logits           m * R * V * 12 (fp32 logits, log-softmax and their gradient)
+
+m = sequences per micro-batch (2 per pair for DPO and the reward model, which has no logits),
+S = prompt + response tokens, R = response tokens, L_bw = layers the backward pass
+goes through (the top `lora_layers` with LoRA on them, else L). ZeRO-2 divides gradients and
+optimiser by N; ZeRO-3 / FSDP full shard also the policy weights. The reference is not sharded.
+Activation figures are rough (within ~2x); weights, gradients, optimiser and KV cache are exact
+counts of what the tensors hold (allocator overhead and CUDA context, ~0.5-1 GiB, come on top).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+from rlhfkit.runtime.config import check, config_main, option
+
+GIB = 2**30
+LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+
+
+@dataclass(frozen=True)
+class ModelShape:
+    """The sizes of a Llama-style decoder (SmolLM2, Llama, Mistral, Qwen without biases)."""
+
+    hidden: int
+    intermediate: int
+    layers: int
+    heads: int
+    kv_heads: int
+    vocab: int
+    tied: bool
+    head_dim: int | None = None
+
+    @property
+    def d(self) -> int:
+        return self.head_dim or self.hidden // self.heads
+
+    def linear_shapes(self) -> dict[str, tuple[int, int]]:
+        """(in, out) of each projection of one layer."""
+        H, q, kv, inter = self.hidden, self.heads * self.d, self.kv_heads * self.d, self.intermediate
+        return {"q_proj": (H, q), "k_proj": (H, kv), "v_proj": (H, kv), "o_proj": (q, H),
+                "gate_proj": (H, inter), "up_proj": (H, inter), "down_proj": (inter, H)}
+
+    def param_count(self) -> int:
+        """Embeddings (+ untied LM head) + per layer (projections + 2 norms) + final norm."""
+        per_layer = sum(i * o for i, o in self.linear_shapes().values()) + 2 * self.hidden
+        embed = self.vocab * self.hidden * (1 if self.tied else 2)
+        return embed + self.layers * per_layer + self.hidden
+
+    def lora_count(self, r: int, top_layers: int | None = None, targets=LORA_TARGETS) -> int:
+        """r * (in + out) per adapted projection, on the top `top_layers` layers (None: all)."""
+        n = self.layers if top_layers is None else min(top_layers, self.layers)
+        return n * sum(r * (i + o) for name, (i, o) in self.linear_shapes().items() if name in targets)
+
+    @classmethod
+    def from_config(cls, cfg: dict) -> ModelShape:
+        """From a Hugging Face config.json mapping."""
+        return cls(hidden=cfg["hidden_size"], intermediate=cfg["intermediate_size"], layers=cfg["num_hidden_layers"],
+                   heads=cfg["num_attention_heads"], kv_heads=cfg.get("num_key_value_heads") or cfg["num_attention_heads"],
+                   vocab=cfg["vocab_size"], tied=bool(cfg.get("tie_word_embeddings", False)),
+                   head_dim=cfg.get("head_dim"))
+
+
+# Published configurations (config.json of each model), for estimates without the weights at hand.
+PRESETS = {
+    "smollm2-135m": ModelShape(576, 1536, 30, 9, 3, 49152, tied=True),
+    "smollm2-1.7b": ModelShape(2048, 8192, 24, 32, 32, 49152, tied=True),
+    "llama-2-7b": ModelShape(4096, 11008, 32, 32, 32, 32000, tied=False),
+    "llama-3-8b": ModelShape(4096, 14336, 32, 32, 8, 128256, tied=False),
+}
+ALIASES = {"smollm2-135m-instruct": "smollm2-135m"}
+
+
+def resolve_shape(model: str) -> ModelShape:
+    """A preset name, or a local model folder with a config.json (nothing is loaded or downloaded)."""
+    name = ALIASES.get(model, model)
+    if name in PRESETS:
+        return PRESETS[name]
+    path = Path(model).expanduser()
+    check((path / "config.json").is_file(),
+          f"model={model!r}: expected one of {', '.join(PRESETS)} or a local folder with config.json")
+    return ModelShape.from_config(json.loads((path / "config.json").read_text()))
+
+
+@dataclass
+class MemoryArgs:
+    """Estimate the memory each device needs for an rlhfkit run (docs/scale.md has the formulas)."""
+
+    model: str = option("smollm2-135m", f"a preset ({', '.join(PRESETS)}) or a local model folder (config.json)")
+    method: str = option("ppo", "trainer: ppo has a value head; ppo/grpo/dpo a reference; sft/rm neither",
+                         ("ppo", "grpo", "dpo", "sft", "rm"))
+    lora: bool = option(True, "LoRA adapters (frozen base, no reference copy) or full fine-tuning")
+    lora_r: int = option(16, "LoRA rank")
+    lora_layers: int | None = option(None, "adapt only the top N layers (None: all)")
+    dtype: str = option("bf16", "compute dtype", ("bf16", "fp32"))
+    num_devices: int = option(1, "data-parallel devices (GPUs, or processes)")
+    sharding: str = option("none", "none = DDP (full copy per device); zero2 = gradients+optimiser sharded; "
+                           "zero3 = also weights (DeepSpeed ZeRO-3 or FSDP full shard)", ("none", "zero2", "zero3"))
+    offload_reference: bool = option(False, "frozen reference kept in CPU memory between scoring passes")
+    gradient_checkpointing: bool = option(False, "store one tensor per layer and recompute the rest in backward")
+    micro_batch_size: int = option(8, "sequences per forward/backward")
+    prompt_length: int = option(128, "prompt tokens (padded width)")
+    max_new_tokens: int = option(128, "response tokens")
+    generation_batch_size: int = option(16, "prompts per generate() call (the KV cache is for this many)")
+
+    def validate(self) -> None:
+        for k in ("lora_r", "num_devices", "micro_batch_size", "prompt_length", "max_new_tokens",
+                  "generation_batch_size"):
+            check(getattr(self, k) >= 1, f"{k} ({getattr(self, k)}) must be >= 1")
+
+
+def estimate(args: MemoryArgs, shape: ModelShape | None = None) -> dict[str, float]:
+    """Bytes per device of each component, and of the generation, training and peak phases."""
+    s = shape or resolve_shape(args.model)
+    P, bc, N = s.param_count(), (2 if args.dtype == "bf16" else 4), args.num_devices
+    T = s.lora_count(args.lora_r, args.lora_layers) if args.lora else P
+    weights = P * bc + T * 4 if args.lora else P * 4
+    grads, optim = T * 4, T * 8
+    if args.sharding in ("zero2", "zero3"):
+        grads, optim = grads / N, optim / N
+    if args.sharding == "zero3":
+        weights = weights / N
+    has_ref = args.method in ("ppo", "grpo", "dpo") and not args.lora and not args.offload_reference
+    sampling = args.method in ("ppo", "grpo")
+    S, R = args.prompt_length + args.max_new_tokens, args.max_new_tokens
+    m = args.micro_batch_size * (2 if args.method in ("dpo", "rm") else 1)  # a pair is two sequences
+    layer_acts = m * S * s.hidden * 34 * bc / 2
+    bw_layers = min(args.lora_layers, s.layers) if (args.lora and args.lora_layers) else s.layers
+    acts = (bw_layers * m * S * s.hidden * bc + layer_acts) if args.gradient_checkpointing else bw_layers * layer_acts
+    out = {
+        "policy weights": weights,
+        "gradients": grads,
+        "optimiser": optim,
+        "reference": P * bc if has_ref else 0,
+        "value head": (s.hidden + 1) * 16 if args.method == "ppo" else 0,
+        "KV cache": 2 * s.layers * s.kv_heads * s.d * args.generation_batch_size * S * bc if sampling else 0,
+        "generation gather": P * bc if sampling and args.sharding == "zero3" else 0,
+        "activations": acts,
+        "logits": 0 if args.method == "rm" else m * R * s.vocab * 12,  # response positions only
+    }
+    persistent = out["policy weights"] + out["optimiser"] + out["reference"] + out["value head"]
+    out["generation phase"] = persistent + out["KV cache"] + out["generation gather"]
+    out["training phase"] = persistent + out["gradients"] + out["activations"] + out["logits"]
+    out["peak"] = max(out["generation phase"], out["training phase"])
+    out["parameters"], out["trainable"] = P, T
+    return out
+
+
+def render(args: MemoryArgs, est: dict[str, float]) -> str:
+    """A Markdown table of the estimate in GiB."""
+    head = (f"{args.model}: {est['parameters'] / 1e9:.3g}B parameters, {est['trainable'] / 1e6:.3g}M trainable "
+            f"({'LoRA r=' + str(args.lora_r) if args.lora else 'full fine-tuning'}, {args.dtype}, {args.method}, "
+            f"{args.num_devices} device(s), sharding={args.sharding})")
+    rows = [f"| {k} | {est[k] / GIB:.3f} |" for k in ("policy weights", "gradients", "optimiser", "reference",
+                                                    "value head", "KV cache", "generation gather", "activations",
+                                                    "logits",
+                                                    "generation phase", "training phase", "peak")]
+    return "\n".join([head, "", "| component | GiB per device |", "| --- | ---: |", *rows])
+
+
+# The worked table of docs/scale.md (tests/scale/test_memory_estimate.py keeps the two identical).
+WORKED = [
+    ("135M, LoRA (all layers), fp32, 1 CPU process", "model=smollm2-135m dtype=fp32 prompt_length=64 max_new_tokens=48"),
+    ("135M, full fine-tuning, fp32, 1 CPU process",
+     "model=smollm2-135m lora=false dtype=fp32 prompt_length=64 max_new_tokens=48"),
+    ("1.7B, LoRA, bf16, 1 GPU", "model=smollm2-1.7b prompt_length=256 max_new_tokens=256 generation_batch_size=64"),
+    ("8B, LoRA, bf16, 1 GPU, checkpointing", "model=llama-3-8b micro_batch_size=4 prompt_length=512 max_new_tokens=512 "
+     "generation_batch_size=32 gradient_checkpointing=true"),
+    ("7B, LoRA, bf16, 8 GPUs DDP, checkpointing", "model=llama-2-7b num_devices=8 micro_batch_size=4 prompt_length=512 "
+     "max_new_tokens=512 generation_batch_size=32 gradient_checkpointing=true"),
+    ("7B, full, bf16, 8 GPUs DDP", "model=llama-2-7b lora=false num_devices=8 micro_batch_size=4 prompt_length=512 "
+     "max_new_tokens=512 generation_batch_size=32"),
+    ("7B, full, bf16, 8 GPUs ZeRO-3, checkpointing", "model=llama-2-7b lora=false num_devices=8 sharding=zero3 "
+     "micro_batch_size=4 prompt_length=512 max_new_tokens=512 generation_batch_size=32 gradient_checkpointing=true"),
+    ("... and offload_reference", "model=llama-2-7b lora=false num_devices=8 sharding=zero3 micro_batch_size=4 "
+     "prompt_length=512 max_new_tokens=512 generation_batch_size=32 gradient_checkpointing=true offload_reference=true"),
+]
+WORKED_COLUMNS = ("policy weights", "gradients", "optimiser", "reference", "KV cache", "generation gather",
+                  "activations", "logits", "peak")
+
+
+def worked_table() -> str:
+    """The Markdown worked table of docs/scale.md: one PPO run per row, GiB per device, and the
+    command that gives each row."""
+    from rlhfkit.runtime.config import parse_args
+
+    lines = ["| PPO run, GiB per device | " + " | ".join(WORKED_COLUMNS) + " |",
+             "| --- |" + " ---: |" * len(WORKED_COLUMNS)]
+    for i, (label, command) in enumerate(WORKED, 1):
+        est = estimate(parse_args(MemoryArgs, command.split(), "rlhfkit estimate-memory"))
+        cells = ["0" if est[k] == 0 else f"{est[k] / GIB:.2f}" for k in WORKED_COLUMNS]
+        lines.append(f"| {i}. {label} | " + " | ".join(cells) + " |")
+    lines.append("")
+    lines += [f"{i}. `rlhfkit estimate-memory {command}`" for i, (_, command) in enumerate(WORKED, 1)]
+    return "\n".join(lines)
+
+
+def run(args: MemoryArgs) -> dict:
+    est = estimate(args)
+    print(render(args, est))
+    return est
+
+
+def main(argv: list[str]) -> int:
+    return config_main(MemoryArgs, run, argv, "rlhfkit estimate-memory")

@@ -1,0 +1,116 @@
+"""Data parallelism on CPU: 2 processes (gloo, `accelerate launch`) against 1 process.
+
+One `accelerate launch` of tests/scale/ddp_worker.py (about 40 s on 2 cores) runs, on each of 2
+processes with B rows, one optimiser step of the policy update of PPO/GRPO (token-mean and
+seq-mean), SFT, the reward model and DPO, then every trainer's CLI for one iteration. A plain
+single process runs the same steps on all 2B rows. With global normalisers (tokens, sequences and
+pairs summed over processes and micro-batches) the two must give the same update: SGD(lr=1)
+makes the parameter change equal to minus the gradient, and the two processes' rows have very
+different token counts, so any per-process normalisation would change it.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+WORKER = Path(__file__).with_name("ddp_worker.py")
+STEPS = ("policy-token-mean", "policy-seq-mean", "sft", "rm", "dpo")
+TRAINERS = ("ppo", "grpo", "sft", "rm", "dpo")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def worker_env() -> dict[str, str]:
+    return {**os.environ, "ACCELERATE_USE_CPU": "1", "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false",
+            "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
+
+
+def launch_command(num_processes: int) -> list[str]:
+    """The documented CPU launch (docs/scale.md): --multi_gpu with ACCELERATE_USE_CPU=1 really starts
+    N gloo processes (--cpu --num_processes N would silently start one)."""
+    accelerate = shutil.which("accelerate", path=str(Path(sys.executable).parent)) or "accelerate"
+    return [accelerate, "launch", "--multi_gpu", "--num_processes", str(num_processes), "--num_machines", "1",
+            "--mixed_precision", "no", "--dynamo_backend", "no", "--main_process_port", str(free_port())]
+
+
+def run(cmd: list[str], timeout: int = 300) -> None:
+    proc = subprocess.run(cmd, env=worker_env(), capture_output=True, text=True, timeout=timeout)
+    assert proc.returncode == 0, f"{' '.join(cmd)} failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-5000:]}"
+
+
+def single_process_steps(model_dir: Path, out: Path) -> None:
+    """The worker's steps in this process (one process: no launcher, saves a Python start-up)."""
+    spec = importlib.util.spec_from_file_location("ddp_worker", WORKER)
+    worker = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(worker)
+    for agg in ("token-mean", "seq-mean"):
+        worker.policy_step(str(model_dir), out, agg)
+    for step in (worker.sft_step, worker.rm_step, worker.dpo_step):
+        step(str(model_dir), out)
+
+
+@pytest.fixture(scope="module")
+def outputs(tiny_model_dir, tmp_path_factory):
+    """(2-process folder, 1-process folder)."""
+    two, one = tmp_path_factory.mktemp("ddp2"), tmp_path_factory.mktemp("ddp1")
+    run([*launch_command(2), str(WORKER), "all", str(tiny_model_dir), str(two)])
+    single_process_steps(tiny_model_dir, one)
+    return two, one
+
+
+@pytest.mark.parametrize("name", STEPS)
+def test_two_processes_give_the_update_of_one_process_with_twice_the_batch(outputs, name):
+    two, one = outputs
+    a, b = torch.load(two / f"{name}-2.pt"), torch.load(one / f"{name}-1.pt")
+    assert a["change"].keys() == b["change"].keys() and len(a["change"]) > 0
+    assert sum(float(c.abs().sum()) for c in b["change"].values()) > 1e-3  # a real update
+    for key, change in b["change"].items():  # float32 sums in another order: ~1e-6 relative (measured <= 1e-6)
+        error = float((a["change"][key] - change).norm())
+        assert error <= 1e-5 * float(change.norm()) + 1e-9, f"{name}: {key}: relative error {error / change.norm():.2g}"
+    for key, value in b["stats"].items():  # logged losses and stats are global too
+        if isinstance(value, float):
+            assert a["stats"][key] == pytest.approx(value, rel=1e-5, abs=1e-7), f"{name}: {key}"
+
+
+def test_each_process_samples_its_own_prompts_with_its_own_seed(outputs):
+    from rlhfkit.trainers.common import PromptStream
+
+    two, _ = outputs
+    ranks = json.loads((two / "shard.json").read_text())
+    assert [r["rank"] for r in ranks] == [0, 1]
+    single = PromptStream([{"prompt": f"p{i}"} for i in range(10)], seed=3)
+    for it in range(3):
+        mine = [r["prompts"][it] for r in ranks]
+        assert mine[0] != mine[1]
+        # together the processes draw what one process drawing twice as many would
+        assert sorted(mine[0] + mine[1]) == sorted(r["prompt"] for r in single.next(6))
+    assert set(ranks[0]["seeds"]).isdisjoint(ranks[1]["seeds"])
+
+
+@pytest.mark.parametrize("command", TRAINERS)
+def test_every_trainer_cli_runs_one_iteration_on_two_processes(outputs, command):
+    run_dir = outputs[0] / "runs" / command
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert [r["iteration"] for r in rows] == [0]  # written once, by the main process
+    assert (run_dir / "config.yaml").is_file() and (run_dir / "summary.json").is_file()
+    assert (run_dir / "final" / "adapter_config.json").is_file()
+
+
+def test_processes_share_one_run_folder_without_a_run_name(outputs):
+    folders = list((outputs[0] / "unnamed").iterdir())
+    assert len(folders) == 1 and folders[0].name.startswith("sft-") and "19990101" not in folders[0].name
+    assert (folders[0] / "final" / "adapter_config.json").is_file()

@@ -1,0 +1,95 @@
+"""rlhfkit.runtime.memory against hand arithmetic and against real (tiny) models."""
+
+from __future__ import annotations
+
+import pytest
+
+from rlhfkit.models.policy import add_lora
+from rlhfkit.runtime.config import build_config
+from rlhfkit.runtime.memory import PRESETS, MemoryArgs, ModelShape, estimate, main
+
+from tiny_lm import build_tiny_model, build_tokenizer
+
+SMOL = PRESETS["smollm2-135m"]
+
+
+def test_smollm2_parameter_and_lora_counts_by_hand():
+    # embeddings (tied) + 30 x (q, o: 576x576; k, v: 576x192; gate, up, down: 576x1536; 2 norms) + final norm
+    per_layer = 2 * 576 * 576 + 2 * 576 * 192 + 3 * 576 * 1536 + 2 * 576
+    assert SMOL.param_count() == 49152 * 576 + 30 * per_layer + 576 == 134_515_008
+    # r * (in + out): q, o 16*(576+576); k, v 16*(576+192); gate, up, down 16*(576+1536)
+    lora_per_layer = 2 * 16 * 1152 + 2 * 16 * 768 + 3 * 16 * 2112
+    assert lora_per_layer == 162_816
+    assert SMOL.lora_count(16) == 30 * lora_per_layer == 4_884_480
+    assert SMOL.lora_count(16, top_layers=12) == 12 * lora_per_layer
+    assert PRESETS["llama-2-7b"].param_count() == 6_738_415_616  # the published 6.74B
+    assert PRESETS["llama-3-8b"].param_count() == 8_030_261_248  # the published 8.03B
+
+
+def test_counts_match_a_real_model_and_real_lora_adapters(tiny_model_dir):
+    import json
+
+    shape = ModelShape.from_config(json.loads((tiny_model_dir / "config.json").read_text()))
+    model = build_tiny_model(len(build_tokenizer()))
+    assert shape.param_count() == sum(p.numel() for p in model.parameters())
+    for top in (None, 1):
+        lora = add_lora(build_tiny_model(len(build_tokenizer())), 4, 8, 0.0, None, top)
+        assert shape.lora_count(4, top) == sum(p.numel() for p in lora.parameters() if p.requires_grad)
+
+
+def test_components_by_hand_for_the_cpu_demo():
+    args = build_config(MemoryArgs, dict(model="smollm2-135m", dtype="fp32", micro_batch_size=8, prompt_length=64,
+                                         max_new_tokens=48, generation_batch_size=16))
+    est = estimate(args)
+    assert est["policy weights"] == 134_515_008 * 4 + 4_884_480 * 4  # fp32 base + fp32 adapters
+    assert est["gradients"] == 4_884_480 * 4 and est["optimiser"] == 4_884_480 * 8
+    assert est["reference"] == 0  # LoRA: the adapter-disabled policy
+    assert est["value head"] == 577 * 16
+    assert est["KV cache"] == 2 * 30 * 3 * 64 * 16 * (64 + 48) * 4 == 82_575_360
+    assert est["activations"] == 30 * 8 * 112 * 576 * 34 * 4 // 2 == 1_052_835_840
+    assert est["logits"] == 8 * 48 * 49152 * 12
+    persistent = est["policy weights"] + est["optimiser"] + est["value head"]
+    assert est["training phase"] == persistent + est["gradients"] + est["activations"] + est["logits"]
+    assert est["peak"] == max(est["training phase"], est["generation phase"])
+
+
+def test_sharding_reference_offload_and_checkpointing():
+    base = dict(model="llama-2-7b", lora=False, dtype="bf16", num_devices=8, micro_batch_size=4, prompt_length=512,
+                max_new_tokens=512)
+    P = 6_738_415_616
+    ddp = estimate(build_config(MemoryArgs, base))
+    z2 = estimate(build_config(MemoryArgs, {**base, "sharding": "zero2"}))
+    z3 = estimate(build_config(MemoryArgs, {**base, "sharding": "zero3"}))
+    assert (ddp["policy weights"], ddp["gradients"], ddp["optimiser"]) == (P * 4, P * 4, P * 8)
+    assert (z2["policy weights"], z2["gradients"], z2["optimiser"]) == (P * 4, P * 4 / 8, P * 8 / 8)
+    assert z3["policy weights"] == P * 4 / 8 and z3["reference"] == P * 2  # the reference is not sharded
+    assert z3["generation gather"] == P * 2 and ddp["generation gather"] == 0  # ZeRO-3 samples with full weights
+    assert z3["generation phase"] == z3["policy weights"] + z3["optimiser"] + z3["reference"] + z3["value head"] \
+        + z3["KV cache"] + z3["generation gather"]
+    assert estimate(build_config(MemoryArgs, {**base, "offload_reference": True}))["reference"] == 0
+    ckpt = estimate(build_config(MemoryArgs, {**base, "gradient_checkpointing": True}))
+    assert ckpt["activations"] == 32 * 4 * 1024 * 4096 * 2 + 4 * 1024 * 4096 * 34
+    assert ckpt["activations"] < ddp["activations"] / 10
+    assert estimate(build_config(MemoryArgs, {**base, "method": "sft"}))["reference"] == 0
+
+
+def test_cli_prints_a_table_for_a_model_folder(tiny_model_dir, capsys):
+    assert main([f"model={tiny_model_dir}", "method=grpo"]) == 0
+    out = capsys.readouterr().out
+    assert "| peak |" in out and "| KV cache |" in out
+
+
+def test_unknown_model_is_a_one_line_error():
+    from rlhfkit.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="expected one of smollm2-135m"):
+        main(["model=no-such-model"])
+
+
+def test_the_worked_table_in_docs_is_what_the_function_computes():
+    from pathlib import Path
+
+    from rlhfkit.runtime.memory import worked_table
+
+    doc = (Path(__file__).parents[2] / "docs" / "scale.md").read_text()
+    assert worked_table() in doc, "docs/scale.md's worked table is stale: paste rlhfkit.runtime.memory.worked_table()"

@@ -1,0 +1,99 @@
+"""rlhfkit.runtime.checkpoint: atomic writes, what counts as complete, pruning, RNG and log handling."""
+
+from __future__ import annotations
+
+import json
+import random
+
+import numpy as np
+import pytest
+import torch
+
+from rlhfkit.errors import UserError
+from rlhfkit.runtime.checkpoint import (
+    CHECKPOINTS,
+    META,
+    WEIGHTS,
+    checkpoints,
+    latest_checkpoint,
+    load_rng,
+    load_state,
+    load_trainable,
+    truncate_logs,
+    write_checkpoint,
+)
+
+
+def _model(seed=0):
+    torch.manual_seed(seed)
+    m = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Linear(4, 1))
+    m[0].requires_grad_(False)  # a frozen "base": not saved
+    return m
+
+
+def _write(run, step, model=None, keep=5):
+    return write_checkpoint(run, step, model=model or _model(), state={"step": step}, config_text="seed: 0\n", keep=keep)
+
+
+def test_written_checkpoint_holds_trainable_weights_state_and_rng(tmp_path):
+    model = _model(1)
+    random.seed(3)
+    np.random.seed(3)
+    torch.manual_seed(3)
+    path = _write(tmp_path, 7, model)
+    expected = (random.random(), float(np.random.rand()), torch.rand(1).item())
+    assert path == tmp_path / CHECKPOINTS / "step-7" and latest_checkpoint(tmp_path) == path
+    assert json.loads((path / META).read_text())["step"] == 7 and load_state(path) == {"step": 7}
+    from safetensors.torch import load_file
+
+    assert set(load_file(str(path / WEIGHTS))) == {"1.weight", "1.bias"}  # requires_grad only
+    fresh = _model(2)
+    load_trainable(fresh, path)
+    assert torch.equal(fresh[1].weight, model[1].weight) and not torch.equal(fresh[0].weight, model[0].weight)
+    from rlhfkit.runtime.seeding import set_rng_state
+
+    set_rng_state(load_rng(path, 0))  # the states at save time: the same draws again
+    assert (random.random(), float(np.random.rand()), torch.rand(1).item()) == expected
+    assert load_rng(path, 1) is None
+
+
+def test_only_complete_folders_count_and_leftovers_are_ignored(tmp_path):
+    _write(tmp_path, 1)
+    root = tmp_path / CHECKPOINTS
+    (root / ".tmp-step-3").mkdir()  # a crash before the rename
+    (root / ".tmp-step-3" / META).write_text(json.dumps({"step": 3, "files": []}))
+    (root / "step-2").mkdir()  # no meta.json: not a checkpoint
+    (root / "step-4").mkdir()  # meta.json names a missing file
+    (root / "step-4" / META).write_text(json.dumps({"step": 4, "files": ["state.pt"]}))
+    (root / "notes").mkdir()
+    assert checkpoints(tmp_path) == [root / "step-1"]
+    assert latest_checkpoint(tmp_path / "nowhere") is None
+
+
+def test_keep_prunes_the_oldest_and_a_step_saved_again_is_replaced(tmp_path):
+    for step in (1, 2, 3, 10):  # numeric order, not text order (10 > 3)
+        _write(tmp_path, step, keep=2)
+    assert [p.name for p in checkpoints(tmp_path)] == ["step-3", "step-10"]
+    _write(tmp_path, 10, keep=2)
+    assert sorted(p.name for p in (tmp_path / CHECKPOINTS).iterdir()) == ["step-10", "step-3"]
+
+
+def test_weights_of_another_model_are_a_one_line_error(tmp_path):
+    path = _write(tmp_path, 1)
+    other = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Linear(4, 2))
+    other[0].requires_grad_(False)
+    with pytest.raises(UserError, match="1.weight has shape"):
+        load_trainable(other, path)
+    with pytest.raises(UserError, match="does not fit this model"):
+        load_trainable(torch.nn.Linear(4, 1), path)
+
+
+def test_truncate_logs_keeps_rows_before_the_step_and_drops_a_torn_line(tmp_path):
+    rows = [{"iteration": i, "x": i} for i in range(5)]
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows) + '{"iteration": 5, "x"')
+    (tmp_path / "samples.jsonl").write_text("".join(json.dumps({"iteration": i // 2}) + "\n" for i in range(8)))
+    kept = truncate_logs(tmp_path, 3)
+    assert kept == rows[:3]
+    assert [json.loads(x)["iteration"] for x in (tmp_path / "metrics.jsonl").read_text().splitlines()] == [0, 1, 2]
+    assert [json.loads(x)["iteration"] for x in (tmp_path / "samples.jsonl").read_text().splitlines()] == [0, 0, 1, 1,
+                                                                                                           2, 2]
