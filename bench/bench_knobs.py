@@ -127,8 +127,9 @@ def machine() -> str:
 def render(header: str, results: dict, max_new_tokens: int) -> str:
     base = results.get("baseline")
     w = {k: v for k, v in work(max_new_tokens).items() if k not in ("quiet", "tensorboard", "save_every")}
-    lines = [f"Machine: {header}. The machine was shared with other jobs while this ran: times are indicative, "
-             "memory figures are not affected.", "",
+    busy = os.getloadavg()[0] > 1.5  # other jobs on these cores: the times are not comparable
+    lines = [f"Machine: {header}." + (" The machine was shared with other jobs while this ran: times are indicative, "
+                                      "memory figures are not affected." if busy else ""), "",
              f"Work: SmolLM2-135M-Instruct, one PPO iteration per configuration, each in a fresh process: "
              f"{json.dumps(w)}; LoRA r=16 on every layer unless noted. `peak RSS` is the process's high-water mark "
              "(model loading included); `iteration peak` the highest RSS sampled during the iteration; `increment` "

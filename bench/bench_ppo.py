@@ -177,7 +177,7 @@ def main() -> None:
     print(header)
     results: dict[str, dict | str] = {}
     for name in names:
-        if CONFIGS[name]["dtype"] == "bf16" and not (fast_bf16_available() or a.force_bf16):
+        if name in CONFIGS and CONFIGS[name]["dtype"] == "bf16" and not (fast_bf16_available() or a.force_bf16):
             results[name] = "skipped: no fast bf16 on this machine (bf16 matmuls are slower than fp32 here)"
             print(f"{name}: {results[name]}")
             continue
@@ -238,6 +238,10 @@ def render_trl(results: dict) -> list[str]:
             lines.append(f"| {name} | {t['iteration_s']:.1f} | {t['peak_rss_gb']:.2f} | {ours_name} "
                          f"| {ours['iteration_s']:.1f} | {t['iteration_s'] / ours['iteration_s']:.2f}x "
                          f"| {ours['peak_rss_gb']:.2f} | {ours['peak_rss_gb'] / t['peak_rss_gb']:.2f} |")
+    lines += ["", "TRL needs a reward *model* and a separate value model (its design), so it also runs a 135M "
+              "reward-model forward per rollout and trains a full 135M value model; rlhfkit puts a value head on "
+              "the shared base and calls the reward function. `lora-top12-fp32` is rlhfkit's default adapter "
+              "(LoRA on the top 12 of 30 layers); `lora-fp32` adapts every layer, like the TRL run."]
     return lines
 
 
