@@ -15,6 +15,7 @@ import torch
 from torch import nn
 
 from rlhfkit.errors import UserError
+from rlhfkit.models.shared_prompts import response_hidden
 
 VALUE_HEAD_FILE = "value_head.safetensors"
 
@@ -48,17 +49,33 @@ def position_ids_from_mask(attention_mask: torch.Tensor) -> torch.Tensor:
     return (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
 
 
+def response_hidden_states(decoder: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor,
+                           num_response: int, share_prompts: bool = False) -> torch.Tensor:
+    """Final hidden states (B, R, H) of the positions predicting the R response tokens: response
+    token i is predicted from position P-1+i (pitfall 4), so positions [L-R-1, L-1) are kept.
+    `share_prompts`: rows with the same prompt run it once (equal up to float rounding)."""
+    pos = position_ids_from_mask(attention_mask)
+    if share_prompts:
+        hidden = response_hidden(decoder, input_ids, attention_mask, pos, num_response)
+        if hidden is not None:
+            return hidden
+    return decoder(input_ids=input_ids, attention_mask=attention_mask, position_ids=pos,
+                   use_cache=False).last_hidden_state[:, -num_response - 1 : -1]
+
+
 class ActorCritic(nn.Module):
     """Policy LM + value head on the shared base (one forward gives logits and values),
     or on a separate critic backbone when `critic` is given. `value_head=None` gives a
     policy-only model (GRPO, RLOO, DPO): values are then always None.
     """
 
-    def __init__(self, policy: nn.Module, value_head: ValueHead | None, critic: nn.Module | None = None):
+    def __init__(self, policy: nn.Module, value_head: ValueHead | None, critic: nn.Module | None = None,
+                 share_prompts: bool = False):
         super().__init__()
         self.policy = policy
         self.value_head = value_head
         self.critic = critic
+        self.share_prompts = share_prompts  # run a prompt shared by several rows once (shared_prompts.py)
 
     @property
     def config(self):
@@ -77,18 +94,14 @@ class ActorCritic(nn.Module):
         positions [L-R-1, L-1): logits (B, R, V), values (B, R).
         """
         lm = _unwrap(self.policy)
-        pos = position_ids_from_mask(attention_mask)
-        hidden = lm.get_decoder()(
-            input_ids=input_ids, attention_mask=attention_mask, position_ids=pos, use_cache=False
-        ).last_hidden_state  # (B, L, H)
-        hidden = hidden[:, -num_response - 1 : -1]  # (B, R, H)
+        hidden = response_hidden_states(lm.get_decoder(), input_ids, attention_mask, num_response,
+                                        self.share_prompts)  # (B, R, H)
         logits = lm.get_output_embeddings()(hidden)  # (B, R, V)
         values = None
         if with_values and self.value_head is not None:
             if self.critic is not None:
-                ch = _unwrap(self.critic).get_decoder()(
-                    input_ids=input_ids, attention_mask=attention_mask, position_ids=pos, use_cache=False
-                ).last_hidden_state[:, -num_response - 1 : -1]
+                ch = response_hidden_states(_unwrap(self.critic).get_decoder(), input_ids, attention_mask,
+                                            num_response, self.share_prompts)
                 values = self.value_head(ch)
             else:
                 values = self.value_head(hidden)
@@ -149,10 +162,8 @@ class Reference:
             with self._adapter_off():
                 logits, _ = self.actor(input_ids, attention_mask, num_response, with_values=False)
             return logits
-        pos = position_ids_from_mask(attention_mask)
-        hidden = self.frozen.get_decoder()(
-            input_ids=input_ids, attention_mask=attention_mask, position_ids=pos, use_cache=False
-        ).last_hidden_state[:, -num_response - 1 : -1]
+        hidden = response_hidden_states(self.frozen.get_decoder(), input_ids, attention_mask, num_response,
+                                        self.actor.share_prompts)
         return self.frozen.get_output_embeddings()(hidden)
 
 

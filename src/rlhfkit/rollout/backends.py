@@ -56,9 +56,9 @@ class HFBackend:
         pass
 
     def generate(self, policy, tokenizer, texts: list[str], params: SamplingParams, seed: int,
-                 batch_size: int | None = None) -> Rollout:
+                 batch_size: int | None = None, share_prompts: bool = False) -> Rollout:
         torch.manual_seed(seed)
-        return generate(policy, tokenizer, texts, params, batch_size=batch_size)
+        return generate(policy, tokenizer, texts, params, batch_size=batch_size, share_prompts=share_prompts)
 
 
 class VLLMBackend:
@@ -106,7 +106,8 @@ class VLLMBackend:
         self.syncs += 1
 
     def generate(self, policy, tokenizer, texts: list[str], params: SamplingParams, seed: int,
-                 batch_size: int | None = None) -> Rollout:
+                 batch_size: int | None = None, share_prompts: bool = False) -> Rollout:
+        """`share_prompts` is accepted for the common interface: vLLM caches shared prefixes itself."""
         enc = tokenizer(texts, return_tensors="pt", padding=True, add_special_tokens=False)
         if params.max_prompt_length is not None:  # the same prompt cut as HF generate (left padding)
             enc = {k: v[:, -params.max_prompt_length :] for k, v in enc.items()}

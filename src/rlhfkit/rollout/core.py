@@ -14,6 +14,7 @@ from dataclasses import dataclass, field, fields
 import torch
 
 from rlhfkit.algos import logprobs_and_entropy, response_mask
+from rlhfkit.models.shared_prompts import shared_prompt_cache
 
 
 @dataclass
@@ -97,10 +98,13 @@ def generate(
     prompt_texts: list[str],
     params: SamplingParams,
     batch_size: int | None = None,
+    share_prompts: bool = False,
 ) -> Rollout:
     """Sample one response per prompt text (already chat-formatted). KV-cached HF generate.
 
     Prompts are left-padded so every response starts at the same column (pitfall 2).
+    `share_prompts`: a prompt repeated in a generate() call (GRPO's groups) is prefilled once
+    and its cache copied to its rows (models/shared_prompts.py).
     """
     from transformers import GenerationConfig
 
@@ -126,7 +130,9 @@ def generate(
     for i in range(0, len(prompt_texts), step):
         ids = enc["input_ids"][i : i + step].to(device)
         mask = enc["attention_mask"][i : i + step].to(device)
-        seq = model.generate(input_ids=ids, attention_mask=mask, generation_config=gen_cfg)
+        cache = shared_prompt_cache(model, ids, mask) if share_prompts else None
+        extra = {} if cache is None else {"past_key_values": cache}
+        seq = model.generate(input_ids=ids, attention_mask=mask, generation_config=gen_cfg, **extra)
         outs.append(seq[:, ids.shape[1] :].cpu())
     model.train(was_training)
     return rollout_from_tokens(tokenizer, enc, [row for o in outs for row in o], stop_ids)

@@ -39,6 +39,7 @@ from rlhfkit.trainers.policy_update import (  # noqa: F401  (RatioCheckError: re
     RatioCheckError,
     policy_update_metrics,
     rollout_metrics,
+    shuffled_rows,
     start_run,
 )
 
@@ -49,7 +50,7 @@ def build_policy_model(cfg: GRPOConfig):
     from rlhfkit.trainers.common import build_policy
 
     policy, tok = build_policy(cfg)
-    actor = ActorCritic(policy, value_head=None)
+    actor = ActorCritic(policy, value_head=None, share_prompts=cfg.share_prompts and not cfg.gradient_checkpointing)
     reference = None
     if cfg.beta > 0:
         reference = Reference(actor, use_adapter_off=cfg.lora, dtype=torch.bfloat16 if cfg.dtype == "bf16" else None,
@@ -154,11 +155,12 @@ def train(cfg: GRPOConfig) -> dict:
             t1 = t2 = time.time()
             if len(rows):
                 used = keep_rows(rollout, rows)
-                perm = torch.randperm(len(rows), generator=run.generator)
+                shuffle_group = G if run.core.share_prompts else 1  # a group's rows meet in micro-batches
+                perm = shuffled_rows(len(rows), run.generator, shuffle_group, cfg.optimiser_batch)
                 run.score(used, perm)  # step 4
                 metrics["timing/logprobs_s"] = used.timings["timing/logprobs_s"]  # `used` is a copy of `rollout`
                 t1 = time.time()
-                m = run.update(used, loss_fn, cfg.update_epochs, cfg.optimiser_batch, perm)  # step 5
+                m = run.update(used, loss_fn, cfg.update_epochs, cfg.optimiser_batch, perm, shuffle_group)  # step 5
                 t2 = time.time()
                 metrics.update(policy_update_metrics(m))
                 metrics["rollout/entropy"] = masked_mean(used.entropy, used.response_mask).item()

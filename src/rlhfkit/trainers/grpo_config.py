@@ -38,6 +38,10 @@ class GRPOConfig(GenerationArgs, ReferenceArgs, SamplingArgs, ModelArgs, RunArgs
     group_size: int = option(8, "G: completions sampled per prompt (the group the baseline is taken over)")
     max_new_tokens: int = option(16, "response length limit")
     generation_batch_size: int = option(64, "prompts per generate() call")
+    share_prompts: bool = option(True, "run each prompt once per generate() call and per micro-batch instead of once "
+                                 "per completion (its keys/values are copied to the G rows; equal up to float "
+                                 "rounding); a mini-batch's rows are ordered by group so its micro-batches hold "
+                                 "few distinct prompts. Off under gradient_checkpointing")
     # advantages
     advantage: str = option("group", "baseline: group = GRPO mean (optionally / std); rloo = leave-one-out mean", ADVANTAGES)
     scale_rewards: bool = option(True, "GRPO: divide by the group's std (false = Dr. GRPO, centred only)")

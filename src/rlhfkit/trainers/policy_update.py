@@ -56,9 +56,11 @@ def sample_rollout(actor, tok, records, cfg, params: SamplingParams, seed: int, 
     with autocast(cfg.dtype, device):
         if backend is None:
             torch.manual_seed(seed)
-            rollout = generate(actor.policy, tok, formatted, params, batch_size=cfg.generation_batch_size)
+            rollout = generate(actor.policy, tok, formatted, params, batch_size=cfg.generation_batch_size,
+                               share_prompts=actor.share_prompts)
         else:
-            rollout = backend.generate(actor.policy, tok, formatted, params, seed, cfg.generation_batch_size)
+            rollout = backend.generate(actor.policy, tok, formatted, params, seed, cfg.generation_batch_size,
+                                       share_prompts=actor.share_prompts)
     t1 = time.perf_counter()
     rollout.prompts = [str(r["prompt"]) for r in records]
     rollout.info = info_lists(records)
@@ -102,10 +104,23 @@ def rollout_metrics(rollout: Rollout) -> dict[str, float]:
 # ----------------------------------------------------------------------------- update
 
 
+def shuffled_rows(n_rows: int, generator: torch.Generator, group_size: int = 1,
+                  mini_batch_size: int | None = None) -> torch.Tensor:
+    """A random order of `n_rows` rows (`torch.randperm`, draw for draw). With group_size G > 1 the
+    rows of each mini-batch are then sorted by their group (G consecutive rows share a prompt):
+    the same rows in the same mini-batches, so the same optimisation, but each micro-batch holds
+    few distinct prompts, and each runs once (models/shared_prompts.py)."""
+    perm = torch.randperm(n_rows, generator=generator)
+    if group_size == 1:
+        return perm
+    chunks = perm.split(mini_batch_size or n_rows)
+    return torch.cat([c[torch.argsort(c // group_size, stable=True)] for c in chunks])
+
+
 def update_policy(model, optimizer, scheduler, accelerator, rollout: Rollout, loss_fn: LossFn, *, epochs: int,
                   mini_batch_size: int, micro_batch_size: int, max_grad_norm: float, ratio_check_tol: float,
                   generator: torch.Generator, first_perm: torch.Tensor, guard: NonFiniteGuard | None = None,
-                  where: str = "") -> dict[str, float]:
+                  where: str = "", group_size: int = 1) -> dict[str, float]:
     """`epochs` x shuffled mini-batches x micro-batches; one optimiser step per mini-batch.
 
     `first_perm` is epoch 0's shuffle, the one the scoring pass grouped its micro-batches by, so
@@ -113,6 +128,7 @@ def update_policy(model, optimizer, scheduler, accelerator, rollout: Rollout, lo
     Each micro-batch loss is normalised by the whole mini-batch's token and sequence counts, summed
     over processes, so the accumulated gradient does not depend on the split (pitfall 11) nor on
     the number of processes: N processes x b rows give the update of 1 process x N*b rows.
+    With group_size > 1 the rows of a mini-batch are ordered by group (`shuffled_rows`).
     A step whose loss or gradient norm is non-finite is skipped (`guarded_step`; `guard` counts
     them, `where` names the iteration in its messages).
     Returns the stats of all processes averaged over optimiser steps, plus "grad_norm" (before
@@ -124,7 +140,7 @@ def update_policy(model, optimizer, scheduler, accelerator, rollout: Rollout, lo
     n_steps = skipped = 0
     first_dev = None
     for epoch in range(epochs):
-        perm = first_perm if epoch == 0 else torch.randperm(B, generator=generator)
+        perm = first_perm if epoch == 0 else shuffled_rows(B, generator, group_size, mini_batch_size)
         for start in range(0, B, mini_batch_size):
             mini = perm[start : start + mini_batch_size]
             # Global token and sequence counts of this mini-batch (all micro-batches, all processes).
@@ -266,14 +282,15 @@ class RLRun:
         return self.score(self.sample(records, iteration), order)
 
     def update(self, rollout: Rollout, loss_fn: LossFn, epochs: int, mini_batch_size: int,
-               first_perm: torch.Tensor) -> dict[str, float]:
+               first_perm: torch.Tensor, group_size: int = 1) -> dict[str, float]:
         cfg = self.cfg
         with self.tracker.phase("update", None):
             return update_policy(self.model, self.optimizer, self.scheduler, self.accelerator, rollout, loss_fn,
                                  epochs=epochs, mini_batch_size=mini_batch_size,
                                  micro_batch_size=cfg.micro_batch_size, max_grad_norm=cfg.max_grad_norm,
                                  ratio_check_tol=cfg.ratio_check_tol, generator=self.generator,
-                                 first_perm=first_perm, guard=self.guard, where=f"iteration {self.iteration}, ")
+                                 first_perm=first_perm, guard=self.guard, where=f"iteration {self.iteration}, ",
+                                 group_size=group_size)
 
     def log(self, iteration: int, rollout: Rollout, metrics: dict[str, float], times: tuple[float, float, float],
             extra_sample_fields: dict[str, list] | None = None) -> None:
