@@ -43,6 +43,7 @@ from pathlib import Path
 GRPO_CONFIGS = {
     "grpo": {},  # `rlhfkit grpo` as shipped (drop_zero_std_groups=True: all-equal-reward groups skip the update)
     "grpo-all-rows": {"drop_zero_std_groups": False},  # every row updated, like TRL
+    "grpo-all-rows-unshared": {"drop_zero_std_groups": False, "share_prompts": False},  # and each row runs its prompt
     "grpo-lora-all": {"lora_layers": None},  # only run when the default adapts the top N layers only
 }
 DPO_CONFIGS = {
@@ -51,7 +52,7 @@ DPO_CONFIGS = {
 }
 # trl configurations -> the rlhfkit configurations they are compared with.
 TRL_CONFIGS = {
-    "trl-grpo": ["grpo", "grpo-all-rows", "grpo-lora-all"],
+    "trl-grpo": ["grpo", "grpo-all-rows", "grpo-all-rows-unshared", "grpo-lora-all"],
     "trl-dpo": ["dpo"],
     "trl-dpo-ref-on-the-fly": ["dpo-ref-on-the-fly"],
 }
@@ -542,8 +543,9 @@ def render(header: str, results: dict, grpo_steps: int, dpo_steps: int) -> str:
                   "same reward (advantage 0) are left out of the teacher-forced pass and the update "
                   "(drop_zero_std_groups), so its time depends on the share of such groups (\"rows updated\"; "
                   "with a 135M model most arithmetic groups score all 0). `grpo-all-rows` updates every row: the "
-                  "same work as TRL, which has no such option. \"old log-probs s\" = timing/rollout_s - generate - "
-                  "reward (rlhfkit grpo logs no timing/logprobs_s)."]
+                  "same work as TRL, which has no such option. Both run each group's prompt once in sampling, "
+                  "scoring and the update (share_prompts, docs/algorithms.md); `grpo-all-rows-unshared` runs it "
+                  "for every row, as TRL does, which isolates that gain. \"old log-probs s\" = timing/logprobs_s."]
     if dpo:
         lines += ["", f"**DPO** (`rlhfkit dpo` defaults): {dpo_work(d, n_pairs)}. One unit = one optimiser step of "
                   f"{d.batch_size} pairs (rlhfkit: metrics.jsonl timing/step_s; TRL: wall time between on_step_end "

@@ -299,3 +299,31 @@ def test_arithmetic_demo_prints_accuracy_before_and_after(tmp_path, tiny_model_d
     assert "[eval] held-out accuracy (T=1.0): 0.0% before -> 0.0% after (n=4)" in out
     summary = json.loads((tmp_path / "runs" / "t" / "summary.json").read_text())
     assert summary["eval_before"]["n"] == 4
+
+
+# ----------------------------------------------------------------------------- shared prompts
+
+
+@pytest.mark.parametrize("beta", [0.0, 0.1])
+def test_sharing_prompts_changes_no_result_of_a_run(tmp_path, tiny_model_dir, monkeypatch, beta):
+    """share_prompts (default on) against off: the same samples, rewards and update to float rounding,
+    and the shared path really ran (the prompt pass saw one row per distinct prompt)."""
+    import rlhfkit.models.shared_prompts as sp
+
+    prompt_rows = []
+    original = sp.prompt_cache
+    monkeypatch.setattr(sp, "prompt_cache", lambda m, ids, *a: prompt_rows.append(len(a[2])) or original(m, ids, *a))
+    runs = {}
+    for share in (False, True):
+        out = tmp_path / str(share)
+        out.mkdir()
+        train(tiny_cfg(out, tiny_model_dir, iterations=2, share_prompts=share, beta=beta, lora=False, lr=1e-2,
+                       update_epochs=2, drop_zero_std_groups=False))
+        runs[share] = metrics_rows(out)
+    assert prompt_rows and all(n in (1, 2) for n in prompt_rows)  # 2 groups of 4 rows: at most 2 prompts at once
+    for plain, shared in zip(runs[False], runs[True]):
+        assert shared["rollout/score_mean"] == plain["rollout/score_mean"]
+        assert shared["rollout/response_length"] == plain["rollout/response_length"]
+        for key in ("loss/policy", "params/approx_kl", "params/grad_norm", "rollout/entropy"):
+            assert shared[key] == pytest.approx(plain[key], rel=1e-4, abs=1e-6), key
+        assert shared["params/ratio_first_microbatch_maxdev"] < 1e-5

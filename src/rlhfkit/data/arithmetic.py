@@ -3,8 +3,8 @@
 Problems are short word problems ("Sam has 7 apples and buys 5 more. ...") or
 plain sums ("What is 7 + 5?"), each with a GSM8K-style ``answer`` string
 (``"7 + 5 = 12\\n#### 12"``) and the integer ``answer_value``. Operands stay small
-(<= 20 by default) so a 135M model starts around 10-15% sampled accuracy and
-can visibly improve.
+(<= 20 by default): SmolLM2-135M-Instruct starts at 3-8% sampled accuracy (T = 1,
+16 new tokens) and `rlhfkit grpo` takes it to ~58% (docs/algorithms.md).
 """
 
 from __future__ import annotations
