@@ -264,3 +264,33 @@ def test_help_lists_every_field(capsys):
     out = capsys.readouterr().out
     for f in dataclasses.fields(DPOConfig):
         assert f"  {f.name} (" in out, f.name
+
+
+@pytest.mark.parametrize("precompute", [True, False])
+def test_sharing_a_pairs_prompt_changes_no_result(tmp_path, tiny_model_dir, monkeypatch, precompute):
+    """share_prompts (default on) runs a pair's prompt once for its chosen and rejected rows: every
+    metric equals the unshared run's to float rounding, and the shared path really ran."""
+    import rlhfkit.models.shared_prompts as sp
+
+    prompt_rows, rows_in = [], []
+    original = sp.prompt_cache
+
+    def counting(model, ids, *a):
+        prompt_rows.append(len(a[2]))
+        rows_in.append(len(a[3]))
+        return original(model, ids, *a)
+
+    monkeypatch.setattr(sp, "prompt_cache", counting)
+    runs = {}
+    for share in (False, True):
+        out = tmp_path / str(share)
+        out.mkdir()
+        train(tiny_cfg(out, tiny_model_dir, share_prompts=share, precompute_ref_logps=precompute, lora=False,
+                       lr=1e-3))
+        runs[share] = metrics_rows(out)
+    assert prompt_rows and all(2 * n == m for n, m in zip(prompt_rows, rows_in))  # one prompt pass per pair
+    assert len(runs[True]) == len(runs[False]) > 0
+    for plain, shared in zip(runs[False], runs[True]):
+        for key in ("loss/dpo", "rewards/chosen", "rewards/rejected", "logps/chosen", "logps/rejected",
+                    "params/grad_norm"):
+            assert shared[key] == pytest.approx(plain[key], rel=1e-4, abs=1e-5), key

@@ -171,7 +171,7 @@ def build_models(cfg: DPOConfig):
     from rlhfkit.trainers.common import build_policy
 
     policy, tok = build_policy(cfg)
-    model = ActorCritic(policy, value_head=None)
+    model = ActorCritic(policy, value_head=None, share_prompts=cfg.share_prompts and not cfg.gradient_checkpointing)
     ref_dtype = torch.bfloat16 if cfg.dtype == "bf16" else None
     other = load_causal_lm(cfg.reference_model, dtype="fp32", trainable=False) if cfg.reference_model else None
     reference = Reference(model, use_adapter_off=cfg.lora, dtype=ref_dtype, model=other, offload=cfg.offload_reference)

@@ -44,6 +44,8 @@ class DPOConfig(ReferenceArgs, ModelArgs, RunArgs):
     max_steps: int | None = option(None, "stop after this many optimiser steps (None: epochs decide)")
     batch_size: int = option(16, "pairs per optimiser step (all processes together; each takes its share)")
     micro_batch_size: int = option(4, "pairs per forward/backward (2 x this many sequences)")
+    share_prompts: bool = option(True, "run a pair's prompt once for its chosen and rejected response (their keys/values "
+                                 "are copied to both rows; equal up to float rounding). Off under gradient_checkpointing")
     lr: float = option(1e-4, "AdamW learning rate (LoRA default; use ~5e-7..5e-6 for full fine-tuning)")
     warmup_steps: int = option(4, "linear lr warm-up, in optimiser steps")
     weight_decay: float = option(0.0, "AdamW weight decay")
