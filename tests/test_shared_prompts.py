@@ -13,6 +13,7 @@ from rlhfkit.models.shared_prompts import distinct_prompts, response_hidden
 from rlhfkit.rollout import SamplingParams
 from rlhfkit.rollout.core import generate
 from rlhfkit.trainers.policy_update import shuffled_rows
+
 from tiny_lm import build_tiny_model, build_tokenizer
 
 PAD = 2

@@ -1,4 +1,5 @@
-"""Compute each distinct prompt once when several rows of a batch share it (GRPO/RLOO groups).
+"""Compute each distinct prompt once when several rows of a batch share it (GRPO/RLOO groups,
+a DPO pair's chosen and rejected rows).
 
 A causal decoder's states at the prompt positions depend only on the prompt, so G rows with the
 same prompt can run the prompt through the model once and attend to one copy of its keys and
@@ -90,6 +91,8 @@ def shared_prompt_cache(model: nn.Module, input_ids: torch.Tensor, attention_mas
     shared = distinct_prompts(input_ids, attention_mask)
     if shared is None:
         return None
+    from rlhfkit.models.policy import position_ids_from_mask  # policy imports this module
+
     rows, inverse = shared
-    pos = (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
+    pos = position_ids_from_mask(attention_mask)
     return prompt_cache(model, input_ids[:, :-1], attention_mask[:, :-1], pos[:, :-1], rows, inverse)
