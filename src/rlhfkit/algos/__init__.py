@@ -4,6 +4,7 @@ Notation used in every docstring: B batch, T response length, V vocab, G group s
 
 - masks:      masked_sum / masked_mean / masked_var / masked_whiten, response_mask, last_valid_index
 - logprobs:   logprobs_from_logits, entropy_from_logits, logprobs_and_entropy (temperature-aware)
+- head:       head_logprobs (log-probs and entropy from hidden states, output layer fused in)
 - kl:         kl_k1 / kl_k2 / kl_k3 / kl_abs / kl_estimate, Fixed- and AdaptiveKLController
 - rewards:    shape_rewards (per-token KL penalty + sequence score on the last valid token)
 - advantages: gae (+ gae_reference loop), group_advantages (GRPO), leave_one_out_advantages (RLOO)
@@ -18,6 +19,7 @@ from .advantages import (
     group_advantages,
     leave_one_out_advantages,
 )
+from .head import head_logprobs
 from .kl import (
     KL_ESTIMATORS,
     AdaptiveKLController,
@@ -54,6 +56,7 @@ __all__ = [
     "logprobs_from_logits",
     "entropy_from_logits",
     "logprobs_and_entropy",
+    "head_logprobs",
     # KL
     "KL_ESTIMATORS",
     "kl_k1",

@@ -14,6 +14,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from rlhfkit.algos.head import head_logprobs
 from rlhfkit.errors import UserError
 from rlhfkit.models.shared_prompts import response_hidden
 
@@ -87,16 +88,25 @@ class ActorCritic(nn.Module):
         attention_mask: torch.Tensor,  # (B, L)
         num_response: int,
         with_values: bool = True,
-    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        response_ids: torch.Tensor | None = None,  # (B, R)
+        response_mask: torch.Tensor | None = None,  # (B, R)
+        temperature: float = 1.0,
+        with_entropy: bool = False,
+        entropy_grad: bool = True,
+    ) -> tuple[torch.Tensor, ...]:
         """Logits and values for the last `num_response` tokens (the response).
 
         The prediction for response token i comes from position P-1+i (pitfall 4), so we keep
         positions [L-R-1, L-1): logits (B, R, V), values (B, R).
+
+        Given `response_ids`, returns (log-probs (B, R), values, entropy (B, R) or None) of those
+        tokens at `temperature` instead of logits, through the fused output head
+        (algos.head_logprobs: no (B, R, V) logits kept); positions where `response_mask` is 0 are
+        skipped and read 0. `entropy_grad=False` gives the entropy as a constant (a metric).
         """
         lm = _unwrap(self.policy)
         hidden = response_hidden_states(lm.get_decoder(), input_ids, attention_mask, num_response,
                                         self.share_prompts)  # (B, R, H)
-        logits = lm.get_output_embeddings()(hidden)  # (B, R, V)
         values = None
         if with_values and self.value_head is not None:
             if self.critic is not None:
@@ -105,7 +115,11 @@ class ActorCritic(nn.Module):
                 values = self.value_head(ch)
             else:
                 values = self.value_head(hidden)
-        return logits, values
+        if response_ids is not None:
+            logp, ent = head_logprobs(hidden, lm.get_output_embeddings(), response_ids, response_mask, temperature,
+                                      with_entropy, entropy_grad)
+            return logp, values, ent
+        return lm.get_output_embeddings()(hidden), values  # (B, R, V), (B, R)
 
 
 class Reference:
@@ -158,13 +172,30 @@ class Reference:
 
     @torch.no_grad()
     def logits(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, num_response: int) -> torch.Tensor:
+        """Reference logits (B, R, V) of the last `num_response` positions."""
         if self.frozen is None:
             with self._adapter_off():
                 logits, _ = self.actor(input_ids, attention_mask, num_response, with_values=False)
             return logits
-        hidden = response_hidden_states(self.frozen.get_decoder(), input_ids, attention_mask, num_response,
-                                        self.actor.share_prompts)
-        return self.frozen.get_output_embeddings()(hidden)
+        return self.frozen.get_output_embeddings()(self._frozen_hidden(input_ids, attention_mask, num_response))
+
+    @torch.no_grad()
+    def logprobs(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, response_ids: torch.Tensor,
+                 response_mask: torch.Tensor | None = None, temperature: float = 1.0) -> torch.Tensor:
+        """Reference log-probs (B, R) of `response_ids` at `temperature` (fused head; 0 where
+        `response_mask` is 0), computed like the policy's so that equal weights give equal bits."""
+        R = response_ids.shape[1]
+        if self.frozen is None:
+            with self._adapter_off():
+                logp, _, _ = self.actor(input_ids, attention_mask, R, with_values=False, response_ids=response_ids,
+                                        response_mask=response_mask, temperature=temperature)
+            return logp
+        hidden = self._frozen_hidden(input_ids, attention_mask, R)
+        return head_logprobs(hidden, self.frozen.get_output_embeddings(), response_ids, response_mask, temperature)[0]
+
+    def _frozen_hidden(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, num_response: int) -> torch.Tensor:
+        return response_hidden_states(self.frozen.get_decoder(), input_ids, attention_mask, num_response,
+                                      self.actor.share_prompts)
 
 
 def default_lora_targets(model: nn.Module) -> list[str]:

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field, fields
 
 import torch
 
-from rlhfkit.algos import logprobs_and_entropy, response_mask
+from rlhfkit.algos import response_mask
 from rlhfkit.models.shared_prompts import shared_prompt_cache
 
 
@@ -172,17 +172,20 @@ def forward_logprobs(
     temperature: float,
     with_values: bool = True,
     with_entropy: bool = False,
+    entropy_grad: bool = True,
 ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
     """Teacher-forced log-probs (B, R) at temperature T, values (B, R), entropy (B, R).
 
-    Padding positions are zeroed so they cannot leak into sums.
+    Padding positions are zeroed so they cannot leak into sums (the fused head skips them).
+    `entropy_grad=False`: the entropy is a constant (logged, not trained on).
     """
     device = next(actor.parameters()).device
     R = rollout.response_ids.shape[1]
-    logits, values = actor(rollout.input_ids.to(device), rollout.attention_mask.to(device), R, with_values)
-    lp, ent = logprobs_and_entropy(logits, rollout.response_ids.to(device), temperature, with_entropy=with_entropy)
     m = rollout.response_mask.to(device)
-    return lp * m, (values.float() * m if values is not None else None), (ent * m if ent is not None else None)
+    lp, values, ent = actor(rollout.input_ids.to(device), rollout.attention_mask.to(device), R, with_values,
+                            response_ids=rollout.response_ids.to(device), response_mask=m, temperature=temperature,
+                            with_entropy=with_entropy, entropy_grad=entropy_grad)
+    return lp, (values.float() * m if values is not None else None), ent
 
 
 @torch.no_grad()
@@ -210,10 +213,9 @@ def score_rollout(actor, reference, rollout: Rollout, temperature: float, micro_
                 parts["values"].append(v.cpu())
             parts["entropy"].append(ent.cpu())
             if reference is not None:
-                ref_logits = reference.logits(mb.input_ids.to(device), mb.attention_mask.to(device),
-                                              mb.response_ids.shape[1])
-                ref_lp, _ = logprobs_and_entropy(ref_logits, mb.response_ids.to(device), temperature, with_entropy=False)
-                parts["ref_logprobs"].append((ref_lp * mb.response_mask.to(device)).cpu())
+                ref_lp = reference.logprobs(mb.input_ids.to(device), mb.attention_mask.to(device),
+                                            mb.response_ids.to(device), mb.response_mask.to(device), temperature)
+                parts["ref_logprobs"].append(ref_lp.cpu())
     actor.train(was_training)
     R = rollout.response_ids.shape[1]
     inverse = torch.argsort(order)  # back from micro-batch order to row order

@@ -22,7 +22,7 @@ from collections import defaultdict
 
 import torch
 
-from rlhfkit.algos import dpo_loss, logprobs_and_entropy
+from rlhfkit.algos import dpo_loss
 from rlhfkit.errors import DataError
 from rlhfkit.rollout import Rollout, SamplingParams, forward_logprobs
 from rlhfkit.rollout.core import trim_rows
@@ -124,11 +124,10 @@ def sequence_logps(model, data: Rollout, rows: torch.Tensor, cfg: DPOConfig, dev
 def reference_logps(reference, data: Rollout, rows: torch.Tensor, cfg: DPOConfig, device) -> torch.Tensor:
     """Sum of response-token log-probs under the reference, one per row (on `device`)."""
     mb = trim_rows(data, rows)
-    mask = mb.response_mask.to(device)
     with autocast(cfg.dtype, device):
-        logits = reference.logits(mb.input_ids.to(device), mb.attention_mask.to(device), mb.response_ids.shape[1])
-        lp, _ = logprobs_and_entropy(logits, mb.response_ids.to(device), 1.0, with_entropy=False)
-    return (lp * mask).sum(1)
+        lp = reference.logprobs(mb.input_ids.to(device), mb.attention_mask.to(device), mb.response_ids.to(device),
+                                mb.response_mask.to(device))
+    return lp.sum(1)
 
 
 def dpo_batch_loss(policy_logps: torch.Tensor, ref_logps: torch.Tensor, lengths: torch.Tensor, cfg: DPOConfig,
@@ -272,6 +271,7 @@ def train(cfg: DPOConfig) -> dict:
 
     from rlhfkit.models.policy import save_actor
     from rlhfkit.rewards import get_reward
+    from rlhfkit.runtime.allocator import tune_malloc
     from rlhfkit.runtime.checkpoint import Checkpointer, open_run_dir
     from rlhfkit.runtime.config import save_config
     from rlhfkit.runtime.faults import NonFiniteGuard, guarded_step
@@ -282,6 +282,7 @@ def train(cfg: DPOConfig) -> dict:
     accelerator = Accelerator(cpu=not torch.cuda.is_available())
     device = accelerator.device
     seed_everything(cfg.seed)
+    tune_malloc()  # freed CPU tensors stay in the process for reuse (runtime/allocator.py)
     # 1. data
     # Data, judge, model and prompt lengths are checked before the run folder exists.
     train_pairs, held_out = load_pairs(cfg.prefs)

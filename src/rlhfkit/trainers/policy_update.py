@@ -339,6 +339,7 @@ def start_run(cfg, command: str, build_models: Callable) -> RLRun:
 
     from rlhfkit.models.loading import resolve_dtype, resolve_model_path
     from rlhfkit.rollout.backends import make_backend
+    from rlhfkit.runtime.allocator import tune_malloc
     from rlhfkit.runtime.checkpoint import Checkpointer, open_run_dir
     from rlhfkit.runtime.config import save_config
     from rlhfkit.runtime.distributed import agree_on_run_name, configure_deepspeed
@@ -349,6 +350,7 @@ def start_run(cfg, command: str, build_models: Callable) -> RLRun:
 
     accelerator = Accelerator(cpu=not torch.cuda.is_available())
     seed_everything(cfg.seed)
+    tune_malloc()  # freed CPU tensors stay in the process for reuse (runtime/allocator.py)
     cfg.dtype = resolve_dtype(cfg.dtype)  # config.yaml records what actually ran
     # Data, reward, models and prompt lengths are checked before the run folder exists: bad input
     # stops with one line and leaves nothing behind.

@@ -81,7 +81,8 @@ def micro_batch_loss(actor, mb: Rollout, cfg: PPOConfig, kl_coef: float, n_token
     processes (pitfall 11)."""
     mask = mb.response_mask.to(device)
     with autocast(cfg.dtype, device):
-        logp, values, ent = forward_logprobs(actor, mb, cfg.temperature, with_values=True, with_entropy=True)
+        logp, values, ent = forward_logprobs(actor, mb, cfg.temperature, with_values=True, with_entropy=True,
+                                             entropy_grad=cfg.ent_coef != 0)  # else a metric only
     agg = {"agg_mode": cfg.loss_agg, "num_tokens": n_tokens, "num_seqs": n_seqs or cfg.mini_batch_size}
     old_lp = mb.logprobs.to(device)
     pl, pm = ppo_policy_loss(logp, old_lp, mb.advantages.to(device), mask, cfg.clip_eps, **agg)

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 import torch
 
 from rlhfkit.algos import bradley_terry_loss
+from rlhfkit.runtime.allocator import tune_malloc
 from rlhfkit.runtime.checkpoint import Checkpointer, open_run_dir
 from rlhfkit.runtime.config import check, config_main, option, save_config
 from rlhfkit.runtime.distributed import (
@@ -214,6 +215,7 @@ def train(cfg: RMConfig) -> dict:
 
     accelerator = Accelerator(cpu=not torch.cuda.is_available())
     seed_everything(cfg.seed)
+    tune_malloc()  # freed CPU tensors stay in the process for reuse (runtime/allocator.py)
     cfg.dtype = resolve_dtype(cfg.dtype)  # 'auto' -> bf16 where bf16 matmuls are fast, else fp32
     # Data and model are checked before the run folder exists: bad input leaves nothing behind.
     train_pairs, eval_pairs = train_eval_split(load_preferences, cfg.data, cfg.eval_data, cfg.eval_fraction, cfg.seed)

@@ -27,6 +27,7 @@ from torch import nn
 from rlhfkit.algos import aggregate_loss, logprobs_from_logits
 from rlhfkit.data.chat import IGNORE_INDEX, tokenize_sft_example
 from rlhfkit.errors import DataError, UserError
+from rlhfkit.runtime.allocator import tune_malloc
 from rlhfkit.runtime.checkpoint import Checkpointer, open_run_dir
 from rlhfkit.runtime.config import check, config_main, option, save_config
 from rlhfkit.runtime.distributed import (
@@ -251,6 +252,7 @@ def train(cfg: SFTConfig) -> dict:
 
     accelerator = Accelerator(cpu=not torch.cuda.is_available())
     seed_everything(cfg.seed)
+    tune_malloc()  # freed CPU tensors stay in the process for reuse (runtime/allocator.py)
     # Data and model are checked before the run folder exists: bad input leaves nothing behind.
     train_rows, eval_rows = train_eval_split(load_sft_examples, cfg.data, cfg.eval_data, cfg.eval_fraction, cfg.seed)
     train_rows = subset(train_rows, cfg.max_train_examples, cfg.seed)

@@ -1,0 +1,58 @@
+"""glibc malloc settings for CPU training: keep freed tensor memory in the process for reuse.
+
+PyTorch's CPU allocator is plain malloc. glibc serves blocks above its mmap threshold (128 KiB at
+start, raised only as mmapped blocks are freed) with fresh mmaps that go back to the kernel on free,
+and it returns the top of the heap whenever more than its trim threshold is free. A training step
+frees almost everything it allocated (activations, gradients), so the next micro-batch gets new
+pages and takes a page fault on the first touch of each 4 KiB. On the 2-core VM of
+docs/benchmarks.md that faulting was a fifth of a PPO update. With the mmap threshold at glibc's
+maximum (32 MiB) and a high trim threshold, freed blocks stay in the heap and the next micro-batch
+reuses them. Peak RSS does not grow (the same blocks are live at the peak); the process only stops
+handing freed memory back between steps.
+
+Skipped when glibc is not the C library (macOS, musl), when the user set MALLOC_MMAP_THRESHOLD_ or
+MALLOC_TRIM_THRESHOLD_ themselves, when another allocator is preloaded (LD_PRELOAD jemalloc /
+tcmalloc), or with RLHFKIT_TUNE_MALLOC=0.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import os
+import platform
+
+M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3  # glibc <malloc.h>
+MMAP_THRESHOLD = 32 * 2**20  # glibc's largest accepted value on 64-bit (HEAP_MAX_SIZE / 2)
+TRIM_THRESHOLD = 512 * 2**20
+
+_applied: dict[str, int] | None = None
+
+
+def tune_malloc() -> dict[str, int] | None:
+    """Apply the settings once per process; returns them, or None where skipped (see module doc)."""
+    global _applied
+    if _applied is not None:
+        return _applied
+    if not _wanted(os.environ):
+        return None
+    libc_path = ctypes.util.find_library("c")
+    try:
+        mallopt = ctypes.CDLL(libc_path).mallopt
+    except (OSError, AttributeError, TypeError):
+        return None
+    settings = {"M_MMAP_THRESHOLD": MMAP_THRESHOLD, "M_TRIM_THRESHOLD": TRIM_THRESHOLD}
+    ok = mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD) == 1 and mallopt(M_TRIM_THRESHOLD, TRIM_THRESHOLD) == 1
+    _applied = settings if ok else None
+    return _applied
+
+
+def _wanted(env) -> bool:
+    """Whether this process should be tuned (pure: reads the environment mapping and the platform)."""
+    if env.get("RLHFKIT_TUNE_MALLOC", "1").strip().lower() in ("0", "false", "no", "off"):
+        return False
+    if platform.system() != "Linux" or platform.libc_ver()[0] != "glibc":
+        return False
+    if any(k in env for k in ("MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_", "GLIBC_TUNABLES")):
+        return False  # the user chose their own settings
+    return not any(name in env.get("LD_PRELOAD", "") for name in ("jemalloc", "tcmalloc", "mimalloc"))

@@ -1,0 +1,59 @@
+"""glibc malloc tuning (runtime/allocator.py): applied on glibc Linux unless the user opted out or
+chose their own allocator settings."""
+
+from __future__ import annotations
+
+import ctypes
+import platform
+
+import pytest
+
+from rlhfkit.runtime import allocator
+from rlhfkit.runtime.allocator import _wanted, tune_malloc
+
+GLIBC = platform.system() == "Linux" and platform.libc_ver()[0] == "glibc"
+
+
+@pytest.mark.parametrize(("env", "wanted"), [
+    ({}, GLIBC),
+    ({"RLHFKIT_TUNE_MALLOC": "0"}, False),
+    ({"RLHFKIT_TUNE_MALLOC": "off"}, False),
+    ({"RLHFKIT_TUNE_MALLOC": "1"}, GLIBC),
+    ({"MALLOC_MMAP_THRESHOLD_": "65536"}, False),
+    ({"MALLOC_TRIM_THRESHOLD_": "0"}, False),
+    ({"GLIBC_TUNABLES": "glibc.malloc.mmap_threshold=65536"}, False),
+    ({"LD_PRELOAD": "/usr/lib/x86_64-linux-gnu/libjemalloc.so.2"}, False),
+    ({"LD_PRELOAD": "/opt/libfoo.so"}, GLIBC),
+])
+def test_who_gets_tuned(env, wanted):
+    assert _wanted(env) is wanted
+
+
+@pytest.mark.skipif(not GLIBC, reason="glibc only")
+def test_tuning_applies_the_settings_once(monkeypatch):
+    calls = []
+    real = ctypes.CDLL
+
+    class Recording:
+        def __init__(self, path):
+            self._libc = real(path)
+
+        def mallopt(self, param, value):
+            calls.append((param, value))
+            return self._libc.mallopt(param, value)
+
+    monkeypatch.setattr(allocator, "_applied", None)
+    monkeypatch.setattr(allocator.ctypes, "CDLL", Recording)
+    monkeypatch.delenv("RLHFKIT_TUNE_MALLOC", raising=False)
+    for k in ("MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_", "GLIBC_TUNABLES", "LD_PRELOAD"):
+        monkeypatch.delenv(k, raising=False)
+    first = tune_malloc()
+    assert first == {"M_MMAP_THRESHOLD": 32 * 2**20, "M_TRIM_THRESHOLD": 512 * 2**20}
+    assert calls == [(allocator.M_MMAP_THRESHOLD, 32 * 2**20), (allocator.M_TRIM_THRESHOLD, 512 * 2**20)]
+    assert tune_malloc() == first and len(calls) == 2  # once per process
+
+
+def test_opting_out_changes_nothing(monkeypatch):
+    monkeypatch.setattr(allocator, "_applied", None)
+    monkeypatch.setenv("RLHFKIT_TUNE_MALLOC", "0")
+    assert tune_malloc() is None
