@@ -24,7 +24,7 @@ import platform
 
 M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3  # glibc <malloc.h>
 MMAP_THRESHOLD = 32 * 2**20  # glibc's largest accepted value on 64-bit (HEAP_MAX_SIZE / 2)
-TRIM_THRESHOLD = 512 * 2**20
+TRIM_THRESHOLD = 8 * 2**30
 
 _applied: dict[str, int] | None = None
 
