@@ -39,7 +39,7 @@ def test_tuning_applies_the_settings_once(monkeypatch):
             self._libc = real(path)
 
         def mallopt(self, param, value):
-            calls.append((param, value))
+            calls.append((param.value, value.value))  # as C ints, so a value that wrapped would show
             return self._libc.mallopt(param, value)
 
     monkeypatch.setattr(allocator, "_applied", None)
@@ -48,8 +48,8 @@ def test_tuning_applies_the_settings_once(monkeypatch):
     for k in ("MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_", "GLIBC_TUNABLES", "LD_PRELOAD"):
         monkeypatch.delenv(k, raising=False)
     first = tune_malloc()
-    assert first == {"M_MMAP_THRESHOLD": 32 * 2**20, "M_TRIM_THRESHOLD": 512 * 2**20}
-    assert calls == [(allocator.M_MMAP_THRESHOLD, 32 * 2**20), (allocator.M_TRIM_THRESHOLD, 512 * 2**20)]
+    assert first == {"M_MMAP_THRESHOLD": 32 * 2**20, "M_TRIM_THRESHOLD": 2**30}
+    assert calls == [(allocator.M_MMAP_THRESHOLD, 32 * 2**20), (allocator.M_TRIM_THRESHOLD, 2**30)]
     assert tune_malloc() == first and len(calls) == 2  # once per process
 
 
@@ -57,3 +57,10 @@ def test_opting_out_changes_nothing(monkeypatch):
     monkeypatch.setattr(allocator, "_applied", None)
     monkeypatch.setenv("RLHFKIT_TUNE_MALLOC", "0")
     assert tune_malloc() is None
+
+
+def test_a_value_that_does_not_fit_a_c_int_is_refused():
+    """ctypes would pass 8 GiB as 0 (a trim threshold of 0: trim on every free)."""
+    with pytest.raises(ValueError, match="C int"):
+        allocator._c_int(8 * 2**30)
+    assert allocator._c_int(2**31 - 1).value == 2**31 - 1

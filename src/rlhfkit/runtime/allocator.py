@@ -6,7 +6,7 @@ and it returns the top of the heap whenever more than its trim threshold is free
 frees almost everything it allocated (activations, gradients), so the next micro-batch gets new
 pages and takes a page fault on the first touch of each 4 KiB. On the 2-core VM of
 docs/benchmarks.md that faulting was a fifth of a PPO update. With the mmap threshold at glibc's
-maximum (32 MiB) and a high trim threshold, freed blocks stay in the heap and the next micro-batch
+maximum (32 MiB) and the trim threshold at 1 GiB, freed blocks stay in the heap and the next micro-batch
 reuses them. Peak RSS does not grow (the same blocks are live at the peak); the process only stops
 handing freed memory back between steps.
 
@@ -24,7 +24,7 @@ import platform
 
 M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3  # glibc <malloc.h>
 MMAP_THRESHOLD = 32 * 2**20  # glibc's largest accepted value on 64-bit (HEAP_MAX_SIZE / 2)
-TRIM_THRESHOLD = 8 * 2**30
+TRIM_THRESHOLD = 2**30  # mallopt takes a C int: at most 2**31 - 1
 
 _applied: dict[str, int] | None = None
 
@@ -42,9 +42,17 @@ def tune_malloc() -> dict[str, int] | None:
     except (OSError, AttributeError, TypeError):
         return None
     settings = {"M_MMAP_THRESHOLD": MMAP_THRESHOLD, "M_TRIM_THRESHOLD": TRIM_THRESHOLD}
-    ok = mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD) == 1 and mallopt(M_TRIM_THRESHOLD, TRIM_THRESHOLD) == 1
+    ok = all(mallopt(ctypes.c_int(param), _c_int(value)) == 1
+             for param, value in ((M_MMAP_THRESHOLD, MMAP_THRESHOLD), (M_TRIM_THRESHOLD, TRIM_THRESHOLD)))
     _applied = settings if ok else None
     return _applied
+
+
+def _c_int(value: int) -> ctypes.c_int:
+    """`value` as a C int; ctypes would silently wrap a larger one (8 GiB -> 0)."""
+    if not 0 <= value < 2**31:
+        raise ValueError(f"mallopt value {value} does not fit a C int")
+    return ctypes.c_int(value)
 
 
 def _wanted(env) -> bool:

@@ -14,7 +14,8 @@ b_c = bytes of the compute dtype (2 for bf16, 4 for fp32), N devices.
                    FSDP2 gathers one layer at a time, so there it is ~P * b_c / L)
   activations      L_bw * m * S * H * 34 * b_c / 2 (Korthikanti et al. 2022, with fused attention);
                    with gradient checkpointing L_bw * m * S * H * b_c + one layer's 34 * m * S * H * b_c / 2
-  logits           m * R * V * 12 (fp32 logits, log-softmax and their gradient)
+  logits           m * R * V * 8 (the fused head's fp32 buffers: log-softmax and probabilities; kept for
+                   the backward only when the output layer trains, i.e. full fine-tuning)
 
 m = sequences per micro-batch (2 per pair for DPO and the reward model, which has no logits),
 S = prompt + response tokens, R = response tokens, L_bw = layers the backward pass
@@ -154,7 +155,7 @@ def estimate(args: MemoryArgs, shape: ModelShape | None = None) -> dict[str, flo
         "KV cache": 2 * s.layers * s.kv_heads * s.d * args.generation_batch_size * S * bc if sampling else 0,
         "generation gather": P * bc if sampling and args.sharding == "zero3" else 0,
         "activations": acts,
-        "logits": 0 if args.method == "rm" else m * R * s.vocab * 12,  # response positions only
+        "logits": 0 if args.method == "rm" else m * R * s.vocab * 8,  # response positions only
     }
     persistent = out["policy weights"] + out["optimiser"] + out["reference"] + out["value head"]
     out["generation phase"] = persistent + out["KV cache"] + out["generation gather"]
