@@ -168,3 +168,21 @@ def test_actor_critic_log_probs_equal_its_logits():
     torch.testing.assert_close(lp1, lp0 * rmask, rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(e1, e0 * rmask, rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(v1, v0)
+
+
+@pytest.mark.parametrize("shard", ["deepspeed", "empty"])
+def test_an_engine_sharded_head_goes_through_the_module(shard, monkeypatch):
+    """ZeRO-3 / FSDP gather a weight in the module's own hooks: the fused path must call head(hidden)."""
+    lin = _linear(4, 7, False, 5)
+    hidden, tokens = torch.randn(2, 3, 4), torch.randint(0, 7, (2, 3))
+    expected = head_logprobs(hidden, lin, tokens)[0]
+    calls = []
+    lin.register_forward_pre_hook(lambda *_: calls.append(1))
+    if shard == "deepspeed":
+        lin.weight.ds_id = 0  # a ZeRO-3 partitioned parameter carries ds_id
+    else:
+        monkeypatch.setattr(lin, "out_features", 8)  # the weight is not the module's full shape (a flat-param view)
+    got = head_logprobs(hidden, lin, tokens)[0]
+    assert calls, "the module's forward (and its hooks) must run"
+    if shard == "deepspeed":
+        torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)

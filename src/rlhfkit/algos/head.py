@@ -102,7 +102,8 @@ def head_logprobs(
     """Log-probs of `tokens` (B, R) and the entropy (B, R) of softmax(head(hidden) / temperature).
 
     hidden: (B, R, H) final hidden states predicting `tokens`; head: the output layer (an
-    nn.Linear; any other module is applied and its logits go through `logprobs_and_entropy`);
+    nn.Linear; any other module, or a weight sharded by an engine, is applied and its logits go
+    through `logprobs_and_entropy`);
     mask: (B, R), rows where it is 0 are skipped and read 0 (None: every row). `entropy_grad=False`
     returns the entropy as a constant (for a metric; saves an (N, V) product). Both float32, equal
     to the plain path up to float rounding. Row chunks of HEAD_CHUNK_ELEMENTS // V bound memory.
@@ -114,7 +115,7 @@ def head_logprobs(
     keep = None if mask is None else mask.reshape(-1).nonzero().squeeze(1)
     if keep is not None:
         h, tok = h.index_select(0, keep), tok.index_select(0, keep)
-    if isinstance(head, nn.Linear):
+    if _fusable(head):
         step = max(1, HEAD_CHUNK_ELEMENTS // head.out_features)
         parts = [_HeadLogprobs.apply(h[i : i + step], head.weight, head.bias, tok[i : i + step], float(temperature),
                                      with_entropy, entropy_grad) for i in range(0, max(len(tok), 1), step)]
@@ -128,6 +129,17 @@ def head_logprobs(
         if ent is not None and not entropy_grad:
             ent = ent.detach()
     return _scatter(logp, keep, lead), (_scatter(ent, keep, lead) if ent is not None else None)
+
+
+def _fusable(head: nn.Module) -> bool:
+    """A plain nn.Linear whose weight is a whole local tensor. The fused path reads `head.weight`
+    without calling the module, so weights that an engine gathers in module hooks (DeepSpeed
+    ZeRO-3 partitions, FSDP DTensors or flat-parameter views) go through `head(hidden)` instead."""
+    if not isinstance(head, nn.Linear):
+        return False
+    w = head.weight
+    return (not hasattr(w, "ds_id") and type(w.data) is torch.Tensor
+            and tuple(w.shape) == (head.out_features, head.in_features))
 
 
 def _scatter(values: torch.Tensor, keep: torch.Tensor | None, shape: torch.Size) -> torch.Tensor:
