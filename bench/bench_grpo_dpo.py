@@ -39,6 +39,8 @@ import tempfile
 import time
 from pathlib import Path
 
+import benchdoc
+
 # rlhfkit configurations: overrides of the command's defaults (run settings come from GRPO_RUN / DPO_RUN).
 GRPO_CONFIGS = {
     "grpo": {},  # `rlhfkit grpo` as shipped (drop_zero_std_groups=True: all-equal-reward groups skip the update)
@@ -66,8 +68,6 @@ SMOKE = {"grpo": {"rollout_batch_size": 16, "generation_batch_size": 16, "mini_b
 smoke = False  # set by main()
 WARMUP = 1  # units excluded from the means
 DPO_MAX_STEPS = 12  # 196 training pairs / 16: the 13th step of an epoch is a short batch of 4 pairs
-DOC = Path(__file__).resolve().parents[1] / "docs" / "benchmarks.md"
-START, END = "<!-- bench_grpo_dpo:start -->", "<!-- bench_grpo_dpo:end -->"
 
 
 def is_grpo(name: str) -> bool:
@@ -445,7 +445,7 @@ def main() -> None:
     if smoke:
         print("--smoke: a reduced work, figures meaningless; docs/benchmarks.md left alone")
     elif not a.no_write:
-        write_block(table)
+        benchdoc.write_block("bench_grpo_dpo", "GRPO and DPO against TRL (bench/bench_grpo_dpo.py)", table)
 
 
 # ----------------------------------------------------------------------------- rendering
@@ -606,16 +606,6 @@ def render(header: str, results: dict, grpo_steps: int, dpo_steps: int) -> str:
         "differ, so completions, their lengths and the share of all-equal-reward groups differ (shown above).",
     ]
     return "\n".join(lines)
-
-
-def write_block(table: str) -> None:
-    text = DOC.read_text() if DOC.exists() else "# Benchmarks\n"
-    block = f"{START}\n{table}\n{END}"
-    if START in text and END in text:
-        text = re.sub(re.escape(START) + r".*?" + re.escape(END), lambda _: block, text, flags=re.S)
-    else:
-        text = text.rstrip("\n") + f"\n\n## GRPO and DPO against TRL (bench/bench_grpo_dpo.py)\n\n{block}\n"
-    DOC.write_text(text)
 
 
 if __name__ == "__main__":

@@ -25,7 +25,8 @@ import statistics
 import subprocess
 import sys
 import time
-from pathlib import Path
+
+import benchdoc
 
 H, V, LAYERS, FFN, KV = 576, 49152, 30, 1536, 192  # SmolLM2-135M
 CASES = {  # name: (rows, with_entropy, frozen head)
@@ -33,8 +34,6 @@ CASES = {  # name: (rows, with_entropy, frozen head)
     "PPO micro-batch, LoRA (frozen head), entropy logged": (384, True, True),
     "PPO micro-batch, full fine-tuning (trained head), entropy logged": (384, True, False),
 }
-DOC = Path(__file__).resolve().parents[1] / "docs" / "benchmarks.md"
-START, END = "<!-- bench_head:start -->", "<!-- bench_head:end -->"
 
 
 def median_ms(fn, repeats: int = 7) -> float:
@@ -132,16 +131,6 @@ def render(header: str, results: dict) -> str:
     return "\n".join(lines)
 
 
-def write_block(table: str) -> None:
-    text = DOC.read_text() if DOC.exists() else "# Benchmarks\n"
-    block = f"{START}\n{table}\n{END}"
-    if START in text:
-        text = re.sub(re.escape(START) + r".*?" + re.escape(END), lambda _: block, text, flags=re.S)
-    else:
-        text = text.rstrip("\n") + f"\n\n## Output head and optimiser step (bench/bench_head.py)\n\n{block}\n"
-    DOC.write_text(text)
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--no-write", action="store_true", help="print only; leave docs/benchmarks.md alone")
@@ -163,7 +152,7 @@ def main() -> None:
     table = render(header, results)
     print(table)
     if not a.no_write:
-        write_block(table)
+        benchdoc.write_block("bench_head", "Output head and optimiser step (bench/bench_head.py)", table)
 
 
 if __name__ == "__main__":

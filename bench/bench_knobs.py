@@ -26,6 +26,8 @@ import threading
 import time
 from pathlib import Path
 
+import benchdoc
+
 BASE = {"lora": True, "dtype": "fp32", "lr": 1e-3, "lora_layers": None, "micro_batch_size": 8}
 CONFIGS = {
     "baseline": ("LoRA fp32, all layers, micro-batch 8", {}),
@@ -43,8 +45,6 @@ CONFIGS = {
 # follows live tensor memory (at the price of more page faults).
 MALLOC_ENV = {"MALLOC_MMAP_THRESHOLD_": "65536"}
 DEFAULT = ("baseline", "ckpt", "micro-4", "micro-16", "full", "full-offload", "bf16")
-DOC = Path(__file__).resolve().parents[1] / "docs" / "benchmarks.md"
-START, END = "<!-- bench_knobs:start -->", "<!-- bench_knobs:end -->"
 
 
 def work(max_new_tokens: int) -> dict:
@@ -155,16 +155,6 @@ def render(header: str, results: dict, max_new_tokens: int) -> str:
     return "\n".join(lines)
 
 
-def write_block(table: str) -> None:
-    text = DOC.read_text() if DOC.exists() else "# Benchmarks\n"
-    block = f"{START}\n{table}\n{END}"
-    if START in text:
-        text = re.sub(re.escape(START) + r".*?" + re.escape(END), lambda _: block, text, flags=re.S)
-    else:
-        text += f"\n## Memory and speed knobs (bench/bench_knobs.py)\n\n{block}\n"
-    DOC.write_text(text)
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--configs", default=",".join(DEFAULT), help=f"comma-separated subset of {','.join(CONFIGS)}")
@@ -193,7 +183,7 @@ def main() -> None:
     table = render(header, results, a.max_new_tokens)
     print(table)
     if not a.no_write:
-        write_block(table)
+        benchdoc.write_block("bench_knobs", "Memory and speed knobs (bench/bench_knobs.py)", table)
 
 
 if __name__ == "__main__":

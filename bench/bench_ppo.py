@@ -32,6 +32,8 @@ import tempfile
 import time
 from pathlib import Path
 
+import benchdoc
+
 CONFIGS = {
     "lora-fp32": {"lora": True, "dtype": "fp32", "lr": 1e-3, "lora_layers": None},
     "lora-top12-fp32": {"lora": True, "dtype": "fp32", "lr": 1e-3, "lora_layers": 12},  # the demo default
@@ -44,8 +46,6 @@ STANDARD = {"rollout_batch_size": 16, "max_new_tokens": 48, "temperature": 1.0, 
             "reward": "sentiment", "quiet": True, "tensorboard": False}
 # trl==1.12.0 experimental PPOTrainer on the same work; compared with the rlhfkit config in the value.
 TRL_CONFIGS = {"trl-lora-fp32": "lora-fp32", "trl-full-fp32": "full-fp32"}
-DOC = Path(__file__).resolve().parents[1] / "docs" / "benchmarks.md"
-START, END = "<!-- bench_ppo:start -->", "<!-- bench_ppo:end -->"
 
 
 def run_one(name: str, iterations: int) -> dict:
@@ -193,7 +193,7 @@ def main() -> None:
     table = render(header, results, a.iterations)
     print(table)
     if not a.no_write:
-        write_block(table)
+        benchdoc.write_block("bench_ppo", "PPO iteration (bench/bench_ppo.py)", table)
 
 
 def render(header: str, results: dict, iterations: int) -> str:
@@ -243,16 +243,6 @@ def render_trl(results: dict) -> list[str]:
               "the shared base and calls the reward function. `lora-top12-fp32` is rlhfkit's default adapter "
               "(LoRA on the top 12 of 30 layers); `lora-fp32` adapts every layer, like the TRL run."]
     return lines
-
-
-def write_block(table: str) -> None:
-    text = DOC.read_text() if DOC.exists() else "# Benchmarks\n"
-    block = f"{START}\n{table}\n{END}"
-    if START in text:
-        text = re.sub(re.escape(START) + r".*?" + re.escape(END), lambda _: block, text, flags=re.S)
-    else:
-        text += f"\n## PPO iteration (bench/bench_ppo.py)\n\n{block}\n"
-    DOC.write_text(text)
 
 
 if __name__ == "__main__":
