@@ -186,3 +186,13 @@ def test_an_engine_sharded_head_goes_through_the_module(shard, monkeypatch):
     assert calls, "the module's forward (and its hooks) must run"
     if shard == "deepspeed":
         torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)
+
+
+def test_a_second_backward_through_a_trained_head_is_refused():
+    """The trained-head backward builds dL/dz in its saved buffers: a retained graph must not reuse them."""
+    lin = _linear(4, 7, False, 6)
+    hidden = torch.randn(2, 3, 4, requires_grad=True)
+    logp, _ = head_logprobs(hidden, lin, torch.randint(0, 7, (2, 3)))
+    logp.sum().backward(retain_graph=True)
+    with pytest.raises(RuntimeError, match="one backward pass"):
+        logp.sum().backward()

@@ -73,9 +73,11 @@ class _HeadLogprobs(torch.autograd.Function):
             if j_ent is not None and grad_ent is not None:
                 grad_h = grad_h + grad_ent[:, None].to(j_ent.dtype) * j_ent
             return grad_h.to(ctx.hidden_dtype), None, None, None, None, None, None
+        # dL/dz = a onehot(y) - p (a + b (log p + H)), built in the saved buffers, so this runs once.
+        if getattr(ctx, "spent", False):
+            raise RuntimeError("head_logprobs with a trained output layer supports one backward pass (no retain_graph)")
+        ctx.spent = True
         hidden, weight, tokens, p, log_p, ent = ctx.saved_tensors
-        # dL/dz = a onehot(y) - p (a + b (log p + H)), built in the saved buffers (backward runs once:
-        # autograd frees them after it unless retain_graph, which _HeadLogprobs does not support).
         coef = grad_logp[:, None].float()
         if log_p is not None and grad_ent is not None:
             coef = log_p.add_(ent[:, None]).mul_(grad_ent[:, None].float()).add_(coef)
