@@ -6,11 +6,13 @@ import json
 
 import pytest
 import torch
+from transformers import LogitsProcessorList
 
 from rlhfkit.algos import logprobs_from_logits, shape_rewards
 from rlhfkit.errors import ConfigError
 from rlhfkit.models.policy import ActorCritic, Reference, ValueHead, add_lora
 from rlhfkit.rollout import SamplingParams, forward_logprobs, generate, score_rollout
+from rlhfkit.rollout.sampling import ExponentialRaceSampler
 from rlhfkit.runtime.config import build_config, parse_args
 from rlhfkit.trainers.ppo import RatioCheckError, train
 from rlhfkit.trainers.ppo_config import PPOConfig
@@ -105,7 +107,8 @@ def test_generation_logprobs_equal_teacher_forced(tiny_actor):
     assert (enc["attention_mask"][:, 0] == 0).any(), "test needs left padding"
     T = 0.7
     torch.manual_seed(0)
-    out = actor.policy.generate(**enc, do_sample=True, temperature=T, top_k=0, top_p=1.0, max_new_tokens=10,
+    sampler = LogitsProcessorList([ExponentialRaceSampler(T)])  # the draw generate() makes (rollout/sampling.py)
+    out = actor.policy.generate(**enc, do_sample=False, logits_processor=sampler, max_new_tokens=10,
                                 output_logits=True, return_dict_in_generate=True, pad_token_id=2, eos_token_id=[2])
     gen_logits = torch.stack(out.logits, dim=1)  # (B, R, V), raw logits
     response = out.sequences[:, enc["input_ids"].shape[1]:]

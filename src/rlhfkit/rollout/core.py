@@ -15,6 +15,7 @@ import torch
 
 from rlhfkit.algos import response_mask
 from rlhfkit.models.shared_prompts import shared_prompt_cache
+from rlhfkit.rollout.sampling import ExponentialRaceSampler, merged_lora
 
 
 @dataclass
@@ -104,9 +105,10 @@ def generate(
 
     Prompts are left-padded so every response starts at the same column (pitfall 2).
     `share_prompts`: a prompt repeated in a generate() call (GRPO's groups) is prefilled once
-    and its cache copied to its rows (models/shared_prompts.py).
+    and its cache copied to its rows (models/shared_prompts.py). LoRA layers run merged and
+    full-vocabulary draws use an exponential race (rollout/sampling.py).
     """
-    from transformers import GenerationConfig
+    from transformers import GenerationConfig, LogitsProcessorList
 
     was_training = model.training
     model.eval()
@@ -114,26 +116,33 @@ def generate(
     if params.max_prompt_length is not None:  # left padding: the last columns hold every prompt's end
         enc = {k: v[:, -params.max_prompt_length :] for k, v in enc.items()}
     stop_ids = tuple(params.stop_ids) or (tokenizer.eos_token_id,)
+    # Full-vocabulary sampling draws with ExponentialRaceSampler under greedy selection (same
+    # distribution, ~5x cheaper per step than torch.multinomial); HF's warpers handle top-k/top-p.
+    full_vocab = params.temperature > 0 and params.top_k in (0, None) and params.top_p >= 1.0
+    hf_sampling = params.temperature > 0 and not full_vocab
     gen_cfg = GenerationConfig(
-        do_sample=params.temperature > 0,
-        temperature=params.temperature if params.temperature > 0 else None,
-        top_k=params.top_k if params.temperature > 0 else None,
-        top_p=params.top_p if params.temperature > 0 else None,
+        do_sample=hf_sampling,
+        temperature=params.temperature if hf_sampling else None,
+        top_k=params.top_k if hf_sampling else None,
+        top_p=params.top_p if hf_sampling else None,
         max_new_tokens=params.max_new_tokens,
         eos_token_id=list(stop_ids),
         pad_token_id=tokenizer.pad_token_id,
         bos_token_id=tokenizer.bos_token_id,
     )
+    processors = LogitsProcessorList([ExponentialRaceSampler(params.temperature)] if full_vocab else [])
     device = next(model.parameters()).device
     step = batch_size or len(prompt_texts)
     outs = []
-    for i in range(0, len(prompt_texts), step):
-        ids = enc["input_ids"][i : i + step].to(device)
-        mask = enc["attention_mask"][i : i + step].to(device)
-        cache = shared_prompt_cache(model, ids, mask) if share_prompts else None
-        extra = {} if cache is None else {"past_key_values": cache}
-        seq = model.generate(input_ids=ids, attention_mask=mask, generation_config=gen_cfg, **extra)
-        outs.append(seq[:, ids.shape[1] :].cpu())
+    with merged_lora(model):
+        for i in range(0, len(prompt_texts), step):
+            ids = enc["input_ids"][i : i + step].to(device)
+            mask = enc["attention_mask"][i : i + step].to(device)
+            cache = shared_prompt_cache(model, ids, mask) if share_prompts else None
+            extra = {} if cache is None else {"past_key_values": cache}
+            seq = model.generate(input_ids=ids, attention_mask=mask, generation_config=gen_cfg,
+                                 logits_processor=processors, **extra)
+            outs.append(seq[:, ids.shape[1] :].cpu())
     model.train(was_training)
     return rollout_from_tokens(tokenizer, enc, [row for o in outs for row in o], stop_ids)
 
