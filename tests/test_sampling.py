@@ -1,5 +1,5 @@
-"""Sampling speed-ups (rollout/sampling.py): the exponential race draws from exactly the policy's
-distribution, and merged LoRA sampling computes the same logits while leaving the model untouched."""
+"""Fast sampling (rollout/sampling.py): the exponential race draws from exactly the policy's
+distribution, and generate() with merged LoRA samples what the unmerged model samples."""
 
 from __future__ import annotations
 
@@ -10,12 +10,11 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from rlhfkit.models.policy import add_lora
 from rlhfkit.rollout import SamplingParams
 from rlhfkit.rollout.core import generate
-from rlhfkit.rollout.sampling import ExponentialRaceSampler, exponential_race, lora_layers, merged_lora
+from rlhfkit.rollout.sampling import ExponentialRaceSampler, exponential_race
 
-from tiny_lm import build_tiny_model, build_tokenizer
+from tiny_lm import build_tiny_lora_model as lora_model
 
 
 def test_exponential_race_is_argmax_of_p_over_minus_log_u():
@@ -70,67 +69,6 @@ def test_sampler_output_is_one_zero_per_row_on_an_allowed_token(rows, vocab, tem
 def test_sampler_rejects_a_non_positive_temperature():
     with pytest.raises(ValueError, match="temperature must be > 0"):
         ExponentialRaceSampler(0.0)
-
-
-# ----------------------------------------------------------------------------- merged LoRA
-
-
-def lora_model(seed: int = 0):
-    tok = build_tokenizer()
-    model = add_lora(build_tiny_model(len(tok), seed=seed).eval(), r=4, alpha=8, dropout=0.0, targets=None)
-    with torch.no_grad():  # a trained-looking adapter (B starts at zero)
-        for n, p in model.named_parameters():
-            if "lora_B" in n:
-                p.normal_(0, 0.5)
-    return model.eval(), tok
-
-
-def test_merged_lora_gives_the_same_logits_and_restores_the_model():
-    model, tok = lora_model()
-    ids = torch.tensor([[5, 9, 17, 33, 40, 2]])
-    bases = [layer.base_layer for layer in lora_layers(model)]
-    assert len(bases) == 14  # 7 projections x 2 layers
-    originals = [b.weight for b in bases]
-    bits = [w.detach().clone() for w in originals]
-    with torch.no_grad():
-        plain = model(ids).logits
-        base_only = _adapter_off_logits(model, ids)
-        with merged_lora(model):
-            assert all(b.weight is not w for b, w in zip(bases, originals))  # really merged, not a no-op
-            merged = model(ids).logits
-        after = model(ids).logits
-    torch.testing.assert_close(merged, plain, atol=1e-5, rtol=1e-5)
-    assert not torch.allclose(plain, base_only, atol=1e-3)  # the adapter matters, so the check above bites
-    assert all(b.weight is w for b, w in zip(bases, originals))
-    assert all(torch.equal(w, b) for w, b in zip(originals, bits))  # base bits unchanged: the reference
-    assert torch.equal(after, plain)  # adapters active again
-    assert all(p.requires_grad for n, p in model.named_parameters() if "lora_" in n)
-
-
-def _adapter_off_logits(model, ids):
-    with model.disable_adapter():
-        return model(ids).logits
-
-
-def test_merged_lora_restores_the_weights_when_the_block_raises():
-    model, _ = lora_model()
-    originals = [layer.base_layer.weight for layer in lora_layers(model)]
-    with torch.no_grad(), pytest.raises(RuntimeError, match="boom"):
-        with merged_lora(model):
-            raise RuntimeError("boom")
-    assert [layer.base_layer.weight for layer in lora_layers(model)] == originals
-    assert not any(layer.disable_adapters for layer in lora_layers(model))
-
-
-def test_merged_lora_is_a_no_op_under_grad_and_without_lora():
-    model, tok = lora_model()
-    originals = [layer.base_layer.weight for layer in lora_layers(model)]
-    with merged_lora(model):  # gradients on: training must see the real adapter
-        assert [layer.base_layer.weight for layer in lora_layers(model)] == originals
-    plain = build_tiny_model(len(tok))
-    before = {n: p for n, p in plain.named_parameters()}
-    with torch.no_grad(), merged_lora(plain):
-        assert dict(plain.named_parameters()) == before
 
 
 def test_generate_with_lora_samples_the_same_tokens_as_the_unmerged_model(monkeypatch):

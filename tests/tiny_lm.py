@@ -65,3 +65,14 @@ def build_tiny_model(vocab_size: int, seed: int = 0):
     return LlamaForCausalLM(cfg)
 
 
+def build_tiny_lora_model(seed: int = 0, dropout: float = 0.0):
+    """A tiny Llama with LoRA on every projection and a trained-looking adapter (B starts at zero)."""
+    from rlhfkit.models.policy import add_lora
+
+    tok = build_tokenizer()
+    model = add_lora(build_tiny_model(len(tok), seed=seed).eval(), r=4, alpha=8, dropout=dropout, targets=None)
+    with torch.no_grad():
+        for n, p in model.named_parameters():
+            if "lora_B" in n:
+                p.normal_(0, 0.5)
+    return model.eval(), tok

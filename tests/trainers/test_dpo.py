@@ -219,15 +219,16 @@ def test_tiny_model_learns_preferences_and_wins_over_the_start(tmp_path, tiny_mo
     rw = tmp_path / "vowels.py"
     rw.write_text(VOWELS)
     summary = train(tiny_cfg(tmp_path, tiny_model_dir, lora=False, lr=1e-2, epochs=4, judge=f"python:{rw}:reward",
-                             num_eval_prompts=8, eval_samples_per_prompt=4, warmup_steps=1, temperature=0.3,
+                             num_eval_prompts=8, eval_samples_per_prompt=8, warmup_steps=1, temperature=0.3,
                              quiet=False))
     assert summary["held_out"]["rewards/accuracy"] == 1.0
-    assert summary["win_rate"] > 0.6, summary  # seen: 0.78
+    # 64 judged pairs: the win rate's standard error is ~0.06. Seeds 0-4 gave 0.59-0.92 with 32 pairs.
+    assert summary["win_rate"] > 0.55, summary
     assert summary["eval_after"] > summary["eval_before"] + 0.2, summary  # seen: 0.14 -> 0.68
     out = capsys.readouterr().out
     assert "judged win rate over the starting model" in out and "held-out pairs: preference accuracy" in out
     samples = [json.loads(line) for line in (tmp_path / "runs" / "t" / "samples.jsonl").read_text().splitlines()]
-    assert len(samples) == 32 and {"prompt", "completion", "score", "score_before"} <= set(samples[0])
+    assert len(samples) == 64 and {"prompt", "completion", "score", "score_before"} <= set(samples[0])
     assert (tmp_path / "runs" / "t" / "final" / "config.json").is_file()
 
 

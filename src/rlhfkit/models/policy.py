@@ -231,6 +231,8 @@ def add_lora(model: nn.Module, r: int, alpha: int, dropout: float, targets: list
     """Wrap `model` with LoRA adapters (peft). `top_layers` adapts only the last N layers."""
     from peft import LoraConfig, get_peft_model
 
+    from rlhfkit.models.lora import use_lean_forward
+
     n_layers = getattr(model.config, "num_hidden_layers", None)
     layers = None
     if top_layers is not None and n_layers:
@@ -244,7 +246,9 @@ def add_lora(model: nn.Module, r: int, alpha: int, dropout: float, targets: list
         bias="none",
         layers_to_transform=layers,
     )
-    return get_peft_model(model, cfg)
+    model = get_peft_model(model, cfg)
+    use_lean_forward(model)  # same values, fewer full-size passes (models/lora.py)
+    return model
 
 
 def save_actor(actor: ActorCritic, tokenizer, out_dir: str | Path, merge: bool = False,

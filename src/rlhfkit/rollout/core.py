@@ -14,8 +14,9 @@ from dataclasses import dataclass, field, fields
 import torch
 
 from rlhfkit.algos import response_mask
+from rlhfkit.models.lora import merged_lora
 from rlhfkit.models.shared_prompts import shared_prompt_cache
-from rlhfkit.rollout.sampling import ExponentialRaceSampler, merged_lora
+from rlhfkit.rollout.sampling import ExponentialRaceSampler
 
 
 @dataclass
@@ -105,8 +106,8 @@ def generate(
 
     Prompts are left-padded so every response starts at the same column (pitfall 2).
     `share_prompts`: a prompt repeated in a generate() call (GRPO's groups) is prefilled once
-    and its cache copied to its rows (models/shared_prompts.py). LoRA layers run merged and
-    full-vocabulary draws use an exponential race (rollout/sampling.py).
+    and its cache copied to its rows (models/shared_prompts.py). LoRA layers run merged
+    (models/lora.py) and full-vocabulary draws use an exponential race (rollout/sampling.py).
     """
     from transformers import GenerationConfig, LogitsProcessorList
 
