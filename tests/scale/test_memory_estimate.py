@@ -53,6 +53,19 @@ def test_components_by_hand_for_the_cpu_demo():
     assert est["peak"] == max(est["training phase"], est["generation phase"])
 
 
+def test_cpu_lora_sampling_counts_a_merged_copy_of_the_adapted_weights():
+    base = dict(model="smollm2-135m", dtype="fp32", prompt_length=64, max_new_tokens=48)
+    cpu = estimate(build_config(MemoryArgs, {**base, "device": "cpu"}))
+    per_layer = 576 * 576 * 2 + 576 * 192 * 2 + 576 * 1536 * 3  # q, o; k, v; gate, up, down
+    assert cpu["merged LoRA"] == 30 * per_layer * 4 == 424_673_280
+    assert cpu["generation phase"] == cpu["policy weights"] + cpu["optimiser"] + cpu["value head"] \
+        + cpu["KV cache"] + cpu["merged LoRA"]
+    top = estimate(build_config(MemoryArgs, {**base, "device": "cpu", "lora_layers": 12}))
+    assert top["merged LoRA"] == 12 * per_layer * 4
+    for other in ({}, {"lora": False}, {"num_devices": 2}, {"method": "dpo"}):  # GPU, no LoRA, 2 processes, no sampling
+        assert estimate(build_config(MemoryArgs, {**base, "device": "cpu", **other} if other else base))["merged LoRA"] == 0
+
+
 def test_sharding_reference_offload_and_checkpointing():
     base = dict(model="llama-2-7b", lora=False, dtype="bf16", num_devices=8, micro_batch_size=4, prompt_length=512,
                 max_new_tokens=512)

@@ -6,8 +6,9 @@ weights and gathers them in module hooks.
    over (x A^T) and B^T with alpha = s. peft computes B (A x), multiplies by s and adds: two more
    full-size (tokens x out) passes in the forward and one in the backward, for each of up to
    210 adapted layers of a 135M model.
-2. `merged_lora`: sampling runs each adapted layer as one linear layer with a temporary merged
-   weight W + s * B A, and the adapters off: one matmul per layer and decoding step instead of three.
+2. `merged_lora`: sampling on the CPU runs each adapted layer as one linear layer with a
+   temporary merged weight W + s * B A, and the adapters off: one matmul per layer and decoding
+   step instead of three.
 
 Notation: N tokens, in/out the layer's widths, r the LoRA rank, s = alpha / r.
 """
@@ -43,10 +44,11 @@ def _distributed() -> bool:
     return torch.distributed.is_available() and torch.distributed.is_initialized()
 
 
-def _whole_weight(linear: nn.Linear) -> bool:
-    """The weight is the whole matrix in this process (not a ZeRO-3 placeholder or an FSDP shard)."""
+def _whole_cpu_weight(linear: nn.Linear) -> bool:
+    """The weight is the whole matrix, in CPU memory (not a ZeRO-3 placeholder or an FSDP shard).
+    GPUs are left alone: there the extra copy can cost more memory than the run has to spare."""
     w = linear.weight
-    return (type(w.data) is torch.Tensor and not hasattr(w, "ds_id")
+    return (type(w.data) is torch.Tensor and not hasattr(w, "ds_id") and w.device.type == "cpu"
             and tuple(w.shape) == (linear.out_features, linear.in_features))
 
 
@@ -110,7 +112,7 @@ def _lean_class() -> type:
 
 
 def _mergeable(layer: nn.Module) -> bool:
-    return _vanilla(layer) and _whole_weight(layer.base_layer)
+    return _vanilla(layer) and _whole_cpu_weight(layer.base_layer)
 
 
 @contextlib.contextmanager
@@ -120,9 +122,10 @@ def merged_lora(model: nn.Module):
     The base weights are not modified: each adapted layer's weight parameter is swapped for a
     temporary merged copy and swapped back on exit, so the frozen base (the reference policy
     under LoRA) keeps its exact bits. A no-op without LoRA layers, when one cannot be merged
-    here, in multi-process runs and under gradient tracking (this is for inference only).
+    here, off the CPU, in multi-process runs and under gradient tracking (inference only).
 
-    Memory: one extra copy of every adapted weight while the block runs.
+    Memory: one extra copy of every adapted weight while the block runs (`rlhfkit
+    estimate-memory device=cpu` counts it).
     """
     layers = lora_layers(model)
     if (not layers or not hasattr(model, "disable_adapter") or _distributed() or torch.is_grad_enabled()

@@ -12,6 +12,8 @@ b_c = bytes of the compute dtype (2 for bf16, 4 for fp32), N devices.
   KV cache         2 * L * kv * d * generation_batch * (prompt + new tokens) * b_c
   generation gather  ZeRO-3 only: P * b_c, the full policy gathered while it samples (DeepSpeed;
                    FSDP2 gathers one layer at a time, so there it is ~P * b_c / L)
+  merged LoRA      CPU, one process, LoRA: A * b_c, a merged copy of the A adapted base weights
+                   while sampling (models/lora.py)
   activations      L_bw * m * S * H * 34 * b_c / 2 (Korthikanti et al. 2022, with fused attention);
                    with gradient checkpointing L_bw * m * S * H * b_c + one layer's 34 * m * S * H * b_c / 2
   logits           m * R * V * 8 (the fused head's fp32 buffers: log-softmax and probabilities; kept for
@@ -71,6 +73,11 @@ class ModelShape:
         n = self.layers if top_layers is None else min(top_layers, self.layers)
         return n * sum(r * (i + o) for name, (i, o) in self.linear_shapes().items() if name in targets)
 
+    def adapted_count(self, top_layers: int | None = None, targets=LORA_TARGETS) -> int:
+        """Base weights under LoRA adapters: in * out per adapted projection."""
+        n = self.layers if top_layers is None else min(top_layers, self.layers)
+        return n * sum(i * o for name, (i, o) in self.linear_shapes().items() if name in targets)
+
     @classmethod
     def from_config(cls, cfg: dict) -> ModelShape:
         """From a Hugging Face config.json mapping."""
@@ -112,6 +119,8 @@ class MemoryArgs:
     lora_r: int = option(16, "LoRA rank")
     lora_layers: int | None = option(None, "adapt only the top N layers (None: all)")
     dtype: str = option("bf16", "compute dtype", ("bf16", "fp32"))
+    device: str = option("gpu", "where the run computes: on the CPU, LoRA sampling holds a merged copy of the "
+                         "adapted weights", ("gpu", "cpu"))
     num_devices: int = option(1, "data-parallel devices (GPUs, or processes)")
     sharding: str = option("none", "none = DDP (full copy per device); zero2 = gradients+optimiser sharded; "
                            "zero3 = also weights (DeepSpeed ZeRO-3 or FSDP full shard)", ("none", "zero2", "zero3"))
@@ -141,6 +150,7 @@ def estimate(args: MemoryArgs, shape: ModelShape | None = None) -> dict[str, flo
         weights = weights / N
     has_ref = args.method in ("ppo", "grpo", "dpo") and not args.lora and not args.offload_reference
     sampling = args.method in ("ppo", "grpo")
+    merged_sampling = sampling and args.lora and args.device == "cpu" and N == 1
     S, R = args.prompt_length + args.max_new_tokens, args.max_new_tokens
     m = args.micro_batch_size * (2 if args.method in ("dpo", "rm") else 1)  # a pair is two sequences
     layer_acts = m * S * s.hidden * 34 * bc / 2
@@ -154,11 +164,12 @@ def estimate(args: MemoryArgs, shape: ModelShape | None = None) -> dict[str, flo
         "value head": (s.hidden + 1) * 16 if args.method == "ppo" else 0,
         "KV cache": 2 * s.layers * s.kv_heads * s.d * args.generation_batch_size * S * bc if sampling else 0,
         "generation gather": P * bc if sampling and args.sharding == "zero3" else 0,
+        "merged LoRA": s.adapted_count(args.lora_layers) * bc if merged_sampling else 0,
         "activations": acts,
         "logits": 0 if args.method == "rm" else m * R * s.vocab * 8,  # response positions only
     }
     persistent = out["policy weights"] + out["optimiser"] + out["reference"] + out["value head"]
-    out["generation phase"] = persistent + out["KV cache"] + out["generation gather"]
+    out["generation phase"] = persistent + out["KV cache"] + out["generation gather"] + out["merged LoRA"]
     out["training phase"] = persistent + out["gradients"] + out["activations"] + out["logits"]
     out["peak"] = max(out["generation phase"], out["training phase"])
     out["parameters"], out["trainable"] = P, T
@@ -169,19 +180,20 @@ def render(args: MemoryArgs, est: dict[str, float]) -> str:
     """A Markdown table of the estimate in GiB."""
     head = (f"{args.model}: {est['parameters'] / 1e9:.3g}B parameters, {est['trainable'] / 1e6:.3g}M trainable "
             f"({'LoRA r=' + str(args.lora_r) if args.lora else 'full fine-tuning'}, {args.dtype}, {args.method}, "
-            f"{args.num_devices} device(s), sharding={args.sharding})")
+            f"{args.num_devices} {args.device} device(s), sharding={args.sharding})")
     rows = [f"| {k} | {est[k] / GIB:.3f} |" for k in ("policy weights", "gradients", "optimiser", "reference",
-                                                    "value head", "KV cache", "generation gather", "activations",
-                                                    "logits",
+                                                    "value head", "KV cache", "generation gather", "merged LoRA",
+                                                    "activations", "logits",
                                                     "generation phase", "training phase", "peak")]
     return "\n".join([head, "", "| component | GiB per device |", "| --- | ---: |", *rows])
 
 
 # The worked table of docs/scale.md (tests/scale/test_memory_estimate.py keeps the two identical).
 WORKED = [
-    ("135M, LoRA (all layers), fp32, 1 CPU process", "model=smollm2-135m dtype=fp32 prompt_length=64 max_new_tokens=48"),
+    ("135M, LoRA (all layers), fp32, 1 CPU process",
+     "model=smollm2-135m device=cpu dtype=fp32 prompt_length=64 max_new_tokens=48"),
     ("135M, full fine-tuning, fp32, 1 CPU process",
-     "model=smollm2-135m lora=false dtype=fp32 prompt_length=64 max_new_tokens=48"),
+     "model=smollm2-135m device=cpu lora=false dtype=fp32 prompt_length=64 max_new_tokens=48"),
     ("1.7B, LoRA, bf16, 1 GPU", "model=smollm2-1.7b prompt_length=256 max_new_tokens=256 generation_batch_size=64"),
     ("8B, LoRA, bf16, 1 GPU, checkpointing", "model=llama-3-8b micro_batch_size=4 prompt_length=512 max_new_tokens=512 "
      "generation_batch_size=32 gradient_checkpointing=true"),
@@ -195,7 +207,7 @@ WORKED = [
      "prompt_length=512 max_new_tokens=512 generation_batch_size=32 gradient_checkpointing=true offload_reference=true"),
 ]
 WORKED_COLUMNS = ("policy weights", "gradients", "optimiser", "reference", "KV cache", "generation gather",
-                  "activations", "logits", "peak")
+                  "merged LoRA", "activations", "logits", "peak")
 
 
 def worked_table() -> str:
