@@ -196,3 +196,26 @@ def test_a_second_backward_through_a_trained_head_is_refused():
     logp.sum().backward(retain_graph=True)
     with pytest.raises(RuntimeError, match="one backward pass"):
         logp.sum().backward()
+
+
+def test_frozen_and_trained_heads_give_equal_bits_and_the_workspace_is_reused():
+    """A frozen head (no weight gradient: LoRA, the reference, no-grad scoring) computes in a CPU
+    workspace reused across calls; a trained head in fresh buffers. Same arithmetic: equal bits,
+    which PPO's exact first-micro-batch ratio and DPO's step-0 loss of log 2 rely on."""
+    from rlhfkit.algos import head as head_module
+
+    torch.manual_seed(0)
+    lin = nn.Linear(8, 50, bias=True)
+    hidden = torch.randn(2, 5, 8)
+    tokens = torch.randint(0, 50, (2, 5))
+    trained = head_logprobs(hidden, lin, tokens, temperature=0.7, with_entropy=True)
+    lin.requires_grad_(False)
+    frozen = head_logprobs(hidden, lin, tokens, temperature=0.7, with_entropy=True)
+    space = head_module._workspace.spaces[torch.device("cpu")]
+    ptr = space.data_ptr()
+    other = head_logprobs(torch.randn(2, 5, 8), lin, tokens, with_entropy=True)  # same size: same workspace
+    assert head_module._workspace.spaces[torch.device("cpu")].data_ptr() == ptr
+    again = head_logprobs(hidden, lin, tokens, temperature=0.7, with_entropy=True)
+    for a, b, c in zip(trained, frozen, again):
+        assert torch.equal(a, b) and torch.equal(b, c)  # results are not views of the workspace
+    assert not torch.equal(other[0], frozen[0])

@@ -5,9 +5,10 @@ The plain way, `logprobs_and_entropy(lm_head(hidden), tokens)`, makes about ten 
 temporaries per micro-batch between its forward and backward (logits, z - lse, exp, their
 gradients, ...). With N ~ 300 positions and V ~ 49k each is ~60 MB, a fresh allocation that the
 allocator returns to the OS when it is freed, so on CPU their page faults cost more than their
-arithmetic. Here the forward makes one (N, V) buffer (two with entropy) and works in it in place;
-when the output layer is frozen (LoRA) it also folds that buffer into the two (N, H) factors of
-the gradient, so the backward is a multiply-add and the buffer is gone before the backward starts.
+arithmetic. Here the forward makes two (N, V) buffers (logits, then log-softmax; probabilities)
+and works in them in place; when the output layer is frozen (LoRA) it also folds them into the
+two (N, H) factors of the gradient, so the backward is a multiply-add and the buffers are dead
+before the backward starts: then, on the CPU, they are a workspace reused by the next call.
 
 Maths (z = logits / T, p = softmax(z), a token y, upstream gradients a = dL/dlog p(y) and
 b = dL/dH per row):
@@ -19,6 +20,8 @@ Notation: B batch, R response length, N rows (positions), H hidden size, V vocab
 """
 
 from __future__ import annotations
+
+import threading
 
 import torch
 from torch import nn
@@ -38,21 +41,28 @@ class _HeadLogprobs(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, hidden, weight, bias, tokens, temperature: float, with_entropy: bool, entropy_grad: bool):
-        z = F.linear(hidden, weight, bias).float()  # (N, V), a new tensor: ours to modify
+        ctx.frozen = not (ctx.needs_input_grad[1] or ctx.needs_input_grad[2])
+        # The two (N, V) buffers are saved for the backward only when the head trains; otherwise
+        # they are dead once this returns, and on the CPU they come from a reused workspace.
+        z, p = _buffers(hidden.shape[0], weight.shape[0], hidden.device, reuse=ctx.frozen)
+        if hidden.dtype == weight.dtype == torch.float32:
+            torch.mm(hidden, weight.t(), out=z)
+        else:  # bf16 logits, kept in float32
+            z.copy_(F.linear(hidden, weight))
+        if bias is not None:
+            z.add_(bias)
         if temperature != 1.0:
             z.div_(temperature)
-        lse = torch.logsumexp(z, dim=-1)  # (N,)
-        logp = z.gather(1, tokens[:, None]).squeeze(1) - lse
-        log_p = z.sub_(lse[:, None])  # log-softmax, in place
-        ent = None
-        if with_entropy:
-            p = log_p.exp()
-            ent = -torch.bmm(p[:, None, :], log_p[:, :, None]).view(-1)  # -sum_v p log p, no (N, V) product
-        else:
-            p = log_p.exp_()  # log_p is not needed again
+        z.sub_(z.amax(dim=-1, keepdim=True))  # z - max: exp cannot overflow
+        torch.exp(z, out=p)
+        sums = p.sum(dim=-1, keepdim=True)  # (N, 1)
+        log_sums = sums.log()
+        logp = z.gather(1, tokens[:, None]).squeeze(1) - log_sums.squeeze(1)
+        log_p = z.sub_(log_sums)  # log-softmax, in place
+        p.div_(sums)  # softmax, in place
+        ent = -torch.bmm(p[:, None, :], log_p[:, :, None]).view(-1) if with_entropy else None  # no (N, V) product
         ent_grad = with_entropy and entropy_grad
         ctx.temperature, ctx.hidden_dtype = temperature, hidden.dtype
-        ctx.frozen = not (ctx.needs_input_grad[1] or ctx.needs_input_grad[2])
         if ctx.needs_input_grad[0] and ctx.frozen:
             # Frozen head: dL/dh = a * J_lp + b * J_ent, both (N, H), computed now.
             w = weight.to(hidden.dtype) if hidden.dtype != weight.dtype else weight
@@ -131,6 +141,25 @@ def head_logprobs(
         if ent is not None and not entropy_grad:
             ent = ent.detach()
     return _scatter(logp, keep, lead), (_scatter(ent, keep, lead) if ent is not None else None)
+
+
+_workspace = threading.local()  # per thread: {device: flat float32 tensor}
+
+
+def _buffers(rows: int, vocab: int, device: torch.device, reuse: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """Two (rows, vocab) float32 buffers. With `reuse` on the CPU they are views of one workspace
+    per thread and device that only grows, so the next call touches no fresh pages (glibc maps
+    blocks this big freshly on every allocation); otherwise new tensors."""
+    n = rows * vocab
+    if not reuse or device.type != "cpu":
+        return torch.empty(rows, vocab, device=device), torch.empty(rows, vocab, device=device)
+    spaces = getattr(_workspace, "spaces", None)
+    if spaces is None:
+        spaces = _workspace.spaces = {}
+    space = spaces.get(device)
+    if space is None or space.numel() < 2 * n:
+        space = spaces[device] = torch.empty(2 * n, device=device)
+    return space[:n].view(rows, vocab), space[n : 2 * n].view(rows, vocab)
 
 
 def _fusable(head: nn.Module) -> bool:
