@@ -149,13 +149,15 @@ _workspace = threading.local()  # per thread: {device: flat float32 tensor}
 def _buffers(rows: int, vocab: int, device: torch.device, reuse: bool) -> tuple[torch.Tensor, torch.Tensor]:
     """Two (rows, vocab) float32 buffers. With `reuse` on the CPU they are views of one workspace
     per thread and device that only grows, so the next call touches no fresh pages (glibc maps
-    blocks this big freshly on every allocation); otherwise new tensors."""
+    blocks this big freshly on every allocation); otherwise new tensors, and the workspace is let
+    go: a trained head (full fine-tuning) runs at the memory peak, where it would be dead weight."""
     n = rows * vocab
-    if not reuse or device.type != "cpu":
-        return torch.empty(rows, vocab, device=device), torch.empty(rows, vocab, device=device)
     spaces = getattr(_workspace, "spaces", None)
     if spaces is None:
         spaces = _workspace.spaces = {}
+    if not reuse or device.type != "cpu":
+        spaces.pop(device, None)
+        return torch.empty(rows, vocab, device=device), torch.empty(rows, vocab, device=device)
     space = spaces.get(device)
     if space is None or space.numel() < 2 * n:
         space = spaces[device] = torch.empty(2 * n, device=device)

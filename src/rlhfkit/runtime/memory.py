@@ -17,7 +17,8 @@ b_c = bytes of the compute dtype (2 for bf16, 4 for fp32), N devices.
   activations      L_bw * m * S * H * 34 * b_c / 2 (Korthikanti et al. 2022, with fused attention);
                    with gradient checkpointing L_bw * m * S * H * b_c + one layer's 34 * m * S * H * b_c / 2
   logits           m * R * V * 8 (the fused head's fp32 buffers: log-softmax and probabilities; kept for
-                   the backward only when the output layer trains, i.e. full fine-tuning)
+                   the backward only when the output layer trains, i.e. full fine-tuning; a frozen
+                   one's stay allocated on the CPU as a reused workspace)
 
 m = sequences per micro-batch (2 per pair for DPO and the reward model, which has no logits),
 S = prompt + response tokens, R = response tokens, L_bw = layers the backward pass
