@@ -45,7 +45,7 @@ def build_tokenizer():
     return tok
 
 
-def build_tiny_model(vocab_size: int, seed: int = 0):
+def build_tiny_model(vocab_size: int, seed: int = 0, layers: int = 2):
     from transformers import LlamaConfig, LlamaForCausalLM
 
     torch.manual_seed(seed)
@@ -53,7 +53,7 @@ def build_tiny_model(vocab_size: int, seed: int = 0):
         vocab_size=vocab_size,
         hidden_size=32,
         intermediate_size=64,
-        num_hidden_layers=2,
+        num_hidden_layers=layers,
         num_attention_heads=4,
         num_key_value_heads=2,
         max_position_embeddings=256,

@@ -208,3 +208,15 @@ def test_help_lists_every_field(capsys):
     out = capsys.readouterr().out
     for f in dataclasses.fields(PPOConfig):
         assert f"  {f.name} (" in out, f.name
+
+
+def test_held_out_eval_draws_several_samples_per_prompt(tmp_path, tiny_model_dir, capsys):
+    """eval_samples_per_prompt=k: k completions per held-out prompt, before and after, same draws."""
+    prompts = tmp_path / "held.txt"
+    prompts.write_text("\n".join(PROMPTS[:3]))
+    summary = train(tiny_cfg(tmp_path, tiny_model_dir, eval_prompts=str(prompts), num_eval_prompts=3,
+                             eval_samples_per_prompt=2, quiet=False))
+    assert summary["eval_before"]["n"] == 6 and summary["eval_after"]["n"] == 6
+    assert "on 3 held-out prompts, 6 samples" in capsys.readouterr().out
+    prompts_seen = [s["prompt"] for s in summary["eval_before"]["samples"]]
+    assert sorted(prompts_seen) == sorted(PROMPTS[:3] * 2)  # each prompt twice

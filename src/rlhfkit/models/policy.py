@@ -17,6 +17,7 @@ from torch import nn
 from rlhfkit.algos.head import head_logprobs
 from rlhfkit.errors import UserError
 from rlhfkit.models.shared_prompts import response_hidden
+from rlhfkit.models.trunk import frozen_depth, top_states, trunk_states
 
 VALUE_HEAD_FILE = "value_head.safetensors"
 
@@ -51,11 +52,17 @@ def position_ids_from_mask(attention_mask: torch.Tensor) -> torch.Tensor:
 
 
 def response_hidden_states(decoder: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor,
-                           num_response: int, share_prompts: bool = False) -> torch.Tensor:
+                           num_response: int, share_prompts: bool = False,
+                           trunk: tuple[int, torch.Tensor] | None = None) -> torch.Tensor:
     """Final hidden states (B, R, H) of the positions predicting the R response tokens: response
     token i is predicted from position P-1+i (pitfall 4), so positions [L-R-1, L-1) are kept.
-    `share_prompts`: rows with the same prompt run it once (equal up to float rounding)."""
+    `share_prompts`: rows with the same prompt run it once (equal up to float rounding).
+    `trunk`: (depth D, states (B, L, H) after the frozen bottom D layers): only the layers above
+    them run (models/trunk.py)."""
     pos = position_ids_from_mask(attention_mask)
+    if trunk is not None:
+        depth, states = trunk
+        return top_states(decoder, depth, states, attention_mask, pos)[:, -num_response - 1 : -1]
     if share_prompts:
         hidden = response_hidden(decoder, input_ids, attention_mask, pos, num_response)
         if hidden is not None:
@@ -77,10 +84,20 @@ class ActorCritic(nn.Module):
         self.value_head = value_head
         self.critic = critic
         self.share_prompts = share_prompts  # run a prompt shared by several rows once (shared_prompts.py)
+        # Frozen bottom layers shared by the policy and the adapter-off reference and reused by
+        # every update epoch (models/trunk.py); 0 = none. Prompt sharing takes precedence.
+        self.trunk_depth = 0 if share_prompts else frozen_depth(_unwrap(policy).get_decoder())
 
     @property
     def config(self):
         return _unwrap(self.policy).config
+
+    def trunk(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor | None:
+        """States (B, L, H) after the frozen bottom `trunk_depth` layers (no grad), or None without them."""
+        if not self.trunk_depth:
+            return None
+        return trunk_states(_unwrap(self.policy).get_decoder(), self.trunk_depth, input_ids, attention_mask,
+                            position_ids_from_mask(attention_mask))
 
     def forward(
         self,
@@ -93,6 +110,7 @@ class ActorCritic(nn.Module):
         temperature: float = 1.0,
         with_entropy: bool = False,
         entropy_grad: bool = True,
+        trunk: torch.Tensor | None = None,  # (B, L, H) from self.trunk(...): the frozen layers are skipped
     ) -> tuple[torch.Tensor, ...]:
         """Logits and values for the last `num_response` tokens (the response).
 
@@ -105,8 +123,8 @@ class ActorCritic(nn.Module):
         skipped and read 0. `entropy_grad=False` gives the entropy as a constant (a metric).
         """
         lm = _unwrap(self.policy)
-        hidden = response_hidden_states(lm.get_decoder(), input_ids, attention_mask, num_response,
-                                        self.share_prompts)  # (B, R, H)
+        hidden = response_hidden_states(lm.get_decoder(), input_ids, attention_mask, num_response, self.share_prompts,
+                                        (self.trunk_depth, trunk) if trunk is not None else None)  # (B, R, H)
         values = None
         if with_values and self.value_head is not None:
             if self.critic is not None:
@@ -181,14 +199,17 @@ class Reference:
 
     @torch.no_grad()
     def logprobs(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, response_ids: torch.Tensor,
-                 response_mask: torch.Tensor | None = None, temperature: float = 1.0) -> torch.Tensor:
+                 response_mask: torch.Tensor | None = None, temperature: float = 1.0,
+                 trunk: torch.Tensor | None = None) -> torch.Tensor:
         """Reference log-probs (B, R) of `response_ids` at `temperature` (fused head; 0 where
-        `response_mask` is 0), computed like the policy's so that equal weights give equal bits."""
+        `response_mask` is 0), computed like the policy's so that equal weights give equal bits.
+        `trunk`: the policy's frozen-layer states (ActorCritic.trunk), which the adapter-disabled
+        reference shares; a separate frozen model ignores it."""
         R = response_ids.shape[1]
         if self.frozen is None:
             with self._adapter_off():
                 logp, _, _ = self.actor(input_ids, attention_mask, R, with_values=False, response_ids=response_ids,
-                                        response_mask=response_mask, temperature=temperature)
+                                        response_mask=response_mask, temperature=temperature, trunk=trunk)
             return logp
         hidden = self._frozen_hidden(input_ids, attention_mask, R)
         return head_logprobs(hidden, self.frozen.get_output_embeddings(), response_ids, response_mask, temperature)[0]

@@ -57,6 +57,7 @@ class Rollout:
     rewards: torch.Tensor | None = None  # (B, R) shaped per-token rewards (KL + score on last token)
     advantages: torch.Tensor | None = None  # (B, R) whitened GAE advantages
     returns: torch.Tensor | None = None  # (B, R) advantages + values (before whitening)
+    trunk: torch.Tensor | None = None  # (B, P + R, H) states after the frozen bottom layers (models/trunk.py)
     prompts: list[str] = field(default_factory=list)  # B prompt texts (unformatted)
     completions: list[str] = field(default_factory=list)  # B decoded responses, stop token excluded
     info: dict = field(default_factory=dict)  # per-sample lists passed to reward functions
@@ -79,15 +80,24 @@ class Rollout:
         return torch.cat([self.query_mask, self.response_mask.to(self.query_mask.dtype)], dim=1)
 
 
+def trim_bounds(rollout: Rollout) -> tuple[int, int]:
+    """(first prompt column kept, response columns kept) by `trim`."""
+    first = int(rollout.query_mask.any(0).float().argmax()) if rollout.query_mask.any() else 0
+    last = int(rollout.response_mask.any(0).nonzero().max()) + 1 if rollout.response_mask.any() else 1
+    return first, last
+
+
 def trim(rollout: Rollout) -> Rollout:
     """Drop prompt columns that are padding in every row and response columns after the longest
     response. Causal attention makes both invisible to the kept positions, so this only saves time."""
-    first = int(rollout.query_mask.any(0).float().argmax()) if rollout.query_mask.any() else 0
-    last = int(rollout.response_mask.any(0).nonzero().max()) + 1 if rollout.response_mask.any() else 1
+    first, last = trim_bounds(rollout)
+    P = rollout.query_ids.shape[1]
     kw = {}
     for f in fields(rollout):
         v = getattr(rollout, f.name)
-        if isinstance(v, torch.Tensor) and v.dim() == 2:
+        if f.name == "trunk" and v is not None:
+            v = v[:, first : P + last]
+        elif isinstance(v, torch.Tensor) and v.dim() == 2:
             v = v[:, first:] if f.name.startswith("query") else v[:, :last]
         kw[f.name] = v
     return Rollout(**kw)
@@ -192,46 +202,62 @@ def forward_logprobs(
     device = next(actor.parameters()).device
     R = rollout.response_ids.shape[1]
     m = rollout.response_mask.to(device)
+    trunk = rollout.trunk.to(device) if rollout.trunk is not None else None
     lp, values, ent = actor(rollout.input_ids.to(device), rollout.attention_mask.to(device), R, with_values,
                             response_ids=rollout.response_ids.to(device), response_mask=m, temperature=temperature,
-                            with_entropy=with_entropy, entropy_grad=entropy_grad)
+                            with_entropy=with_entropy, entropy_grad=entropy_grad, trunk=trunk)
     return lp, (values.float() * m if values is not None else None), ent
 
 
 @torch.no_grad()
 def score_rollout(actor, reference, rollout: Rollout, temperature: float, micro_batch_size: int,
-                  order: torch.Tensor | None = None) -> Rollout:
+                  order: torch.Tensor | None = None, keep_trunk_mb: float = 0.0) -> Rollout:
     """Fill logprobs, values, entropy and ref_logprobs in micro-batches (bounded peak memory).
 
     `order` (B,) groups rows into micro-batches exactly as the first update epoch will, so the
     first update micro-batch repeats this computation bit for bit and its ratio must be 1
     (pitfall 4); other groupings change padding widths, which moves bf16 results by ~1e-2.
+
+    When the actor has frozen bottom layers (`actor.trunk_depth`, models/trunk.py) they run once per
+    micro-batch for the policy and the adapter-disabled reference, and their output is kept in
+    `rollout.trunk` for the update when it takes at most `keep_trunk_mb` megabytes.
     """
     was_training = actor.training
     actor.eval()
-    B = rollout.response_ids.shape[0]
+    B, P = rollout.query_ids.shape
     order = torch.arange(B) if order is None else order
-    parts: dict[str, list[torch.Tensor]] = {"logprobs": [], "values": [], "entropy": [], "ref_logprobs": []}
+    parts: dict[str, list[torch.Tensor]] = {"logprobs": [], "values": [], "entropy": [], "ref_logprobs": [],
+                                            "trunk": []}
     device = next(actor.parameters()).device
+    depth = getattr(actor, "trunk_depth", 0)
+    H = actor.config.hidden_size if depth else 0
+    keep = depth and B * rollout.input_ids.shape[1] * H * 4 <= keep_trunk_mb * 2**20  # (B, L, H) at 4 bytes
     loaded = getattr(reference, "loaded", None)  # an offloaded reference comes in once per pass
     with loaded(device) if callable(loaded) else contextlib.nullcontext():
         for i in range(0, B, micro_batch_size):
-            mb = trim_rows(rollout, order[i : i + micro_batch_size])
+            rows = order[i : i + micro_batch_size]
+            mb = trim_rows(rollout, rows)
+            ids, mask = mb.input_ids.to(device), mb.attention_mask.to(device)
+            mb.trunk = actor.trunk(ids, mask) if depth else None  # shared by the policy and the reference
             lp, v, ent = forward_logprobs(actor, mb, temperature, with_values=True, with_entropy=True)
             parts["logprobs"].append(lp.cpu())
             if v is not None:  # a policy-only model (GRPO, RLOO) has no value head
                 parts["values"].append(v.cpu())
             parts["entropy"].append(ent.cpu())
             if reference is not None:
-                ref_lp = reference.logprobs(mb.input_ids.to(device), mb.attention_mask.to(device),
-                                            mb.response_ids.to(device), mb.response_mask.to(device), temperature)
+                ref_lp = reference.logprobs(ids, mask, mb.response_ids.to(device), mb.response_mask.to(device),
+                                            temperature, trunk=mb.trunk)
                 parts["ref_logprobs"].append(ref_lp.cpu())
+            if keep:  # back to the full rollout's columns: `first` padding columns left, R - last right
+                first, last = trim_bounds(rollout.select(rows))
+                pad = (0, 0, first, rollout.response_ids.shape[1] - last)
+                parts["trunk"].append(torch.nn.functional.pad(mb.trunk.cpu(), pad))
     actor.train(was_training)
     R = rollout.response_ids.shape[1]
     inverse = torch.argsort(order)  # back from micro-batch order to row order
     for name, chunks in parts.items():
         if chunks:
-            cat = torch.cat([torch.nn.functional.pad(c, (0, R - c.shape[1])) for c in chunks])
+            cat = torch.cat([c if c.dim() == 3 else torch.nn.functional.pad(c, (0, R - c.shape[1])) for c in chunks])
             setattr(rollout, name, cat[inverse])
     if reference is None:
         rollout.ref_logprobs = None

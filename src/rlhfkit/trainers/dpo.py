@@ -143,15 +143,30 @@ def dpo_batch_loss(policy_logps: torch.Tensor, ref_logps: torch.Tensor, lengths:
     return losses.sum() / n_pairs, metrics
 
 
-def plan_batches(n_pairs: int, cfg: DPOConfig, generator: torch.Generator, world: int = 1) -> list[torch.Tensor]:
+def pair_lengths(data: Rollout, share_prompts: bool) -> torch.Tensor:
+    """(N,) the length that sets a pair's padded width: its longer response when the prompt runs once
+    per pair (responses then carry most of the padding: two rows each), else prompt + that response."""
+    n = data.response_ids.shape[0] // 2
+    response = data.response_mask.sum(1)
+    longer = torch.maximum(response[:n], response[n:]).long()
+    return longer if share_prompts else data.query_mask[:n].sum(1) + longer
+
+
+def plan_batches(n_pairs: int, cfg: DPOConfig, generator: torch.Generator, world: int = 1,
+                 lengths: torch.Tensor | None = None) -> list[torch.Tensor]:
     """Pair indices of every optimiser step: a fresh shuffle per epoch, cut at max_steps. With
     `world` processes an epoch's last, short batch is cut to a multiple of `world`, so that every
-    process gets as many pairs (and runs as many backward passes) as the others."""
+    process gets as many pairs (and runs as many backward passes) as the others.
+
+    Given `lengths` (pair_lengths), each batch is ordered longest first, so its micro-batches hold
+    pairs of similar length and pad less. A step's pairs and its summed gradient stay the same."""
     batches = []
     for _ in range(cfg.epochs):
         perm = torch.randperm(n_pairs, generator=generator)
         cut = [perm[i : i + cfg.batch_size] for i in range(0, n_pairs, cfg.batch_size)]
         batches += [b[: len(b) // world * world] for b in cut if len(b) >= world]
+    if lengths is not None:
+        batches = [b[torch.argsort(lengths[b], descending=True, stable=True)] for b in batches]
     return batches[: cfg.max_steps] if cfg.max_steps else batches
 
 
@@ -295,7 +310,8 @@ def train(cfg: DPOConfig) -> dict:
     check_prompt_lengths(tok, [train_pairs, held_out], cfg)
     data, N = encode_pairs(tok, train_pairs, cfg), len(train_pairs)
     held = encode_pairs(tok, held_out, cfg) if held_out else None
-    batches = plan_batches(N, cfg, torch.Generator().manual_seed(cfg.seed), world)
+    batches = plan_batches(N, cfg, torch.Generator().manual_seed(cfg.seed), world,
+                           pair_lengths(data, model.share_prompts))
     agree_on_run_name(accelerator, cfg, "dpo")
     run_dir, resume_from = open_run_dir(cfg, "dpo")
     if accelerator.is_main_process:

@@ -274,7 +274,8 @@ class RLRun:
         """The teacher-forced pass, grouped by `order` (the first update epoch's shuffle)."""
         t0 = time.perf_counter()
         with self.tracker.phase("scoring", None), autocast(self.cfg.dtype, self.device):
-            score_rollout(self.core, self.reference, rollout, self.cfg.temperature, self.cfg.micro_batch_size, order)
+            score_rollout(self.core, self.reference, rollout, self.cfg.temperature, self.cfg.micro_batch_size, order,
+                          keep_trunk_mb=getattr(self.cfg, "trunk_cache_mb", 0.0))
         rollout.timings["timing/logprobs_s"] = time.perf_counter() - t0
         return rollout
 

@@ -22,14 +22,19 @@ class PPOConfig(GenerationArgs, ReferenceArgs, SamplingArgs, ModelArgs, RunArgs)
     # The CPU demo adapts the top 12 of SmolLM2's 30 layers: backward stops there (update 18 s -> 14 s
     # per iteration on 2 cores) and sentiment is still learned. Set lora_layers=None for every layer.
     lora_layers: int | None = option(12, "adapt only the top N transformer layers (None: all); backward stops below them")
+    trunk_cache_mb: float = option(512.0, "with lora_layers, the layers below the adapted ones run once per rollout: "
+                                   "their output (B x L x hidden x 4 bytes) is kept for the update when it fits in "
+                                   "this many MB, else recomputed per micro-batch (0: always recompute)")
 
     # data and reward
     prompts: str = option("builtin:reviews", "prompts: builtin:reviews|stories|arithmetic|instructions or a JSONL/CSV/TXT file")
     eval_prompts: str | None = option(None, "held-out prompts for the before/after check (default: test split of `prompts`)")
     num_eval_prompts: int = option(64, "held-out prompts sampled before and after training (0 = skip)")
+    eval_samples_per_prompt: int = option(3, "completions per held-out prompt, before and after (the same random "
+                                          "draws both times)")
     reward: str = option("sentiment", "sentiment | arithmetic | length[:N] | model:PATH | python:module:function")
     # rollout
-    iterations: int = option(15, "PPO iterations (rollout + update)")
+    iterations: int = option(18, "PPO iterations (rollout + update)")
     rollout_batch_size: int = option(16, "prompts sampled per iteration, per process (N processes sample N x this "
                                      "different prompts; mini/micro batch sizes are per process too)")
     max_new_tokens: int = option(48, "response length limit")
@@ -71,7 +76,7 @@ class PPOConfig(GenerationArgs, ReferenceArgs, SamplingArgs, ModelArgs, RunArgs)
     def validate(self) -> None:
         check(self.iterations >= 1, f"iterations ({self.iterations}) must be >= 1")
         for k in ("rollout_batch_size", "mini_batch_size", "micro_batch_size", "ppo_epochs", "max_new_tokens",
-                  "generation_batch_size", "kl_horizon"):
+                  "generation_batch_size", "kl_horizon", "eval_samples_per_prompt"):
             check(getattr(self, k) >= 1, f"{k} ({getattr(self, k)}) must be >= 1")
         check(self.rollout_batch_size % self.mini_batch_size == 0,
               f"rollout_batch_size ({self.rollout_batch_size}) must be divisible by mini_batch_size ({self.mini_batch_size})")
@@ -85,7 +90,7 @@ class PPOConfig(GenerationArgs, ReferenceArgs, SamplingArgs, ModelArgs, RunArgs)
         check(self.clip_eps > 0, f"clip_eps ({self.clip_eps}) must be > 0")
         for k in ("value_clip_eps", "score_clip"):
             check(getattr(self, k) is None or getattr(self, k) > 0, f"{k} ({getattr(self, k)}) must be > 0 or None")
-        for k in ("kl_coef", "vf_coef", "log_samples"):
+        for k in ("kl_coef", "vf_coef", "log_samples", "trunk_cache_mb"):
             check(getattr(self, k) >= 0, f"{k} ({getattr(self, k)}) must be >= 0")
         check(self.kl_target > 0, f"kl_target ({self.kl_target}) must be > 0")
         check(self.ratio_check_tol > 0, f"ratio_check_tol ({self.ratio_check_tol}) must be > 0")

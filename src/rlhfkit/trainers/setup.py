@@ -68,10 +68,12 @@ def build_actor_critic(cfg):
 
 
 def evaluate_reward(model, tok, records, reward_fn, cfg, params: SamplingParams, seed: int) -> dict:
-    """Mean/std of the reward of sampled completions on `records` (one sample each)."""
+    """Mean/std of the reward of sampled completions on `records` (`cfg.eval_samples_per_prompt` each,
+    default 1: more samples per prompt make the before/after change less noisy)."""
     from rlhfkit.generate import sample_and_score
     from rlhfkit.trainers.common import format_prompts, mean_std
 
+    records = [r for r in records for _ in range(getattr(cfg, "eval_samples_per_prompt", 1))]
     formatted = format_prompts(tok, [r["prompt"] for r in records], cfg)
     completions, scores = sample_and_score(model, tok, records, formatted, reward_fn, params, seed,
                                            cfg.generation_batch_size, cfg.dtype)
@@ -101,6 +103,6 @@ def eval_before_after(actor, tok, records, reward_fn, cfg, params, tracker, summ
     with generation_context():
         after = evaluate_reward(actor.policy, tok, records, reward_fn, cfg, params, seed)
     tracker.print(f"[eval] after training:  mean reward {after['mean']:.3f} (sd {after['std']:.3f}, n={after['n']})")
-    tracker.print(f"[eval] change: {after['mean'] - before['mean']:+.3f} on {after['n']} held-out prompts "
-                  f"(reward={cfg.reward}, T={cfg.temperature})")
+    tracker.print(f"[eval] change: {after['mean'] - before['mean']:+.3f} on {len(records)} held-out prompts, "
+                  f"{after['n']} samples (reward={cfg.reward}, T={cfg.temperature})")
     summary.update({"eval_before": before, "eval_after": after, "eval_change": after["mean"] - before["mean"]})
