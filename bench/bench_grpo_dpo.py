@@ -310,8 +310,9 @@ def run_trl_dpo(name: str, steps: int) -> dict:
     cfg = dpo_config(name, steps, tmp)
     torch.manual_seed(cfg.seed)
     pairs, _ = load_pairs(cfg.prefs)
-    # rlhfkit's first-epoch order (plan_batches with the run seed): TRL reads it sequentially, so each optimiser
-    # step and micro-batch holds exactly the pairs rlhfkit's does.
+    # rlhfkit's first-epoch shuffle (plan_batches with the run seed): TRL reads it sequentially, so each optimiser
+    # step holds exactly the pairs rlhfkit's does. Inside a step rlhfkit orders the pairs by length (its own
+    # default, fewer padded tokens); TRL keeps the shuffled order, as it would by itself.
     cfg.max_steps, cfg.epochs = None, 1
     order = torch.cat(plan_batches(len(pairs), cfg, torch.Generator().manual_seed(cfg.seed))).tolist()
     pairs = [pairs[i] for i in order]
@@ -574,7 +575,9 @@ def render(header: str, results: dict, grpo_steps: int, dpo_steps: int) -> str:
         "- Same model files (`AutoModelForCausalLM.from_pretrained`, fp32), tokenizer and text: prompts are formatted "
         "by rlhfkit (`rlhfkit.trainers.common.format_prompts`: SmolLM2's chat template) and given to TRL as plain "
         "text, so both see the same token ids; TRL reads rlhfkit's own prompt / pair order (`shuffle_dataset=False`, "
-        "`train_sampling_strategy=\"sequential\"`). Datasets are built with `datasets.Dataset.from_dict`.",
+        "`train_sampling_strategy=\"sequential\"`), so every optimiser step holds the same pairs in both (inside a "
+        "DPO step rlhfkit runs them longest first, its default; TRL in the shuffled order, its default). Datasets are "
+        "built with `datasets.Dataset.from_dict`.",
         "- Both: fp32 (`bf16=False`), no gradient checkpointing (TRL's default is on), CPU (`use_cpu=True`), AdamW "
         "with the same lr, warm-up steps (`constant_with_warmup`), weight decay, eps and grad-norm clip; LoRA through "
         f"peft, r={c.lora_r}, alpha={c.lora_alpha}, dropout {c.lora_dropout}, on the modules rlhfkit picks "

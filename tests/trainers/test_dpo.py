@@ -16,7 +16,9 @@ from rlhfkit.trainers.dpo import (
     encode_pairs,
     load_pairs,
     main,
+    pair_lengths,
     pair_rows,
+    plan_batches,
     sequence_logps,
     should_precompute,
     train,
@@ -187,6 +189,27 @@ def test_precompute_rule():
     assert not should_precompute(cfg, n_pairs=100, n_steps=3)  # 48 visited: on the fly is cheaper
     forced = build_config(DPOConfig, {"precompute_ref_logps": True})
     assert should_precompute(forced, n_pairs=100, n_steps=1)
+
+
+def test_batches_keep_their_pairs_and_run_longest_first():
+    """Ordering by length changes the micro-batches, never which pairs a step holds."""
+    from rlhfkit.rollout import Rollout
+
+    lengths = torch.tensor([3, 9, 1, 7, 7, 2, 8, 5, 4, 6])
+    cfg = build_config(DPOConfig, {"batch_size": 4, "micro_batch_size": 2, "epochs": 2})
+    plain = plan_batches(10, cfg, torch.Generator().manual_seed(0))
+    ordered = plan_batches(10, cfg, torch.Generator().manual_seed(0), lengths=lengths)
+    assert [len(b) for b in ordered] == [4, 4, 2, 4, 4, 2]
+    for p, o in zip(plain, ordered):
+        assert sorted(p.tolist()) == sorted(o.tolist())
+        assert lengths[o].tolist() == sorted(lengths[p].tolist(), reverse=True)
+    # pair_lengths: the longer response (prompt run once per pair), or prompt + it
+    q_mask = torch.tensor([[0, 1, 1], [1, 1, 1]] * 2)
+    r_mask = torch.tensor([[1.0, 1, 0, 0], [1, 0, 0, 0], [1, 1, 1, 0], [1, 1, 1, 1]])
+    data = Rollout(query_ids=q_mask, query_mask=q_mask, response_ids=r_mask.long(), response_mask=r_mask,
+                   stopped=torch.ones(4, dtype=torch.bool))
+    assert pair_lengths(data, share_prompts=True).tolist() == [3, 4]  # max(2, 3), max(1, 4)
+    assert pair_lengths(data, share_prompts=False).tolist() == [2 + 3, 3 + 4]
 
 
 # ----------------------------------------------------------------------------- training

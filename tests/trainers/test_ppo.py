@@ -220,3 +220,14 @@ def test_held_out_eval_draws_several_samples_per_prompt(tmp_path, tiny_model_dir
     assert "on 3 held-out prompts, 6 samples" in capsys.readouterr().out
     prompts_seen = [s["prompt"] for s in summary["eval_before"]["samples"]]
     assert sorted(prompts_seen) == sorted(PROMPTS[:3] * 2)  # each prompt twice
+
+
+def test_the_cpu_config_file_spells_out_the_defaults():
+    """configs/ppo-cpu.yaml promises `rlhfkit ppo configs/ppo-cpu.yaml` == `rlhfkit ppo`."""
+    from pathlib import Path
+
+    import yaml
+
+    spelled = yaml.safe_load((Path(__file__).parents[2] / "configs" / "ppo-cpu.yaml").read_text())
+    defaults = build_config(PPOConfig, {})
+    assert {k: getattr(defaults, k) for k in spelled} == spelled

@@ -55,7 +55,10 @@ class PPOConfig(GenerationArgs, ReferenceArgs, SamplingArgs, ModelArgs, RunArgs)
     loss_agg: str = option("token-mean", "loss aggregation over a mini-batch", ("token-mean", "seq-mean"))
     # advantages and rewards
     gamma: float = option(1.0, "discount")
-    lam: float = option(0.95, "GAE lambda")
+    # lam=1: the score sits on the last token only, and the critic starts at zero, so with lam=0.95 the first
+    # token of a 48-token response would see 0.95^47 = 9% of it. Demo, same seed: +0.20 (0.95) -> +0.39 (1.0).
+    lam: float = option(1.0, "GAE lambda (1.0: every token sees the whole sequence score; lower trades bias for "
+                        "variance once the critic has learned)")
     whiten_advantages: bool = option(True, "normalise advantages over the rollout batch (after returns are formed)")
     kl_coef: float = option(0.05, "KL penalty coefficient beta (initial value when adaptive)")
     kl_estimator: str = option("k1", "per-token KL estimator in the reward", ("k1", "k2", "k3", "abs"))

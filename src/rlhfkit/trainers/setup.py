@@ -73,10 +73,13 @@ def evaluate_reward(model, tok, records, reward_fn, cfg, params: SamplingParams,
     from rlhfkit.generate import sample_and_score
     from rlhfkit.trainers.common import format_prompts, mean_std
 
-    records = [r for r in records for _ in range(getattr(cfg, "eval_samples_per_prompt", 1))]
+    k = getattr(cfg, "eval_samples_per_prompt", 1)
+    records = [r for r in records for _ in range(k)]
     formatted = format_prompts(tok, [r["prompt"] for r in records], cfg)
+    # k x the rollout's generation batch: as many generate() calls as with one sample, whose fixed
+    # per-token cost (small ops, the cache) dominates CPU decoding
     completions, scores = sample_and_score(model, tok, records, formatted, reward_fn, params, seed,
-                                           cfg.generation_batch_size, cfg.dtype)
+                                           cfg.generation_batch_size * k, cfg.dtype)
     m, s = mean_std(scores)
     return {"mean": m, "std": s, "n": len(scores),
             "samples": [{"prompt": r["prompt"], "completion": c, "score": x}
