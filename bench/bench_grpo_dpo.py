@@ -5,7 +5,7 @@ Standard GRPO work = `rlhfkit grpo` defaults (read from GRPOConfig at run time):
 16 new tokens, temperature 1, no top-k/top-p, exact-match arithmetic reward, 2 update epochs (mu), mini-batch 32,
 micro-batch 16, token-mean loss, beta=0 (no reference model), fp32.
 Standard DPO work = `rlhfkit dpo` defaults (read from DPOConfig): builtin:prefs_reviews, 16 pairs per optimiser
-step in micro-batches of 4, LoRA, sigmoid loss, beta 0.1, prompt/response limits 192/128 tokens, reference = the
+step in micro-batches of 8, LoRA, sigmoid loss, beta 0.1, prompt/response limits 192/128 tokens, reference = the
 adapter-disabled base, fp32.
 
 The same work is run by trl==1.12.0's GRPOTrainer and DPOTrainer (`--trl-python`, the `bench` extra), with every
@@ -599,8 +599,9 @@ def render(header: str, results: dict, grpo_steps: int, dpo_steps: int) -> str:
         f"`max_length={d.max_prompt_length + d.max_response_length}` (TRL has one limit, not rlhfkit's separate "
         f"prompt {d.max_prompt_length} / response {d.max_response_length}; the longest pair, 54 + 36 tokens, is cut "
         "by neither), responses end with `<|im_end|>` in both, reference = peft adapters disabled, "
-        "`precompute_ref_log_probs` as the configuration name says (`precompute_ref_batch_size` = 4 pairs, like "
-        "rlhfkit; TRL also writes the table to a datasets cache file, inside its precompute time).",
+        "`precompute_ref_log_probs` as the configuration name says (`precompute_ref_batch_size` unset: TRL then "
+        f"precomputes in micro-batches of {d.micro_batch_size} pairs, like rlhfkit; TRL also writes the table to a "
+        "datasets cache file, inside its precompute time).",
         "- Not matched (no knob): TRL's DPO forward computes logits over prompt and response tokens (rlhfkit's over "
         "the response only) and logs entropy / token accuracy; TRL's GRPO computes per-token entropy in every "
         "training forward (rlhfkit once, in its scoring pass); TRL pads a whole generation batch to one width before "

@@ -43,7 +43,7 @@ class DPOConfig(ReferenceArgs, ModelArgs, RunArgs):
     epochs: int = option(2, "passes over the training pairs")
     max_steps: int | None = option(None, "stop after this many optimiser steps (None: epochs decide)")
     batch_size: int = option(16, "pairs per optimiser step (all processes together; each takes its share)")
-    micro_batch_size: int = option(4, "pairs per forward/backward (2 x this many sequences)")
+    micro_batch_size: int = option(8, "pairs per forward/backward (2 x this many sequences)")
     share_prompts: bool = option(True, "run a pair's prompt once for its chosen and rejected response (their keys/values "
                                  "are copied to both rows; equal up to float rounding). Off under gradient_checkpointing")
     lr: float = option(1e-4, "AdamW learning rate (LoRA default; use ~5e-7..5e-6 for full fine-tuning)")
