@@ -80,17 +80,11 @@ class Rollout:
         return torch.cat([self.query_mask, self.response_mask.to(self.query_mask.dtype)], dim=1)
 
 
-def trim_bounds(rollout: Rollout) -> tuple[int, int]:
-    """(first prompt column kept, response columns kept) by `trim`."""
-    first = int(rollout.query_mask.any(0).float().argmax()) if rollout.query_mask.any() else 0
-    last = int(rollout.response_mask.any(0).nonzero().max()) + 1 if rollout.response_mask.any() else 1
-    return first, last
-
-
 def trim(rollout: Rollout) -> Rollout:
     """Drop prompt columns that are padding in every row and response columns after the longest
     response. Causal attention makes both invisible to the kept positions, so this only saves time."""
-    first, last = trim_bounds(rollout)
+    first = int(rollout.query_mask.any(0).float().argmax()) if rollout.query_mask.any() else 0
+    last = int(rollout.response_mask.any(0).nonzero().max()) + 1 if rollout.response_mask.any() else 1
     P = rollout.query_ids.shape[1]
     kw = {}
     for f in fields(rollout):
@@ -224,14 +218,14 @@ def score_rollout(actor, reference, rollout: Rollout, temperature: float, micro_
     """
     was_training = actor.training
     actor.eval()
-    B, P = rollout.query_ids.shape
+    (B, P), R = rollout.query_ids.shape, rollout.response_ids.shape[1]
     order = torch.arange(B) if order is None else order
     parts: dict[str, list[torch.Tensor]] = {"logprobs": [], "values": [], "entropy": [], "ref_logprobs": [],
                                             "trunk": []}
     device = next(actor.parameters()).device
     depth = getattr(actor, "trunk_depth", 0)
     H = actor.config.hidden_size if depth else 0
-    keep = depth and B * rollout.input_ids.shape[1] * H * 4 <= keep_trunk_mb * 2**20  # (B, L, H) at 4 bytes
+    keep = depth and B * (P + R) * H * 4 <= keep_trunk_mb * 2**20  # (B, L, H) at 4 bytes
     loaded = getattr(reference, "loaded", None)  # an offloaded reference comes in once per pass
     with loaded(device) if callable(loaded) else contextlib.nullcontext():
         for i in range(0, B, micro_batch_size):
@@ -248,12 +242,10 @@ def score_rollout(actor, reference, rollout: Rollout, temperature: float, micro_
                 ref_lp = reference.logprobs(ids, mask, mb.response_ids.to(device), mb.response_mask.to(device),
                                             temperature, trunk=mb.trunk)
                 parts["ref_logprobs"].append(ref_lp.cpu())
-            if keep:  # back to the full rollout's columns: `first` padding columns left, R - last right
-                first, last = trim_bounds(rollout.select(rows))
-                pad = (0, 0, first, rollout.response_ids.shape[1] - last)
+            if keep:  # back to the full rollout's columns: the prompt columns trim cut on the left, response on the right
+                pad = (0, 0, P - mb.query_ids.shape[1], R - mb.response_ids.shape[1])
                 parts["trunk"].append(torch.nn.functional.pad(mb.trunk.cpu(), pad))
     actor.train(was_training)
-    R = rollout.response_ids.shape[1]
     inverse = torch.argsort(order)  # back from micro-batch order to row order
     for name, chunks in parts.items():
         if chunks:
