@@ -77,6 +77,26 @@ def test_run_folder_metrics_and_ratio_check(tmp_path, tiny_model_dir):
     assert (run / "final" / "value_head.safetensors").is_file() and (run / "config.yaml").is_file()
 
 
+def test_shared_prefix_runs_in_scoring_and_update_and_keeps_the_ratio_exact(tmp_path, tiny_model_dir, monkeypatch):
+    """The prompts share a chat header + 'Write a review of thing number': every scoring and update
+    micro-batch runs it once, and the first update micro-batch still repeats scoring to the bit."""
+    import rlhfkit.models.policy as policy_mod
+
+    real, used = policy_mod.shared_prefix_hidden, []
+
+    def spy(decoder, ids, mask, R):
+        out = real(decoder, ids, mask, R)
+        used.append(out is not None)
+        return out
+
+    monkeypatch.setattr(policy_mod, "shared_prefix_hidden", spy)
+    train(tiny_cfg(tmp_path, tiny_model_dir, ppo_epochs=2))
+    # 4 scoring micro-batches x (policy + adapter-off reference) + 2 epochs x 4 update micro-batches
+    assert used == [True] * 16
+    rows = [json.loads(line) for line in (tmp_path / "runs" / "t" / "metrics.jsonl").read_text().splitlines()]
+    assert rows[0]["params/ratio_first_microbatch_maxdev"] == 0.0
+
+
 def test_broken_logprob_reconstruction_is_caught(tmp_path, tiny_model_dir, monkeypatch):
     import rlhfkit.trainers.ppo as ppo_mod
 

@@ -16,7 +16,7 @@ from torch import nn
 
 from rlhfkit.algos.head import head_logprobs
 from rlhfkit.errors import UserError
-from rlhfkit.models.shared_prompts import response_hidden
+from rlhfkit.models.shared_prompts import response_hidden, shared_prefix_hidden
 from rlhfkit.models.trunk import frozen_depth, top_states, trunk_states
 
 VALUE_HEAD_FILE = "value_head.safetensors"
@@ -53,10 +53,11 @@ def position_ids_from_mask(attention_mask: torch.Tensor) -> torch.Tensor:
 
 def response_hidden_states(decoder: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor,
                            num_response: int, share_prompts: bool = False,
-                           trunk: tuple[int, torch.Tensor] | None = None) -> torch.Tensor:
+                           trunk: tuple[int, torch.Tensor] | None = None, share_prefix: bool = False) -> torch.Tensor:
     """Final hidden states (B, R, H) of the positions predicting the R response tokens: response
     token i is predicted from position P-1+i (pitfall 4), so positions [L-R-1, L-1) are kept.
     `share_prompts`: rows with the same prompt run it once (equal up to float rounding).
+    `share_prefix`: the prompt prefix every row shares runs once (equal up to float rounding).
     `trunk`: (depth D, states (B, L, H) after the frozen bottom D layers): only the layers above
     them run (models/trunk.py)."""
     pos = position_ids_from_mask(attention_mask)
@@ -65,6 +66,10 @@ def response_hidden_states(decoder: nn.Module, input_ids: torch.Tensor, attentio
         return top_states(decoder, depth, states, attention_mask, pos)[:, -num_response - 1 : -1]
     if share_prompts:
         hidden = response_hidden(decoder, input_ids, attention_mask, pos, num_response)
+        if hidden is not None:
+            return hidden
+    if share_prefix:
+        hidden = shared_prefix_hidden(decoder, input_ids, attention_mask, num_response)
         if hidden is not None:
             return hidden
     return decoder(input_ids=input_ids, attention_mask=attention_mask, position_ids=pos,
@@ -78,12 +83,13 @@ class ActorCritic(nn.Module):
     """
 
     def __init__(self, policy: nn.Module, value_head: ValueHead | None, critic: nn.Module | None = None,
-                 share_prompts: bool = False):
+                 share_prompts: bool = False, share_prefix: bool = False):
         super().__init__()
         self.policy = policy
         self.value_head = value_head
         self.critic = critic
         self.share_prompts = share_prompts  # run a prompt shared by several rows once (shared_prompts.py)
+        self.share_prefix = share_prefix  # run the prompt prefix all rows share once (shared_prompts.py)
         # Frozen bottom layers shared by the policy and the adapter-off reference and reused by
         # every update epoch (models/trunk.py); 0 = none. Prompt sharing takes precedence.
         self.trunk_depth = 0 if share_prompts else frozen_depth(_unwrap(policy).get_decoder())
@@ -124,12 +130,13 @@ class ActorCritic(nn.Module):
         """
         lm = _unwrap(self.policy)
         hidden = response_hidden_states(lm.get_decoder(), input_ids, attention_mask, num_response, self.share_prompts,
-                                        (self.trunk_depth, trunk) if trunk is not None else None)  # (B, R, H)
+                                        (self.trunk_depth, trunk) if trunk is not None else None,
+                                        self.share_prefix)  # (B, R, H)
         values = None
         if with_values and self.value_head is not None:
             if self.critic is not None:
                 ch = response_hidden_states(_unwrap(self.critic).get_decoder(), input_ids, attention_mask,
-                                            num_response, self.share_prompts)
+                                            num_response, self.share_prompts, share_prefix=self.share_prefix)
                 values = self.value_head(ch)
             else:
                 values = self.value_head(hidden)
@@ -216,7 +223,7 @@ class Reference:
 
     def _frozen_hidden(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, num_response: int) -> torch.Tensor:
         return response_hidden_states(self.frozen.get_decoder(), input_ids, attention_mask, num_response,
-                                      self.actor.share_prompts)
+                                      self.actor.share_prompts, share_prefix=self.actor.share_prefix)
 
 
 def default_lora_targets(model: nn.Module) -> list[str]:

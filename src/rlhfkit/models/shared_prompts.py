@@ -1,5 +1,6 @@
 """Compute each distinct prompt once when several rows of a batch share it (GRPO/RLOO groups,
-a DPO pair's chosen and rejected rows).
+a DPO pair's chosen and rejected rows), and the prompt prefix that every row shares (a chat
+template's system header) once per batch.
 
 A causal decoder's states at the prompt positions depend only on the prompt, so G rows with the
 same prompt can run the prompt through the model once and attend to one copy of its keys and
@@ -8,7 +9,14 @@ gradients flow back through the shared keys and values into the prompt pass. Wit
 prompts longer than the responses (the arithmetic demo: 62 prompt tokens, <= 16 response
 tokens) this removes most of the work of sampling, scoring and the update.
 
-Notation: B rows, U distinct prompts, P prompt width (left padded), R response width, H hidden.
+The shared prefix works the same way one level up: with a chat template every prompt starts with
+the same header (SmolLM2's default system prompt and `<|im_start|>user\n`: 24 tokens of prompts of
+39-54 tokens). Each row's first S tokens are moved to the front and its left padding right after
+them (`prefix_first`; positions from the mask are unchanged, and padding is masked wherever it
+sits), the S columns run once for the batch, and every row continues from their keys and values.
+
+Notation: B rows, U distinct prompts, P prompt width (left padded), R response width, H hidden,
+S shared prefix length.
 """
 
 from __future__ import annotations
@@ -96,3 +104,81 @@ def shared_prompt_cache(model: nn.Module, input_ids: torch.Tensor, attention_mas
     rows, inverse = shared
     pos = position_ids_from_mask(attention_mask)
     return prompt_cache(model, input_ids[:, :-1], attention_mask[:, :-1], pos[:, :-1], rows, inverse)
+
+
+# ----------------------------------------------------------------------------- shared prefix
+
+MIN_PREFIX = 4  # below this the extra forward call costs more than the prefix saves
+
+
+def common_prefix_length(prompt_ids: torch.Tensor, prompt_mask: torch.Tensor) -> int:
+    """S: how many leading real tokens every row's left-padded prompt (B, P) starts with, at most
+    the shortest prompt minus one (each row's last prompt token must run for that row: it predicts
+    the first response token). 0 with one row, or when the mask is not left padding."""
+    B, P = prompt_ids.shape
+    lengths = prompt_mask.long().sum(1)
+    n = int(lengths.min()) - 1 if B > 1 else 0
+    if n < 1:
+        return 0
+    start = P - lengths  # (B,) first real column of each row
+    if not torch.equal(prompt_mask.bool(), torch.arange(P)[None, :].to(start.device) >= start[:, None]):
+        return 0
+    heads = prompt_ids.gather(1, start[:, None] + torch.arange(n, device=start.device))  # (B, n)
+    return int((heads == heads[:1]).all(0).long().cumprod(0).sum())
+
+
+def prefix_first(input_ids: torch.Tensor, attention_mask: torch.Tensor, prompt_width: int,
+                 prefix: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(ids, mask) (B, L) with each row's first `prefix` prompt tokens moved to columns [0, S) and
+    its left padding to just after them. Positions from the new mask (cumsum - 1) are the same for
+    every real token, and causal attention sees the same tokens, so the forward is unchanged."""
+    L = input_ids.shape[1]
+    pads = prompt_width - attention_mask[:, :prompt_width].long().sum(1, keepdim=True)  # (B, 1)
+    col = torch.arange(L, device=input_ids.device)[None, :]
+    src = torch.where(col < prefix, pads + col, torch.where(col < prefix + pads, col - prefix, col))
+    return input_ids.gather(1, src), attention_mask.gather(1, src)
+
+
+def prefix_cache(model: nn.Module, ids: torch.Tensor, mask: torch.Tensor, position_ids: torch.Tensor, prefix: int):
+    """Keys and values of the first `prefix` columns of row 0 (the same in every row after
+    `prefix_first`), run once and expanded to all B rows (index_select: gradients sum back)."""
+    out = model(input_ids=ids[:1, :prefix], attention_mask=mask[:1, :prefix], position_ids=position_ids[:1, :prefix],
+                use_cache=True)
+    cache = out.past_key_values
+    cache.reorder_cache(torch.zeros(ids.shape[0], dtype=torch.long, device=ids.device))
+    return cache
+
+
+def shared_prefix_hidden(decoder: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor,
+                         num_response: int) -> torch.Tensor | None:
+    """Final hidden states (B, R, H) of the positions predicting the R response tokens, as
+    `response_hidden`, with the prompt prefix all rows share run once. None when there is no
+    prefix of at least MIN_PREFIX tokens (the caller runs the plain forward)."""
+    from rlhfkit.models.policy import position_ids_from_mask  # policy imports this module
+
+    L = input_ids.shape[1]
+    P = L - num_response
+    if decoder.training and _checkpointed(decoder):
+        return None
+    S = common_prefix_length(input_ids[:, :P], attention_mask[:, :P])
+    if S < MIN_PREFIX:
+        return None
+    ids, mask = prefix_first(input_ids, attention_mask, P, S)
+    pos = position_ids_from_mask(mask)
+    cache = prefix_cache(decoder, ids, mask, pos, S)
+    hidden = decoder(input_ids=ids[:, S : L - 1], attention_mask=mask[:, : L - 1], position_ids=pos[:, S : L - 1],
+                     past_key_values=cache, use_cache=True).last_hidden_state
+    return hidden[:, -num_response:]
+
+
+def shared_prefix_prompts(model: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor):
+    """For generation: (ids, mask, cache) with the shared prefix moved to the front and its cache
+    computed once (`generate(ids, mask, past_key_values=cache)` then prefills the rest per row),
+    or None without a prefix of at least MIN_PREFIX tokens."""
+    from rlhfkit.models.policy import position_ids_from_mask
+
+    S = common_prefix_length(input_ids, attention_mask)
+    if S < MIN_PREFIX:
+        return None
+    ids, mask = prefix_first(input_ids, attention_mask, input_ids.shape[1], S)
+    return ids, mask, prefix_cache(model, ids, mask, position_ids_from_mask(mask), S)

@@ -56,9 +56,10 @@ class HFBackend:
         pass
 
     def generate(self, policy, tokenizer, texts: list[str], params: SamplingParams, seed: int,
-                 batch_size: int | None = None, share_prompts: bool = False) -> Rollout:
+                 batch_size: int | None = None, share_prompts: bool = False, share_prefix: bool = False) -> Rollout:
         torch.manual_seed(seed)
-        return generate(policy, tokenizer, texts, params, batch_size=batch_size, share_prompts=share_prompts)
+        return generate(policy, tokenizer, texts, params, batch_size=batch_size, share_prompts=share_prompts,
+                        share_prefix=share_prefix)
 
 
 class VLLMBackend:
@@ -106,8 +107,8 @@ class VLLMBackend:
         self.syncs += 1
 
     def generate(self, policy, tokenizer, texts: list[str], params: SamplingParams, seed: int,
-                 batch_size: int | None = None, share_prompts: bool = False) -> Rollout:
-        """`share_prompts` is accepted for the common interface: vLLM caches shared prefixes itself."""
+                 batch_size: int | None = None, share_prompts: bool = False, share_prefix: bool = False) -> Rollout:
+        """`share_prompts`, `share_prefix`: accepted for the common interface; vLLM caches shared prefixes itself."""
         enc = tokenizer(texts, return_tensors="pt", padding=True, add_special_tokens=False)
         if params.max_prompt_length is not None:  # the same prompt cut as HF generate (left padding)
             enc = {k: v[:, -params.max_prompt_length :] for k, v in enc.items()}

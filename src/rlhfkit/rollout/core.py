@@ -15,7 +15,7 @@ import torch
 
 from rlhfkit.algos import response_mask
 from rlhfkit.models.lora import merged_lora
-from rlhfkit.models.shared_prompts import shared_prompt_cache
+from rlhfkit.models.shared_prompts import shared_prefix_prompts, shared_prompt_cache
 from rlhfkit.rollout.sampling import ExponentialRaceSampler
 
 
@@ -105,12 +105,14 @@ def generate(
     params: SamplingParams,
     batch_size: int | None = None,
     share_prompts: bool = False,
+    share_prefix: bool = False,
 ) -> Rollout:
     """Sample one response per prompt text (already chat-formatted). KV-cached HF generate.
 
     Prompts are left-padded so every response starts at the same column (pitfall 2).
     `share_prompts`: a prompt repeated in a generate() call (GRPO's groups) is prefilled once
-    and its cache copied to its rows (models/shared_prompts.py). LoRA layers run merged
+    and its cache copied to its rows; `share_prefix`: the prompt prefix every row of a call shares
+    (a chat template's header) is prefilled once (models/shared_prompts.py). LoRA layers run merged
     (models/lora.py) and full-vocabulary draws use an exponential race (rollout/sampling.py).
     """
     from transformers import GenerationConfig, LogitsProcessorList
@@ -144,6 +146,10 @@ def generate(
             ids = enc["input_ids"][i : i + step].to(device)
             mask = enc["attention_mask"][i : i + step].to(device)
             cache = shared_prompt_cache(model, ids, mask) if share_prompts else None
+            if cache is None and share_prefix:
+                shared = shared_prefix_prompts(model, ids, mask)
+                if shared is not None:  # prefix moved to the front; the response columns stay the same
+                    ids, mask, cache = shared
             extra = {} if cache is None else {"past_key_values": cache}
             seq = model.generate(input_ids=ids, attention_mask=mask, generation_config=gen_cfg,
                                  logits_processor=processors, **extra)

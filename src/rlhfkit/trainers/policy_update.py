@@ -57,10 +57,10 @@ def sample_rollout(actor, tok, records, cfg, params: SamplingParams, seed: int, 
         if backend is None:
             torch.manual_seed(seed)
             rollout = generate(actor.policy, tok, formatted, params, batch_size=cfg.generation_batch_size,
-                               share_prompts=actor.share_prompts)
+                               share_prompts=actor.share_prompts, share_prefix=actor.share_prefix)
         else:
             rollout = backend.generate(actor.policy, tok, formatted, params, seed, cfg.generation_batch_size,
-                                       share_prompts=actor.share_prompts)
+                                       share_prompts=actor.share_prompts, share_prefix=actor.share_prefix)
     t1 = time.perf_counter()
     rollout.prompts = [str(r["prompt"]) for r in records]
     rollout.info = info_lists(records)

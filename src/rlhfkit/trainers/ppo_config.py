@@ -26,6 +26,10 @@ class PPOConfig(GenerationArgs, ReferenceArgs, SamplingArgs, ModelArgs, RunArgs)
                                    "their output (B x L x hidden x 4 bytes) is kept for the update when it fits in "
                                    "this many MB, else recomputed per micro-batch (0: always recompute)")
 
+    share_prefix: bool = option(True, "run the prompt prefix that every row of a batch shares (a chat template's "
+                                "header: 24 of the demo's 39-54 prompt tokens) once per generate() call and per "
+                                "micro-batch; equal up to float rounding. Off under gradient_checkpointing")
+
     # data and reward
     prompts: str = option("builtin:reviews", "prompts: builtin:reviews|stories|arithmetic|instructions or a JSONL/CSV/TXT file")
     eval_prompts: str | None = option(None, "held-out prompts for the before/after check (default: test split of `prompts`)")

@@ -59,7 +59,8 @@ def build_actor_critic(cfg):
         hidden = critic.config.hidden_size
         if cfg.gradient_checkpointing:
             set_gradient_checkpointing(critic)
-    actor = ActorCritic(policy, ValueHead(hidden), critic)
+    actor = ActorCritic(policy, ValueHead(hidden), critic,
+                        share_prefix=cfg.share_prefix and not cfg.gradient_checkpointing)
     needs_ref = cfg.kl_coef > 0
     ref_dtype = torch.bfloat16 if cfg.dtype == "bf16" else None
     reference = (Reference(actor, use_adapter_off=cfg.lora, dtype=ref_dtype, offload=cfg.offload_reference)
