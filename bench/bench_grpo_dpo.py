@@ -136,7 +136,7 @@ def wall_clock():
 def run_rlhfkit_grpo(name: str, steps: int) -> dict:
     from rlhfkit.trainers.grpo import train
 
-    out = tempfile.mkdtemp()
+    out = benchdoc.scratch_dir()
     cfg = grpo_config(name, steps, out)
     stamps = wall_clock()
     train(cfg)
@@ -163,7 +163,7 @@ def run_rlhfkit_grpo(name: str, steps: int) -> dict:
 def run_rlhfkit_dpo(name: str, steps: int) -> dict:
     import rlhfkit.trainers.dpo as dpo
 
-    out = tempfile.mkdtemp()
+    out = benchdoc.scratch_dir()
     cfg = dpo_config(name, steps, out)
     precompute: list[float] = []
     original = dpo.precompute_reference
@@ -242,7 +242,7 @@ def run_trl_grpo(name: str, steps: int) -> dict:
     from rlhfkit.trainers.common import PromptStream, format_prompts
     from rlhfkit.trainers.setup import prepare_data
 
-    tmp = tempfile.mkdtemp()
+    tmp = benchdoc.scratch_dir()
     cfg = grpo_config("grpo", steps, tmp)
     torch.manual_seed(cfg.seed)
     reward_fn, train_records, _ = prepare_data(cfg)
@@ -306,7 +306,7 @@ def run_trl_dpo(name: str, steps: int) -> dict:
     from rlhfkit.trainers.dpo import load_pairs, plan_batches
 
     precompute = "on-the-fly" not in name
-    tmp = tempfile.mkdtemp()
+    tmp = benchdoc.scratch_dir()
     cfg = dpo_config(name, steps, tmp)
     torch.manual_seed(cfg.seed)
     pairs, _ = load_pairs(cfg.prefs)

@@ -21,7 +21,6 @@ import platform
 import re
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 from pathlib import Path
@@ -83,7 +82,7 @@ def run_one(name: str, max_new_tokens: int) -> None:
     from rlhfkit.trainers.ppo_config import PPOConfig
 
     torch.set_num_threads(int(os.environ.get("BENCH_THREADS", "1")))  # 1: no OpenMP spinning on a shared box
-    out = tempfile.mkdtemp()
+    out = benchdoc.scratch_dir()
     cfg = build_config(PPOConfig, {**work(max_new_tokens), **BASE, **CONFIGS[name][1], "output_dir": out,
                                    "run_name": name})
     sampler = PeakSampler()

@@ -16,6 +16,7 @@ TRL runs with its fastest settings here: fp32 (its default bf16 is slower on thi
 checkpointing (its default is on), no sample generations.
 
     python bench/bench_ppo.py [--iterations 3] [--configs lora-fp32,full-fp32] [--no-write]
+    python bench/bench_ppo.py --configs full-fp32 --set share_prefix=false --no-write   # one side of an A/B
     .venv-bench/bin/python bench/bench_ppo.py --trl-python .venv-bench/bin/python
 """
 
@@ -28,7 +29,6 @@ import platform
 import re
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -48,16 +48,17 @@ STANDARD = {"rollout_batch_size": 16, "max_new_tokens": 48, "temperature": 1.0, 
 TRL_CONFIGS = {"trl-lora-fp32": "lora-fp32", "trl-full-fp32": "full-fp32"}
 
 
-def run_one(name: str, iterations: int) -> dict:
-    """Run one configuration in this process; print a JSON line with its figures."""
+def run_one(name: str, iterations: int, overrides: dict | None = None) -> dict:
+    """Run one configuration in this process (`overrides`: extra PPOConfig fields); print a JSON line
+    with its figures."""
     import resource
 
     from rlhfkit.runtime.config import build_config
     from rlhfkit.trainers.ppo import train
     from rlhfkit.trainers.ppo_config import PPOConfig
 
-    out = tempfile.mkdtemp()
-    cfg = build_config(PPOConfig, {**STANDARD, **CONFIGS[name], "iterations": iterations,
+    out = benchdoc.scratch_dir()
+    cfg = build_config(PPOConfig, {**STANDARD, **CONFIGS[name], **(overrides or {}), "iterations": iterations,
                                    "output_dir": out, "run_name": name})
     train(cfg)
     rows = [json.loads(line) for line in open(Path(out) / name / "metrics.jsonl")]
@@ -106,7 +107,7 @@ def run_trl(name: str, iterations: int) -> dict:
         m.config.pad_token_id = tok.pad_token_id
     peft_config = LoraConfig(r=16, lora_alpha=32, lora_dropout=0.0, target_modules=default_lora_targets(policy),
                              task_type="CAUSAL_LM") if lora else None
-    args = PPOConfig(output_dir=tempfile.mkdtemp(), per_device_train_batch_size=STANDARD["micro_batch_size"],
+    args = PPOConfig(output_dir=benchdoc.scratch_dir(), per_device_train_batch_size=STANDARD["micro_batch_size"],
                      gradient_accumulation_steps=n // STANDARD["micro_batch_size"],
                      num_mini_batches=n // STANDARD["mini_batch_size"], num_ppo_epochs=STANDARD["ppo_epochs"],
                      total_episodes=n * iterations, local_rollout_forward_batch_size=n,
@@ -165,15 +166,22 @@ def main() -> None:
     ap.add_argument("--no-write", action="store_true", help="print only; leave docs/benchmarks.md alone")
     ap.add_argument("--trl-python", default=None,
                     help="python with trl==1.12.0 installed: also run the same work with trl's PPOTrainer")
+    ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                    help="override a PPOConfig field in the rlhfkit configurations (repeatable; for A/Bs, "
+                         "e.g. --set share_prefix=false); use with --no-write")
     ap.add_argument("--one", help=argparse.SUPPRESS)
     a = ap.parse_args()
+    overrides = dict(parse_override(kv) for kv in a.set)
     if a.one:
-        (run_trl if a.one in TRL_CONFIGS else run_one)(a.one, a.iterations)
+        if a.one in TRL_CONFIGS:
+            run_trl(a.one, a.iterations)
+        else:
+            run_one(a.one, a.iterations, overrides)
         return
     from rlhfkit.models.loading import fast_bf16_available
 
     names = a.configs.split(",") if a.configs else list(CONFIGS) + (list(TRL_CONFIGS) if a.trl_python else [])
-    header = machine()
+    header = machine() + (f"; overrides {overrides}" if overrides else "")
     print(header)
     results: dict[str, dict | str] = {}
     for name in names:
@@ -185,7 +193,8 @@ def main() -> None:
         if python is None:
             results[name] = "skipped: pass --trl-python"
             continue
-        proc = subprocess.run([python, __file__, "--one", name, "--iterations", str(a.iterations)],
+        sets = [] if name in TRL_CONFIGS else [arg for kv in a.set for arg in ("--set", kv)]
+        proc = subprocess.run([python, __file__, "--one", name, "--iterations", str(a.iterations), *sets],
                               capture_output=True, text=True)
         m = re.search(r"^RESULT (.*)$", proc.stdout, re.M)
         results[name] = json.loads(m.group(1)) if m else f"failed: {proc.stderr.strip().splitlines()[-1:]}"
@@ -194,6 +203,16 @@ def main() -> None:
     print(table)
     if not a.no_write:
         benchdoc.write_block("bench_ppo", "PPO iteration (bench/bench_ppo.py)", table)
+
+
+def parse_override(kv: str) -> tuple[str, object]:
+    """'key=value' -> (key, value parsed as YAML: false, 12, 0.5, null)."""
+    import yaml
+
+    key, sep, value = kv.partition("=")
+    if not sep:
+        raise SystemExit(f"--set {kv!r}: expected KEY=VALUE")
+    return key, yaml.safe_load(value)
 
 
 def render(header: str, results: dict, iterations: int) -> str:

@@ -2,10 +2,21 @@
 
 from __future__ import annotations
 
+import atexit
 import re
+import shutil
+import tempfile
 from pathlib import Path
 
 DOC = Path(__file__).resolve().parents[1] / "docs" / "benchmarks.md"
+
+
+def scratch_dir() -> str:
+    """A temporary folder for one benchmark run, deleted when the process exits (each PPO run
+    writes a checkpoint of ~2 GB: left behind, a full bench fills the disk)."""
+    path = tempfile.mkdtemp(prefix="rlhfkit-bench-")
+    atexit.register(shutil.rmtree, path, ignore_errors=True)
+    return path
 
 
 def write_block(name: str, title: str, table: str, doc: Path = DOC) -> None:
