@@ -13,7 +13,7 @@ from rlhfkit.models.shared_prompts import MIN_PREFIX, common_prefix_length, pref
 from rlhfkit.rollout import SamplingParams
 from rlhfkit.rollout.core import generate
 
-from tiny_lm import build_tiny_model, build_tokenizer
+from tiny_lm import assert_same_hidden_and_grads, build_tiny_model, build_tokenizer
 
 PAD = 2
 
@@ -81,12 +81,8 @@ def test_shared_prefix_forward_and_gradients_equal_the_plain_ones(B, prefix, see
     model = build_tiny_model(len(tok))
     ids, mask = _batch(B, prefix, P=12, R=5, vocab=len(tok), seed=seed)
     assert common_prefix_length(ids[:, :12], mask[:, :12]) >= prefix
-    h0, g0 = _hidden_and_grads(model, ids, mask, 5, share=False)
-    h1, g1 = _hidden_and_grads(model, ids, mask, 5, share=True)
-    torch.testing.assert_close(h1, h0, rtol=1e-5, atol=1e-5)
-    assert g1.keys() == g0.keys()
-    for name in g0:
-        torch.testing.assert_close(g1[name], g0[name], rtol=1e-4, atol=1e-5 * g0[name].abs().max().item() + 1e-7)
+    assert_same_hidden_and_grads(_hidden_and_grads(model, ids, mask, 5, share=True),
+                                 _hidden_and_grads(model, ids, mask, 5, share=False))
 
 
 def test_the_prefix_runs_once_and_the_rest_per_row():

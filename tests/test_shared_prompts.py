@@ -14,7 +14,7 @@ from rlhfkit.rollout import SamplingParams
 from rlhfkit.rollout.core import generate
 from rlhfkit.trainers.policy_update import shuffled_rows
 
-from tiny_lm import build_tiny_model, build_tokenizer
+from tiny_lm import assert_same_hidden_and_grads, build_tiny_model, build_tokenizer
 
 PAD = 2
 
@@ -69,12 +69,8 @@ def test_shared_forward_and_gradients_equal_the_plain_ones(layout, seed):
     tok = build_tokenizer()
     model = build_tiny_model(len(tok))
     ids, mask = _batch(layout, P=7, R=5, vocab=len(tok), seed=seed)
-    h0, g0 = _hidden_and_grads(model, ids, mask, 5, share=False)
-    h1, g1 = _hidden_and_grads(model, ids, mask, 5, share=True)
-    torch.testing.assert_close(h1, h0, rtol=1e-5, atol=1e-5)
-    assert g1.keys() == g0.keys()
-    for name in g0:
-        torch.testing.assert_close(g1[name], g0[name], rtol=1e-4, atol=1e-5 * g0[name].abs().max().item() + 1e-7)
+    assert_same_hidden_and_grads(_hidden_and_grads(model, ids, mask, 5, share=True),
+                                 _hidden_and_grads(model, ids, mask, 5, share=False))
 
 
 def test_the_prompt_pass_runs_once_per_distinct_prompt():

@@ -76,3 +76,12 @@ def build_tiny_lora_model(seed: int = 0, dropout: float = 0.0):
             if "lora_B" in n:
                 p.normal_(0, 0.5)
     return model.eval(), tok
+
+
+def assert_same_hidden_and_grads(shared: tuple, plain: tuple) -> None:
+    """(hidden, {name: grad}) of a shared-computation forward equal the plain forward's, to float rounding."""
+    (h1, g1), (h0, g0) = shared, plain
+    torch.testing.assert_close(h1, h0, rtol=1e-5, atol=1e-5)
+    assert g1.keys() == g0.keys()
+    for name in g0:
+        torch.testing.assert_close(g1[name], g0[name], rtol=1e-4, atol=1e-5 * g0[name].abs().max().item() + 1e-7)
