@@ -141,12 +141,9 @@ def prefix_first(input_ids: torch.Tensor, attention_mask: torch.Tensor, prompt_w
 
 def prefix_cache(model: nn.Module, ids: torch.Tensor, mask: torch.Tensor, position_ids: torch.Tensor, prefix: int):
     """Keys and values of the first `prefix` columns of row 0 (the same in every row after
-    `prefix_first`), run once and expanded to all B rows (index_select: gradients sum back)."""
-    out = model(input_ids=ids[:1, :prefix], attention_mask=mask[:1, :prefix], position_ids=position_ids[:1, :prefix],
-                use_cache=True)
-    cache = out.past_key_values
-    cache.reorder_cache(torch.zeros(ids.shape[0], dtype=torch.long, device=ids.device))
-    return cache
+    `prefix_first`), run once and expanded to all B rows: `prompt_cache` with one distinct prompt."""
+    one, every = (torch.zeros(n, dtype=torch.long, device=ids.device) for n in (1, ids.shape[0]))
+    return prompt_cache(model, ids[:, :prefix], mask[:, :prefix], position_ids[:, :prefix], one, every)
 
 
 def shared_prefix_hidden(decoder: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor,
