@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import json
 import socket
+import sys
 import threading
 import time
+import types
 from collections.abc import Iterator
 from pathlib import Path
 from types import SimpleNamespace
@@ -70,6 +72,24 @@ class LiveServer:
 
 def read_jsonl(path: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+
+
+@pytest.fixture
+def fake_models(monkeypatch: pytest.MonkeyPatch) -> list:
+    """Replace the prompt loader and the sampler (no real model in tests)."""
+    calls: list = []
+
+    def load_prompts(spec, split="train", limit=None, seed=0):
+        calls.append(("load", spec, split, limit, seed))
+        return [{"prompt": f"Review {i}:"} for i in range(limit or 4)]
+
+    def sample_texts(model, prompts, num_samples, max_new_tokens=64, temperature=1.0, seed=0):
+        calls.append(("sample", model, num_samples, max_new_tokens, temperature, seed))
+        return [[f"{model} says {k} to {p}" for k in range(num_samples)] for p in prompts]
+
+    monkeypatch.setitem(sys.modules, "rlhfkit.data.prompts", types.SimpleNamespace(load_prompts=load_prompts))
+    monkeypatch.setitem(sys.modules, "rlhfkit.generate", types.SimpleNamespace(sample_texts=sample_texts))
+    return calls
 
 
 @pytest.fixture

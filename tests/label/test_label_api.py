@@ -186,3 +186,22 @@ def test_host_and_origin_checks(store: LabelStore) -> None:
 )
 def test_hostname_of(header: str, host: str) -> None:
     assert hostname_of(header) == host
+
+
+def test_undo_answers_whether_the_pair_came_back(tmp_path, lab) -> None:
+    store = LabelStore(tmp_path / "db.sqlite", votes_per_pair=1)
+    store.import_pairs(lab.make_pairs(2))
+    client = TestClient(create_app(store))
+    for name in ("alice", "bob"):
+        _post(client, "/api/labellers", {"labeller": name})
+    assert _post(client, "/api/next", {"labeller": "alice"}).json()["pair"]["pair_id"] == "p000"
+    _post(client, "/api/skip", {"labeller": "alice", "pair_id": "p000"})
+    r = _post(client, "/api/undo", {"labeller": "alice"}).json()
+    assert (r["undone"], r["reopened"]) == ("p000", True)  # room left: the pair is back
+    _post(client, "/api/skip", {"labeller": "alice", "pair_id": "p000"})
+    assert _post(client, "/api/next", {"labeller": "bob"}).json()["pair"]["pair_id"] == "p000"
+    _post(client, "/api/votes", {"labeller": "bob", "pair_id": "p000", "choice": 3, "request_id": "bob-0001"})
+    r = _post(client, "/api/undo", {"labeller": "alice"}).json()
+    assert (r["undone"], r["reopened"]) == ("p000", False)  # bob filled it: the skip is only forgotten
+    r = _post(client, "/api/undo", {"labeller": "alice"}).json()
+    assert (r["undone"], r["reopened"]) == (None, False)  # and the skip is gone from her history

@@ -1,4 +1,5 @@
-"""A real Chromium (Debian's, headless, via Playwright) labels three pairs, then we export.
+"""A real Chromium (Debian's, headless, via Playwright): one labeller labels three pairs and we
+export; two labellers sign in with their own invitation links and cannot touch each other's votes.
 
 Skipped when /usr/bin/chromium is not installed (`apt-get install -y chromium`).
 """
@@ -101,4 +102,69 @@ def test_label_three_pairs_with_keys_and_mouse_then_export(tmp_path: Path, lab) 
         assert (row["chosen"], row["rejected"]) == (winner, loser)
         assert {row["chosen"], row["rejected"]} == {by_prompt[prompt].response_a, by_prompt[prompt].response_b}
         assert (row["strength"], row["margin"], row["labeller"], row["votes"]) == (strength, strength, "alice", 1)
+    store.close()
+
+
+def test_invitation_links_sign_labellers_in_and_keep_their_votes_apart(tmp_path: Path, lab) -> None:
+    sync_api = pytest.importorskip("playwright.sync_api")
+    expect = sync_api.expect
+    store = LabelStore(tmp_path / "db.sqlite", votes_per_pair=2)
+    store.import_pairs([Pair("one", "Describe the sea.", "It is blue and wide.", "Salty."),
+                        Pair("two", "Say hello.", "Hello!", "Hi there, friend.")])
+    links = {name: store.invite(name)[1] for name in ("alice", "bob")}
+
+    with lab.LiveServer(create_app(store, allowed_hosts=LOOPBACK_HOSTS, auth="invite")) as srv, \
+            sync_api.sync_playwright() as pw:
+        browser = pw.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        errors: list[str] = []
+
+        def open_page(path: str):  # each labeller in a separate browser profile (own cookies)
+            page = browser.new_context().new_page()
+            page.set_default_timeout(10_000)
+            page.on("pageerror", lambda e: errors.append(str(e)))
+            page.goto(srv.url + path)
+            return page
+
+        # No link: a note to use one, and no name form to type someone else's name into.
+        stranger = open_page("/")
+        expect(stranger.locator("#signin")).to_be_visible()
+        expect(stranger.locator("#login")).to_be_hidden()
+
+        # Alice opens her own link: signed in as alice, the secret gone from the address bar.
+        alice = open_page(f"/?invite={links['alice']}")
+        expect(alice.locator("#who-name")).to_have_text("alice")
+        assert alice.url == srv.url + "/"
+        expect(alice.locator("#switch")).to_be_hidden()
+        expect(alice.locator("#progress-text")).to_have_text("1 of 2")
+        alice.keyboard.press("1")  # "one": left is significantly better
+        expect(alice.locator("#progress-text")).to_have_text("2 of 2")
+        alice.reload()  # the cookie keeps her signed in
+        expect(alice.locator("#who-name")).to_have_text("alice")
+
+        # Bob opens his link; his undo has nothing of his to take back.
+        bob = open_page(f"/?invite={links['bob']}")
+        expect(bob.locator("#who-name")).to_have_text("bob")
+        expect(bob.locator("#prompt")).to_have_text("Describe the sea.")
+        bob.keyboard.press("u")
+        expect(bob.locator("#status")).to_have_text("Nothing to undo.")
+        # From his page, bob forges requests in alice's name: refused.
+        statuses = bob.evaluate("""async () => {
+            const post = (path, body) => fetch("api/" + path, {method: "POST",
+                headers: {"Content-Type": "application/json"}, body: JSON.stringify(body)}).then(r => r.status);
+            return [await post("undo", {labeller: "alice"}),
+                    await post("votes", {labeller: "alice", pair_id: "one", choice: 5, request_id: "forged-0001"}),
+                    await post("labellers", {labeller: "ALICE"})];
+        }""")
+        assert statuses == [403, 403, 403]
+        bob.keyboard.press("5")  # his own vote on "one"
+        expect(bob.locator("#progress-text")).to_have_text("2 of 2")
+
+        # Alice's undo takes back her vote only.
+        alice.keyboard.press("u")
+        expect(alice.locator("#status")).to_have_text("Undone: that pair is back.")
+        expect(alice.locator("#prompt")).to_have_text("Describe the sea.")
+        assert errors == []
+        browser.close()
+
+    assert [(v.labeller, v.pair_id, v.choice) for v in store.votes()] == [("bob", "one", 5)]
     store.close()

@@ -5,37 +5,20 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
-import types
 from pathlib import Path
 
 import httpx
 import pytest
 
 from rlhfkit.cli import main as rlhfkit_main
+from rlhfkit.errors import UserError
 from rlhfkit.label import cli
 from rlhfkit.label.pairs import read_pairs
 from rlhfkit.label.store import LabelStore
-
-
-@pytest.fixture
-def fake_models(monkeypatch: pytest.MonkeyPatch) -> list:
-    """Replace the prompt loader and the sampler (no real model in tests)."""
-    calls: list = []
-
-    def load_prompts(spec, split="train", limit=None, seed=0):
-        calls.append(("load", spec, split, limit, seed))
-        return [{"prompt": f"Review {i}:"} for i in range(limit or 4)]
-
-    def sample_texts(model, prompts, num_samples, max_new_tokens=64, temperature=1.0, seed=0):
-        calls.append(("sample", model, num_samples, max_new_tokens, temperature, seed))
-        return [[f"{model} says {k} to {p}" for k in range(num_samples)] for p in prompts]
-
-    monkeypatch.setitem(sys.modules, "rlhfkit.data.prompts", types.SimpleNamespace(load_prompts=load_prompts))
-    monkeypatch.setitem(sys.modules, "rlhfkit.generate", types.SimpleNamespace(sample_texts=sample_texts))
-    return calls
 
 
 def test_every_option_has_help() -> None:
@@ -75,23 +58,32 @@ def test_serve_rejects_bad_pairs_file_with_file_and_line(tmp_path: Path, capsys)
     assert f"{bad}:2: missing field(s) prompt" in capsys.readouterr().err
 
 
-def test_serve_beyond_localhost_requires_a_token(tmp_path: Path, lab, monkeypatch, capsys) -> None:
-    """Binding 0.0.0.0 generates and prints a token; the app then refuses requests without it."""
-    import uvicorn
+def test_serve_beyond_localhost_requires_invitations(tmp_path: Path, lab, monkeypatch, capsys) -> None:
+    """Binding 0.0.0.0 serves in invite mode: no name-only access, only personal links
+    (it used to hand everyone one shared token, under which any name could undo any vote)."""
     from fastapi.testclient import TestClient
 
+    from rlhfkit.label import serve
+
     served = {}
-    monkeypatch.setattr(uvicorn, "run", lambda app, **kw: served.update(app=app, **kw))
-    monkeypatch.setattr(cli, "_check_port_free", lambda host, port: None)  # never bind beyond loopback here
+    monkeypatch.setattr(serve, "listen", lambda host, port: socket.socket())  # never bind beyond loopback here
+    monkeypatch.setattr(serve, "run_server", lambda app, sock, log_level: served.update(app=app))
     pairs = lab.write_pairs_file(tmp_path / "pairs.jsonl", lab.make_pairs(2))
     assert cli.main(["serve", "--pairs", str(pairs), "--host", "0.0.0.0", "--port", "8123"]) == 0
     printed = capsys.readouterr().out
-    token = printed.split("access token: ")[1].split()[0]
-    assert f"http://0.0.0.0:8123/?token={token}" in printed and served["host"] == "0.0.0.0"
+    assert "labellers sign in with their own link: rlhfkit label invite NAME" in printed
     client = TestClient(served["app"])
-    assert client.get("/api/health").status_code == 401
-    assert client.get("/api/health", headers={"Authorization": f"Bearer {token}"}).status_code == 200
+    assert client.get("/api/session").json() == {"auth": "invite", "labeller": None}
+    r = client.post("/api/labellers", json={"labeller": "alice"})
+    assert r.status_code == 401
     assert (tmp_path / "pairs.labels.sqlite").is_file()
+    assert cli.main(["invite", "alice", "--pairs", str(pairs)]) == 0
+    token = capsys.readouterr().out.strip().rsplit("invite=", 1)[1]
+    r = client.post("/api/labellers", json={}, headers={"X-Labeller-Token": token})
+    assert r.status_code == 200 and r.json()["labeller"] == "alice"
+    # Name-only access beyond loopback is refused outright.
+    with pytest.raises(UserError, match="--auth open is for loopback only"):
+        cli.main(["serve", "--pairs", str(pairs), "--host", "0.0.0.0", "--auth", "open"])
 
 
 def test_serve_validates_options(tmp_path: Path, lab, capsys) -> None:
@@ -153,8 +145,6 @@ def _wait_healthy(url: str, proc: subprocess.Popen) -> None:
 
 def test_real_server_killed_and_restarted_loses_nothing(tmp_path: Path, lab) -> None:
     """`rlhfkit label serve` as a process: vote, SIGKILL it, start again, every vote is there."""
-    import socket
-
     pairs = lab.write_pairs_file(tmp_path / "pairs.jsonl", lab.make_pairs(4))
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

@@ -8,7 +8,15 @@ from pathlib import Path
 import pytest
 
 from rlhfkit.errors import DataError, UserError
-from rlhfkit.label.pairs import Pair, build_pairs, pair_id_for, read_pairs, sample_pairs, write_pairs
+from rlhfkit.label.pairs import (
+    Pair,
+    build_pairs,
+    is_pair_id,
+    pair_id_for,
+    read_pairs,
+    sample_pairs,
+    write_pairs,
+)
 from rlhfkit.label.scale import margin_from_mean, score_from_choice, strength_from_mean
 
 
@@ -109,3 +117,56 @@ def test_sample_pairs_two_models_draw_one_each() -> None:
 def test_sample_pairs_checks_sampler_output() -> None:
     with pytest.raises(UserError, match="expected 2 text"):
         sample_pairs(["hi"], lambda *a, **k: [["only one"]], "m1")
+
+
+# --------------------------------------------------------------------------- one pair_id rule, bad bytes
+
+
+@pytest.mark.parametrize("pair_id", ["a1\n", "a1\r\n", "\na1", "a1 ", "a" * 129, "-a1", "a/1"])
+def test_pair_id_rule_is_a_full_match(tmp_path: Path, pair_id: str) -> None:
+    """'$' used to accept an id ending in a newline that the API then refused forever."""
+    assert not is_pair_id(pair_id)
+    line = json.dumps({"pair_id": pair_id, "prompt": "p", "response_a": "x", "response_b": "y"})
+    with pytest.raises(DataError, match=r"pairs.jsonl:2: pair_id .* must be 1-128 characters"):
+        read_pairs(_write(tmp_path, [GOOD, line]))
+
+
+def test_pair_ids_the_file_accepts_are_the_ids_the_api_accepts() -> None:
+    from pydantic import TypeAdapter, ValidationError
+
+    from rlhfkit.label.app import PairId
+
+    api = TypeAdapter(PairId)
+    for pair_id in ["a1", "A.b:c-d_e", "9" * 128, "a1\n", "a" * 129, "_a", "a b"]:
+        try:
+            api.validate_python(pair_id)
+            api_ok = True
+        except ValidationError:
+            api_ok = False
+        assert api_ok == is_pair_id(pair_id), pair_id
+
+
+@pytest.mark.parametrize(
+    ("raw", "message"),
+    [
+        (b'{"pair_id": "a2", "prompt": "caf\xff", "response_a": "x", "response_b": "y"}\n',
+         "not UTF-8 (byte 0xff at column 33)"),  # 32 bytes before it: '{"pair_id": "a2", "prompt": "caf'
+        (b'{"pair_id": "a2", "prompt": "p", "response_a": "\\ud800", "response_b": "y"}\n',
+         r"field 'response_a' holds a lone surrogate (\ud800), which is not text"),
+        (b'{"pair_id": "a2", "prompt": "p", "response_a": "x", "response_b": "y", "model_a": "\\udfff"}\n',
+         r"field 'model_a' holds a lone surrogate (\udfff), which is not text"),
+    ],
+)
+def test_bad_bytes_and_lone_surrogates_get_file_and_line(tmp_path: Path, raw: bytes, message: str) -> None:
+    path = tmp_path / "pairs.jsonl"
+    path.write_bytes((GOOD + "\n").encode() + raw)
+    with pytest.raises(DataError) as err:
+        read_pairs(path)
+    assert str(err.value) == f"{path}:2: {message}"
+
+
+def test_a_utf8_bom_at_the_start_is_accepted_and_a_real_surrogate_pair_is_text(tmp_path: Path) -> None:
+    path = tmp_path / "pairs.jsonl"
+    emoji = json.dumps({"pair_id": "e1", "prompt": "\U0001f600?", "response_a": "\ud83d\ude00", "response_b": "no"})
+    path.write_bytes(b"\xef\xbb\xbf" + (GOOD + "\n" + emoji + "\n").encode())
+    assert [(p.pair_id, p.response_a) for p in read_pairs(path)] == [("a1", "x"), ("e1", "\U0001f600")]

@@ -168,3 +168,105 @@ def test_not_a_database(tmp_path: Path) -> None:
     bad.write_text("hello, I am not SQLite" * 100)
     with pytest.raises(DataError, match="cannot open as a labelling database"):
         LabelStore(bad)
+
+
+# --------------------------------------------------------------------------- the per-pair cap and leases
+
+
+def _votes_on(store: LabelStore, pair_id: str) -> int:
+    return sum(v.pair_id == pair_id for v in store.votes())
+
+
+def test_undo_of_a_skip_after_the_pair_filled_up_does_not_exceed_the_target(tmp_path: Path, lab) -> None:
+    store = LabelStore(tmp_path / "db.sqlite", votes_per_pair=1)
+    store.import_pairs(lab.make_pairs(3))
+    for name in ("alice", "bob"):
+        store.register(name)
+    store.skip("alice", store.next_pair("alice").pair_id)  # alice skips p000 ...
+    assert store.next_pair("alice").pair_id == "p001"
+    assert store.next_pair("bob").pair_id == "p000"  # ... so bob gets it and votes: 1 of 1
+    store.submit_vote("bob", "p000", 2, "bob-0001")
+    assert store.undo("alice") == "p000"  # the skip is taken back, but p000 has no room for her
+    with pytest.raises(Conflict, match="has not been shown"):
+        store.submit_vote("alice", "p000", 1, "alice-0001")
+    assert _votes_on(store, "p000") == 1
+    assert store.next_pair("alice").pair_id == "p001"  # her current pair again, not p000
+    assert store.undo("alice") is None  # the skip is gone from her history
+
+
+def test_undo_of_a_skip_reopens_the_pair_when_there_is_room(tmp_path: Path, lab) -> None:
+    store = LabelStore(tmp_path / "db.sqlite", votes_per_pair=1)
+    store.import_pairs(lab.make_pairs(2))
+    store.register("alice")
+    shown = store.next_pair("alice")
+    store.skip("alice", shown.pair_id)
+    result = store.undo_last("alice")
+    assert result is not None and (result.pair_id, result.reopened) == (shown.pair_id, True)
+    assert store.next_pair("alice") == shown
+
+
+def test_undo_of_a_vote_on_a_pair_removed_from_the_file_keeps_the_vote(store: LabelStore, lab) -> None:
+    store.register("alice")
+    first = _vote(store, "alice", 1)  # p000, stays in the file
+    last = _vote(store, "alice", 5)  # p001, removed below
+    store.import_pairs([p for p in lab.make_pairs(5) if p.pair_id != last])
+    assert store.undo("alice") == first  # the decision on the removed pair is final
+    assert [(v.pair_id, v.choice) for v in store.votes()] == [(last, 5)]
+
+
+def test_a_replayed_request_id_after_undo_is_not_stored_again(store: LabelStore) -> None:
+    store.register("alice")
+    shown = store.next_pair("alice")
+    assert store.submit_vote("alice", shown.pair_id, 2, "req-0001").stored
+    assert store.undo("alice") == shown.pair_id
+    with pytest.raises(Conflict, match="has since been undone"):
+        store.submit_vote("alice", shown.pair_id, 2, "req-0001")  # the late retry of the first submit
+    assert store.votes() == []
+    assert store.submit_vote("alice", shown.pair_id, 2, "req-0002").stored  # a new request is a new vote
+
+
+def test_a_labeller_holds_one_live_lease_undo_releases_the_other(tmp_path: Path, lab) -> None:
+    store = LabelStore(tmp_path / "db.sqlite", votes_per_pair=1)
+    store.import_pairs(lab.make_pairs(4))
+    for name in ("alice", "carol"):
+        store.register(name)
+    _vote(store, "alice")
+    _vote(store, "alice")
+    current = store.next_pair("alice")
+    assert current.pair_id == "p002"
+    assert store.undo("alice") == "p001"  # p001 is back on her screen ...
+    assert store.next_pair("carol").pair_id == "p002"  # ... and p002 is free for others
+    con = sqlite3.connect(store.path)
+    live = con.execute("SELECT COUNT(*) FROM assignments a JOIN labellers l USING (labeller_id) "
+                       "WHERE l.name = 'alice' AND a.status = 'open' AND a.assigned_at > '1970-01-02'").fetchone()
+    assert live == (1,)
+    store.submit_vote("alice", "p001", 3, "alice-again")
+    assert store.next_pair("alice").pair_id == "p003"  # p002 is carol's now: alice's old hold is dropped
+
+
+def test_votes_and_renewals_on_an_expired_lease_respect_the_cap(tmp_path: Path, lab) -> None:
+    now = [1_000_000.0]
+    store = LabelStore(tmp_path / "db.sqlite", votes_per_pair=1, lease_seconds=600, clock=lambda: now[0])
+    store.import_pairs(lab.make_pairs(3))
+    for name in ("alice", "bob", "carol"):
+        store.register(name)
+    assert store.next_pair("alice").pair_id == "p000"
+    assert store.next_pair("bob").pair_id == "p001"
+    now[0] += 601  # both leases expire
+    assert store.next_pair("alice").pair_id == "p000"  # renewed: nobody else took it
+    assert store.next_pair("carol").pair_id == "p001"  # bob's expired lease is taken over
+    store.submit_vote("carol", "p001", 1, "carol-0001")
+    with pytest.raises(Conflict, match="expired and it has since got all its votes"):
+        store.submit_vote("bob", "p001", 5, "bob-0001")
+    assert _votes_on(store, "p001") == 1
+    assert store.next_pair("bob").pair_id == "p002"  # the lost pair is gone from bob's screen
+    now[0] += 601
+    assert store.submit_vote("bob", "p002", 4, "bob-0002").stored  # expired but still free: kept
+    assert [(v.labeller, v.pair_id) for v in store.votes()] == [("carol", "p001"), ("bob", "p002")]
+
+
+@pytest.mark.parametrize("lease", [float("nan"), float("inf"), -1.0, 0.0, 1e15])
+def test_store_refuses_a_lease_that_would_break_the_cap(tmp_path: Path, lease: float) -> None:
+    with pytest.raises(ValueError, match="lease_seconds"):
+        LabelStore(tmp_path / "db.sqlite", lease_seconds=lease)
+    assert not (tmp_path / "db.sqlite").exists()

@@ -1,20 +1,32 @@
 """The labelling web app: a small JSON API and a static page (``static/``).
 
+Two ways to know who is labelling (``auth``):
+
+- ``open`` (the loopback default): the labeller types a name; every body carries
+  ``"labeller"``. Anyone who can reach the app can act under any name, so this is for one
+  person's machine.
+- ``invite``: each labeller signs in with the personal link ``rlhfkit label invite NAME``
+  printed (``/?invite=TOKEN``), which leaves an HttpOnly cookie ``label_session_PORT``
+  (scripts may send ``X-Labeller-Token: TOKEN`` instead). Every action is taken as that
+  labeller; a body naming anyone else gets 403.
+
 API (all POST bodies are JSON; errors are ``{"error": "one line"}`` with a 4xx status):
 
 =======================  ==========================================  ============================
 route                    body                                        answer
 =======================  ==========================================  ============================
-GET  /                   -                                           the labelling page
+GET  /                   - (``?invite=TOKEN`` signs in, then 303)    the labelling page
 GET  /static/{name}      -                                           app.js, style.css
 GET  /api/health         -                                           {"ok": true}
-POST /api/labellers      {"labeller"}                                progress (registers name)
-POST /api/next           {"labeller"}                                {"pair": {pair_id, prompt,
+GET  /api/session        -                                           {"auth", "labeller" | null}
+POST /api/labellers      {"labeller"} (open) or {} (invite)          progress (registers name)
+POST /api/next           {"labeller"?}                               {"pair": {pair_id, prompt,
                                                                      left, right} | null, ...}
-POST /api/votes          {"labeller", "pair_id", "choice": 1..5,     201 stored, 200 replay
+POST /api/votes          {"labeller"?, "pair_id", "choice": 1..5,    201 stored, 200 replay
                          "request_id"}
-POST /api/skip           {"labeller", "pair_id"}                     200
-POST /api/undo           {"labeller"}                                {"undone": pair_id | null}
+POST /api/skip           {"labeller"?, "pair_id"}                    200
+POST /api/undo           {"labeller"?}                               {"undone": pair_id | null,
+                                                                     "reopened": bool}
 =======================  ==========================================  ============================
 
 ``choice`` is in the frame the labeller saw (1 = left significantly better ... 5 = right
@@ -29,37 +41,38 @@ from typing import Annotated
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import HTMLResponse, JSONResponse, Response
+from fastapi.responses import HTMLResponse, JSONResponse, RedirectResponse, Response
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StringConstraints
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from rlhfkit.label.pairs import PAIR_ID_RE
-from rlhfkit.label.security import make_middleware
-from rlhfkit.label.store import LabelError, LabelStore
+from rlhfkit.label.identity import clean_name, name_key
+from rlhfkit.label.pairs import PAIR_ID_RULE, is_pair_id
+from rlhfkit.label.records import Forbidden, Invalid, LabelError, Unauthorized
+from rlhfkit.label.security import SecurityMiddleware, cookie_name
+from rlhfkit.label.store import LabelStore
 
 STATIC_TYPES = {"app.js": "text/javascript; charset=utf-8", "style.css": "text/css; charset=utf-8"}
-NAME_PUNCTUATION = set(" ._-@'")
+AUTH_MODES = ("open", "invite")
+CREDENTIAL_HEADER = "x-labeller-token"
 
 
-def _check_name(name: str) -> str:
-    if not all(ch.isalnum() or ch in NAME_PUNCTUATION for ch in name):
-        raise ValueError("labeller name may contain letters, digits, spaces and . _ - @ ' only")
-    return name
+def _check_pair_id(value: str) -> str:
+    if not is_pair_id(value):
+        raise ValueError(f"pair_id must be {PAIR_ID_RULE}")
+    return value
 
 
-LabellerName = Annotated[
-    str, StringConstraints(strip_whitespace=True, min_length=1, max_length=40), AfterValidator(_check_name)
-]
-PairId = Annotated[str, StringConstraints(max_length=128, pattern=PAIR_ID_RE.pattern)]
+LabellerName = Annotated[str, StringConstraints(max_length=200), AfterValidator(clean_name)]
+PairId = Annotated[str, StringConstraints(max_length=128), AfterValidator(_check_pair_id)]
 RequestId = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9_-]{8,64}$")]
 Choice = Annotated[int, Field(strict=True, ge=1, le=5)]
 
 
 class LabellerBody(BaseModel):
-    """Identifies the labeller (their name is their identity)."""
+    """Who acts: required in open mode; in invite mode optional and must be the signed-in labeller."""
 
     model_config = ConfigDict(extra="forbid")
-    labeller: LabellerName
+    labeller: LabellerName | None = None
 
 
 class SkipBody(LabellerBody):
@@ -88,15 +101,7 @@ def _validation_message(exc: RequestValidationError) -> str:
     return "; ".join(parts) or "invalid request"
 
 
-def create_app(
-    store: LabelStore, token: str | None = None, allowed_hosts: frozenset[str] | None = None
-) -> FastAPI:
-    """Build the app around a store. ``token``/``allowed_hosts``: see ``security``."""
-    app = FastAPI(title="rlhfkit labelling", docs_url=None, redoc_url=None, openapi_url=None)
-    app.middleware("http")(make_middleware(token, allowed_hosts))
-    static = {name: _static(name) for name in STATIC_TYPES}
-    index = _static("index.html")
-
+def _install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(LabelError)
     async def _label_error(_: Request, exc: LabelError) -> JSONResponse:
         return JSONResponse({"error": str(exc)}, status_code=exc.status)
@@ -109,17 +114,63 @@ def create_app(
     async def _http_error(_: Request, exc: StarletteHTTPException) -> JSONResponse:
         return JSONResponse({"error": str(exc.detail)}, status_code=exc.status_code)
 
-    def state(name: str) -> dict:
-        p = store.progress(name)
-        return {
-            "labeller": name,
-            "progress": {"done": p.done, "total": p.total, "voted": p.voted, "skipped": p.skipped},
-            "overall": store.overall(),
-        }
+
+class Identity:
+    """Decides which labeller a request acts as (see the module docstring)."""
+
+    def __init__(self, store: LabelStore, auth: str) -> None:
+        if auth not in AUTH_MODES:
+            raise ValueError(f"auth must be one of {AUTH_MODES}, got {auth!r}")
+        self.store, self.auth = store, auth
+
+    def signed_in(self, request: Request) -> str | None:
+        """Invite mode: the labeller whose token the request carries (None in open mode)."""
+        if self.auth != "invite":
+            return None
+        token = request.headers.get(CREDENTIAL_HEADER) or request.cookies.get(cookie_name("session", request.scope))
+        return self.store.authenticate(token) if token else None
+
+    def acting(self, request: Request, claimed: str | None) -> str:
+        """The labeller to act as, or 401/403/422."""
+        if self.auth == "open":
+            if claimed is None:
+                raise Invalid("labeller: Field required")
+            return claimed
+        who = self.signed_in(request)
+        if who is None:
+            raise Unauthorized("not signed in: open your personal invitation link (`rlhfkit label invite NAME`)")
+        if claimed is not None and name_key(claimed) != name_key(who):
+            raise Forbidden(f"signed in as {who!r}; cannot act as {claimed!r}")
+        return who
+
+
+def create_app(
+    store: LabelStore, token: str | None = None, allowed_hosts: frozenset[str] | None = None, auth: str = "open"
+) -> FastAPI:
+    """Build the app around a store. ``token``/``allowed_hosts``: see ``security``; ``auth``: above."""
+    app = FastAPI(title="rlhfkit labelling", docs_url=None, redoc_url=None, openapi_url=None)
+    app.add_middleware(SecurityMiddleware, token=token, allowed_hosts=allowed_hosts)
+    _install_error_handlers(app)
+    identity = Identity(store, auth)
+    _add_page_routes(app, identity)
+    _add_api_routes(app, identity)
+    return app
+
+
+def _add_page_routes(app: FastAPI, identity: Identity) -> None:
+    """The page (and sign-in through ``?invite=``), its static files, health and session."""
+    static = {name: _static(name) for name in STATIC_TYPES}
+    index = _static("index.html")
 
     @app.get("/", response_class=HTMLResponse)
-    def page() -> HTMLResponse:
-        return HTMLResponse(index)
+    def page(request: Request, invite: str | None = None) -> Response:
+        if invite is None:
+            return HTMLResponse(index)
+        if identity.auth != "invite" or identity.store.authenticate(invite) is None:
+            raise Unauthorized("unknown or replaced invitation link; ask for a new one")
+        response = RedirectResponse("/", status_code=303)  # the secret leaves the address bar
+        response.set_cookie(cookie_name("session", request.scope), invite, httponly=True, samesite="strict", path="/")
+        return response
 
     @app.get("/static/{name}")
     def static_file(name: str) -> Response:
@@ -131,32 +182,56 @@ def create_app(
     def health() -> dict:
         return {"ok": True}
 
+    @app.get("/api/session")
+    def session(request: Request) -> dict:
+        return {"auth": identity.auth, "labeller": identity.signed_in(request)}
+
+
+def _add_api_routes(app: FastAPI, identity: Identity) -> None:
+    """The labelling actions; each acts as ``identity.acting(...)``."""
+    store = identity.store
+
+    def state(name: str) -> dict:
+        p = store.progress(name)
+        return {
+            "labeller": p.name,
+            "progress": {"done": p.done, "total": p.total, "voted": p.voted, "skipped": p.skipped},
+            "overall": store.overall(),
+        }
+
     @app.post("/api/labellers")
-    def register(body: LabellerBody) -> dict:
-        store.register(body.labeller)
-        return state(body.labeller)
+    def register(request: Request, body: LabellerBody) -> dict:
+        name = identity.acting(request, body.labeller)
+        if identity.auth == "open":
+            store.register(name)
+        return state(name)
 
     @app.post("/api/next")
-    def next_pair(body: LabellerBody) -> dict:
-        shown = store.next_pair(body.labeller)
+    def next_pair(request: Request, body: LabellerBody) -> dict:
+        name = identity.acting(request, body.labeller)
+        shown = store.next_pair(name)
         pair = None if shown is None else {
             "pair_id": shown.pair_id, "prompt": shown.prompt, "left": shown.left, "right": shown.right
         }
-        return {"pair": pair, **state(body.labeller)}
+        return {"pair": pair, **state(name)}
 
     @app.post("/api/votes")
-    def vote(body: VoteBody) -> JSONResponse:
-        result = store.submit_vote(body.labeller, body.pair_id, body.choice, body.request_id)
+    def vote(request: Request, body: VoteBody) -> JSONResponse:
+        name = identity.acting(request, body.labeller)
+        result = store.submit_vote(name, body.pair_id, body.choice, body.request_id)
         payload = {"stored": result.stored, "duplicate": not result.stored, "pair_id": body.pair_id}
-        return JSONResponse({**payload, **state(body.labeller)}, status_code=201 if result.stored else 200)
+        return JSONResponse({**payload, **state(name)}, status_code=201 if result.stored else 200)
 
     @app.post("/api/skip")
-    def skip(body: SkipBody) -> dict:
-        result = store.skip(body.labeller, body.pair_id)
-        return {"stored": result.stored, "pair_id": body.pair_id, **state(body.labeller)}
+    def skip(request: Request, body: SkipBody) -> dict:
+        name = identity.acting(request, body.labeller)
+        result = store.skip(name, body.pair_id)
+        return {"stored": result.stored, "pair_id": body.pair_id, **state(name)}
 
     @app.post("/api/undo")
-    def undo(body: LabellerBody) -> dict:
-        return {"undone": store.undo(body.labeller), **state(body.labeller)}
-
-    return app
+    def undo(request: Request, body: LabellerBody) -> dict:
+        name = identity.acting(request, body.labeller)
+        result = store.undo_last(name)
+        undone = {"undone": None, "reopened": False} if result is None else {
+            "undone": result.pair_id, "reopened": result.reopened}
+        return {**undone, **state(name)}

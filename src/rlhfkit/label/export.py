@@ -27,8 +27,9 @@ import os
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 
+from rlhfkit.label.files import write_lines_atomic
+from rlhfkit.label.records import VoteRecord
 from rlhfkit.label.scale import margin_from_mean, strength_from_mean
-from rlhfkit.label.store import VoteRecord
 
 TIE_MODES = ("drop", "keep-as-half")
 AGGREGATES = ("mean", "none")
@@ -95,14 +96,9 @@ def preference_rows(
 
 
 def write_jsonl(rows: Iterable[dict], path: str | os.PathLike[str]) -> int:
-    """Write rows atomically; returns the number written."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    n = 0
-    with tmp.open("w", encoding="utf-8") as f:
-        for row in rows:
-            f.write(json.dumps(row, ensure_ascii=False) + "\n")
-            n += 1
-    os.replace(tmp, path)
-    return n
+    """Write rows atomically (see ``files.write_lines_atomic``); returns the number written.
+
+    Callers check the path first (``files.check_output``): never an input, never silently
+    an existing file.
+    """
+    return write_lines_atomic(Path(path), (json.dumps(row, ensure_ascii=False) for row in rows))

@@ -6,8 +6,10 @@ Format (JSONL, UTF-8)::
      "model_a": "smollm2-135m-instruct", "model_b": "smollm2-135m-instruct"}
 
 ``pair_id``, ``prompt``, ``response_a`` and ``response_b`` are required; ``model_a`` and
-``model_b`` are optional strings. Unknown keys are ignored. Every problem is reported as
-``FILE:LINE: message``.
+``model_b`` are optional strings. Unknown keys are ignored. Every problem (bytes that are not
+UTF-8, a lone surrogate such as ``"\\ud800"``, bad JSON or fields) is reported as
+``FILE:LINE: message``. ``pair_id`` follows one rule everywhere (file, database, API):
+``is_pair_id``, a full-string match.
 """
 
 from __future__ import annotations
@@ -21,8 +23,10 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from rlhfkit.errors import DataError, UserError
+from rlhfkit.label.files import write_lines_atomic
 
-PAIR_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,127}$")
+PAIR_ID_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.:-]{0,127}")
+PAIR_ID_RULE = "1-128 characters of letters, digits, '_.:-', starting with a letter or digit"
 REQUIRED = ("pair_id", "prompt", "response_a", "response_b")
 OPTIONAL = ("model_a", "model_b")
 
@@ -43,6 +47,20 @@ class Pair:
         return json.dumps(asdict(self), ensure_ascii=False)
 
 
+def is_pair_id(value: str) -> bool:
+    """The one pair_id rule: the *whole* string must match (``$`` would accept a final newline)."""
+    return PAIR_ID_RE.fullmatch(value) is not None
+
+
+def _lone_surrogate(text: str) -> str | None:
+    """The first code point that cannot be stored as UTF-8 (a lone surrogate), if any."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as e:
+        return f"\\u{ord(text[e.start]):04x}"
+    return None
+
+
 def parse_pair(obj: object, where: str) -> Pair:
     """Validate one decoded JSON line; ``where`` ("FILE:LINE") prefixes every error."""
     if not isinstance(obj, dict):
@@ -53,16 +71,23 @@ def parse_pair(obj: object, where: str) -> Pair:
     for key in REQUIRED + OPTIONAL:
         if key in obj and not isinstance(obj[key], str):
             raise DataError(f"{where}: field '{key}' must be a string, got {type(obj[key]).__name__}")
-    if not PAIR_ID_RE.match(obj["pair_id"]):
-        raise DataError(
-            f"{where}: pair_id {obj['pair_id']!r} must be 1-128 characters of letters, digits, '_.:-' "
-            "and start with a letter or digit"
-        )
+        if key in obj and (bad := _lone_surrogate(obj[key])) is not None:
+            raise DataError(f"{where}: field '{key}' holds a lone surrogate ({bad}), which is not text")
+    if not is_pair_id(obj["pair_id"]):
+        raise DataError(f"{where}: pair_id {obj['pair_id']!r} must be {PAIR_ID_RULE}")
     if not obj["prompt"].strip():
         raise DataError(f"{where}: prompt is empty")
     if obj["response_a"].strip() == obj["response_b"].strip():
         raise DataError(f"{where}: response_a and response_b are identical (nothing to compare)")
     return Pair(**{k: obj[k] for k in REQUIRED}, **{k: obj.get(k, "") for k in OPTIONAL})
+
+
+def _decode(raw: bytes, where: str, first: bool) -> str:
+    """One line of the file as text; a UTF-8 BOM is accepted at the very start."""
+    try:
+        return raw.decode("utf-8-sig" if first else "utf-8")
+    except UnicodeDecodeError as e:
+        raise DataError(f"{where}: not UTF-8 (byte 0x{raw[e.start]:02x} at column {e.start + 1})") from None
 
 
 def read_pairs(path: str | os.PathLike[str]) -> list[Pair]:
@@ -72,11 +97,12 @@ def read_pairs(path: str | os.PathLike[str]) -> list[Pair]:
         raise DataError(f"{path}: pairs file not found")
     pairs: list[Pair] = []
     first_line: dict[str, int] = {}
-    with path.open(encoding="utf-8") as f:
-        for lineno, line in enumerate(f, start=1):
+    with path.open("rb") as f:  # bytes: a bad byte is reported with its line, not as a traceback
+        for lineno, raw in enumerate(f, start=1):
+            where = f"{path}:{lineno}"
+            line = _decode(raw, where, first=lineno == 1)
             if not line.strip():
                 continue
-            where = f"{path}:{lineno}"
             try:
                 obj = json.loads(line)
             except json.JSONDecodeError as e:
@@ -94,14 +120,8 @@ def read_pairs(path: str | os.PathLike[str]) -> list[Pair]:
 
 
 def write_pairs(pairs: Sequence[Pair], path: str | os.PathLike[str]) -> None:
-    """Write pairs as JSONL atomically (a temporary file renamed into place)."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    with tmp.open("w", encoding="utf-8") as f:
-        for pair in pairs:
-            f.write(pair.to_json() + "\n")
-    os.replace(tmp, path)
+    """Write pairs as JSONL atomically (a uniquely named temporary file renamed into place)."""
+    write_lines_atomic(Path(path), (pair.to_json() for pair in pairs))
 
 
 def pair_id_for(prompt: str, response_a: str, response_b: str) -> str:

@@ -1,29 +1,36 @@
 """Request checks for the labelling app: access token, Host/Origin, body limits, headers.
 
 - **Token**: when set, every request needs it, as ``Authorization: Bearer T``, an
-  ``X-Label-Token: T`` header, a ``?token=T`` query parameter or the ``label_token`` cookie
-  (set, HttpOnly and SameSite=Strict, the first time a browser opens ``/?token=T``).
+  ``X-Label-Token: T`` header, a ``?token=T`` query parameter or the ``label_token_PORT``
+  cookie (set, HttpOnly and SameSite=Strict, the first time a browser opens ``/?token=T``).
+  Cookies are shared by every port of a host, so each server names its cookies by its port.
 - **Host** (DNS-rebinding guard): on a loopback bind only ``127.0.0.1``, ``localhost`` and
   ``[::1]`` are accepted as the Host header.
 - **Origin** (cross-site request guard): a state-changing request whose Origin does not
   match its Host is refused.
-- **Body**: API POSTs must be JSON (``Content-Type: application/json``) of at most 64 KiB.
+- **Body**: API POSTs must be JSON (``Content-Type: application/json``) with a
+  ``Content-Length`` and no ``Transfer-Encoding`` (a request carrying both is a smuggling
+  attempt: 400). Whatever the headers say, the body is counted as it arrives and the request
+  is refused with 413 as soon as it passes 64 KiB; nothing beyond that is read.
 - **Headers**: a strict Content-Security-Policy (scripts and styles from this server only,
-  no inline code), ``nosniff``, no framing, no referrer (the URL may carry the token).
+  no inline code), ``nosniff``, no framing, no referrer (the URL may carry a secret), on
+  every response, errors and crashes (a JSON 500) included.
 """
 
 from __future__ import annotations
 
+import logging
 import secrets
-from collections.abc import Awaitable, Callable
-from urllib.parse import urlsplit
+from urllib.parse import urlencode, urlsplit
 
+from starlette.datastructures import MutableHeaders
 from starlette.requests import Request
 from starlette.responses import JSONResponse, RedirectResponse, Response
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 LOOPBACK_HOSTS = frozenset({"127.0.0.1", "localhost", "::1"})
-TOKEN_COOKIE = "label_token"
 MAX_BODY_BYTES = 64 * 1024
+log = logging.getLogger("rlhfkit.label")
 
 SECURITY_HEADERS = {
     "Content-Security-Policy": (
@@ -47,6 +54,12 @@ def new_token() -> str:
     return secrets.token_urlsafe(16)
 
 
+def cookie_name(kind: str, scope: Scope) -> str:
+    """``label_token_8000``: the cookie ``kind`` of the server listening on this port."""
+    server = scope.get("server") or (None, None)
+    return f"label_{kind}_{server[1]}" if server[1] is not None else f"label_{kind}"
+
+
 def hostname_of(host_header: str) -> str:
     """'[::1]:8000' -> '::1', 'localhost:8000' -> 'localhost' (lower-cased)."""
     host = host_header.strip().lower()
@@ -64,7 +77,7 @@ def presented_token(request: Request) -> tuple[str | None, bool]:
         return request.headers["x-label-token"], False
     if "token" in request.query_params:
         return request.query_params["token"], True
-    return request.cookies.get(TOKEN_COOKIE), False
+    return request.cookies.get(cookie_name("token", request.scope)), False
 
 
 def _error(status: int, message: str) -> JSONResponse:
@@ -72,7 +85,7 @@ def _error(status: int, message: str) -> JSONResponse:
 
 
 def check(request: Request, token: str | None, allowed_hosts: frozenset[str] | None) -> Response | None:
-    """Return an error response if the request must be refused, else None."""
+    """Return an error response if the request must be refused on its headers, else None."""
     if allowed_hosts is not None and hostname_of(request.headers.get("host", "")) not in allowed_hosts:
         return _error(400, "Host header not allowed (the app only answers on its loopback address)")
     origin = request.headers.get("origin")
@@ -84,6 +97,8 @@ def check(request: Request, token: str | None, allowed_hosts: frozenset[str] | N
         if given is None or not secrets.compare_digest(given.encode(), token.encode()):
             return _error(401, "missing or wrong access token: open the URL that `rlhfkit label serve` printed")
     if request.method == "POST" and request.url.path.startswith("/api/"):
+        if "transfer-encoding" in request.headers:
+            return _error(400, "Transfer-Encoding is not accepted; send the body with a Content-Length")
         length = request.headers.get("content-length")
         if length is None or not length.isdigit():
             return _error(411, "a Content-Length header is required")
@@ -95,23 +110,89 @@ def check(request: Request, token: str | None, allowed_hosts: frozenset[str] | N
     return None
 
 
-def make_middleware(
-    token: str | None, allowed_hosts: frozenset[str] | None
-) -> Callable[[Request, Callable[[Request], Awaitable[Response]]], Awaitable[Response]]:
-    """An HTTP middleware applying ``check`` and adding the security headers."""
+class _Disconnected(Exception):
+    """The client went away while sending its body."""
 
-    async def middleware(request: Request, call_next: Callable[[Request], Awaitable[Response]]) -> Response:
-        refusal = check(request, token, allowed_hosts)
+
+async def read_body(receive: Receive, limit: int) -> bytes | None:
+    """The whole request body, or None as soon as more than ``limit`` bytes have arrived."""
+    chunks, size = [], 0
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            raise _Disconnected
+        chunk = message.get("body", b"")
+        size += len(chunk)
+        if size > limit:
+            return None
+        chunks.append(chunk)
+        if not message.get("more_body", False):
+            return b"".join(chunks)
+
+
+def _replaying(body: bytes, receive: Receive) -> Receive:
+    """A ``receive`` that hands the app the body already read, then defers to the server."""
+    sent = False
+
+    async def replay() -> Message:
+        nonlocal sent
+        if sent:
+            return await receive()
+        sent = True
+        return {"type": "http.request", "body": body, "more_body": False}
+
+    return replay
+
+
+class SecurityMiddleware:
+    """Pure ASGI middleware: ``check`` on the headers, a counted body, headers on every answer."""
+
+    def __init__(self, app: ASGIApp, token: str | None = None, allowed_hosts: frozenset[str] | None = None,
+                 max_body: int = MAX_BODY_BYTES) -> None:
+        self.app, self.token, self.allowed_hosts, self.max_body = app, token, allowed_hosts, max_body
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        started = False
+
+        async def send_with_headers(message: Message) -> None:
+            nonlocal started
+            if message["type"] == "http.response.start":
+                started = True
+                headers = MutableHeaders(scope=message)
+                for name, value in SECURITY_HEADERS.items():
+                    headers.setdefault(name, value)
+            await send(message)
+
+        try:
+            await self._handle(scope, receive, send_with_headers)
+        except _Disconnected:
+            return
+        except Exception:
+            if started:
+                raise
+            log.exception("labelling app: unhandled error on %s %s", scope.get("method"), scope.get("path"))
+            await _error(500, "internal error; the server log has the details")(scope, receive, send_with_headers)
+
+    async def _handle(self, scope: Scope, receive: Receive, send: Send) -> None:
+        request = Request(scope)
+        refusal = check(request, self.token, self.allowed_hosts)
         if refusal is not None:
-            response = refusal
-        elif token is not None and presented_token(request)[1] and request.url.path == "/":
+            await refusal(scope, receive, send)
+            return
+        if self.token is not None and presented_token(request)[1] and request.url.path == "/":
             # First visit with ?token=: keep it in a cookie and drop it from the address bar.
-            response = RedirectResponse("/", status_code=303)
-            response.set_cookie(TOKEN_COOKIE, token, httponly=True, samesite="strict", path="/")
-        else:
-            response = await call_next(request)
-        for name, value in SECURITY_HEADERS.items():
-            response.headers.setdefault(name, value)
-        return response
-
-    return middleware
+            rest = urlencode([(k, v) for k, v in request.query_params.multi_items() if k != "token"])
+            response = RedirectResponse("/" + (f"?{rest}" if rest else ""), status_code=303)
+            response.set_cookie(cookie_name("token", scope), self.token, httponly=True, samesite="strict", path="/")
+            await response(scope, receive, send)
+            return
+        if request.method not in ("GET", "HEAD"):
+            body = await read_body(receive, self.max_body)
+            if body is None:
+                await _error(413, f"request body larger than {self.max_body} bytes")(scope, receive, send)
+                return
+            receive = _replaying(body, receive)
+        await self.app(scope, receive, send)

@@ -8,8 +8,9 @@ from collections.abc import Sequence
 
 from rlhfkit.label.agreement import cohen_kappa, counts_table, fleiss_kappa
 from rlhfkit.label.export import group_votes
+from rlhfkit.label.queries import ReadQueries
+from rlhfkit.label.records import VoteRecord
 from rlhfkit.label.scale import SCORE_NAMES
-from rlhfkit.label.store import LabelStore, VoteRecord
 
 SCORES = (2, 1, 0, -1, -2)
 DIRECTIONS = (1, 0, -1)  # A better, same, B better
@@ -42,7 +43,7 @@ def agreement(votes: Sequence[VoteRecord]) -> dict[str, object]:
     return out
 
 
-def compute_stats(store: LabelStore) -> dict[str, object]:
+def compute_stats(store: ReadQueries) -> dict[str, object]:
     """Everything `label stats` shows, as a JSON-ready dict."""
     votes = store.votes()
     counts = store.counts()

@@ -5,7 +5,8 @@
 
 (() => {
   const $ = (id) => document.getElementById(id);
-  const state = { labeller: null, pair: null, busy: false };
+  // auth: "open" (type a name) or "invite" (signed in by a personal link; the server knows who).
+  const state = { auth: "open", labeller: null, pair: null, busy: false };
 
   // ---------------------------------------------------------------- helpers
 
@@ -16,16 +17,16 @@
     return Array.from(bytes, (b) => b.toString(16).padStart(2, "0")).join("");
   }
 
-  /** POST JSON to /api/PATH; throws Error(message) on a 4xx/5xx answer. */
+  /** POST JSON to /api/PATH (GET when body is null); throws Error(message) with .status on 4xx/5xx. */
   async function api(path, body, retries = 0) {
     let res;
     try {
-      res = await fetch("api/" + path, {
+      const init = body === null ? { method: "GET" } : {
         method: "POST",
         headers: { "Content-Type": "application/json" },
         body: JSON.stringify(body),
-        credentials: "same-origin",
-      });
+      };
+      res = await fetch("api/" + path, { ...init, credentials: "same-origin" });
     } catch (err) {
       // Network failure: safe to retry because votes carry an idempotency key.
       if (retries > 0) {
@@ -36,8 +37,17 @@
     }
     let data = null;
     try { data = await res.json(); } catch (_) { data = null; }
-    if (!res.ok) throw new Error((data && data.error) || "HTTP " + res.status);
+    if (!res.ok) {
+      const err = new Error((data && data.error) || "HTTP " + res.status);
+      err.status = res.status;
+      throw err;
+    }
     return data;
+  }
+
+  /** Who acts: the typed name in open mode; nothing in invite mode (the cookie says who). */
+  function who(extra = {}) {
+    return state.auth === "open" ? { labeller: state.labeller, ...extra } : extra;
   }
 
   function setStatus(text, isError = false) {
@@ -48,8 +58,9 @@
   }
 
   function showOnly(id) {
-    for (const s of ["login", "task", "done"]) $(s).hidden = s !== id;
-    $("who").hidden = id === "login";
+    for (const s of ["login", "signin", "task", "done"]) $(s).hidden = s !== id;
+    $("who").hidden = id === "login" || id === "signin";
+    $("switch").hidden = state.auth !== "open";
   }
 
   // ---------------------------------------------------------------- rendering
@@ -99,7 +110,14 @@
   }
 
   async function loadNext() {
-    render(await api("next", { labeller: state.labeller }));
+    render(await api("next", who()));
+  }
+
+  /** A vote or skip the server refused because the pair moved on (409): show why, move on. */
+  async function recover(err) {
+    if (err.status !== 409) throw err;
+    await loadNext();
+    setStatus(err.message, true);
   }
 
   function choose(choice) {
@@ -110,8 +128,12 @@
     if (btn) btn.classList.add("picked");
     return act(async () => {
       setStatus("Saving…");
-      const body = { labeller: state.labeller, pair_id: pair.pair_id, choice: choice, request_id: requestId() };
-      await api("votes", body, 2);
+      const body = who({ pair_id: pair.pair_id, choice: choice, request_id: requestId() });
+      try {
+        await api("votes", body, 2);
+      } catch (err) {
+        return recover(err);
+      }
       setStatus("Saved.");
       await loadNext();
     });
@@ -121,7 +143,11 @@
     if (!state.pair) return;
     const pair = state.pair;
     return act(async () => {
-      await api("skip", { labeller: state.labeller, pair_id: pair.pair_id }, 2);
+      try {
+        await api("skip", who({ pair_id: pair.pair_id }), 2);
+      } catch (err) {
+        return recover(err);
+      }
       setStatus("Skipped.");
       await loadNext();
     });
@@ -129,21 +155,46 @@
 
   function undo() {
     return act(async () => {
-      const data = await api("undo", { labeller: state.labeller });
-      setStatus(data.undone ? "Undone: that pair is back." : "Nothing to undo.");
+      const data = await api("undo", who());
+      if (!data.undone) setStatus("Nothing to undo.");
+      else if (data.reopened) setStatus("Undone: that pair is back.");
+      else setStatus("Skip undone, but that pair has meanwhile got all its votes from others.");
       await loadNext();
     });
   }
 
   function start(name) {
     return act(async () => {
-      const data = await api("labellers", { labeller: name });
+      const data = await api("labellers", state.auth === "open" ? { labeller: name } : {});
       state.labeller = data.labeller;
       $("who-name").textContent = data.labeller;
-      try { localStorage.setItem("rlhfkit-labeller", data.labeller); } catch (_) { /* private mode */ }
+      if (state.auth === "open") {
+        try { localStorage.setItem("rlhfkit-labeller", data.labeller); } catch (_) { /* private mode */ }
+      }
       setStatus("");
       await loadNext();
     });
+  }
+
+  /** Ask the server how labellers are identified, then show the name form, the task or the
+   *  "open your link" note. */
+  async function begin() {
+    let session;
+    try {
+      session = await api("session", null);
+    } catch (err) {
+      setStatus(err.message, true);
+      return;
+    }
+    state.auth = session.auth;
+    if (state.auth === "open") {
+      showOnly("login");
+      $("name").focus();
+    } else if (session.labeller) {
+      start(session.labeller);
+    } else {
+      showOnly("signin");
+    }
   }
 
   // ---------------------------------------------------------------- wiring
@@ -185,8 +236,7 @@
       $("name").focus();
     });
     document.addEventListener("keydown", onKey);
-    showOnly("login");
-    $("name").focus();
+    begin();
   }
 
   init();

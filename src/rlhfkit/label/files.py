@@ -1,0 +1,88 @@
+"""Safe output files for ``label pairs`` and ``label export``.
+
+- ``check_output``: refuse an empty path, a directory, any input of the command (the
+  database with its ``-wal``/``-shm``/``-journal`` files, the pairs file) and, without
+  ``--force``, an existing file; every refusal is one line naming the option.
+- ``write_lines_atomic``: write into a uniquely named temporary file in the target folder
+  (``mkstemp``: ``O_CREAT | O_EXCL | O_NOFOLLOW``, so a planted symlink is never followed),
+  fsync it and rename it over the target. The rename replaces a symlink at the target
+  itself, never the file it points to; a failure leaves the old file and no temporary.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+
+from rlhfkit.errors import UserError
+
+SQLITE_SIDE_FILES = ("-wal", "-shm", "-journal")
+
+
+def database_files(db: Path) -> list[Path]:
+    """The database and the files SQLite keeps next to it."""
+    return [db] + [db.with_name(db.name + suffix) for suffix in SQLITE_SIDE_FILES]
+
+
+def same_file(a: Path, b: Path) -> bool:
+    """True if both paths name one file (symlinks resolved, hard links compared by inode)."""
+    try:
+        if a.exists() and b.exists():
+            return os.path.samefile(a, b)
+    except OSError:
+        pass
+    return a.resolve() == b.resolve()
+
+
+def check_output(raw: str, force: bool, inputs: Sequence[tuple[str, Path]], option: str = "--out") -> Path:
+    """Validate an output path; ``inputs`` are (what, path) pairs the command reads."""
+    if not raw.strip():
+        raise UserError(f"{option}: empty path; give a file name")
+    path = Path(raw)
+    if path.is_dir() or raw.endswith(("/", os.sep)):
+        raise UserError(f"{option} {raw}: is a directory; give a file name")
+    for what, src in inputs:
+        if same_file(path, src):
+            raise UserError(f"{option} {raw} is the {what} ({src}); writing it would destroy it, choose another file")
+    if (path.exists() or path.is_symlink()) and not force:
+        raise UserError(f"{raw} exists; pass --force to overwrite it")
+    for parent in path.parents:
+        if parent.exists():
+            if not parent.is_dir():
+                raise UserError(f"{option} {raw}: {parent} is not a directory")
+            break
+    return path
+
+
+def _default_mode() -> int:
+    """0o666 minus the umask: what a plain open() would have created (mkstemp uses 0o600)."""
+    umask = os.umask(0)
+    os.umask(umask)
+    return 0o666 & ~umask
+
+
+def write_lines_atomic(path: Path, lines: Iterable[str]) -> int:
+    """Write ``lines`` (each gets a newline) to ``path`` atomically; returns the line count."""
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    except OSError as e:
+        raise UserError(f"{path}: cannot write ({e.strerror or e})") from None
+    n = 0
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8", newline="\n") as f:
+            os.fchmod(f.fileno(), _default_mode())
+            for line in lines:
+                f.write(line + "\n")
+                n += 1
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException as e:
+        Path(tmp).unlink(missing_ok=True)
+        if isinstance(e, OSError):
+            raise UserError(f"{path}: cannot write ({e.strerror or e})") from None
+        raise
+    return n

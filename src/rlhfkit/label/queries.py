@@ -1,0 +1,110 @@
+"""Read-only questions about a labelling database (used by ``stats`` and ``export``).
+
+The queries touch version-1 columns only, so a database written by an older rlhfkit can be
+read without being migrated. ``ReadOnlyStore`` answers them over a ``mode=ro`` connection;
+``LabelStore`` inherits the same methods through ``ReadQueries``.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from collections.abc import Iterator
+from contextlib import AbstractContextManager, contextmanager
+from datetime import datetime
+from pathlib import Path
+
+from rlhfkit.label.db import open_read_only
+from rlhfkit.label.records import VoteRecord
+
+COUNTS = {
+    "pairs": "SELECT COUNT(*) FROM pairs",
+    "active_pairs": "SELECT COUNT(*) FROM pairs WHERE active = 1",
+    "labellers": "SELECT COUNT(*) FROM labellers",
+    "votes": "SELECT COUNT(*) FROM votes",
+    "skips": "SELECT COUNT(*) FROM assignments WHERE status = 'skipped'",
+    "open": "SELECT COUNT(*) FROM assignments WHERE status = 'open'",
+    "undos": "SELECT COUNT(*) FROM events WHERE kind LIKE 'undo-%'",
+}
+
+
+class ReadQueries:
+    """Reading methods shared by the read-write and the read-only store."""
+
+    def _read(self) -> AbstractContextManager[sqlite3.Connection]:  # pragma: no cover - overridden
+        raise NotImplementedError
+
+    def get_meta(self, key: str) -> str | None:
+        with self._read() as con:
+            row = con.execute("SELECT value FROM meta WHERE key = ?", (key,)).fetchone()
+        return None if row is None else str(row[0])
+
+    def votes(self) -> list[VoteRecord]:
+        """Every stored vote with its pair text, in pair order then time."""
+        with self._read() as con:
+            rows = con.execute(
+                "SELECT v.pair_id, l.name, v.score, v.choice, v.left_side, v.shown_at, v.created_at, "
+                "p.prompt, p.response_a, p.response_b FROM votes v "
+                "JOIN labellers l USING (labeller_id) JOIN pairs p USING (pair_id) "
+                "ORDER BY p.position, v.pair_id, v.created_at, v.vote_id"
+            ).fetchall()
+        return [VoteRecord(*r) for r in rows]
+
+    def counts(self) -> dict[str, int]:
+        """Table sizes for ``stats``."""
+        with self._read() as con:
+            return {k: int(con.execute(sql).fetchone()[0]) for k, sql in COUNTS.items()}
+
+    def labeller_activity(self) -> list[dict[str, object]]:
+        """Per labeller: votes, skips, first/last action and median seconds per vote."""
+        with self._read() as con:
+            names = con.execute("SELECT labeller_id, name FROM labellers ORDER BY name").fetchall()
+            out = []
+            for lid, name in names:
+                st = dict(con.execute(
+                    "SELECT status, COUNT(*) FROM assignments WHERE labeller_id = ? GROUP BY status", (lid,)
+                ).fetchall())
+                times = con.execute(
+                    "SELECT shown_at, created_at FROM votes WHERE labeller_id = ? ORDER BY created_at", (lid,)
+                ).fetchall()
+                out.append({
+                    "labeller": name,
+                    "votes": st.get("voted", 0),
+                    "skips": st.get("skipped", 0),
+                    "first": times[0][1] if times else None,
+                    "last": times[-1][1] if times else None,
+                    "median_seconds": _median([_seconds(s, c) for s, c in times]),
+                })
+        return out
+
+
+class ReadOnlyStore(ReadQueries):
+    """A labelling database opened read-only: nothing here can change the file's contents."""
+
+    def __init__(self, path: str | Path) -> None:
+        self.path = Path(path)
+        self._con = open_read_only(self.path)
+
+    @contextmanager
+    def _read(self) -> Iterator[sqlite3.Connection]:
+        """One consistent snapshot per question (a WAL reader never blocks the server)."""
+        self._con.execute("BEGIN")
+        try:
+            yield self._con
+        finally:
+            self._con.execute("COMMIT")
+
+    def close(self) -> None:
+        self._con.close()
+
+
+def _seconds(start: str, end: str) -> float:
+    fmt = "%Y-%m-%dT%H:%M:%S.%fZ"
+    return (datetime.strptime(end, fmt) - datetime.strptime(start, fmt)).total_seconds()
+
+
+def _median(xs: list[float]) -> float | None:
+    if not xs:
+        return None
+    s = sorted(xs)
+    mid = len(s) // 2
+    return s[mid] if len(s) % 2 else (s[mid - 1] + s[mid]) / 2

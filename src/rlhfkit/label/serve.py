@@ -1,0 +1,112 @@
+"""`rlhfkit label serve`: check everything, bind the address, then import pairs and serve.
+
+Order matters: options, the pairs file and the address are checked before the database is
+opened, so a wrong port or host leaves no database behind, and the socket that was checked
+is the one uvicorn serves on (no window for another process to take the port).
+"""
+
+from __future__ import annotations
+
+import argparse
+import errno
+import socket
+from pathlib import Path
+
+from rlhfkit.errors import UserError
+from rlhfkit.label.options import TOKEN_RE, check_number, default_db
+
+MAX_LEASE_MINUTES = 7 * 24 * 60
+
+
+def bind_error(host: str, port: int, e: OSError) -> str:
+    """One line that blames what is actually wrong: the port, the host or the permissions."""
+    if isinstance(e, socket.gaierror) or e.errno in (errno.EADDRNOTAVAIL, errno.EAFNOSUPPORT):
+        return f"--host {host}: not an address of this machine ({e.strerror or e}); use 127.0.0.1 or one of its own addresses"
+    if e.errno == errno.EADDRINUSE:
+        return f"--port {port}: already in use on {host}; choose another --port"
+    if e.errno == errno.EACCES:
+        return f"--port {port}: not allowed for this user (ports below 1024 need privileges); choose another --port"
+    return f"cannot listen on {host}:{port} ({e.strerror or e})"
+
+
+def listen(host: str, port: int) -> socket.socket:
+    """A bound, listening TCP socket for (host, port), or a one-line UserError."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((host, port))
+        sock.listen(128)
+    except OSError as e:
+        sock.close()
+        raise UserError(bind_error(host, port, e)) from None
+    return sock
+
+
+def url_of(host: str, port: int) -> str:
+    return f"http://[{host}]:{port}/" if ":" in host else f"http://{host}:{port}/"
+
+
+def run_server(app: object, sock: socket.socket, log_level: str) -> None:
+    """Serve ``app`` on the already bound socket until Ctrl-C."""
+    import uvicorn
+
+    config = uvicorn.Config(app, log_level=log_level, access_log=False)
+    uvicorn.Server(config).run(sockets=[sock])
+
+
+def check_serve_options(args: argparse.Namespace, loopback: bool) -> str:
+    """Validate the numbers and the auth mode; returns the auth mode to use."""
+    from rlhfkit.label.store import MAX_VOTES_PER_PAIR
+
+    check_number("--votes-per-pair", args.votes_per_pair, 1, MAX_VOTES_PER_PAIR)
+    check_number("--port", args.port, 1, 65535)
+    check_number("--lease-minutes", args.lease_minutes, 1, MAX_LEASE_MINUTES)
+    if args.token is not None and not TOKEN_RE.fullmatch(args.token):
+        raise UserError("--token must be 8-128 characters of letters, digits and _.~-")
+    auth = args.auth or ("open" if loopback else "invite")
+    if auth == "open" and not loopback:
+        raise UserError(f"--auth open is for loopback only: on {args.host} anyone who can reach the app could "
+                        "vote and undo as any labeller; invite labellers with `rlhfkit label invite NAME`")
+    return auth
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    """Check the options, pairs and address, then import the pairs and run until Ctrl-C."""
+    from rlhfkit.label.pairs import read_pairs
+    from rlhfkit.label.security import LOOPBACK_HOSTS, is_loopback
+
+    host = args.host.strip("[]")
+    loopback = is_loopback(host)
+    auth = check_serve_options(args, loopback)
+    pairs = read_pairs(args.pairs)
+    db = Path(args.db) if args.db else default_db(args.pairs)
+    sock = listen(host, args.port)
+    try:
+        from rlhfkit.label.app import create_app
+        from rlhfkit.label.store import LabelStore
+
+        store = LabelStore(db, votes_per_pair=args.votes_per_pair, lease_seconds=args.lease_minutes * 60)
+        try:
+            added = store.import_pairs(pairs, source=str(args.pairs))
+            store.set_meta("votes_per_pair", str(args.votes_per_pair))
+            app = create_app(store, token=args.token, allowed_hosts=LOOPBACK_HOSTS if loopback else None, auth=auth)
+            _print_banner(args, db, url_of(host, args.port), len(pairs), added, auth)
+            run_server(app, sock, args.log_level)
+        finally:
+            store.close()
+    finally:
+        sock.close()
+    return 0
+
+
+def _print_banner(args: argparse.Namespace, db: Path, url: str, n_pairs: int, added: int, auth: str) -> None:
+    print(f"labelling {n_pairs} pair(s) ({added} new), each by {args.votes_per_pair} labeller(s); votes in {db}")
+    if auth == "invite":
+        print(f"labellers sign in with their own link: rlhfkit label invite NAME --db {db} --url {url}")
+    if args.token is not None:
+        print(f"access token: {args.token}")
+        print(f"open {url}?token={args.token}")
+    else:
+        print(f"open {url}")
+    print("press Ctrl-C to stop (every vote is already saved)", flush=True)

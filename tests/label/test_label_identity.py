@@ -1,0 +1,176 @@
+"""Identities: one normalised name per person, invitation links, votes bound to the signed-in labeller."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import sqlite3
+from pathlib import Path
+
+import pytest
+from fastapi.testclient import TestClient
+
+from rlhfkit.cli import main as rlhfkit_main
+from rlhfkit.label.app import create_app
+from rlhfkit.label.identity import clean_name, name_key, token_digest
+from rlhfkit.label.store import LabelStore
+
+
+def _post(client: TestClient, path: str, body: object, **kw):
+    return client.post(path, content=json.dumps(body), headers={"Content-Type": "application/json", **kw})
+
+
+# --------------------------------------------------------------------------- one person, one key
+
+
+@pytest.mark.parametrize("spelling", ["alice", "ALICE", "Alice", "  alice ", "ａｌｉｃｅ", "ＡＬＩＣＥ"])
+def test_name_key_folds_case_width_and_spaces(spelling: str) -> None:
+    assert name_key(spelling) == "alice"
+
+
+def test_clean_name_keeps_a_readable_display_form() -> None:
+    assert clean_name("  Mary   Ann ") == "Mary Ann"
+    assert clean_name("ａｌｉｃｅ") == "alice"  # NFKC: fullwidth letters are the plain ones
+    assert name_key("Straße") == name_key("STRASSE")  # full case folding, not lower()
+    for bad in ("", "   ", "a" * 41, "<b>", "al\u200bice", "bob\x00", "eve\u202e"):  # zero-width, NUL, RTL override
+        with pytest.raises(ValueError):
+            clean_name(bad)
+
+
+def test_alice_ALICE_and_fullwidth_alice_are_one_labeller(store: LabelStore) -> None:
+    client = TestClient(create_app(store))
+    assert _post(client, "/api/labellers", {"labeller": "alice"}).json()["labeller"] == "alice"
+    first = _post(client, "/api/next", {"labeller": "alice"}).json()["pair"]
+    for other in ("ALICE", "ａｌｉｃｅ"):
+        r = _post(client, "/api/labellers", {"labeller": other}).json()
+        assert r["labeller"] == "alice"  # the display name stays the first spelling
+        assert _post(client, "/api/next", {"labeller": other}).json()["pair"] == first  # same open pair
+    vote = {"labeller": "ＡＬＩＣＥ", "pair_id": first["pair_id"], "choice": 1, "request_id": "req-0001"}
+    assert _post(client, "/api/votes", vote).status_code == 201
+    vote.update(labeller="alice", request_id="req-0002")
+    assert _post(client, "/api/votes", vote).status_code == 409  # already voted: one person, one vote
+    assert store.counts()["labellers"] == 1
+    assert [v.labeller for v in store.votes()] == ["alice"]
+
+
+# --------------------------------------------------------------------------- invitations
+
+
+def test_invite_stores_only_a_hash_and_a_new_invite_replaces_the_old(store: LabelStore) -> None:
+    name, token = store.invite("Alice")
+    assert name == "Alice" and store.authenticate(token) == "Alice"
+    stored = sqlite3.connect(store.path).execute("SELECT token_hash FROM labellers").fetchall()
+    assert stored == [(hashlib.sha256(token.encode()).hexdigest(),)] and token_digest(token) == stored[0][0]
+    _, token2 = store.invite("ALICE")  # same person, new link
+    assert store.authenticate(token) is None and store.authenticate(token2) == "Alice"
+    assert store.revoke("alice") == "Alice" and store.authenticate(token2) is None
+    assert store.authenticate("short") is None and store.authenticate("x" * 32) is None
+
+
+@pytest.fixture
+def invite_app(store: LabelStore):
+    """An invite-mode app with two invited labellers; returns (client factory, tokens)."""
+    tokens = {name: store.invite(name)[1] for name in ("alice", "bob")}
+    app = create_app(store, auth="invite")
+
+    def client_for(name: str | None) -> TestClient:
+        client = TestClient(app, base_url="http://127.0.0.1:8123")
+        if name is not None:
+            r = client.get(f"/?invite={tokens[name]}", follow_redirects=False)
+            assert r.status_code == 303 and r.headers["location"] == "/"
+            cookie = r.headers["set-cookie"].lower()
+            assert cookie.startswith("label_session_8123=") and "httponly" in cookie and "samesite=strict" in cookie
+        return client
+
+    return client_for, tokens
+
+
+def test_invite_mode_needs_a_valid_link(invite_app) -> None:
+    client_for, _ = invite_app
+    anonymous = client_for(None)
+    assert anonymous.get("/").status_code == 200  # the page itself holds no data
+    assert anonymous.get("/api/session").json() == {"auth": "invite", "labeller": None}
+    for path, body in (("/api/labellers", {"labeller": "alice"}), ("/api/next", {}), ("/api/undo", {"labeller": "bob"})):
+        r = _post(anonymous, path, body)
+        assert r.status_code == 401 and "invitation link" in r.json()["error"]
+    assert anonymous.get("/?invite=" + "x" * 32).status_code == 401
+    assert client_for("alice").get("/api/session").json() == {"auth": "invite", "labeller": "alice"}
+
+
+def test_a_second_labeller_cannot_change_the_first_ones_votes(store: LabelStore, invite_app) -> None:
+    client_for, tokens = invite_app
+    alice, bob = client_for("alice"), client_for("bob")
+    pair = _post(alice, "/api/next", {}).json()["pair"]
+    r = _post(alice, "/api/votes", {"pair_id": pair["pair_id"], "choice": 1, "request_id": "alice-001"})
+    assert r.status_code == 201 and r.json()["labeller"] == "alice"
+
+    # Bob names alice: refused. The name in the body is a claim, the cookie is the identity.
+    for path, body in (("/api/undo", {"labeller": "alice"}), ("/api/labellers", {"labeller": "ALICE"}),
+                       ("/api/votes", {"labeller": "alice", "pair_id": pair["pair_id"], "choice": 5,
+                                       "request_id": "bob-0001"})):
+        r = _post(bob, path, body)
+        assert r.status_code == 403 and r.json()["error"] == "signed in as 'bob'; cannot act as " + repr(body["labeller"])
+    # Bob's own undo and vote touch only bob.
+    assert _post(bob, "/api/undo", {}).json()["undone"] is None
+    r = _post(bob, "/api/votes", {"pair_id": pair["pair_id"], "choice": 5, "request_id": "bob-0002"})
+    assert r.status_code == 409  # bob was never shown alice's pair
+    # A script may send the token as a header instead of the cookie.
+    r = _post(client_for(None), "/api/undo", {}, **{"X-Labeller-Token": tokens["bob"]})
+    assert r.status_code == 200 and r.json()["labeller"] == "bob" and r.json()["undone"] is None
+    assert [(v.labeller, v.pair_id, v.choice) for v in store.votes()] == [("alice", pair["pair_id"], 1)]
+
+
+def test_open_mode_still_takes_the_name_from_the_body(store: LabelStore) -> None:
+    client = TestClient(create_app(store))  # auth="open": the loopback single-user default
+    assert client.get("/api/session").json() == {"auth": "open", "labeller": None}
+    r = _post(client, "/api/next", {})
+    assert r.status_code == 422 and r.json()["error"] == "labeller: Field required"
+    assert client.get("/?invite=" + "x" * 32).status_code == 401  # no invitations in open mode
+
+
+# --------------------------------------------------------------------------- `rlhfkit label invite`
+
+
+def test_invite_command_prints_a_link_and_revoke_ends_it(tmp_path: Path, lab, capsys) -> None:
+    pairs = lab.write_pairs_file(tmp_path / "pairs.jsonl", lab.make_pairs(2))
+    args = ["label", "invite", "ａｌｉｃｅ", "--pairs", str(pairs), "--url", "http://127.0.0.1:8123/"]
+    assert rlhfkit_main(args) == 0
+    out = capsys.readouterr().out
+    link = out.strip().splitlines()[-1]
+    assert out.startswith("invited alice;") and link.startswith("http://127.0.0.1:8123/?invite=")
+    token = link.split("=", 1)[1]
+    store = LabelStore(tmp_path / "pairs.labels.sqlite")
+    assert store.authenticate(token) == "alice"
+    assert token not in (tmp_path / "pairs.labels.sqlite").read_bytes().decode("latin-1")
+    assert rlhfkit_main(["label", "invite", "ALICE", "--pairs", str(pairs), "--revoke"]) == 0
+    assert "alice's invitation link no longer works" in capsys.readouterr().out
+    assert store.authenticate(token) is None
+    assert rlhfkit_main(["label", "invite", "<script>", "--pairs", str(pairs)]) == 2
+    assert rlhfkit_main(["label", "invite", "zed", "--pairs", str(pairs), "--revoke"]) == 2
+    assert rlhfkit_main(["label", "invite", "bob", "--pairs", str(pairs), "--url", "ftp://x"]) == 2
+    assert rlhfkit_main(["label", "invite", "bob", "--pairs", str(tmp_path / "typo.jsonl")]) == 2
+    err = capsys.readouterr().err.splitlines()
+    assert err == ["rlhfkit: error: NAME '<script>': labeller name may contain letters, digits, spaces and . _ - @ ' only",
+                   "rlhfkit: error: unknown labeller 'zed'; register the name first",
+                   "rlhfkit: error: --url must be an http:// or https:// address, got 'ftp://x'",
+                   f"rlhfkit: error: {tmp_path / 'typo.jsonl'}: pairs file not found"]
+    assert not (tmp_path / "typo.labels.sqlite").exists()
+    store.close()
+
+
+def test_an_invitation_link_works_behind_the_access_token(store: LabelStore) -> None:
+    """`serve --token T --auth invite`: `invite --url 'http://h/?token=T'` gives a link that
+    passes the token gate first (cookie, redirect keeping ?invite=), then signs in."""
+    from rlhfkit.label.cli import invite_link
+
+    _, secret = store.invite("alice")
+    link = invite_link("http://127.0.0.1:8123/?token=gate-token-1", secret)
+    assert link == f"http://127.0.0.1:8123/?token=gate-token-1&invite={secret}"
+    assert invite_link("https://labels.example/team/", "T" * 16) == "https://labels.example/team/?invite=" + "T" * 16
+    client = TestClient(create_app(store, token="gate-token-1", auth="invite"), base_url="http://127.0.0.1:8123")
+    r = client.get(link.removeprefix("http://127.0.0.1:8123"), follow_redirects=False)
+    assert (r.status_code, r.headers["location"]) == (303, f"/?invite={secret}")
+    r = client.get(r.headers["location"], follow_redirects=False)
+    assert (r.status_code, r.headers["location"]) == (303, "/")
+    assert set(client.cookies.keys()) == {"label_token_8123", "label_session_8123"}
+    assert client.get("/api/session").json() == {"auth": "invite", "labeller": "alice"}

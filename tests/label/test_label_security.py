@@ -1,0 +1,131 @@
+"""Request smuggling and body limits, headers on crashes, cookies per port (loopback only)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import socket
+
+import httpx
+import pytest
+from fastapi.testclient import TestClient
+
+from rlhfkit.label.app import create_app
+from rlhfkit.label.security import MAX_BODY_BYTES, SECURITY_HEADERS, SecurityMiddleware
+from rlhfkit.label.store import LabelStore
+
+BODY = json.dumps({"labeller": "alice"}).encode()
+
+
+def _raw_request(port: int, head: str) -> bytes:
+    """Send request headers (and no body) to the loopback server; return its whole answer, or a
+    note if none came within 5 s (the server was waiting for the body)."""
+    answer = b""
+    with socket.create_connection(("127.0.0.1", port), timeout=5) as s:
+        s.sendall(head.replace("\n", "\r\n").encode() + b"\r\n")
+        try:
+            while b"\r\n\r\n" not in answer or len(answer.split(b"\r\n\r\n", 1)[1]) < _length(answer):
+                chunk = s.recv(4096)
+                if not chunk:
+                    break
+                answer += chunk
+        except TimeoutError:
+            return answer or b"(no answer: the server is still reading the body)"
+    return answer
+
+
+def _length(answer: bytes) -> int:
+    for line in answer.split(b"\r\n\r\n", 1)[0].lower().split(b"\r\n"):
+        if line.startswith(b"content-length:"):
+            return int(line.split(b":", 1)[1])
+    return 0
+
+
+@pytest.mark.parametrize("length_header", ["Content-Length: 10\n", ""])
+def test_chunked_body_is_refused_before_it_is_read(store: LabelStore, lab, length_header: str) -> None:
+    """A small Content-Length next to Transfer-Encoding: chunked used to let a 200 MB body through.
+    The server must answer from the headers alone: no body byte is ever sent here."""
+    with lab.LiveServer(create_app(store)) as srv:
+        head = (f"POST /api/labellers HTTP/1.1\nHost: 127.0.0.1:{srv.port}\nContent-Type: application/json\n"
+                f"{length_header}Transfer-Encoding: chunked\n")
+        answer = _raw_request(srv.port, head)
+    assert answer.startswith(b"HTTP/1.1 400"), answer[:200]
+    assert b"Transfer-Encoding is not accepted" in answer and b"content-security-policy" in answer.lower()
+
+
+def _asgi_post(app, chunks: int, chunk_size: int, content_length: int) -> tuple[int, int, bytes]:
+    """Drive an ASGI app with a body of `chunks` x `chunk_size` bytes whose header claims
+    `content_length`; returns (status, chunks the app pulled, response body)."""
+    pulled, sent = 0, []
+
+    async def receive() -> dict:
+        nonlocal pulled
+        pulled += 1
+        if pulled > chunks:
+            return {"type": "http.disconnect"}
+        return {"type": "http.request", "body": b" " * chunk_size, "more_body": pulled < chunks}
+
+    async def send(message: dict) -> None:
+        sent.append(message)
+
+    scope = {"type": "http", "method": "POST", "path": "/api/labellers", "raw_path": b"/api/labellers",
+             "query_string": b"", "root_path": "", "scheme": "http", "http_version": "1.1",
+             "server": ("127.0.0.1", 8000), "client": ("127.0.0.1", 5000),
+             "headers": [(b"host", b"127.0.0.1:8000"), (b"content-type", b"application/json"),
+                         (b"content-length", str(content_length).encode())]}
+    asyncio.run(app(scope, receive, send))
+    status = next(m["status"] for m in sent if m["type"] == "http.response.start")
+    return status, pulled, b"".join(m.get("body", b"") for m in sent if m["type"] == "http.response.body")
+
+
+def test_body_bytes_are_counted_as_they_arrive_whatever_the_header_says() -> None:
+    """Behind a server that framed the body some other way, the lying header still cannot help:
+    reading stops at the first chunk past 64 KiB (17 chunks of 4 KiB = 68 KiB)."""
+    reached = []
+
+    async def app(scope, receive, send) -> None:  # must never run
+        reached.append(scope["path"])
+
+    status, pulled, body = _asgi_post(SecurityMiddleware(app), chunks=200_000, chunk_size=4096, content_length=10)
+    assert (status, reached) == (413, [])
+    assert pulled == MAX_BODY_BYTES // 4096 + 1 == 17
+    assert json.loads(body) == {"error": f"request body larger than {MAX_BODY_BYTES} bytes"}
+
+
+def test_a_body_within_the_limit_reaches_the_app_intact(store: LabelStore) -> None:
+    status, pulled, body = _asgi_post(create_app(store), chunks=1, chunk_size=0, content_length=0)
+    assert status == 422 and pulled == 1  # empty body: the app's own validation answers
+    client = TestClient(create_app(store))
+    r = client.post("/api/labellers", content=BODY, headers={"Content-Type": "application/json"})
+    assert r.status_code == 200 and r.json()["labeller"] == "alice"
+
+
+def test_a_crash_answers_json_with_the_security_headers(store: LabelStore, monkeypatch) -> None:
+    def boom(name: str):
+        raise RuntimeError("disk on fire")
+
+    monkeypatch.setattr(store, "next_pair", boom)
+    client = TestClient(create_app(store), raise_server_exceptions=False)
+    client.post("/api/labellers", content=BODY, headers={"Content-Type": "application/json"})
+    r = client.post("/api/next", content=BODY, headers={"Content-Type": "application/json"})
+    assert r.status_code == 500
+    assert r.json() == {"error": "internal error; the server log has the details"}  # no internals leak
+    for name, value in SECURITY_HEADERS.items():
+        assert r.headers[name] == value
+
+
+def test_token_cookies_are_named_by_port_so_two_servers_on_one_host_both_work(tmp_path, lab) -> None:
+    """Browsers send a host's cookies to every port: with one cookie name, signing in to the
+    second server signed you out of the first."""
+    stores = [LabelStore(tmp_path / f"db{i}.sqlite") for i in range(2)]
+    tokens = ["first-token-123", "second-token-456"]
+    with lab.LiveServer(create_app(stores[0], token=tokens[0])) as a, \
+            lab.LiveServer(create_app(stores[1], token=tokens[1])) as b, httpx.Client(timeout=10, follow_redirects=True) as browser:
+        for srv, token in ((a, tokens[0]), (b, tokens[1])):
+            r = browser.get(f"{srv.url}/?token={token}")
+            assert r.status_code == 200 and r.history[0].status_code == 303
+        assert {c.name for c in browser.cookies.jar} == {f"label_token_{a.port}", f"label_token_{b.port}"}
+        assert browser.get(f"{a.url}/api/health").status_code == 200
+        assert browser.get(f"{b.url}/api/health").status_code == 200
+    for s in stores:
+        s.close()
