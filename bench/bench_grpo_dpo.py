@@ -236,11 +236,12 @@ def run_trl_grpo(name: str, steps: int) -> dict:
     from datasets import Dataset
     from trl import GRPOConfig, GRPOTrainer
 
+    from rlhfkit.data.chat import format_prompts
+    from rlhfkit.data.stream import PromptStream
     from rlhfkit.models import load_tokenizer
     from rlhfkit.models.loading import resolve_model_path
     from rlhfkit.rewards import score_batch
-    from rlhfkit.trainers.common import PromptStream, format_prompts
-    from rlhfkit.trainers.setup import prepare_data
+    from rlhfkit.trainers.rl import prepare_data
 
     tmp = benchdoc.scratch_dir()
     cfg = grpo_config("grpo", steps, tmp)
@@ -299,10 +300,9 @@ def run_trl_dpo(name: str, steps: int) -> dict:
     from datasets import Dataset
     from trl import DPOConfig, DPOTrainer
 
-    from rlhfkit.data.chat import end_of_turn
+    from rlhfkit.data.chat import end_of_turn, format_prompts
     from rlhfkit.models import load_tokenizer
     from rlhfkit.models.loading import resolve_model_path
-    from rlhfkit.trainers.common import format_prompts
     from rlhfkit.trainers.dpo import load_pairs, plan_batches
 
     precompute = "on-the-fly" not in name
@@ -573,7 +573,7 @@ def render(header: str, results: dict, grpo_steps: int, dpo_steps: int) -> str:
     lines += [
         "", "How trl==1.12.0 is set up (every value mapped from the rlhfkit defaults above):", "",
         "- Same model files (`AutoModelForCausalLM.from_pretrained`, fp32), tokenizer and text: prompts are formatted "
-        "by rlhfkit (`rlhfkit.trainers.common.format_prompts`: SmolLM2's chat template) and given to TRL as plain "
+        "by rlhfkit (`rlhfkit.data.chat.format_prompts`: SmolLM2's chat template) and given to TRL as plain "
         "text, so both see the same token ids; TRL reads rlhfkit's own prompt / pair order (`shuffle_dataset=False`, "
         "`train_sampling_strategy=\"sequential\"`), so every optimiser step holds the same pairs in both (inside a "
         "DPO step rlhfkit runs them longest first, its default; TRL in the shuffled order, its default). Datasets are "

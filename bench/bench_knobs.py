@@ -86,19 +86,19 @@ def run_one(name: str, max_new_tokens: int) -> None:
     cfg = build_config(PPOConfig, {**work(max_new_tokens), **BASE, **CONFIGS[name][1], "output_dir": out,
                                    "run_name": name})
     sampler = PeakSampler()
-    real_start = ppo.start_run
+    real_run = ppo.RLRun
 
     def start_then_sample(*a, **k):  # sample from the end of set-up (model loaded) to the end
-        run = real_start(*a, **k)
+        rl = real_run(*a, **k)
         with torch.no_grad():  # fault in every weight (safetensors loads lazily) before the baseline RSS
-            for module in (run.core, getattr(run.reference, "frozen", None)):
+            for module in (rl.core, getattr(rl.reference, "frozen", None)):
                 for p in module.parameters() if module is not None else ():
                     p.sum()
         sampler.before = sampler.peak = rss_bytes()
         sampler.start()
-        return run
+        return rl
 
-    ppo.start_run = start_then_sample
+    ppo.RLRun = start_then_sample
     ppo.train(cfg)
     sampler.stop.set()
     sampler.join()

@@ -83,11 +83,12 @@ def run_trl(name: str, iterations: int) -> dict:
     from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification, TrainerCallback
     from trl.experimental.ppo import PPOConfig, PPOTrainer
 
+    from rlhfkit.data.chat import format_prompts
     from rlhfkit.data.prompts import load_prompts
     from rlhfkit.models import load_tokenizer
     from rlhfkit.models.loading import resolve_model_path
     from rlhfkit.models.policy import default_lora_targets
-    from rlhfkit.trainers.common import ModelArgs, format_prompts
+    from rlhfkit.trainers.options import ModelArgs
 
     torch.manual_seed(0)
     path = resolve_model_path("smollm2-135m-instruct")

@@ -21,12 +21,13 @@ from pathlib import Path
 
 from rlhfkit.errors import UserError
 from rlhfkit.runtime.config import check, option, parse_args
+from rlhfkit.trainers.options import PromptFormatArgs, PromptLimitArgs
 
 PAIR_MODES = ("best-worst", "all")
 
 
 @dataclass
-class PrefsConfig:
+class PrefsConfig(PromptFormatArgs, PromptLimitArgs):
     """Sample k completions per prompt, rank them with a scorer, write chosen/rejected pairs (JSONL)."""
 
     out: str = option("prefs.jsonl", "output JSONL file")
@@ -47,14 +48,6 @@ class PrefsConfig:
     batch_size: int = option(32, "sequences per generate() call")
     dtype: str = option("auto", "model weights/compute dtype; auto = bf16 where it is fast (GPU, CPU with AVX-512 "
                         "BF16/AMX), else fp32", ("auto", "fp32", "bf16"))
-    chat_template: bool | None = option(None, "format prompts with the tokenizer's chat template (None: when it "
-                                        "has one; true: required; false: the plain 'User: ...' format)")
-    system_prompt: str | None = option(None, "optional system message")
-    max_prompt_length: int | None = option(None, "prompt tokens (after formatting) kept for generation (None: the "
-                                           "model's context window minus max_new_tokens)")
-    prompt_overflow: str = option("truncate_left", "a longer prompt: truncate_left keeps its last max_prompt_length "
-                                  "tokens (one warning says how many were cut); error stops before sampling",
-                                  ("truncate_left", "error"))
     seed: int = option(0, "seed for the prompt subset and sampling")
 
     def validate(self) -> None:
@@ -64,8 +57,6 @@ class PrefsConfig:
         check(self.max_new_tokens >= 1 and self.batch_size >= 1, "max_new_tokens and batch_size must be >= 1")
         check(self.min_gap >= 0, f"min_gap ({self.min_gap}) must be >= 0")
         check(self.num_prompts is None or self.num_prompts >= 1, f"num_prompts ({self.num_prompts}) must be >= 1")
-        check(self.max_prompt_length is None or self.max_prompt_length >= 1,
-              f"max_prompt_length ({self.max_prompt_length}) must be >= 1")
         check(bool(self.splits) and all(s in ("train", "test") for s in self.splits),
               f"splits ({self.splits}) must be a non-empty list of train, test")
 
@@ -121,18 +112,50 @@ def load_split_prompts(spec: str, splits: list[str], limit: int | None, seed: in
 # ----------------------------------------------------------------------------- make
 
 
+def pair_rows(records: list[dict], completions: list[str], scores: list[float],
+              cfg: PrefsConfig) -> tuple[list[dict], int, list[float]]:
+    """(output rows, prompts without a pair, score gaps) from k consecutive completions per record."""
+    rows, skipped, gaps = [], 0, []
+    for i, r in enumerate(records):
+        sl = slice(i * cfg.k, (i + 1) * cfg.k)
+        pairs = build_pairs(completions[sl], scores[sl], cfg.pairs, cfg.min_gap)
+        skipped += not pairs
+        for chosen, rejected, sc, sr in pairs:
+            row = {"prompt": r["prompt"], "chosen": chosen, "rejected": rejected,
+                   "scores": {"chosen": sc, "rejected": sr}, "split": r["split"], "scorer": cfg.scorer}
+            if r.get("messages"):
+                row["messages"] = r["messages"]
+            rows.append(row)
+            gaps.append(sc - sr)
+    if not rows:
+        raise UserError(f"no pairs: all {len(records)} prompts gave completions with equal scores "
+                        f"(scorer {cfg.scorer}, min_gap {cfg.min_gap}); raise k or temperature")
+    return rows, skipped, gaps
+
+
+def write_jsonl_atomic(out: Path, rows: list[dict]) -> None:
+    """One JSON object a line, written to a temporary file in the same folder and renamed."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_name(out.name + f".tmp{os.getpid()}")
+    with open(tmp, "w") as f:
+        for row in rows:
+            f.write(json.dumps(row) + "\n")
+    tmp.replace(out)
+
+
 def make_preferences(cfg: PrefsConfig) -> dict:
     """Sample, score and pair; writes cfg.out atomically. Returns a summary dict."""
     import torch
 
+    from rlhfkit.data.prompts import info_lists
     from rlhfkit.generate import generate_texts, load_for_inference
     from rlhfkit.models.loading import resolve_dtype
     from rlhfkit.models.reward_model import format_example
     from rlhfkit.rewards import get_reward, score_batch
     from rlhfkit.rollout import SamplingParams
     from rlhfkit.rollout.prompt_fit import enforce_prompt_limit, prompt_token_limit
+    from rlhfkit.runtime.precision import autocast
     from rlhfkit.runtime.seeding import seed_everything
-    from rlhfkit.trainers.common import autocast, info_lists
 
     cfg.dtype = resolve_dtype(cfg.dtype)
     out = Path(cfg.out)
@@ -161,27 +184,8 @@ def make_preferences(cfg: PrefsConfig) -> dict:
     scores = score_batch(scorer, [str(r["prompt"]) for r in rep_records], completions,
                          info_lists([{k: v for k, v in r.items() if k != "split"} for r in rep_records]))
     # 3. pair and write
-    rows, skipped, gaps = [], 0, []
-    for i, r in enumerate(records):
-        sl = slice(i * cfg.k, (i + 1) * cfg.k)
-        pairs = build_pairs(completions[sl], scores[sl], cfg.pairs, cfg.min_gap)
-        skipped += not pairs
-        for chosen, rejected, sc, sr in pairs:
-            row = {"prompt": r["prompt"], "chosen": chosen, "rejected": rejected,
-                   "scores": {"chosen": sc, "rejected": sr}, "split": r["split"], "scorer": cfg.scorer}
-            if r.get("messages"):
-                row["messages"] = r["messages"]
-            rows.append(row)
-            gaps.append(sc - sr)
-    if not rows:
-        raise UserError(f"no pairs: all {len(records)} prompts gave completions with equal scores "
-                        f"(scorer {cfg.scorer}, min_gap {cfg.min_gap}); raise k or temperature")
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_name(out.name + f".tmp{os.getpid()}")
-    with open(tmp, "w") as f:
-        for row in rows:
-            f.write(json.dumps(row) + "\n")
-    tmp.replace(out)
+    rows, skipped, gaps = pair_rows(records, completions, scores, cfg)
+    write_jsonl_atomic(out, rows)
     m = sum(scores) / len(scores)
     summary = {"out": str(out), "prompts": len(records), "pairs": len(rows), "prompts_without_pair": skipped,
                "completions": len(completions), "score_mean": m, "mean_gap": sum(gaps) / len(gaps),

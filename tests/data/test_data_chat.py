@@ -118,7 +118,7 @@ def test_chat_template_setting_none_false_true(plain_tokenizer, chat_tokenizer):
 def test_format_prompts_plain_format_takes_message_lists_and_the_system_prompt(chat_tokenizer):
     from types import SimpleNamespace
 
-    from rlhfkit.trainers.common import format_prompts
+    from rlhfkit.data.chat import format_prompts
 
     conv = [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello!"},
             {"role": "user", "content": "Bye"}]

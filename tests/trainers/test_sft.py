@@ -11,10 +11,11 @@ import torch
 import torch.nn.functional as F
 
 from rlhfkit.data.chat import IGNORE_INDEX
+from rlhfkit.data.sft import collate, tokenize_examples
 from rlhfkit.errors import ConfigError
 from rlhfkit.models.reward_model import format_example
 from rlhfkit.runtime.config import build_config, parse_args
-from rlhfkit.trainers.sft import ResponseNLL, SFTConfig, collate, sft_step, tokenize_examples, train
+from rlhfkit.trainers.sft import ResponseNLL, SFTConfig, sft_step, train
 
 from tiny_lm import build_tiny_model, build_tokenizer
 
@@ -145,7 +146,7 @@ def test_plain_format_without_chat_template_and_chat_messages():
 
 def test_data_split_rules(tmp_path):
     from rlhfkit.data.sft import load_sft_examples
-    from rlhfkit.trainers.sft import train_eval_split
+    from rlhfkit.data.splits import train_eval_split
 
     plain = tmp_path / "plain.jsonl"
     plain.write_text("\n".join(json.dumps({"prompt": f"q{i}", "response": f"a{i}"}) for i in range(20)))

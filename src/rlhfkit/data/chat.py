@@ -129,3 +129,11 @@ def tokenize_sft_example(
     if max_length is not None:
         full_ids, labels = full_ids[:max_length], labels[:max_length]
     return {"input_ids": full_ids, "attention_mask": [1] * len(full_ids), "labels": labels}
+
+
+def format_prompts(tokenizer: Any, prompts: list, args: Any) -> list[str]:
+    """Prompt texts (strings or message lists) as the model sees them. `args` carries the
+    prompt-format options (trainers/options.py PromptFormatArgs: chat_template, system_prompt)."""
+    if not use_chat_template(tokenizer, args.chat_template):
+        return [plain_format(to_messages(p, args.system_prompt)) for p in prompts]
+    return [format_prompt(tokenizer, p, system=args.system_prompt) for p in prompts]

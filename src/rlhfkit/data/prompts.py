@@ -13,7 +13,7 @@ from rlhfkit.data.readers import Records, expect_messages, expect_text, missing_
 from rlhfkit.data.sets import info_fields, load_split, sample
 from rlhfkit.errors import DataError
 
-__all__ = ["load_prompts", "prompt_record", "info_fields"]
+__all__ = ["load_prompts", "prompt_record", "info_fields", "info_lists"]
 
 
 def load_prompts(
@@ -62,3 +62,9 @@ def _from_messages(out: dict[str, Any], messages: list[dict[str, str]], where: s
     out["prompt"] = expect_text(messages[last]["content"], "messages", where)
     out["messages"] = messages[: last + 1]
     return out
+
+
+def info_lists(records: list[dict]) -> dict[str, list]:
+    """Per-sample extra fields (e.g. 'answer') as lists, for reward functions."""
+    keys = {k for r in records for k in r if k not in ("prompt", "split", "messages")}
+    return {k: [r.get(k) for r in records] for k in sorted(keys)}

@@ -11,6 +11,9 @@ from __future__ import annotations
 
 from typing import Any
 
+import torch
+
+from rlhfkit.data.chat import IGNORE_INDEX, tokenize_sft_example
 from rlhfkit.data.readers import Records, expect_messages, expect_text, message_text, missing_field
 from rlhfkit.data.sets import builtin_name, load_split, sample
 from rlhfkit.errors import DataError
@@ -95,3 +98,35 @@ def _from_messages(out: dict[str, Any], messages: list[dict[str, str]], where: s
     out["response"] = expect_text(message_text(messages[-1]["content"], where), "messages", where)
     out["messages"] = messages
     return out
+
+
+def tokenize_examples(tok, examples: list[dict], cfg: Any, max_length: int) -> tuple[list[dict], int]:
+    """Token ids + labels (prompt = -100) per example; drops examples whose response was cut away.
+    `cfg` carries the prompt format (chat_template, system_prompt)."""
+    from rlhfkit.models.reward_model import format_example
+
+    out, dropped = [], 0
+    for ex in examples:
+        # ex["prompt"] is a string or, for chat records, the message list before the response
+        p_text, full = format_example(tok, ex["prompt"], ex["response"], cfg.chat_template, cfg.system_prompt)
+        t = tokenize_sft_example(tok, p_text, full, max_length)
+        if any(x != IGNORE_INDEX for x in t["labels"][1:]):
+            out.append(t)
+        else:
+            dropped += 1
+    return out, dropped
+
+
+def collate(examples: list[dict], pad_id: int) -> dict[str, torch.Tensor]:
+    """Right-padded input_ids / attention_mask / labels (-100 on padding). (B, L)"""
+    L = max(len(e["input_ids"]) for e in examples)
+    B = len(examples)
+    ids = torch.full((B, L), pad_id, dtype=torch.long)
+    mask = torch.zeros((B, L), dtype=torch.long)
+    labels = torch.full((B, L), IGNORE_INDEX, dtype=torch.long)
+    for i, e in enumerate(examples):
+        n = len(e["input_ids"])
+        ids[i, :n] = torch.tensor(e["input_ids"])
+        mask[i, :n] = 1
+        labels[i, :n] = torch.tensor(e["labels"])
+    return {"input_ids": ids, "attention_mask": mask, "labels": labels}

@@ -137,3 +137,11 @@ def _short(value: Any, limit: int = 60) -> str:
     """One-line repr cut to ``limit`` characters (repr escapes newlines)."""
     text = repr(value)
     return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def mean_std(scores: list[float]) -> tuple[float, float]:
+    """(mean, population standard deviation) of a list of scores; (0, 0) when empty."""
+    if not scores:
+        return 0.0, 0.0
+    m = sum(scores) / len(scores)
+    return m, math.sqrt(sum((x - m) ** 2 for x in scores) / len(scores))

@@ -23,18 +23,16 @@ from collections import defaultdict
 import torch
 
 from rlhfkit.algos import dpo_loss
+from rlhfkit.data.chat import format_prompts
 from rlhfkit.errors import DataError
 from rlhfkit.rollout import Rollout, SamplingParams, forward_logprobs
 from rlhfkit.rollout.core import trim_rows
 from rlhfkit.runtime.config import check, config_main
-from rlhfkit.runtime.distributed import (
-    accumulate_backward,
-    agree_on_run_name,
-    configure_deepspeed,
-    full_state_dict,
-    sum_over_processes,
-)
-from rlhfkit.trainers.common import autocast, format_prompts
+from rlhfkit.runtime.distributed import accumulate_backward, sum_over_processes
+from rlhfkit.runtime.faults import guarded_step
+from rlhfkit.runtime.precision import autocast
+from rlhfkit.runtime.run import Run
+from rlhfkit.trainers.build import build_actor
 from rlhfkit.trainers.dpo_config import DPOConfig
 
 BUILTIN_PREFS = {"prefs_reviews": "prefs_reviews.jsonl"}
@@ -180,16 +178,7 @@ def should_precompute(cfg: DPOConfig, n_pairs: int, n_steps: int) -> bool:
 
 def build_models(cfg: DPOConfig):
     """(policy-only ActorCritic, Reference, tokenizer)."""
-    from rlhfkit.models import load_causal_lm
-    from rlhfkit.models.policy import ActorCritic, Reference
-    from rlhfkit.trainers.common import build_policy
-
-    policy, tok = build_policy(cfg)
-    model = ActorCritic(policy, value_head=None, share_prompts=cfg.share_prompts and not cfg.gradient_checkpointing)
-    ref_dtype = torch.bfloat16 if cfg.dtype == "bf16" else None
-    other = load_causal_lm(cfg.reference_model, dtype="fp32", trainable=False) if cfg.reference_model else None
-    reference = Reference(model, use_adapter_off=cfg.lora, dtype=ref_dtype, model=other, offload=cfg.offload_reference)
-    return model, reference, tok
+    return build_actor(cfg, with_reference=True, reference_model=cfg.reference_model)
 
 
 # ----------------------------------------------------------------------------- judged evaluation
@@ -282,28 +271,16 @@ def held_out_metrics(model, held: Rollout, held_ref: torch.Tensor, cfg: DPOConfi
 
 def train(cfg: DPOConfig) -> dict:
     """Run DPO; returns the summary (also written to RUN/summary.json)."""
-    from accelerate import Accelerator
-
     from rlhfkit.models.policy import save_actor
     from rlhfkit.rewards import get_reward
-    from rlhfkit.runtime.allocator import tune_malloc
-    from rlhfkit.runtime.checkpoint import Checkpointer, open_run_dir
-    from rlhfkit.runtime.config import save_config
-    from rlhfkit.runtime.faults import NonFiniteGuard, guarded_step
-    from rlhfkit.runtime.seeding import seed_everything
-    from rlhfkit.runtime.tracker import Tracker
-    from rlhfkit.trainers.common import make_optimizer
+    from rlhfkit.runtime.optim import make_optimizer
 
-    accelerator = Accelerator(cpu=not torch.cuda.is_available())
-    device = accelerator.device
-    seed_everything(cfg.seed)
-    tune_malloc()  # freed CPU tensors stay in the process for reuse (runtime/allocator.py)
-    # 1. data
-    # Data, judge, model and prompt lengths are checked before the run folder exists.
+    run = Run(cfg, "dpo")
+    device, world = run.device, run.world
+    # 1. data. Data, judge, model and prompt lengths are checked before the run folder exists.
     train_pairs, held_out = load_pairs(cfg.prefs)
     judge = get_reward(cfg.judge)
     model, reference, tok = build_models(cfg)
-    world = accelerator.num_processes
     check(cfg.batch_size % world == 0, f"batch_size ({cfg.batch_size}) must be divisible by the {world} processes")
     model.to(device)  # before prepare: the reference passes and the judge's samples run first
     reference.to(device)  # a frozen copy stays in CPU memory when offloaded
@@ -312,32 +289,14 @@ def train(cfg: DPOConfig) -> dict:
     held = encode_pairs(tok, held_out, cfg) if held_out else None
     batches = plan_batches(N, cfg, torch.Generator().manual_seed(cfg.seed), world,
                            pair_lengths(data, model.share_prompts))
-    agree_on_run_name(accelerator, cfg, "dpo")
-    run_dir, resume_from = open_run_dir(cfg, "dpo")
-    if accelerator.is_main_process:
-        save_config(cfg, run_dir / "config.yaml")
-    tracker = Tracker(run_dir, len(batches), cfg.quiet, accelerator.is_main_process, cfg.tensorboard, cfg.wandb)
-    summary: dict = {"run_dir": str(run_dir), "train_pairs": N, "held_out_pairs": len(held_out)}
-    # 2. reference
-    with reference.loaded(device):
-        held_ref = reference_logps(reference, held, pair_rows(torch.arange(len(held_out)), len(held_out)), cfg,
-                                   device).cpu() if held is not None else None
-    ref_table = None
-    if should_precompute(cfg, N, len(batches)):
-        with tracker.phase("reference log-probs", None), reference.loaded(device):
-            ref_table = precompute_reference(reference, data, batches, cfg, device, world)
-        if reference.frozen is not None:
-            reference = None  # the frozen copy is no longer needed: free its memory
-    summary["precomputed_ref_logps"] = ref_table is not None
+    run.open(total=len(batches), unit="step", train_pairs=N, held_out_pairs=len(held_out))
+    held_ref, ref_table = reference_tables(run, reference, data, held, batches)  # 2. reference
+    if ref_table is not None and reference.frozen is not None:
+        reference = None  # the frozen copy is no longer needed: free its memory
     optimizer, scheduler = make_optimizer(model.parameters(), cfg.lr, cfg.warmup_steps, cfg.weight_decay, cfg.adam_eps)
-    configure_deepspeed(accelerator, cfg.micro_batch_size, cfg.max_grad_norm)
-    wrapped, optimizer, scheduler = accelerator.prepare(model, optimizer, scheduler)
-    guard = NonFiniteGuard.for_config(cfg, tracker.print)
     judged: dict = {}  # the starting model's judged scores, kept in checkpoints
-    ckpt = Checkpointer(cfg, run_dir, "dpo", accelerator, tracker, model=model, optimizer=optimizer,
-                        scheduler=scheduler, objects={"summary": summary, "judged": judged}, guard=guard,
-                        unit="step", total=len(batches))
-    ckpt.resume(resume_from)  # when resuming: weights, optimiser, RNG, the starting model's judged scores
+    wrapped = run.prepare(model, optimizer, scheduler, cfg.micro_batch_size, judged=judged)
+    run.resume()  # when resuming: weights, optimiser, RNG, the starting model's judged scores
     # 3. the starting model, judged
     records = eval_records(train_pairs, held_out, cfg) if cfg.num_eval_prompts > 0 else []
     seed = cfg.seed + 424242  # same seed before and after: the comparison sees the same sampling noise
@@ -345,45 +304,67 @@ def train(cfg: DPOConfig) -> dict:
         judged["before"] = judged_samples(model, tok, records, judge, cfg, seed)[1]
     before = judged.get("before", [])
     # 4. train (the batches are planned from the seed, so a resumed run just starts further in)
-    with ckpt.signals:
-        for step in range(ckpt.start, len(batches)):
-            t0 = time.time()
-            with reference.loaded(device) if reference is not None else contextlib.nullcontext():
-                metrics = train_step(wrapped, data, batches[step], ref_table, reference, cfg, accelerator)
-            grad_norm, skipped = guarded_step(wrapped.parameters(), optimizer, scheduler, accelerator,
-                                              cfg.max_grad_norm, loss=metrics["loss/dpo"], guard=guard,
-                                              where=f"step {step}")
-            metrics.update({"params/grad_norm": grad_norm, "params/lr": scheduler.get_last_lr()[0],
-                            "params/skipped_steps": float(skipped),
-                            "params/epoch": (step + 1) * cfg.batch_size / N, "timing/step_s": time.time() - t0})
-            tracker.log(step, metrics)
-            ckpt.end_step(step)  # checkpoint when due or asked to stop
-    ckpt.finish(len(batches))
+    for step in run.steps():
+        t0 = time.time()
+        with reference.loaded(device) if reference is not None else contextlib.nullcontext():
+            metrics = train_step(wrapped, data, batches[step], ref_table, reference, cfg, run.accelerator)
+        grad_norm, skipped = guarded_step(wrapped.parameters(), run.optimizer, run.scheduler, run.accelerator,
+                                          cfg.max_grad_norm, loss=metrics["loss/dpo"], guard=run.guard,
+                                          where=f"step {step}")
+        metrics.update({"params/grad_norm": grad_norm, "params/lr": run.scheduler.get_last_lr()[0],
+                        "params/skipped_steps": float(skipped),
+                        "params/epoch": (step + 1) * cfg.batch_size / N, "timing/step_s": time.time() - t0})
+        run.log(step, metrics)
     # 5. after: held-out preference accuracy, judged win rate over the starting model
     if held is not None:
-        m = summary["held_out"] = held_out_metrics(model, held, held_ref, cfg, device)
-        tracker.print(f"[eval] held-out pairs: preference accuracy {m['rewards/accuracy']:.1%}, "
-                      f"reward margin {m['rewards/margin']:+.3f} (n={len(held_out)})")
+        m = run.summary["held_out"] = held_out_metrics(model, held, held_ref, cfg, device)
+        run.print(f"[eval] held-out pairs: preference accuracy {m['rewards/accuracy']:.1%}, "
+                  f"reward margin {m['rewards/margin']:+.3f} (n={len(held_out)})")
     if records:
-        completions, after = judged_samples(model, tok, records, judge, cfg, seed)
-        wr = win_rate(after, before)
-        mb, ma = sum(before) / len(before), sum(after) / len(after)
-        tracker.print(f"[eval] judge {cfg.judge}: mean score {mb:.3f} before -> {ma:.3f} after "
-                      f"({len(after)} samples on {len(records)} {'held-out' if held_out else 'training'} prompts)")
-        tracker.print(f"[eval] judged win rate over the starting model: {wr['win_rate']:.1%} "
-                      f"(wins {wr['wins']}, ties {wr['ties']}, losses {wr['losses']})")
-        summary.update({"judge": cfg.judge, "eval_before": mb, "eval_after": ma, **wr})
-        recs = [r for r in records for _ in range(cfg.eval_samples_per_prompt)]
-        tracker.log_samples(len(batches) - 1, [{"prompt": str(r["prompt"]), "completion": c, "score": a,
-                                                "score_before": b} for r, c, a, b in zip(recs, completions, after, before)])
-    state = full_state_dict(accelerator, wrapped)  # FSDP / ZeRO-3: gathered on every process
-    if accelerator.is_main_process:
-        save_actor(model, tok, run_dir / "final", state_dict=state)
+        judged_after(run, model, tok, records, judge, before, seed, "held-out" if held_out else "training")
+
+    def save(folder, state):
+        save_actor(model, tok, folder, state_dict=state)
         if cfg.save_merged and cfg.lora and state is None:
-            save_actor(model, tok, run_dir / "final" / "merged", merge=True)
-        tracker.write_json("summary.json", summary)
-    tracker.close()
-    return summary
+            save_actor(model, tok, folder / "merged", merge=True)
+
+    return run.finish(save)
+
+
+def reference_tables(run: Run, reference, data: Rollout, held: Rollout | None,
+                     batches: list[torch.Tensor]) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+    """Step 2: reference log-probs of the held-out pairs, and of every training pair when computing
+    them once before training is cheaper (`should_precompute`; else None: per micro-batch)."""
+    cfg, device = run.cfg, run.device
+    held_ref = None
+    if held is not None:
+        n = held.response_ids.shape[0] // 2
+        with reference.loaded(device):
+            held_ref = reference_logps(reference, held, pair_rows(torch.arange(n), n), cfg, device).cpu()
+    ref_table = None
+    if should_precompute(cfg, data.response_ids.shape[0] // 2, len(batches)):
+        with run.tracker.phase("reference log-probs", None), reference.loaded(device):
+            ref_table = precompute_reference(reference, data, batches, cfg, device, run.world)
+    run.summary["precomputed_ref_logps"] = ref_table is not None
+    return held_ref, ref_table
+
+
+def judged_after(run: Run, model, tok, records: list[dict], judge, before: list[float], seed: int,
+                 which: str) -> None:
+    """The trained model's judged samples on `records`, their win rate over the starting model's
+    (`before`, same seed), into the summary and samples.jsonl."""
+    cfg = run.cfg
+    completions, after = judged_samples(model, tok, records, judge, cfg, seed)
+    wr = win_rate(after, before)
+    mb, ma = sum(before) / len(before), sum(after) / len(after)
+    run.print(f"[eval] judge {cfg.judge}: mean score {mb:.3f} before -> {ma:.3f} after "
+              f"({len(after)} samples on {len(records)} {which} prompts)")
+    run.print(f"[eval] judged win rate over the starting model: {wr['win_rate']:.1%} "
+              f"(wins {wr['wins']}, ties {wr['ties']}, losses {wr['losses']})")
+    run.summary.update({"judge": cfg.judge, "eval_before": mb, "eval_after": ma, **wr})
+    recs = [r for r in records for _ in range(cfg.eval_samples_per_prompt)]
+    run.tracker.log_samples(run.total - 1, [{"prompt": str(r["prompt"]), "completion": c, "score": a, "score_before": b}
+                                            for r, c, a, b in zip(recs, completions, after, before)])
 
 
 def main(argv: list[str]) -> int:

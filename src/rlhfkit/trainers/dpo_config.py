@@ -10,13 +10,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from rlhfkit.runtime.config import check, option
-from rlhfkit.trainers.common import OVERFLOW_MODES, ModelArgs, ReferenceArgs, RunArgs, check_optimizer
+from rlhfkit.trainers.options import OVERFLOW_MODES, ModelArgs, OptimizerArgs, ReferenceArgs, RunArgs
 
 LOSS_TYPES = ("sigmoid", "ipo", "cdpo")
 
 
 @dataclass
-class DPOConfig(ReferenceArgs, ModelArgs, RunArgs):
+class DPOConfig(ReferenceArgs, ModelArgs, OptimizerArgs, RunArgs):
     """DPO (sigmoid), IPO and label-smoothed cDPO on preference pairs, against a frozen reference."""
 
     # data
@@ -47,10 +47,6 @@ class DPOConfig(ReferenceArgs, ModelArgs, RunArgs):
     share_prompts: bool = option(True, "run a pair's prompt once for its chosen and rejected response (their keys/values "
                                  "are copied to both rows; equal up to float rounding). Off under gradient_checkpointing")
     lr: float = option(1e-4, "AdamW learning rate (LoRA default; use ~5e-7..5e-6 for full fine-tuning)")
-    warmup_steps: int = option(4, "linear lr warm-up, in optimiser steps")
-    weight_decay: float = option(0.0, "AdamW weight decay")
-    adam_eps: float = option(1e-8, "AdamW epsilon")
-    max_grad_norm: float = option(1.0, "gradient-norm clip threshold (params/grad_norm is logged before clipping)")
     # judged evaluation
     judge: str = option("sentiment", "reward function that judges samples: sentiment | arithmetic | length[:N] | "
                         "model:PATH | python:module:function")
@@ -79,6 +75,5 @@ class DPOConfig(ReferenceArgs, ModelArgs, RunArgs):
         check(0 <= self.smoothing < 0.5, f"label_smoothing ({self.label_smoothing}) must be in [0, 0.5)")
         check(not (self.loss_type == "ipo" and self.smoothing > 0),
               f"label_smoothing ({self.label_smoothing}) applies to sigmoid/cdpo, not ipo")
-        check_optimizer(self)
         check(self.temperature > 0, f"temperature ({self.temperature}) must be > 0")
         check(self.num_eval_prompts >= 0, f"num_eval_prompts ({self.num_eval_prompts}) must be >= 0")

@@ -7,12 +7,13 @@ One iteration, as numbered steps in `train`:
                  the same value on every token of the completion. Groups whose completions all got
                  the same reward have advantage 0 everywhere and are left out of steps 4-5
                  (`drop_zero_std_groups`; DAPO's dynamic sampling without re-sampling)
-  4. evaluate    one teacher-forced pass: old log-probs (and reference log-probs when beta > 0)
+  4. log-probs   one teacher-forced pass: old log-probs (and reference log-probs when beta > 0)
   5. update      update_epochs x mini-batches x micro-batches of the clipped ratio loss
                  (+ beta * k3 KL to the reference), aggregated by `loss_agg` with global normalisers
   6. log         PPO's metric names + rollout/group_reward_std and rollout/solved_fraction
 
-Rollout, update loop, metrics, run folder and checkpoint are PPO's (trainers/policy_update.py).
+Rollout, update loop, metrics, run folder and checkpoint are PPO's (trainers/rl.py,
+trainers/rl_update.py, runtime/run.py).
 Maths and the aggregation rule: docs/algorithms.md.
 """
 
@@ -33,29 +34,18 @@ from rlhfkit.algos import (
 )
 from rlhfkit.rollout import Rollout, forward_logprobs
 from rlhfkit.runtime.config import config_main
-from rlhfkit.trainers.common import autocast
+from rlhfkit.runtime.precision import autocast
+from rlhfkit.trainers.build import build_actor
 from rlhfkit.trainers.grpo_config import GRPOConfig, RLOOConfig
-from rlhfkit.trainers.policy_update import (  # noqa: F401  (RatioCheckError: re-exported)
-    RatioCheckError,
-    policy_update_metrics,
-    rollout_metrics,
-    shuffled_rows,
-    start_run,
-)
+from rlhfkit.trainers.rl import RLRun
+from rlhfkit.trainers.rl_update import RatioCheckError, policy_update_metrics, rollout_metrics, shuffled_rows
+
+__all__ = ["RatioCheckError", "compute_advantages", "micro_batch_loss", "train"]
 
 
 def build_policy_model(cfg: GRPOConfig):
     """(ActorCritic without value head, Reference or None, tokenizer): no reference when beta = 0."""
-    from rlhfkit.models.policy import ActorCritic, Reference
-    from rlhfkit.trainers.common import build_policy
-
-    policy, tok = build_policy(cfg)
-    actor = ActorCritic(policy, value_head=None, share_prompts=cfg.share_prompts and not cfg.gradient_checkpointing)
-    reference = None
-    if cfg.beta > 0:
-        reference = Reference(actor, use_adapter_off=cfg.lora, dtype=torch.bfloat16 if cfg.dtype == "bf16" else None,
-                              offload=cfg.offload_reference)
-    return actor, reference, tok
+    return build_actor(cfg, with_reference=cfg.beta > 0)
 
 
 # ----------------------------------------------------------------------------- advantages
@@ -136,31 +126,31 @@ def micro_batch_loss(model, mb: Rollout, cfg: GRPOConfig, n_tokens: float, n_seq
 
 def train(cfg: GRPOConfig) -> dict:
     """Run GRPO (or RLOO, cfg.advantage == "rloo"); returns the summary (also RUN/summary.json)."""
-    run = start_run(cfg, "rloo" if cfg.advantage == "rloo" else "grpo", build_policy_model)
+    rl = RLRun(cfg, "rloo" if cfg.advantage == "rloo" else "grpo", build_policy_model)
     G = cfg.group_size
 
     def loss_fn(mb: Rollout, n_tokens: float, n_seqs: float):
-        return micro_batch_loss(run.model, mb, cfg, n_tokens, n_seqs, run.device, run.world)
+        return micro_batch_loss(rl.model, mb, cfg, n_tokens, n_seqs, rl.run.device, rl.run.world)
 
-    run.resume()  # when resuming: weights, optimiser, data position, RNG, ... from the checkpoint
-    with run.evaluating(), run.stop_signals():
-        for it in range(run.start, cfg.iterations):
+    rl.run.resume()  # when resuming: weights, optimiser, data position, RNG, ... from the checkpoint
+    with rl.evaluating():  # held-out reward before and after
+        for it in rl.run.steps():  # checkpoints when due; SIGINT/SIGTERM: checkpoint and stop
             t0 = time.time()
-            records = [r for r in run.stream.next(cfg.prompts_per_iteration) for _ in range(G)]  # groups of G rows
-            rollout = run.sample(records, it)  # steps 1-2
+            records = [r for r in rl.stream.next(cfg.prompts_per_iteration) for _ in range(G)]  # groups of G rows
+            rollout = rl.sample(records, it)  # steps 1-2
             metrics = compute_advantages(rollout, cfg)  # step 3
             metrics.update(rollout_metrics(rollout))
-            rows = informative_rows(rollout, cfg, run.accelerator.num_processes)
+            rows = informative_rows(rollout, cfg, rl.run.world)
             metrics["rollout/update_fraction"] = len(rows) / len(records)
             t1 = t2 = time.time()
             if len(rows):
                 used = keep_rows(rollout, rows)
-                shuffle_group = G if run.core.share_prompts else 1  # a group's rows meet in micro-batches
-                perm = shuffled_rows(len(rows), run.generator, shuffle_group, cfg.optimiser_batch)
-                run.score(used, perm)  # step 4
+                shuffle_group = G if rl.core.share_prompts else 1  # a group's rows meet in micro-batches
+                perm = shuffled_rows(len(rows), rl.generator, shuffle_group, cfg.optimiser_batch)
+                rl.logprob_pass(used, perm)  # step 4
                 metrics["timing/logprobs_s"] = used.timings["timing/logprobs_s"]  # `used` is a copy of `rollout`
                 t1 = time.time()
-                m = run.update(used, loss_fn, cfg.update_epochs, cfg.optimiser_batch, perm, shuffle_group)  # step 5
+                m = rl.update(used, loss_fn, cfg.update_epochs, cfg.optimiser_batch, perm, shuffle_group)  # step 5
                 t2 = time.time()
                 metrics.update(policy_update_metrics(m))
                 metrics["rollout/entropy"] = masked_mean(used.entropy, used.response_mask).item()
@@ -169,13 +159,12 @@ def train(cfg: GRPOConfig) -> dict:
                     metrics["rollout/kl"] = ((used.logprobs - used.ref_logprobs) * used.response_mask).sum(1).mean().item()
             metrics["params/beta"] = cfg.beta
             adv = rollout.advantages.sum(1) / rollout.response_mask.sum(1).clamp(min=1)
-            run.log(it, rollout, metrics, (t0, t1, t2), {"advantage": adv.tolist()})  # step 6
-            run.end_iteration(it)  # checkpoint when due or asked to stop
-    if cfg.reward == "arithmetic" and "eval_after" in run.summary:  # exact match: mean reward = accuracy
-        b, a = run.summary["eval_before"], run.summary["eval_after"]
-        run.tracker.print(f"[eval] held-out accuracy (T={cfg.temperature}): {b['mean']:.1%} before -> "
-                          f"{a['mean']:.1%} after (n={a['n']})")
-    return run.finish()
+            rl.log(it, rollout, metrics, (t0, t1, t2), {"advantage": adv.tolist()})  # step 6
+    if cfg.reward == "arithmetic" and "eval_after" in rl.run.summary:  # exact match: mean reward = accuracy
+        b, a = rl.run.summary["eval_before"], rl.run.summary["eval_after"]
+        rl.run.print(f"[eval] held-out accuracy (T={cfg.temperature}): {b['mean']:.1%} before -> "
+                     f"{a['mean']:.1%} after (n={a['n']})")
+    return rl.finish()
 
 
 def main(argv: list[str]) -> int:

@@ -9,20 +9,20 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from rlhfkit.runtime.config import check, option
-from rlhfkit.trainers.common import (
+from rlhfkit.trainers.options import (
     GenerationArgs,
     ModelArgs,
+    OptimizerArgs,
     ReferenceArgs,
     RunArgs,
     SamplingArgs,
-    check_optimizer,
 )
 
 ADVANTAGES = ("group", "rloo")
 
 
 @dataclass
-class GRPOConfig(GenerationArgs, ReferenceArgs, SamplingArgs, ModelArgs, RunArgs):
+class GRPOConfig(GenerationArgs, ReferenceArgs, SamplingArgs, ModelArgs, OptimizerArgs, RunArgs):
     """GRPO: G sampled completions per prompt, group-relative advantages, clipped ratio, no value head."""
 
     # data and reward
@@ -56,10 +56,6 @@ class GRPOConfig(GenerationArgs, ReferenceArgs, SamplingArgs, ModelArgs, RunArgs
     mini_batch_size: int | None = option(32, "sequences per optimiser step (None = the whole rollout)")
     micro_batch_size: int = option(16, "sequences per forward/backward (gradient accumulation = mini / micro)")
     lr: float = option(3e-4, "AdamW learning rate (LoRA default; use ~1e-6..1e-5 for full fine-tuning)")
-    warmup_steps: int = option(4, "linear lr warm-up, in optimiser steps")
-    weight_decay: float = option(0.0, "AdamW weight decay")
-    adam_eps: float = option(1e-8, "AdamW epsilon")
-    max_grad_norm: float = option(1.0, "gradient-norm clip threshold (params/grad_norm is logged before clipping)")
     clip_eps: float = option(0.2, "ratio clip range")
     clip_eps_high: float | None = option(None, "upper clip range (DAPO clip-higher; None = clip_eps)")
     loss_agg: str = option("token-mean", "loss aggregation over a mini-batch (docs/algorithms.md): token-mean = every "
@@ -97,7 +93,6 @@ class GRPOConfig(GenerationArgs, ReferenceArgs, SamplingArgs, ModelArgs, RunArgs
               f"mini_batch_size ({mini}) must be divisible by micro_batch_size ({self.micro_batch_size})")
         check(self.temperature > 0, f"temperature ({self.temperature}) must be > 0 for sampled rollouts")
         check(0 < self.top_p <= 1, f"top_p ({self.top_p}) must be in (0, 1]")
-        check_optimizer(self)
         check(self.log_samples >= 0, f"log_samples ({self.log_samples}) must be >= 0")
         check(self.ratio_check_tol > 0, f"ratio_check_tol ({self.ratio_check_tol}) must be > 0")
         check(self.score_clip is None or self.score_clip > 0, f"score_clip ({self.score_clip}) must be > 0 or None")

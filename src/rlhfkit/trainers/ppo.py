@@ -1,13 +1,16 @@
-"""`rlhfkit ppo`: PPO with GAE for causal LMs (seeds 000-004).
+"""`rlhfkit ppo`: PPO with GAE and a value head for causal LMs.
 
 One iteration, as numbered steps in `train`:
   1. rollout   sample responses to a batch of prompts (left-padded, KV-cached generate)
   2. score     reward function/model -> one score per sequence
-  3. evaluate  one teacher-forced pass: old log-probs, values, reference log-probs
+  3. log-probs one teacher-forced pass: old log-probs, values, reference log-probs
   4. shape     per-token reward = -beta * KL_t, score added on the last valid token
   5. GAE       advantages and returns = advantages + values, then whiten advantages
   6. update    ppo_epochs x shuffled mini-batches x micro-batches (gradient accumulation)
   7. log       metrics.jsonl, samples.jsonl, diagnostics
+
+Set-up, checkpoints, the held-out evaluation and the final save are the run harness's
+(runtime/run.py, trainers/rl.py); the update loop is trainers/rl_update.py.
 """
 
 from __future__ import annotations
@@ -32,22 +35,20 @@ from rlhfkit.algos import (
 from rlhfkit.rollout import Rollout, forward_logprobs
 from rlhfkit.runtime.config import config_main
 from rlhfkit.runtime.distributed import global_mean_var
-from rlhfkit.trainers.common import autocast
-from rlhfkit.trainers.policy_update import (  # noqa: F401  (collect_rollout, rollout_metrics: re-exported)
-    RatioCheckError,
-    collect_rollout,
-    policy_update_metrics,
-    rollout_metrics,
-    start_run,
-)
+from rlhfkit.runtime.precision import autocast
+from rlhfkit.trainers.build import build_actor_critic
 from rlhfkit.trainers.ppo_config import PPOConfig
-from rlhfkit.trainers.setup import build_actor_critic
+from rlhfkit.trainers.rl import RLRun
+from rlhfkit.trainers.rl_update import RatioCheckError, policy_update_metrics, rollout_metrics
+
+__all__ = ["RatioCheckError", "compute_advantages", "micro_batch_loss", "train"]
+
 
 # ----------------------------------------------------------------------------- advantages
 
 
 def compute_advantages(rollout: Rollout, cfg: PPOConfig, kl_coef: float, accelerator=None) -> dict[str, float]:
-    """Steps 4-5: shaped rewards, GAE, returns before whitening (pitfall 7). With an accelerator of
+    """Steps 4-5: shaped rewards, GAE, returns before whitening (docs/pitfalls.md#whitening). With an accelerator of
     several processes the advantages are whitened with the statistics of the global rollout."""
     mask = rollout.response_mask
     ref = rollout.ref_logprobs if rollout.ref_logprobs is not None else rollout.logprobs
@@ -78,7 +79,7 @@ def compute_advantages(rollout: Rollout, cfg: PPOConfig, kl_coef: float, acceler
 def micro_batch_loss(actor, mb: Rollout, cfg: PPOConfig, kl_coef: float, n_tokens: int, device,
                      n_seqs: float | None = None):
     """Loss of one micro-batch, normalised by the mini-batch token (or sequence) count of all
-    processes (pitfall 11)."""
+    processes (docs/pitfalls.md#loss-aggregation)."""
     mask = mb.response_mask.to(device)
     with autocast(cfg.dtype, device):
         logp, values, ent = forward_logprobs(actor, mb, cfg.temperature, with_values=True, with_entropy=True,
@@ -97,13 +98,13 @@ def micro_batch_loss(actor, mb: Rollout, cfg: PPOConfig, kl_coef: float, n_token
     return loss, stats
 
 
-def ppo_update(run, rollout: Rollout, cfg: PPOConfig, kl_coef: float, first_perm: torch.Tensor) -> dict[str, float]:
-    """Step 6: ppo_epochs x shuffled mini-batches x micro-batches (trainers/policy_update.py)."""
+def ppo_update(rl: RLRun, rollout: Rollout, cfg: PPOConfig, kl_coef: float, first_perm: torch.Tensor) -> dict[str, float]:
+    """Step 6: ppo_epochs x shuffled mini-batches x micro-batches (trainers/rl_update.py)."""
 
     def loss_fn(mb: Rollout, n_tokens: float, n_seqs: float):
-        return micro_batch_loss(run.model, mb, cfg, kl_coef, n_tokens, run.device, n_seqs)
+        return micro_batch_loss(rl.model, mb, cfg, kl_coef, n_tokens, rl.run.device, n_seqs)
 
-    m = run.update(rollout, loss_fn, cfg.ppo_epochs, cfg.mini_batch_size, first_perm)
+    m = rl.update(rollout, loss_fn, cfg.ppo_epochs, cfg.mini_batch_size, first_perm)
     return {**policy_update_metrics(m), "loss/value": m["loss/value"], "loss/entropy": m["loss/entropy"],
             "params/value_clip_frac": m["value_clip_frac"]}
 
@@ -113,26 +114,25 @@ def ppo_update(run, rollout: Rollout, cfg: PPOConfig, kl_coef: float, first_perm
 
 def train(cfg: PPOConfig) -> dict:
     """Run PPO; returns the summary (also written to RUN/summary.json)."""
-    run = start_run(cfg, "ppo", build_actor_critic)
+    rl = RLRun(cfg, "ppo", build_actor_critic)
     kl_ctl = (AdaptiveKLController(cfg.kl_coef, cfg.kl_target, cfg.kl_horizon) if cfg.adaptive_kl
               else FixedKLController(cfg.kl_coef))
-    run.resume(kl_ctl=kl_ctl)  # when resuming: weights, optimiser, data position, RNG, ... from the checkpoint
-    with run.evaluating(), run.stop_signals():
-        for it in range(run.start, cfg.iterations):
+    rl.run.resume(kl_ctl=kl_ctl)  # when resuming: weights, optimiser, data position, RNG, ... from the checkpoint
+    with rl.evaluating():  # held-out reward before and after
+        for it in rl.run.steps():  # checkpoints when due; SIGINT/SIGTERM: checkpoint and stop
             t0 = time.time()
-            records = run.stream.next(cfg.rollout_batch_size)
-            perm = torch.randperm(cfg.rollout_batch_size, generator=run.generator)
-            rollout = run.rollout(records, it, perm)  # steps 1-3
-            metrics = compute_advantages(rollout, cfg, kl_ctl.value, run.accelerator)  # steps 4-5
+            records = rl.stream.next(cfg.rollout_batch_size)
+            perm = torch.randperm(cfg.rollout_batch_size, generator=rl.generator)
+            rollout = rl.logprob_pass(rl.sample(records, it), perm)  # steps 1-3
+            metrics = compute_advantages(rollout, cfg, kl_ctl.value, rl.run.accelerator)  # steps 4-5
             t1 = time.time()
-            metrics.update(ppo_update(run, rollout, cfg, kl_ctl.value, perm))  # step 6
+            metrics.update(ppo_update(rl, rollout, cfg, kl_ctl.value, perm))  # step 6
             t2 = time.time()
             metrics.update(rollout_metrics(rollout))
             metrics["params/kl_coef"] = kl_ctl.value
-            kl_ctl.update(run.mean_over_processes(metrics)["rollout/kl"], cfg.rollout_batch_size * run.world)
-            run.log(it, rollout, metrics, (t0, t1, t2))  # step 7
-            run.end_iteration(it)  # checkpoint when due or asked to stop
-    return run.finish()
+            kl_ctl.update(rl.mean_over_processes(metrics)["rollout/kl"], cfg.rollout_batch_size * rl.run.world)
+            rl.log(it, rollout, metrics, (t0, t1, t2))  # step 7
+    return rl.finish()
 
 
 def main(argv: list[str]) -> int:

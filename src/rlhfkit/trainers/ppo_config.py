@@ -5,30 +5,30 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from rlhfkit.runtime.config import check, option
-from rlhfkit.trainers.common import (
+from rlhfkit.trainers.options import (
     GenerationArgs,
     ModelArgs,
+    OptimizerArgs,
     ReferenceArgs,
     RunArgs,
     SamplingArgs,
-    check_optimizer,
 )
 
 
 @dataclass
-class PPOConfig(GenerationArgs, ReferenceArgs, SamplingArgs, ModelArgs, RunArgs):
+class PPOConfig(GenerationArgs, ReferenceArgs, SamplingArgs, ModelArgs, OptimizerArgs, RunArgs):
     """PPO with GAE and a value head on the shared base (actor-critic), KL penalty against a frozen reference."""
 
-    # The CPU demo adapts the top 12 of SmolLM2's 30 layers: backward stops there (update 18 s -> 14 s
-    # per iteration on 2 cores) and sentiment is still learned. Set lora_layers=None for every layer.
+    # The CPU demo adapts the top 12 of SmolLM2's 30 layers: backward stops there (docs/benchmarks.md, "Frozen
+    # trunk") and sentiment is still learned. Set lora_layers=None for every layer.
     lora_layers: int | None = option(12, "adapt only the top N transformer layers (None: all); backward stops below them")
     trunk_cache_mb: float = option(512.0, "with lora_layers, the layers below the adapted ones run once per rollout: "
                                    "their output (B x L x hidden x 4 bytes) is kept for the update when it fits in "
                                    "this many MB, else recomputed per micro-batch (0: always recompute)")
 
     share_prefix: bool = option(True, "run the prompt prefix that every row of a batch shares (a chat template's "
-                                "header: 24 of the demo's 39-54 prompt tokens) once per generate() call and per "
-                                "micro-batch; equal up to float rounding. Off under gradient_checkpointing")
+                                "header) once per generate() call and per micro-batch; equal up to float rounding "
+                                "(figures: docs/benchmarks.md). Off under gradient_checkpointing")
 
     # data and reward
     prompts: str = option("builtin:reviews", "prompts: builtin:reviews|stories|arithmetic|instructions or a JSONL/CSV/TXT file")
@@ -48,10 +48,6 @@ class PPOConfig(GenerationArgs, ReferenceArgs, SamplingArgs, ModelArgs, RunArgs)
     mini_batch_size: int = option(8, "sequences per optimiser step")
     micro_batch_size: int = option(8, "sequences per forward/backward (gradient accumulation = mini / micro)")
     lr: float = option(1e-3, "AdamW learning rate (LoRA default; use ~1e-5 for full fine-tuning)")
-    warmup_steps: int = option(4, "linear lr warm-up, in optimiser steps")
-    weight_decay: float = option(0.0, "AdamW weight decay")
-    adam_eps: float = option(1e-8, "AdamW epsilon")
-    max_grad_norm: float = option(1.0, "gradient-norm clip threshold (params/grad_norm is logged before clipping)")
     clip_eps: float = option(0.2, "PPO ratio clip range")
     value_clip_eps: float | None = option(0.2, "value clip range around the rollout values (None disables)")
     vf_coef: float = option(0.1, "value-loss coefficient")
@@ -93,7 +89,6 @@ class PPOConfig(GenerationArgs, ReferenceArgs, SamplingArgs, ModelArgs, RunArgs)
               f"mini_batch_size ({self.mini_batch_size}) must be divisible by micro_batch_size ({self.micro_batch_size})")
         check(self.temperature > 0, f"temperature ({self.temperature}) must be > 0 for PPO rollouts")
         check(0 < self.top_p <= 1, f"top_p ({self.top_p}) must be in (0, 1]")
-        check_optimizer(self)
         check(0 <= self.gamma <= 1, f"gamma ({self.gamma}) must be in [0, 1]")
         check(0 <= self.lam <= 1, f"lam ({self.lam}) must be in [0, 1]")
         check(self.clip_eps > 0, f"clip_eps ({self.clip_eps}) must be > 0")

@@ -83,8 +83,10 @@ def test_hidden_states_and_lora_gradients_equal_the_plain_forward(seed, top):
     valid = ro.response_mask.bool()
     torch.testing.assert_close(split[valid], plain[valid], atol=1e-5, rtol=1e-5)
     assert any(g.abs().sum() > 0 for g in g_plain)  # the adapters do get gradients, so the check bites
+    # atol from the gradients' own scale: a fixed 1e-5 exceeded every entry of the smaller tensors (3e-6)
+    scale = max(float(g.abs().max()) for g in g_plain)
     for a, b in zip(g_split, g_plain):
-        torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-4)
+        torch.testing.assert_close(a, b, atol=1e-5 * max(float(b.abs().max()), 1e-3 * scale), rtol=1e-4)
 
 
 def test_the_adapter_disabled_reference_shares_the_trunk():

@@ -12,7 +12,7 @@ from rlhfkit.models.policy import response_hidden_states
 from rlhfkit.models.shared_prompts import distinct_prompts, response_hidden
 from rlhfkit.rollout import SamplingParams
 from rlhfkit.rollout.core import generate
-from rlhfkit.trainers.policy_update import shuffled_rows
+from rlhfkit.trainers.rl_update import shuffled_rows
 
 from tiny_lm import assert_same_hidden_and_grads, build_tiny_model, build_tokenizer
 
@@ -100,10 +100,10 @@ def test_lora_gradients_equal_the_plain_ones():
     ids, mask = _batch([0, 1, 0, 1, 1], P=6, R=4, vocab=len(tok), seed=3)
     h0, g0 = _hidden_and_grads(lm, ids, mask, 4, share=False)
     h1, g1 = _hidden_and_grads(lm, ids, mask, 4, share=True)
-    torch.testing.assert_close(h1, h0, rtol=1e-5, atol=1e-5)
-    assert any("lora_A" in n for n in g0) and g1.keys() == g0.keys()
-    for name in g0:
-        torch.testing.assert_close(g1[name], g0[name], rtol=1e-4, atol=1e-6)
+    assert any("lora_A" in n for n in g0)
+    # Rounding noise scales with each tensor's largest entries (up to 45 here), not with an entry's own
+    # value: a fixed atol of 1e-6 left entries near 0 at 67% of their tolerance.
+    assert_same_hidden_and_grads((h1, g1), (h0, g0))
 
 
 def test_gradient_checkpointing_falls_back_to_the_plain_forward():

@@ -3,9 +3,10 @@ both give the same update."""
 
 from __future__ import annotations
 
+import pytest
 import torch
 
-from rlhfkit.trainers.common import make_optimizer
+from rlhfkit.runtime.optim import make_optimizer
 
 
 def _params(seed: int = 0) -> list[torch.nn.Parameter]:
@@ -47,3 +48,39 @@ def test_frozen_parameters_are_left_out():
     p[1].requires_grad_(False)
     opt, _ = make_optimizer(p, lr=1e-2, warmup_steps=1)
     assert [len(g["params"]) for g in opt.param_groups] == [1]
+
+
+def test_warm_up_scales_the_lr_linearly_then_holds_it():
+    """lr at optimiser step k (0-based) = lr * min(1, (k + 1) / warmup_steps): 1/4, 2/4, 3/4, 1, 1."""
+    from rlhfkit.runtime.optim import make_optimizer
+
+    opt, sched = make_optimizer(_params(), lr=0.8, warmup_steps=4)
+    seen = []
+    for _ in range(5):
+        seen.append(sched.get_last_lr()[0])
+        opt.step()
+        sched.step()
+    assert seen == pytest.approx([0.8 * 1 / 4, 0.8 * 2 / 4, 0.8 * 3 / 4, 0.8, 0.8], rel=1e-12)
+
+
+def test_logged_grad_norm_is_taken_before_clipping():
+    """guarded_step returns the norm the gradients had (3-4-5 triangle: 5), then clips them to 1."""
+    from accelerate import Accelerator
+
+    from rlhfkit.runtime.faults import guarded_step
+    from rlhfkit.runtime.optim import make_optimizer
+
+    p = torch.nn.Parameter(torch.zeros(2))
+    opt, sched = make_optimizer([p], lr=0.0, warmup_steps=1)
+    p.grad = torch.tensor([3.0, 4.0])
+    seen = {}
+    real_step = opt.step
+
+    def step(*a, **k):  # the gradient the optimiser sees: clipped to norm 1
+        seen["grad"] = p.grad.clone()
+        return real_step(*a, **k)
+
+    opt.step = step
+    norm, skipped = guarded_step([p], opt, sched, Accelerator(cpu=True), max_grad_norm=1.0, loss=1.0)
+    assert (norm, skipped) == (pytest.approx(5.0, rel=1e-6), False)
+    assert seen["grad"] == pytest.approx(torch.tensor([0.6, 0.8]), rel=1e-5)

@@ -1,0 +1,185 @@
+"""When a training loop checkpoints and how it resumes: every `save_every` steps, at the end, and
+on SIGINT/SIGTERM; the checkpoint files themselves are runtime/checkpoint.py's."""
+
+from __future__ import annotations
+
+import signal
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from rlhfkit.errors import UserError
+from rlhfkit.runtime.checkpoint import (
+    CHECKPOINTS,
+    CONFIG,
+    META,
+    clean_leftovers,
+    get_state,
+    latest_checkpoint,
+    load_rng,
+    load_state,
+    load_trainable,
+    set_state,
+    truncate_logs,
+    write_checkpoint,
+)
+
+
+def open_run_dir(cfg, command: str) -> tuple[Path, Path | None]:
+    """(run folder, checkpoint to resume from or None) for `cfg.resume`: None starts a new run;
+    "auto" continues output_dir/run_name when it holds a checkpoint; a run folder must hold one."""
+    from rlhfkit.runtime.tracker import make_run_dir
+
+    resume = getattr(cfg, "resume", None)
+    if resume in (None, "", "auto"):
+        run_dir = make_run_dir(cfg.output_dir, cfg.run_name, command)
+        return run_dir, latest_checkpoint(run_dir) if resume == "auto" else None
+    run_dir = Path(resume)
+    if not run_dir.is_dir():
+        raise UserError(f"resume: {run_dir} is not a run folder")
+    found = latest_checkpoint(run_dir)
+    if found is None:
+        raise UserError(f"resume: {run_dir} has no complete checkpoint ({CHECKPOINTS}/step-N with {META}); "
+                        "checkpoints are written every save_every iterations and when a run is stopped")
+    return run_dir, found
+
+
+def _sharded(accelerator) -> bool:
+    """FSDP or DeepSpeed: weights or optimiser state are partitioned over processes, which this
+    module's files (whole tensors, one optimiser state dict) do not cover."""
+    from accelerate.utils import DistributedType
+
+    return getattr(accelerator, "distributed_type", None) in (DistributedType.FSDP, DistributedType.DEEPSPEED)
+
+
+class Checkpointer:
+    """Checkpoints of one training loop (every `save_every` steps, at the end, on SIGINT/SIGTERM)
+    and the resume from one. The loop calls `resume` once before training, runs its steps from
+    `start`, calls `end_step(step)` after logging each one and `finish(steps)` after the last.
+
+    `objects` names the loop's other state (see get_state): data stream, generators, KL
+    controller, the summary dict holding the before-training evaluation. `guard` (a
+    NonFiniteGuard) is saved too, and checked at the end of every step. `total`: the steps this
+    run is set to (a checkpoint beyond it is an error).
+    """
+
+    def __init__(self, cfg, run_dir: Path, command: str, accelerator, tracker, *, model, optimizer, scheduler,
+                 objects: dict[str, Any] | None = None, guard=None, unit: str = "iteration", total: int | None = None):
+        from rlhfkit.runtime.faults import StopSignals
+
+        self.cfg, self.run_dir, self.command = cfg, Path(run_dir), command
+        self.accelerator, self.tracker = accelerator, tracker
+        self.model, self.optimizer, self.scheduler = model, optimizer, scheduler
+        self.objects = dict(objects or {})
+        self.guard = guard
+        if guard is not None:
+            self.objects["nonfinite"] = guard
+        self.unit, self.total = unit, total
+        self.every, self.keep = cfg.save_every, cfg.keep_checkpoints
+        self.start = 0
+        self.saved_step: int | None = None
+        self.signals = StopSignals()
+        self.sharded = _sharded(accelerator)
+        if self.sharded and self.every:
+            tracker.print("[checkpoint] not written under FSDP/DeepSpeed (sharded weights and optimiser state "
+                          "are not supported yet): save_every is ignored")
+
+    # ---- resume ---------------------------------------------------------------------------
+    def resume(self, path: Path | None, **objects: Any) -> int:
+        """Register more `objects`, then load everything from checkpoint `path` (None: a fresh run)
+        and cut the run's logs back to it. Returns the first step to run."""
+        from rlhfkit.runtime.seeding import set_rng_state
+
+        self.objects.update(objects)
+        if path is None:
+            return self.start
+        if self.sharded:
+            raise UserError("resume: not supported under FSDP/DeepSpeed; resume with plain DDP or one process")
+        load_trainable(self.model, path)
+        state = load_state(path)
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.scheduler.load_state_dict(state["scheduler"])
+        for name, obj in self.objects.items():
+            if name in state["objects"]:
+                set_state(obj, state["objects"][name])
+        rng = load_rng(path, self.accelerator.process_index)
+        if rng is None:
+            self.tracker.print(f"[resume] {path} has no RNG state for process {self.accelerator.process_index} "
+                               "(another number of processes?): the continuation is not bit-exact")
+        else:
+            set_rng_state(rng)
+        self.start = self.saved_step = int(state["step"])
+        if self.total is not None and self.start > self.total:
+            raise UserError(f"resume: {path} is after {self.start} {self.unit}s, but this run is set to "
+                            f"{self.total}: ask for at least {self.start} (iterations / max_steps)")
+        kept = truncate_logs(self.run_dir, self.start) if self.accelerator.is_main_process else []
+        self.tracker.resume(kept)
+        self.tracker.print(f"[resume] {path}: continuing at {self.unit} {self.start}{self._config_changes(path)}")
+        return self.start
+
+    def _config_changes(self, path: Path) -> str:
+        import yaml
+
+        from rlhfkit.runtime.config import to_dict
+
+        try:
+            old = yaml.safe_load((path / CONFIG).read_text()) or {}
+        except (OSError, yaml.YAMLError):
+            return ""
+        new = to_dict(self.cfg)
+        changed = [k for k in new if k not in ("resume", "quiet") and k in old and old[k] != new[k]]
+        return f" (changed since the checkpoint: {', '.join(changed)})" if changed else ""
+
+    # ---- saving ---------------------------------------------------------------------------
+    def state(self, step: int) -> dict:
+        return {"step": step, "optimizer": self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict(),
+                "objects": {name: get_state(obj) for name, obj in self.objects.items()}}
+
+    def save(self, step: int) -> Path | None:
+        import yaml
+
+        from rlhfkit.runtime.config import to_dict
+
+        acc = self.accelerator
+        if self.sharded:
+            return None
+        if acc.is_main_process:
+            clean_leftovers(self.run_dir / CHECKPOINTS)
+        path = write_checkpoint(self.run_dir, step, model=self.model, state=self.state(step),
+                                config_text=yaml.safe_dump(to_dict(self.cfg), sort_keys=False),
+                                rank=acc.process_index, world_size=acc.num_processes, keep=self.keep,
+                                barrier=acc.wait_for_everyone, meta={"command": self.command, "unit": self.unit})
+        self.saved_step = step
+        return path
+
+    def _stop_signal(self) -> int | None:
+        """The signal that asked this run to stop, agreed by every process (so all stop together)."""
+        signum = self.signals.signum
+        if self.accelerator.num_processes > 1:
+            t = torch.tensor(float(signum is not None), device=self.accelerator.device)
+            if self.accelerator.reduce(t, "sum").item() > 0:
+                signum = signum or int(signal.SIGTERM)
+        return signum
+
+    def end_step(self, step: int) -> None:
+        """After step `step` (0-based) is done and logged: stop if too many optimiser steps in a row
+        were non-finite; checkpoint when due; after a signal, checkpoint and raise Interrupted."""
+        from rlhfkit.runtime.faults import Interrupted
+
+        if self.guard is not None:
+            self.guard.check()
+        done = step + 1
+        signum = self._stop_signal()
+        path = self.save(done) if signum or (self.every and done % self.every == 0) else None
+        if signum:
+            stopped = f"{signal.Signals(signum).name} after {done} {self.unit}{'s' * (done != 1)}"
+            if path is None:
+                raise Interrupted(f"{stopped}; no checkpoint (not supported under FSDP/DeepSpeed)", signum)
+            raise Interrupted(f"{stopped}; checkpoint {path}. Continue with: rlhfkit {self.command} --resume "
+                              f"{self.run_dir}", signum)
+
+    def finish(self, steps: int) -> None:
+        """The final checkpoint (unless save_every = 0 or this step is already saved)."""
+        if self.every and self.saved_step != steps:
+            self.save(steps)

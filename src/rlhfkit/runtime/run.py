@@ -1,0 +1,165 @@
+"""The run harness every trainer stands on: one place for what is not a method's maths.
+
+A trainer's `train(cfg)` reads, with `run = Run(cfg, "sft")`:
+
+    run = Run(cfg, COMMAND)            # accelerator, seeds, allocator, resolved dtype
+    ... load and check data and models (bad input stops here: no run folder yet) ...
+    run.open(total=STEPS)              # run folder, config.yaml, tracker, non-finite guard
+    model = run.prepare(model, optimizer, scheduler, micro_batch_size, stream=..., ...)
+    run.resume()                       # continue from the checkpoint, when resuming
+    before = run.once("eval_before", evaluate)
+    for step in run.steps():           # SIGINT/SIGTERM -> checkpoint and stop; checkpoints when due
+        ... the method's step ...
+        run.log(step, metrics)
+    return run.finish(save_final)      # final weights (gathered when sharded), summary.json
+
+`run.summary` is the dict written to summary.json; it is checkpointed, so a resumed run keeps
+its before-training evaluation. Modes are explicit: `prepare` puts the trained model in train
+mode (dropout stays off: models/loading.disable_dropout; gradient checkpointing needs it).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import torch
+
+
+class Run:
+    """One training run: process set-up, run folder, tracker, checkpoints, resume, final save."""
+
+    def __init__(self, cfg: Any, command: str):
+        from accelerate import Accelerator
+
+        from rlhfkit.models.loading import resolve_dtype
+        from rlhfkit.runtime.allocator import tune_malloc
+        from rlhfkit.runtime.seeding import seed_everything
+
+        self.cfg, self.command = cfg, command
+        self.accelerator = Accelerator(cpu=not torch.cuda.is_available())
+        seed_everything(cfg.seed)
+        tune_malloc()  # freed CPU tensors stay in the process for reuse (runtime/allocator.py)
+        cfg.dtype = resolve_dtype(cfg.dtype)  # 'auto' -> bf16 where bf16 matmuls are fast; config.yaml records it
+        self.run_dir: Path | None = None
+        self.tracker: Any = None
+        self.guard: Any = None
+        self.checkpointer: Any = None
+        self.model: Any = None  # the prepared (DDP/FSDP/DeepSpeed-wrapped) model: training forwards
+        self.core: Any = None  # the same model unwrapped: sampling, evaluation, saving
+        self.optimizer: Any = None
+        self.scheduler: Any = None
+        self.summary: dict = {}
+        self.total = 0
+        self._resume_from: Path | None = None
+
+    # ---- properties ---------------------------------------------------------------------
+    @property
+    def device(self) -> torch.device:
+        return self.accelerator.device
+
+    @property
+    def world(self) -> int:
+        """Number of processes; per-process batch sizes times this are the global ones."""
+        return self.accelerator.num_processes
+
+    @property
+    def rank(self) -> int:
+        return self.accelerator.process_index
+
+    @property
+    def is_main(self) -> bool:
+        return self.accelerator.is_main_process
+
+    @property
+    def start(self) -> int:
+        """First step to run: 0, or the checkpoint's step after `resume`."""
+        return self.checkpointer.start
+
+    # ---- set-up -------------------------------------------------------------------------
+    def open(self, total: int, unit: str = "iteration", **summary: Any) -> Run:
+        """After the inputs are checked: the run folder (new, or the one resumed), config.yaml, the
+        tracker (`total` steps for its progress bar) and the non-finite guard. `summary` seeds
+        summary.json."""
+        from rlhfkit.runtime.checkpointer import open_run_dir
+        from rlhfkit.runtime.config import save_config
+        from rlhfkit.runtime.distributed import agree_on_run_name
+        from rlhfkit.runtime.faults import NonFiniteGuard
+        from rlhfkit.runtime.tracker import Tracker
+
+        cfg = self.cfg
+        agree_on_run_name(self.accelerator, cfg, self.command)
+        self.run_dir, self._resume_from = open_run_dir(cfg, self.command)
+        if self.is_main:
+            save_config(cfg, self.run_dir / "config.yaml")
+        self.tracker = Tracker(self.run_dir, total, cfg.quiet, self.is_main, cfg.tensorboard, cfg.wandb)
+        self.summary.update({"run_dir": str(self.run_dir), **summary})
+        self.guard = NonFiniteGuard.for_config(cfg, self.tracker.print)
+        self.total, self._unit = total, unit
+        return self
+
+    def prepare(self, model: torch.nn.Module, optimizer, scheduler, micro_batch_size: int,
+                **objects: Any) -> torch.nn.Module:
+        """Hand model, optimiser and schedule to Accelerate (DDP, FSDP, DeepSpeed), put the model in
+        train mode, and set up checkpoints of it and of `objects` (data stream, generators, ...:
+        anything with state_dict/load_state_dict, or a dict). Returns the prepared model."""
+        from rlhfkit.runtime.checkpointer import Checkpointer
+        from rlhfkit.runtime.distributed import configure_deepspeed
+
+        configure_deepspeed(self.accelerator, micro_batch_size, self.cfg.max_grad_norm)
+        self.model, self.optimizer, self.scheduler = self.accelerator.prepare(model, optimizer, scheduler)
+        self.core = self.accelerator.unwrap_model(self.model)
+        self.model.train()  # explicit: gradient checkpointing only recomputes in train mode
+        self.checkpointer = Checkpointer(self.cfg, self.run_dir, self.command, self.accelerator, self.tracker,
+                                         model=self.core, optimizer=self.optimizer, scheduler=self.scheduler,
+                                         objects={**objects, "summary": self.summary}, guard=self.guard,
+                                         unit=self._unit, total=self.total)
+        return self.model
+
+    def resume(self, **objects: Any) -> int:
+        """Register more state to checkpoint (e.g. kl_ctl=...), then, when resuming, restore
+        everything from the checkpoint and cut the logs back to it. Returns the first step."""
+        return self.checkpointer.resume(self._resume_from, **objects)
+
+    # ---- the loop -----------------------------------------------------------------------
+    def once(self, key: str, compute: Callable[[], Any]) -> Any:
+        """summary[key], computed by `compute()` unless a resumed checkpoint restored it (the
+        before-training evaluation runs once per run, not once per process start)."""
+        if key not in self.summary:
+            self.summary[key] = compute()
+        return self.summary[key]
+
+    def steps(self) -> Iterator[int]:
+        """The steps still to run. After each one: stop after too many non-finite steps, checkpoint
+        when due; on SIGINT/SIGTERM checkpoint and raise Interrupted. After the last: the final
+        checkpoint."""
+        with self.checkpointer.signals:
+            for step in range(self.checkpointer.start, self.total):
+                yield step
+                self.checkpointer.end_step(step)
+        self.checkpointer.finish(self.total)
+
+    def eval_due(self, step: int, every: int) -> bool:
+        """Evaluate after step `step`: every `every` steps (0: never) and after the last one."""
+        return (every > 0 and (step + 1) % every == 0) or step == self.total - 1
+
+    def log(self, step: int, metrics: dict[str, float]) -> None:
+        self.tracker.log(step, metrics)
+
+    def print(self, text: str) -> None:
+        self.tracker.print(text)
+
+    def finish(self, save: Callable[[Path, dict | None], dict | None]) -> dict:
+        """The final save and summary.json. `save(folder, state_dict)` writes the final model into
+        RUN/final on the main process; `state_dict` is the gathered full weights when they are
+        sharded (FSDP / ZeRO-3), else None (save the live model). Whatever it returns joins the
+        summary."""
+        from rlhfkit.runtime.distributed import full_state_dict
+
+        state = full_state_dict(self.accelerator, self.model)  # every process takes part in the gather
+        if self.is_main:
+            self.summary.update(save(self.run_dir / "final", state) or {})
+            self.tracker.write_json("summary.json", self.summary)
+        self.tracker.close()
+        return self.summary

@@ -1,0 +1,68 @@
+"""Models from a trainer's config: the policy (with LoRA), the actor-critic, the reference."""
+
+from __future__ import annotations
+
+import torch
+
+from rlhfkit.trainers.options import ModelArgs
+
+
+def build_policy(args: ModelArgs, trainable: bool = True):
+    """(model, tokenizer). With LoRA the frozen base is stored in the compute dtype."""
+    from rlhfkit.models import load_causal_lm, load_tokenizer
+    from rlhfkit.models.loading import resolve_dtype, set_gradient_checkpointing
+    from rlhfkit.models.policy import add_lora
+
+    args.dtype = resolve_dtype(args.dtype)
+    base_dtype = "bf16" if (args.dtype == "bf16" and args.lora) else "fp32"
+    model = load_causal_lm(args.model, dtype=base_dtype, trainable=True)  # first: "not a causal LM" wins
+    tok = load_tokenizer(args.model, padding_side="left")
+    if args.lora and trainable:
+        model = add_lora(model, args.lora_r, args.lora_alpha, args.lora_dropout, args.lora_target_modules,
+                         args.lora_layers)
+    if getattr(args, "gradient_checkpointing", False):
+        set_gradient_checkpointing(model)
+    return model, tok
+
+
+def make_reference(actor, cfg, model: torch.nn.Module | None = None):
+    """The frozen reference: the adapter-disabled policy with LoRA, else a frozen copy of the
+    starting policy (or `model`, a separate reference model)."""
+    from rlhfkit.models.policy import Reference
+
+    dtype = torch.bfloat16 if cfg.dtype == "bf16" else None
+    return Reference(actor, use_adapter_off=cfg.lora, dtype=dtype, model=model, offload=cfg.offload_reference)
+
+
+def build_actor_critic(cfg):
+    """PPO: (ActorCritic with a value head, Reference | None (kl_coef = 0), tokenizer)."""
+    from rlhfkit.models import load_causal_lm
+    from rlhfkit.models.loading import set_gradient_checkpointing
+    from rlhfkit.models.policy import ActorCritic, ValueHead
+
+    policy, tok = build_policy(cfg)
+    hidden = policy.config.hidden_size
+    critic = None
+    if cfg.critic_model:
+        critic = load_causal_lm(cfg.critic_model, dtype="fp32", trainable=True)
+        hidden = critic.config.hidden_size
+        if cfg.gradient_checkpointing:
+            set_gradient_checkpointing(critic)
+    actor = ActorCritic(policy, ValueHead(hidden), critic,
+                        share_prefix=cfg.share_prefix and not cfg.gradient_checkpointing)
+    reference = make_reference(actor, cfg) if cfg.kl_coef > 0 else None
+    return actor, reference, tok
+
+
+def build_actor(cfg, with_reference: bool, reference_model: str | None = None):
+    """GRPO, RLOO, DPO: (ActorCritic without a value head, Reference | None, tokenizer). A prompt
+    shared by several rows runs once (`share_prompts`; off under gradient checkpointing)."""
+    from rlhfkit.models import load_causal_lm
+    from rlhfkit.models.policy import ActorCritic
+
+    policy, tok = build_policy(cfg)
+    actor = ActorCritic(policy, value_head=None, share_prompts=cfg.share_prompts and not cfg.gradient_checkpointing)
+    if not with_reference:
+        return actor, None, tok
+    other = load_causal_lm(reference_model, dtype="fp32", trainable=False) if reference_model else None
+    return actor, make_reference(actor, cfg, other), tok

@@ -1,0 +1,150 @@
+"""The option groups trainer configs are made of (each field's help text is its --help line).
+
+A command's config is a dataclass that mixes in the groups it needs and adds its own fields;
+`runtime.config.build_config` runs every group's `validate()` (mixins first), so a range is
+checked in one place. A subclass may redefine a field to change its default (e.g. `lr`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from rlhfkit.runtime.config import check, option
+
+OVERFLOW_MODES = ("truncate_left", "error")
+
+
+@dataclass
+class PromptFormatArgs:
+    """How prompts become model text: every command that formats prompts mixes this in."""
+
+    chat_template: bool | None = option(None, "format prompts with the tokenizer's chat template. None: when it has "
+                                        "one, else the plain 'User: ...\\n\\nAssistant: ' format; true: require it (an "
+                                        "error if the tokenizer has none); false: always the plain format")
+    system_prompt: str | None = option(None, "optional system message for chat-formatted prompts")
+
+
+@dataclass
+class PromptLimitArgs:
+    """How long a prompt may be when sampling; every command that samples from prompts mixes this in."""
+
+    max_prompt_length: int | None = option(None, "prompt tokens (after chat formatting) kept for sampling (None: "
+                                           "the model's context window minus max_new_tokens)")
+    prompt_overflow: str = option("truncate_left", "a longer prompt: truncate_left keeps its last max_prompt_length "
+                                  "tokens (one warning says how many were cut); error stops before anything runs",
+                                  OVERFLOW_MODES)
+
+    def validate(self) -> None:
+        check(self.max_prompt_length is None or self.max_prompt_length >= 1,
+              f"max_prompt_length ({self.max_prompt_length}) must be >= 1")
+
+
+@dataclass
+class OptimizerArgs:
+    """AdamW with linear warm-up (runtime/optim.py); one validation path for every trainer."""
+
+    lr: float = option(1e-4, "AdamW learning rate")
+    warmup_steps: int = option(4, "linear lr warm-up, in optimiser steps")
+    weight_decay: float = option(0.0, "AdamW weight decay")
+    adam_eps: float = option(1e-8, "AdamW epsilon")
+    max_grad_norm: float = option(1.0, "gradient-norm clip threshold (params/grad_norm is logged before clipping)")
+
+    def validate(self) -> None:
+        check(self.lr > 0, f"lr ({self.lr}) must be > 0")
+        check(self.warmup_steps >= 0, f"warmup_steps ({self.warmup_steps}) must be >= 0")
+        check(self.weight_decay >= 0, f"weight_decay ({self.weight_decay}) must be >= 0")
+        check(self.adam_eps > 0, f"adam_eps ({self.adam_eps}) must be > 0")
+        check(self.max_grad_norm > 0, f"max_grad_norm ({self.max_grad_norm}) must be > 0")
+
+
+@dataclass
+class ModelArgs(PromptFormatArgs):
+    model: str = option("smollm2-135m-instruct", "policy: 'smollm2-135m-instruct' (built in) or a local HF model folder")
+    dtype: str = option("auto", "compute dtype. bf16: frozen base weights in bf16 and bf16 autocast (fast on GPUs and "
+                        "CPUs with AVX-512 BF16, slow on CPUs without: docs/benchmarks.md); trainable weights and "
+                        "optimiser state stay fp32. auto: bf16 where it is fast, else fp32", ("auto", "fp32", "bf16"))
+    lora: bool = option(True, "train LoRA adapters (the reference is then the adapter-disabled base); false = full fine-tuning")
+    lora_r: int = option(16, "LoRA rank")
+    lora_alpha: int = option(32, "LoRA alpha (scale = alpha / r)")
+    lora_dropout: float = option(0.0, "LoRA dropout; keep 0 for RL so rollouts and updates see the same policy")
+    lora_target_modules: list[str] | None = option(None, "module names to adapt; None chooses attention+MLP projections")
+    lora_layers: int | None = option(None, "adapt only the top N transformer layers (None: all). Backward then stops "
+                                     "below the lowest adapted layer: a large CPU speed-up for a small loss in capacity")
+
+    def validate(self) -> None:
+        check(self.lora_r >= 1, f"lora_r ({self.lora_r}) must be >= 1")
+        check(self.lora_alpha > 0, f"lora_alpha ({self.lora_alpha}) must be > 0")
+        check(0 <= self.lora_dropout < 1, f"lora_dropout ({self.lora_dropout}) must be in [0, 1)")
+        check(self.lora_layers is None or self.lora_layers >= 1, f"lora_layers ({self.lora_layers}) must be >= 1")
+        check(self.lora_target_modules is None or len(self.lora_target_modules) > 0,
+              "lora_target_modules ([]) must name at least one module, or be None to choose them")
+    gradient_checkpointing: bool = option(False, "recompute each transformer layer's activations in the backward pass "
+                                          "instead of storing them: training activation memory drops from ~all "
+                                          "layers to ~one layer, for ~30% more compute (same gradients)")
+
+
+@dataclass
+class SamplingArgs(PromptLimitArgs):
+    temperature: float = option(1.0, "sampling temperature; log-probs, reference and entropy use the same T")
+    top_k: int = option(0, "0 = no top-k truncation (recommended: truncation biases the stored log-probs)")
+    top_p: float = option(1.0, "1.0 = no nucleus truncation (recommended)")
+    stop_ids: list[int] | None = option(None, "token ids that end a response (default: the tokenizer's eos)")
+
+    def validate(self) -> None:
+        check(self.top_k >= 0, f"top_k ({self.top_k}) must be >= 0 (0 = no top-k truncation)")
+        check(0 < self.top_p <= 1, f"top_p ({self.top_p}) must be in (0, 1]")
+        check(self.stop_ids is None or all(i >= 0 for i in self.stop_ids),
+              f"stop_ids ({self.stop_ids}) must be token ids >= 0")
+
+
+@dataclass
+class ReferenceArgs:
+    offload_reference: bool = option(False, "keep the frozen reference copy in CPU memory and move it to the "
+                                     "accelerator only for its scoring pass (full fine-tuning or reference_model; "
+                                     "with LoRA the reference is the adapter-disabled policy, there is no copy to "
+                                     "offload; on a CPU-only machine it changes nothing)")
+
+
+@dataclass
+class GenerationArgs:
+    generation_backend: str = option("hf", "who samples rollouts: hf = HF generate on the training policy; vllm = a "
+                                     "vLLM engine on this GPU, its weights synced from the policy every iteration "
+                                     "(extra `vllm`, CUDA only, untested by the project; falls back to hf with a "
+                                     "message when unavailable). Log-probs always come from the trainer",
+                                     ("hf", "vllm"))
+    vllm_gpu_memory_utilization: float = option(0.3, "vllm: share of GPU memory the engine may take (weights + KV "
+                                                 "cache); the rest stays for training")
+    vllm_max_model_len: int | None = option(None, "vllm: longest prompt + response (None: the model's maximum)")
+
+    def __post_init__(self) -> None:
+        check(0 < self.vllm_gpu_memory_utilization <= 1,
+              f"vllm_gpu_memory_utilization ({self.vllm_gpu_memory_utilization}) must be in (0, 1]")
+        check(self.vllm_max_model_len is None or self.vllm_max_model_len >= 1,
+              f"vllm_max_model_len ({self.vllm_max_model_len}) must be >= 1 or None")
+        parent = getattr(super(), "__post_init__", None)
+        if parent is not None:  # the other mixins' checks (RunArgs)
+            parent()
+
+
+@dataclass
+class RunArgs:
+    output_dir: str = option("runs", "parent folder of run folders")
+    run_name: str | None = option(None, "run folder name (default: COMMAND-DATE-TIME)")
+    seed: int = option(0, "seed for initialisation and data order; sampling uses seed + rank * prime + iteration")
+    quiet: bool = option(False, "plain one-line logs instead of progress bars (for log files)")
+    tensorboard: bool | None = option(None, "log to TensorBoard (None: when installed)")
+    wandb: bool = option(False, "log to Weights & Biases (when installed)")
+    save_every: int = option(10, "write a checkpoint to RUN/checkpoints every N iterations (sft/rm/dpo: optimiser "
+                             "steps) and at the end; 0 = only when stopped by SIGINT/SIGTERM")
+    keep_checkpoints: int = option(2, "newest checkpoints kept (older ones are deleted)")
+    resume: str | None = option(None, "continue from the newest complete checkpoint of a run folder (on the command "
+                                "line: --resume RUN_DIR; its config.yaml is the base, key=value overrides apply), "
+                                "or auto: continue output_dir/run_name if it has a checkpoint, else start afresh")
+    max_nonfinite_steps: int = option(3, "an optimiser step whose loss or gradient norm is NaN/inf is skipped; stop "
+                                      "with a diagnosis after this many in a row")
+
+    def __post_init__(self) -> None:
+        # RunArgs is mixed into every trainer's config: checked here so no validate() repeats it.
+        check(self.save_every >= 0, f"save_every ({self.save_every}) must be >= 0 (0 = only when stopped)")
+        check(self.keep_checkpoints >= 1, f"keep_checkpoints ({self.keep_checkpoints}) must be >= 1")
+        check(self.max_nonfinite_steps >= 1, f"max_nonfinite_steps ({self.max_nonfinite_steps}) must be >= 1")

@@ -1,0 +1,259 @@
+"""What the on-policy RL trainers (PPO, GRPO, RLOO) share on top of the run harness
+(runtime/run.py): prompts and reward, the sampled rollout, the log-prob pass, the update, the
+per-iteration log and the held-out reward before and after training.
+
+A trainer's loop then reads:
+
+    rl = RLRun(cfg, "ppo", build_actor_critic)
+    rl.run.resume(kl_ctl=kl_ctl)
+    with rl.evaluating():
+        for it in rl.run.steps():
+            rollout = rl.logprob_pass(rl.sample(rl.stream.next(n), it), order)
+            ... the method's advantages ...
+            metrics = rl.update(rollout, loss_fn, ...)
+            rl.log(it, rollout, metrics, times)
+    return rl.finish()
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import Callable
+
+import torch
+
+from rlhfkit.data.chat import format_prompts
+from rlhfkit.data.prompts import info_lists
+from rlhfkit.errors import UserError
+from rlhfkit.rewards.scoring import mean_std
+from rlhfkit.rollout import Rollout, SamplingParams, generate, score_rollout
+from rlhfkit.runtime.distributed import generation_weights, mean_over_processes
+from rlhfkit.runtime.precision import autocast
+from rlhfkit.runtime.run import Run
+from rlhfkit.trainers.rl_update import LossFn, update_policy
+
+# ----------------------------------------------------------------------------- inputs
+
+
+def prepare_data(cfg) -> tuple:
+    """(reward_fn, train records, held-out records)."""
+    from rlhfkit.data.prompts import load_prompts
+    from rlhfkit.rewards import get_reward
+
+    reward_fn = get_reward(cfg.reward)
+    train = load_prompts(cfg.prompts, split="train", seed=cfg.seed)
+    if not train:
+        raise UserError(f"prompts: '{cfg.prompts}' has no training prompts")
+    held_out: list[dict] = []
+    if cfg.num_eval_prompts > 0:
+        spec = cfg.eval_prompts or cfg.prompts
+        try:
+            held_out = load_prompts(spec, split="test", limit=cfg.num_eval_prompts, seed=cfg.seed)
+        except UserError:
+            held_out = []
+        if not held_out:  # a user file has no split: hold out nothing, evaluate on a fixed sample
+            held_out = load_prompts(spec, split="train", limit=cfg.num_eval_prompts, seed=cfg.seed + 1)
+    return reward_fn, train, held_out
+
+
+def prompt_limit(cfg, tok, model, *record_sets) -> int | None:
+    """The token limit of rollout prompts (SamplingArgs.max_prompt_length, else the context window
+    minus max_new_tokens); longer prompts get one warning or, with prompt_overflow=error, a DataError."""
+    from rlhfkit.rollout.prompt_fit import enforce_prompt_limit, prompt_token_limit
+
+    limit, how = prompt_token_limit(model, cfg.max_new_tokens, cfg.max_prompt_length)
+    groups = [(format_prompts(tok, [r["prompt"] for r in records], cfg), getattr(records, "where", None))
+              for records in record_sets]
+    enforce_prompt_limit(tok, groups, limit, cfg.prompt_overflow, how)
+    return limit
+
+
+# ----------------------------------------------------------------------------- sampling
+
+
+def sample_rollout(actor, tok, records, cfg, params: SamplingParams, seed: int, reward_fn, device,
+                   backend=None) -> Rollout:
+    """Sample one response per record and score it with the reward. `backend`
+    (rollout/backends.py) samples; the default is HF's left-padded, KV-cached generate on the policy."""
+    from rlhfkit.rewards import score_batch
+
+    t0 = time.perf_counter()
+    formatted = format_prompts(tok, [r["prompt"] for r in records], cfg)
+    with autocast(cfg.dtype, device):
+        if backend is None:
+            torch.manual_seed(seed)
+            rollout = generate(actor.policy, tok, formatted, params, batch_size=cfg.generation_batch_size,
+                               share_prompts=actor.share_prompts, share_prefix=actor.share_prefix)
+        else:
+            rollout = backend.generate(actor.policy, tok, formatted, params, seed, cfg.generation_batch_size,
+                                       share_prompts=actor.share_prompts, share_prefix=actor.share_prefix)
+    t1 = time.perf_counter()
+    rollout.prompts = [str(r["prompt"]) for r in records]
+    rollout.info = info_lists(records)
+    scores = score_batch(reward_fn, rollout.prompts, rollout.completions, rollout.info)
+    rollout.scores = torch.tensor([float(s) for s in scores], dtype=torch.float32)
+    rollout.timings = {"timing/generate_s": t1 - t0, "timing/reward_s": time.perf_counter() - t1}
+    return rollout
+
+
+# ----------------------------------------------------------------------------- held-out reward
+
+
+def evaluate_reward(model, tok, records, reward_fn, cfg, params: SamplingParams, seed: int) -> dict:
+    """Mean/std of the reward of sampled completions on `records` (`cfg.eval_samples_per_prompt` each,
+    default 1: more samples per prompt make the before/after change less noisy)."""
+    from rlhfkit.generate import sample_and_score
+
+    k = getattr(cfg, "eval_samples_per_prompt", 1)
+    records = [r for r in records for _ in range(k)]
+    formatted = format_prompts(tok, [r["prompt"] for r in records], cfg)
+    # k x the rollout's generation batch: as many generate() calls as with one sample, whose fixed
+    # per-token cost (small ops, the cache) dominates CPU decoding
+    completions, scores = sample_and_score(model, tok, records, formatted, reward_fn, params, seed,
+                                           cfg.generation_batch_size * k, cfg.dtype)
+    mean, std = mean_std(scores)
+    return {"mean": mean, "std": std, "n": len(scores),
+            "samples": [{"prompt": r["prompt"], "completion": c, "score": x}
+                        for r, c, x in list(zip(records, completions, scores))[:8]]}
+
+
+# ----------------------------------------------------------------------------- the RL run
+
+
+class RLRun:
+    """The run harness plus the RL parts: built by `RLRun(cfg, command, build_models)` with
+    `build_models(cfg) -> (actor, reference | None, tokenizer)`."""
+
+    def __init__(self, cfg, command: str, build_models: Callable):
+        from rlhfkit.data.stream import PromptStream
+        from rlhfkit.models.loading import resolve_model_path
+        from rlhfkit.rollout.backends import make_backend
+        from rlhfkit.runtime.optim import make_optimizer
+
+        self.cfg, self.run = cfg, Run(cfg, command)
+        run = self.run
+        # Data, reward, models and prompt lengths are checked before the run folder exists: bad input
+        # stops with one line and leaves nothing behind.
+        self.reward_fn, train_records, self.eval_records = prepare_data(cfg)
+        actor, self.reference, self.tok = build_models(cfg)
+        max_prompt_length = prompt_limit(cfg, self.tok, actor, train_records, self.eval_records)
+        run.open(total=cfg.iterations)
+        optimizer, scheduler = make_optimizer(actor.parameters(), cfg.lr, cfg.warmup_steps, cfg.weight_decay,
+                                              cfg.adam_eps)
+        self.stream = PromptStream(train_records, cfg.seed, run.rank, run.world)
+        self.generator = torch.Generator().manual_seed(cfg.seed)  # the update's shuffles
+        self.model = run.prepare(actor, optimizer, scheduler, cfg.micro_batch_size, stream=self.stream,
+                                 generator=self.generator)
+        self.core = run.core
+        if self.reference is not None:
+            self.reference.to(run.device)  # the frozen copy is not prepared; offloaded: stays in CPU memory
+        self.backend = make_backend(cfg, resolve_model_path(cfg.model), run.world, run.print)
+        stop_ids = tuple(cfg.stop_ids or [self.tok.eos_token_id])
+        self.params = SamplingParams(cfg.max_new_tokens, cfg.temperature, cfg.top_k, cfg.top_p, stop_ids,
+                                     max_prompt_length)
+        self.iteration = 0
+
+    def generation_context(self):
+        """Context manager around sampling: full weights under DeepSpeed ZeRO-3, else nothing."""
+        return generation_weights(self.run.accelerator, self.core)
+
+    # ---- one iteration --------------------------------------------------------------------
+    def sample(self, records: list[dict], iteration: int) -> Rollout:
+        """Sampled responses, scored by the reward; no log-probs yet."""
+        from rlhfkit.runtime.seeding import sampling_seed
+
+        self.iteration = iteration
+        seed = sampling_seed(self.cfg.seed, self.run.rank, iteration)
+        with self.run.tracker.phase("rollout", None), self.generation_context():
+            if self.backend is not None:
+                self.backend.sync(self.core.policy)  # vLLM: this iteration's weights
+            return sample_rollout(self.core, self.tok, records, self.cfg, self.params, seed, self.reward_fn,
+                                  self.run.device, self.backend)
+
+    def logprob_pass(self, rollout: Rollout, order: torch.Tensor) -> Rollout:
+        """One teacher-forced pass: log-probs, values, entropy and reference log-probs of the
+        sampled tokens, in micro-batches grouped by `order` (the first update epoch's shuffle, so
+        the update's first micro-batch repeats it exactly and its ratio is 1)."""
+        t0 = time.perf_counter()
+        with self.run.tracker.phase("log-probs", None), autocast(self.cfg.dtype, self.run.device):
+            score_rollout(self.core, self.reference, rollout, self.cfg.temperature, self.cfg.micro_batch_size,
+                          order, keep_trunk_mb=getattr(self.cfg, "trunk_cache_mb", 0.0))
+        rollout.timings["timing/logprobs_s"] = time.perf_counter() - t0
+        return rollout
+
+    def update(self, rollout: Rollout, loss_fn: LossFn, epochs: int, mini_batch_size: int,
+               first_perm: torch.Tensor, group_size: int = 1) -> dict[str, float]:
+        cfg, run = self.cfg, self.run
+        with run.tracker.phase("update", None):
+            return update_policy(self.model, run.optimizer, run.scheduler, run.accelerator, rollout, loss_fn,
+                                 epochs=epochs, mini_batch_size=mini_batch_size,
+                                 micro_batch_size=cfg.micro_batch_size, max_grad_norm=cfg.max_grad_norm,
+                                 ratio_check_tol=cfg.ratio_check_tol, generator=self.generator,
+                                 first_perm=first_perm, guard=run.guard, where=f"iteration {self.iteration}, ",
+                                 group_size=group_size)
+
+    def mean_over_processes(self, metrics: dict[str, float]) -> dict[str, float]:
+        """Metrics averaged over processes (each process has its own rollout)."""
+        return mean_over_processes(self.run.accelerator, metrics)
+
+    def log(self, iteration: int, rollout: Rollout, metrics: dict[str, float], times: tuple[float, float, float],
+            extra_sample_fields: dict[str, list] | None = None) -> None:
+        """Add lr/timing/throughput to `metrics`, log them (averaged over processes; throughput
+        summed) and a few samples of the main process's rollout."""
+        t0, t1, t2 = times
+        run = self.run
+        metrics.update({"params/lr": run.scheduler.get_last_lr()[0], "params/max_grad_norm": self.cfg.max_grad_norm,
+                        "timing/rollout_s": t1 - t0, "timing/update_s": t2 - t1,
+                        "throughput/tokens_per_s": rollout.response_mask.sum().item() / max(t2 - t0, 1e-9)})
+        metrics = self.mean_over_processes(metrics)
+        metrics["throughput/tokens_per_s"] *= run.world
+        run.log(iteration, metrics)
+        per_seq = (rollout.rewards * rollout.response_mask).sum(1)
+        extra = extra_sample_fields or {}
+        rows = [{"prompt": rollout.prompts[i], "completion": rollout.completions[i],
+                 "score": float(rollout.scores[i]), "reward": float(per_seq[i]), **{k: v[i] for k, v in extra.items()}}
+                for i in range(min(self.cfg.log_samples, len(rollout.completions)))]
+        run.tracker.log_samples(iteration, rows)
+
+    # ---- before and after -----------------------------------------------------------------
+    @contextlib.contextmanager
+    def evaluating(self):
+        """The held-out reward before and after the wrapped training, with the same sampling seed
+        (the comparison sees the same noise). A resumed run reuses the before-training result."""
+        if not self.eval_records:
+            yield
+            return
+        cfg, run = self.cfg, self.run
+        seed = cfg.seed + 424242
+
+        def evaluate() -> dict:
+            with self.generation_context():
+                return evaluate_reward(self.core.policy, self.tok, self.eval_records, self.reward_fn, cfg,
+                                       self.params, seed)
+
+        before = run.once("eval_before", evaluate)
+        run.print(f"[eval] before training: mean reward {before['mean']:.3f} (sd {before['std']:.3f}, n={before['n']})")
+        yield
+        after = evaluate()
+        run.print(f"[eval] after training:  mean reward {after['mean']:.3f} (sd {after['std']:.3f}, n={after['n']})")
+        run.print(f"[eval] change: {after['mean'] - before['mean']:+.3f} on {len(self.eval_records)} held-out prompts, "
+                  f"{after['n']} samples (reward={cfg.reward}, T={cfg.temperature})")
+        run.summary.update({"eval_after": after, "eval_change": after["mean"] - before["mean"]})
+
+    def finish(self) -> dict:
+        """RUN/final: the policy (adapter or full weights), value head, tokenizer; merged weights on
+        request (not when sharded: the adapter merges with `peft` after training)."""
+        from rlhfkit.models.policy import save_actor
+
+        cfg = self.cfg
+
+        def save(folder, state):
+            save_actor(self.core, self.tok, folder, state_dict=state)
+            if cfg.save_merged and cfg.lora and state is None:
+                save_actor(self.core, self.tok, folder / "merged", merge=True)
+            elif cfg.save_merged and cfg.lora:
+                self.run.print("[save] save_merged skipped: the weights are sharded (FSDP/ZeRO-3); the adapter "
+                               "in final/ merges with `peft` after training")
+
+        return self.run.finish(save)

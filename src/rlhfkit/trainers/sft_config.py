@@ -1,0 +1,41 @@
+"""SFTConfig: every option of `rlhfkit sft`, documented once (this text is --help)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from rlhfkit.runtime.config import check, option
+from rlhfkit.trainers.options import ModelArgs, OptimizerArgs, RunArgs
+
+
+@dataclass
+class SFTConfig(ModelArgs, OptimizerArgs, RunArgs):
+    """Supervised fine-tuning on (prompt, response) pairs; the loss covers the response tokens only."""
+
+    data: str = option("builtin:instructions", "training examples: builtin:instructions|arithmetic, or a JSONL/CSV/"
+                       "Parquet file or saved `datasets` folder with prompt+response (or completion) or chat messages")
+    eval_data: str | None = option(None, "held-out examples (default: the test split of `data`; for a file without "
+                                   "a split field, eval_fraction of it)")
+    eval_fraction: float = option(0.1, "share of `data` held out for eval when it has no split field and no eval_data")
+    max_train_examples: int | None = option(None, "use a seeded random subset of this many training examples")
+    max_eval_examples: int = option(64, "held-out examples used for eval/loss (a seeded subset)")
+    epochs: int = option(1, "passes over the training examples (ignored when max_steps > 0)")
+    max_steps: int = option(0, "optimiser steps; 0 = epochs x ceil(examples / batch_size)")
+    batch_size: int = option(8, "examples per optimiser step (all processes together)")
+    micro_batch_size: int = option(4, "examples per forward/backward (gradient accumulation = batch / micro)")
+    max_length: int = option(512, "tokens per example (prompt + response), cut from the right")
+    lr: float = option(2e-4, "AdamW learning rate (LoRA default; use ~2e-5 for full fine-tuning)")
+    eval_every: int = option(0, "evaluate every N optimiser steps (0 = only before and after training)")
+    save_merged: bool = option(False, "also save the LoRA adapter merged into full weights in final/merged")
+    lora_dropout: float = option(0.05, "LoRA dropout (SFT only; RL trainers keep 0)")
+
+    def validate(self) -> None:
+        for k in ("batch_size", "micro_batch_size", "max_length", "epochs", "max_eval_examples"):
+            check(getattr(self, k) >= 1, f"{k} ({getattr(self, k)}) must be >= 1")
+        check(self.batch_size % self.micro_batch_size == 0,
+              f"batch_size ({self.batch_size}) must be divisible by micro_batch_size ({self.micro_batch_size})")
+        check(self.max_steps >= 0, f"max_steps ({self.max_steps}) must be >= 0")
+        check(0 <= self.eval_fraction < 1, f"eval_fraction ({self.eval_fraction}) must be in [0, 1)")
+        check(self.max_train_examples is None or self.max_train_examples >= 1,
+              f"max_train_examples ({self.max_train_examples}) must be >= 1")
+        check(self.eval_every >= 0, f"eval_every ({self.eval_every}) must be >= 0")

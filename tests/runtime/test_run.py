@@ -1,0 +1,115 @@
+"""The run harness (runtime/run.py): one set-up, checkpoint and final-save sequence for every trainer."""
+
+from __future__ import annotations
+
+import ast
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+import torch
+
+from rlhfkit.runtime.checkpoint import checkpoints
+from rlhfkit.runtime.config import build_config, option
+from rlhfkit.runtime.optim import make_optimizer
+from rlhfkit.runtime.run import Run
+from rlhfkit.trainers.options import OptimizerArgs, RunArgs
+
+TRAINERS = Path(__file__).resolve().parents[2] / "src" / "rlhfkit" / "trainers"
+
+
+@dataclass
+class ToyConfig(OptimizerArgs, RunArgs):
+    """A config with only the harness's own groups."""
+
+    dtype: str = option("fp32", "compute dtype")
+    steps: int = option(5, "steps")
+
+
+def toy_run(tmp_path, resume=None, **over) -> tuple[Run, torch.nn.Module, dict]:
+    cfg = build_config(ToyConfig, dict(output_dir=str(tmp_path / "runs"), run_name="toy", quiet=True,
+                                       tensorboard=False, save_every=2, keep_checkpoints=10, resume=resume, **over))
+    run = Run(cfg, "toy")
+    run.open(total=cfg.steps, unit="step", note="kept")
+    model = torch.nn.Sequential(torch.nn.Linear(3, 3), torch.nn.Dropout(0.0)).eval()
+    opt, sched = make_optimizer(model.parameters(), cfg.lr, cfg.warmup_steps)
+    counter: dict = {}  # a dict gets back the keys it lacks (runtime/checkpoint.py set_state)
+    prepared = run.prepare(model, opt, sched, micro_batch_size=1, counter=counter)
+    run.resume()
+    return run, prepared, counter
+
+
+def _train(run: Run, model, calls: list) -> None:
+    for step in run.steps():
+        loss = model(torch.ones(1, 3)).pow(2).sum()
+        loss.backward()
+        run.optimizer.step()
+        run.optimizer.zero_grad()
+        run.log(step, {"loss": loss.item()})
+        calls.append(step)
+
+
+def test_steps_checkpoint_when_due_and_at_the_end_and_finish_writes_the_summary(tmp_path):
+    run, model, _ = toy_run(tmp_path)
+    assert model.training  # prepare puts the trained model in train mode, explicitly
+    evaluated = []
+    before = run.once("eval_before", lambda: evaluated.append(1) or {"mean": 0.5})
+    assert run.once("eval_before", lambda: evaluated.append(2) or {"mean": -1}) == before == {"mean": 0.5}
+    assert evaluated == [1]  # computed once
+    calls: list = []
+    _train(run, model, calls)
+    assert calls == [0, 1, 2, 3, 4]
+    # every save_every=2 steps, and the final one at 5
+    assert [p.name for p in checkpoints(run.run_dir)] == ["step-2", "step-4", "step-5"]
+    saved = []
+    summary = run.finish(lambda folder, state: saved.append((folder, state)) or {"final": str(folder)})
+    assert saved == [(run.run_dir / "final", None)]  # one process: the live model is saved, no gathered state
+    on_disk = json.loads((run.run_dir / "summary.json").read_text())
+    assert on_disk == summary
+    assert on_disk["note"] == "kept" and on_disk["eval_before"] == {"mean": 0.5}
+    assert on_disk["final"] == str(run.run_dir / "final") and on_disk["run_dir"] == str(run.run_dir)
+    assert len((run.run_dir / "metrics.jsonl").read_text().splitlines()) == 5
+
+
+def test_a_resumed_run_starts_after_the_checkpoint_and_keeps_the_before_evaluation(tmp_path):
+    run, model, counter = toy_run(tmp_path, steps=4)
+    run.once("eval_before", lambda: {"mean": 0.25})
+    counter["n"] = 7  # a checkpointed object's state
+    _train(run, model, [])
+    weights = [p.detach().clone() for p in model.parameters()]
+    run.finish(lambda folder, state: None)
+
+    again, model2, counter2 = toy_run(tmp_path, resume=str(tmp_path / "runs" / "toy"), steps=6)
+    assert again.start == 4 and counter2["n"] == 7
+    assert all(torch.equal(a, b) for a, b in zip(weights, model2.parameters()))
+    assert again.once("eval_before", lambda: pytest.fail("the before-evaluation must not run again")) == {"mean": 0.25}
+    calls: list = []
+    _train(again, model2, calls)
+    assert calls == [4, 5]
+
+
+def _calls(tree: ast.AST) -> set[str]:
+    """Names of called functions; a method call also as OWNER.method (`accelerator.prepare`)."""
+    names = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call):
+            f = node.func
+            if isinstance(f, ast.Attribute):
+                names.add(f.attr)
+                owner = f.value.attr if isinstance(f.value, ast.Attribute) else getattr(f.value, "id", "")
+                names.add(f"{owner}.{f.attr}")
+            else:
+                names.add(getattr(f, "id", ""))
+    return names
+
+
+@pytest.mark.parametrize("path", sorted(TRAINERS.glob("*.py")), ids=lambda p: p.name)
+def test_no_trainer_has_a_setup_checkpoint_or_save_sequence_of_its_own(path):
+    """The harness owns these steps; a trainer that calls them again has grown a second harness."""
+    harness_only = {"Accelerator", "seed_everything", "tune_malloc", "open_run_dir", "save_config", "Tracker",
+                    "Checkpointer", "NonFiniteGuard", "configure_deepspeed", "full_state_dict", "agree_on_run_name",
+                    "accelerator.prepare", "write_json"}
+    tree = ast.parse(path.read_text())
+    own = _calls(tree) & harness_only
+    assert not own, f"{path.name} calls {sorted(own)}: use rlhfkit.runtime.run.Run"
