@@ -133,6 +133,20 @@ def test_train_lowers_eval_loss_and_saves_adapter_and_merged_model(tmp_path, tin
         lm = load_causal_lm(str(path), trainable=False)
         loss, _ = mean_nll(ResponseNLL(lm), held, tok.pad_token_id, 2, "fp32", torch.device("cpu"))
         assert loss == pytest.approx(summary["eval_after"]["loss"], abs=1e-4), path
+    # ROUGE before and after, in the summary and the last metrics row; the after figure is the ROUGE of
+    # the final model's greedy response, recomputed here from the saved merged weights.
+    from rlhfkit.evaluate import rouge_scores
+    from rlhfkit.generate import generate_texts
+    from rlhfkit.rollout import SamplingParams
+
+    for key in ("rouge_1", "rouge_2", "rouge_l"):
+        assert 0.0 <= summary["eval_before"][key] <= 1.0 and last[f"eval/{key}"] == summary["eval_after"][key]
+    lm = load_causal_lm(str(run / "final" / "merged"), trainable=False)
+    prompt = format_example(tok, EXAMPLES[0]["prompt"], "")[0]
+    text = generate_texts(lm, tok, [prompt], SamplingParams(cfg.rouge_max_new_tokens, 0.0, 0, 1.0,
+                                                            (tok.eos_token_id,), None), 0)
+    assert rouge_scores(text, [EXAMPLES[0]["response"]]) == pytest.approx(
+        {k: summary["eval_after"][k] for k in ("rouge_1", "rouge_2", "rouge_l")}, abs=1e-9)
 
 
 def test_plain_format_without_chat_template_and_chat_messages():

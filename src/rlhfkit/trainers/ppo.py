@@ -52,7 +52,7 @@ def compute_advantages(rollout: Rollout, cfg: PPOConfig, kl_coef: float, acceler
     several processes the advantages are whitened with the statistics of the global rollout."""
     mask = rollout.response_mask
     ref = rollout.ref_logprobs if rollout.ref_logprobs is not None else rollout.logprobs
-    beta = kl_coef if cfg.kl_penalty == "reward" else 0.0
+    beta = kl_coef if getattr(cfg, "kl_penalty", "reward") == "reward" else 0.0  # TRPO: always in the reward
     rollout.rewards, shaping = shape_rewards(
         rollout.scores, rollout.logprobs, ref, mask, beta, kl_estimator=cfg.kl_estimator,
         stopped=rollout.stopped, no_stop_penalty=cfg.no_stop_penalty, score_clip=cfg.score_clip,

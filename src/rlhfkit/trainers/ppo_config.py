@@ -16,8 +16,8 @@ from rlhfkit.trainers.options import (
 
 
 @dataclass
-class PPOConfig(GenerationArgs, ReferenceArgs, SamplingArgs, ModelArgs, OptimizerArgs, RunArgs):
-    """PPO with GAE and a value head on the shared base (actor-critic), KL penalty against a frozen reference."""
+class ActorCriticArgs(GenerationArgs, ReferenceArgs, SamplingArgs, ModelArgs, OptimizerArgs, RunArgs):
+    """What the actor-critic trainers (PPO, TRPO) share: the rollout, the KL-shaped rewards, GAE and the critic."""
 
     # The CPU demo adapts the top 12 of SmolLM2's 30 layers: backward stops there (docs/benchmarks.md, "Frozen
     # trunk") and sentiment is still learned. Set lora_layers=None for every layer.
@@ -38,21 +38,15 @@ class PPOConfig(GenerationArgs, ReferenceArgs, SamplingArgs, ModelArgs, Optimize
                                           "draws both times)")
     reward: str = option("sentiment", "sentiment | arithmetic | length[:N] | model:PATH | python:module:function")
     # rollout
-    iterations: int = option(18, "PPO iterations (rollout + update)")
+    iterations: int = option(18, "iterations (rollout + update)")
     rollout_batch_size: int = option(16, "prompts sampled per iteration, per process (N processes sample N x this "
                                      "different prompts; mini/micro batch sizes are per process too)")
     max_new_tokens: int = option(48, "response length limit")
     generation_batch_size: int = option(16, "prompts per generate() call")
-    # update
-    ppo_epochs: int = option(2, "passes over each rollout")
-    mini_batch_size: int = option(8, "sequences per optimiser step")
-    micro_batch_size: int = option(8, "sequences per forward/backward (gradient accumulation = mini / micro)")
+    # update (the critic's optimiser: lr, warmup_steps, ...)
+    micro_batch_size: int = option(8, "sequences per forward/backward")
     lr: float = option(1e-3, "AdamW learning rate (LoRA default; use ~1e-5 for full fine-tuning)")
-    clip_eps: float = option(0.2, "PPO ratio clip range")
     value_clip_eps: float | None = option(0.2, "value clip range around the rollout values (None disables)")
-    vf_coef: float = option(0.1, "value-loss coefficient")
-    ent_coef: float = option(0.0, "entropy-bonus coefficient")
-    loss_agg: str = option("token-mean", "loss aggregation over a mini-batch", ("token-mean", "seq-mean"))
     # advantages and rewards
     gamma: float = option(1.0, "discount")
     # lam=1: the score sits on the last token only, and the critic starts at zero, so with lam=0.95 the first
@@ -64,7 +58,6 @@ class PPOConfig(GenerationArgs, ReferenceArgs, SamplingArgs, ModelArgs, Optimize
     # smaller, less dependable sentiment gain; 0.02: 16-22 nats, past the doctor's KL budget of 10).
     kl_coef: float = option(0.03, "KL penalty coefficient beta (initial value when adaptive)")
     kl_estimator: str = option("k1", "per-token KL estimator in the reward", ("k1", "k2", "k3", "abs"))
-    kl_penalty: str = option("reward", "fold -beta*KL into the rewards, or add beta*k3 to the loss", ("reward", "loss"))
     adaptive_kl: bool = option(False, "adapt beta towards kl_target (Ziegler et al. 2019)")
     kl_target: float = option(6.0, "target per-sequence KL for the adaptive controller")
     kl_horizon: int = option(10000, "horizon of the adaptive controller")
@@ -80,22 +73,40 @@ class PPOConfig(GenerationArgs, ReferenceArgs, SamplingArgs, ModelArgs, Optimize
 
     def validate(self) -> None:
         check(self.iterations >= 1, f"iterations ({self.iterations}) must be >= 1")
-        for k in ("rollout_batch_size", "mini_batch_size", "micro_batch_size", "ppo_epochs", "max_new_tokens",
-                  "generation_batch_size", "kl_horizon", "eval_samples_per_prompt"):
+        for k in ("rollout_batch_size", "micro_batch_size", "max_new_tokens", "generation_batch_size", "kl_horizon",
+                  "eval_samples_per_prompt"):
+            check(getattr(self, k) >= 1, f"{k} ({getattr(self, k)}) must be >= 1")
+        check(self.temperature > 0, f"temperature ({self.temperature}) must be > 0 for sampled rollouts")
+        check(0 < self.top_p <= 1, f"top_p ({self.top_p}) must be in (0, 1]")
+        check(0 <= self.gamma <= 1, f"gamma ({self.gamma}) must be in [0, 1]")
+        check(0 <= self.lam <= 1, f"lam ({self.lam}) must be in [0, 1]")
+        for k in ("value_clip_eps", "score_clip"):
+            check(getattr(self, k) is None or getattr(self, k) > 0, f"{k} ({getattr(self, k)}) must be > 0 or None")
+        for k in ("kl_coef", "log_samples", "trunk_cache_mb"):
+            check(getattr(self, k) >= 0, f"{k} ({getattr(self, k)}) must be >= 0")
+        check(self.kl_target > 0, f"kl_target ({self.kl_target}) must be > 0")
+        check(self.ratio_check_tol > 0, f"ratio_check_tol ({self.ratio_check_tol}) must be > 0")
+        check(self.num_eval_prompts >= 0, f"num_eval_prompts ({self.num_eval_prompts}) must be >= 0")
+
+
+@dataclass
+class PPOConfig(ActorCriticArgs):
+    """PPO with GAE and a value head on the shared base (actor-critic), KL penalty against a frozen reference."""
+
+    ppo_epochs: int = option(2, "passes over each rollout")
+    mini_batch_size: int = option(8, "sequences per optimiser step (gradient accumulation = mini / micro)")
+    clip_eps: float = option(0.2, "PPO ratio clip range")
+    vf_coef: float = option(0.1, "value-loss coefficient")
+    ent_coef: float = option(0.0, "entropy-bonus coefficient")
+    loss_agg: str = option("token-mean", "loss aggregation over a mini-batch", ("token-mean", "seq-mean"))
+    kl_penalty: str = option("reward", "fold -beta*KL into the rewards, or add beta*k3 to the loss", ("reward", "loss"))
+
+    def validate(self) -> None:
+        for k in ("mini_batch_size", "ppo_epochs"):
             check(getattr(self, k) >= 1, f"{k} ({getattr(self, k)}) must be >= 1")
         check(self.rollout_batch_size % self.mini_batch_size == 0,
               f"rollout_batch_size ({self.rollout_batch_size}) must be divisible by mini_batch_size ({self.mini_batch_size})")
         check(self.mini_batch_size % self.micro_batch_size == 0,
               f"mini_batch_size ({self.mini_batch_size}) must be divisible by micro_batch_size ({self.micro_batch_size})")
-        check(self.temperature > 0, f"temperature ({self.temperature}) must be > 0 for PPO rollouts")
-        check(0 < self.top_p <= 1, f"top_p ({self.top_p}) must be in (0, 1]")
-        check(0 <= self.gamma <= 1, f"gamma ({self.gamma}) must be in [0, 1]")
-        check(0 <= self.lam <= 1, f"lam ({self.lam}) must be in [0, 1]")
         check(self.clip_eps > 0, f"clip_eps ({self.clip_eps}) must be > 0")
-        for k in ("value_clip_eps", "score_clip"):
-            check(getattr(self, k) is None or getattr(self, k) > 0, f"{k} ({getattr(self, k)}) must be > 0 or None")
-        for k in ("kl_coef", "vf_coef", "log_samples", "trunk_cache_mb"):
-            check(getattr(self, k) >= 0, f"{k} ({getattr(self, k)}) must be >= 0")
-        check(self.kl_target > 0, f"kl_target ({self.kl_target}) must be > 0")
-        check(self.ratio_check_tol > 0, f"ratio_check_tol ({self.ratio_check_tol}) must be > 0")
-        check(self.num_eval_prompts >= 0, f"num_eval_prompts ({self.num_eval_prompts}) must be >= 0")
+        check(self.vf_coef >= 0, f"vf_coef ({self.vf_coef}) must be >= 0")

@@ -9,7 +9,8 @@ One optimiser step, as numbered steps in `train`:
   4. backward  sum(NLL) / (mini-batch token count): the global token mean (docs/pitfalls.md#loss-aggregation), so
                splitting into micro-batches gives the same gradient
   5. step      clip, AdamW, warm-up schedule
-  6. evaluate  before training, every `eval_every` steps and at the end: eval/loss, eval/perplexity
+  6. evaluate  before training, every `eval_every` steps and at the end: eval/loss, eval/perplexity;
+               before and after: ROUGE-1/2/L of greedy responses to held-out prompts
   7. log/save  metrics.jsonl, summary.json; RUN/final (adapter or full weights), RUN/final/merged
 """
 
@@ -84,6 +85,23 @@ def mean_nll(module: nn.Module, examples: list[dict], pad_id: int, micro_batch_s
     return total / max(n, 1), n
 
 
+def rouge_of_responses(model, tok, rows: list[dict], cfg: SFTConfig) -> dict[str, float]:
+    """ROUGE-1/2/L F1 (rlhfkit.evaluate.rouge_scores) of the model's greedy responses to the held-out
+    prompts against their reference responses; the same prompts and text format as training."""
+    from rlhfkit.evaluate import rouge_scores
+    from rlhfkit.generate import generate_texts
+    from rlhfkit.models.reward_model import format_example
+    from rlhfkit.rollout import SamplingParams
+
+    formatted = [format_example(tok, r["prompt"], "", cfg.chat_template, cfg.system_prompt)[0] for r in rows]
+    params = SamplingParams(cfg.rouge_max_new_tokens, 0.0, 0, 1.0, (tok.eos_token_id,), None)
+    device = next(model.parameters()).device
+    # greedy: no draws; fork_rng keeps generate_texts' seeding out of training's RNG stream (LoRA dropout)
+    with torch.random.fork_rng(devices=[]), autocast(cfg.dtype, device):
+        texts = generate_texts(model, tok, formatted, params, cfg.seed, cfg.micro_batch_size * 4)
+    return rouge_scores(texts, [r["response"] for r in rows])
+
+
 def eval_stats(module, examples, pad_id, cfg, device) -> dict:
     loss, n = mean_nll(module, examples, pad_id, cfg.micro_batch_size, cfg.dtype, device)
     return {"loss": loss, "perplexity": math.exp(min(loss, 50.0)), "tokens": n}
@@ -143,13 +161,18 @@ def train(cfg: SFTConfig) -> dict:
     module = run.prepare(ResponseNLL(model), optimizer, scheduler, cfg.micro_batch_size, stream=stream)
     run.resume()  # when resuming: weights, optimiser, data position, RNG, before-eval
 
-    def evaluate() -> dict:
-        return eval_stats(run.core, eval_ex, pad_id, cfg, run.device)
+    rouge_rows = eval_rows[: cfg.rouge_examples]
+
+    def evaluate(with_rouge: bool = False) -> dict:
+        stats = eval_stats(run.core, eval_ex, pad_id, cfg, run.device)
+        if with_rouge and rouge_rows:
+            stats.update(rouge_of_responses(run.core.model, tok, rouge_rows, cfg))
+        return stats
 
     if eval_ex:
-        before = run.once("eval_before", evaluate)
+        before = run.once("eval_before", lambda: evaluate(with_rouge=True))
         run.print(f"[eval] before: loss {before['loss']:.4f}, perplexity {before['perplexity']:.2f} "
-                  f"({len(eval_ex)} examples)")
+                  f"({len(eval_ex)} examples){rouge_text(before)}")
     for step in run.steps():
         t0 = time.time()
         batch = stream.next(cfg.batch_size)[run.rank :: run.world]  # 1. this process's share
@@ -157,18 +180,26 @@ def train(cfg: SFTConfig) -> dict:
                            guard=run.guard, where=f"step {step}")  # 2-5.
         metrics["timing/step_s"] = time.time() - t0
         if eval_ex and run.eval_due(step, cfg.eval_every):
-            ev = run.summary["eval_after"] = evaluate()  # 6.
-            metrics.update({"eval/loss": ev["loss"], "eval/perplexity": ev["perplexity"]})
+            ev = run.summary["eval_after"] = evaluate(with_rouge=step == steps - 1)  # 6.
+            metrics.update({f"eval/{k}": ev[k] for k in ("loss", "perplexity", "rouge_1", "rouge_2", "rouge_l")
+                            if k in ev})
         run.log(step, metrics)  # 7.
     if "eval_after" in run.summary:
         after = run.summary["eval_after"]
-        run.print(f"[eval] after:  loss {after['loss']:.4f}, perplexity {after['perplexity']:.2f}")
+        run.print(f"[eval] after:  loss {after['loss']:.4f}, perplexity {after['perplexity']:.2f}{rouge_text(after)}")
 
     def save(folder, state):  # state: gathered weights of the wrapped module (FSDP / ZeRO-3)
         state = None if state is None else {k[len("model."):]: v for k, v in state.items() if k.startswith("model.")}
         return save_sft(run.core.model, tok, folder, cfg.save_merged and cfg.lora, state)
 
     return run.finish(save)
+
+
+def rouge_text(stats: dict) -> str:
+    """", ROUGE-1/2/L a/b/c (n responses)" when the evaluation scored responses, else ""."""
+    if "rouge_l" not in stats:
+        return ""
+    return f", ROUGE-1/2/L {stats['rouge_1']:.3f}/{stats['rouge_2']:.3f}/{stats['rouge_l']:.3f}"
 
 
 def save_sft(model, tok, out, merged: bool, state_dict: dict | None = None) -> dict:

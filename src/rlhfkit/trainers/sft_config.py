@@ -25,6 +25,9 @@ class SFTConfig(ModelArgs, OptimizerArgs, RunArgs):
     micro_batch_size: int = option(4, "examples per forward/backward (gradient accumulation = batch / micro)")
     max_length: int = option(512, "tokens per example (prompt + response), cut from the right")
     lr: float = option(2e-4, "AdamW learning rate (LoRA default; use ~2e-5 for full fine-tuning)")
+    rouge_examples: int = option(32, "held-out examples whose greedy responses are scored with ROUGE-1/2/L against "
+                                 "the reference responses before and after training (0 = skip)")
+    rouge_max_new_tokens: int = option(64, "response length limit of those greedy responses")
     eval_every: int = option(0, "evaluate every N optimiser steps (0 = only before and after training)")
     save_merged: bool = option(False, "also save the LoRA adapter merged into full weights in final/merged")
     lora_dropout: float = option(0.05, "LoRA dropout (SFT only; RL trainers keep 0)")
@@ -39,3 +42,5 @@ class SFTConfig(ModelArgs, OptimizerArgs, RunArgs):
         check(self.max_train_examples is None or self.max_train_examples >= 1,
               f"max_train_examples ({self.max_train_examples}) must be >= 1")
         check(self.eval_every >= 0, f"eval_every ({self.eval_every}) must be >= 0")
+        check(self.rouge_examples >= 0, f"rouge_examples ({self.rouge_examples}) must be >= 0")
+        check(self.rouge_max_new_tokens >= 1, f"rouge_max_new_tokens ({self.rouge_max_new_tokens}) must be >= 1")
