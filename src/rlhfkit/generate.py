@@ -11,17 +11,37 @@ from rlhfkit.runtime.seeding import seed_everything
 
 
 def generate_texts(model, tokenizer, formatted: list[str], params: SamplingParams, seed: int,
-                   batch_size: int = 16) -> list[str]:
-    """Completions for chat-formatted prompt texts, reproducible for a given seed."""
+                   batch_size: int = 16, generation_config=None) -> list[str]:
+    """Completions for chat-formatted prompt texts, reproducible for a given seed. Only `params`
+    decide how tokens are drawn unless `generation_config` (`model_generation_config`) is given."""
     torch.manual_seed(seed)
-    return generate(model, tokenizer, formatted, params, batch_size=batch_size).completions
+    return generate(model, tokenizer, formatted, params, batch_size=batch_size,
+                    generation_config=generation_config).completions
+
+
+def model_generation_config(model, tokenizer, max_new_tokens: int, overrides: dict):
+    """The model folder's own generation settings (generation_config.json: temperature, top-k/top-p,
+    repetition penalty, ...) with rlhfkit's length, pad token and stop token, and `overrides`
+    (settings given on the command line) on top. Opt-in for `rlhfkit generate` only."""
+    import copy
+
+    from transformers import GenerationConfig
+
+    base = getattr(model, "generation_config", None)
+    cfg = copy.deepcopy(base) if base is not None else GenerationConfig()
+    eos = cfg.eos_token_id if isinstance(cfg.eos_token_id, list) else [cfg.eos_token_id]
+    stops = [i for i in dict.fromkeys([*eos, tokenizer.eos_token_id]) if i is not None]
+    cfg.update(max_new_tokens=max_new_tokens, pad_token_id=tokenizer.pad_token_id, eos_token_id=stops, **overrides)
+    cfg.max_length = None  # max_new_tokens decides the length
+    return cfg
 
 
 def sample_and_score(model, tokenizer, records: list[dict], formatted: list[str], reward_fn, params: SamplingParams,
                      seed: int, batch_size: int = 16, dtype: str = "fp32") -> tuple[list[str], list[float]]:
     """Sample one completion per prompt and score it with `reward_fn`."""
+    from rlhfkit.data.prompts import info_lists
     from rlhfkit.rewards import score_batch
-    from rlhfkit.trainers.common import autocast, info_lists
+    from rlhfkit.runtime.precision import autocast
 
     device = next(model.parameters()).device
     with autocast(dtype, device):
@@ -41,16 +61,23 @@ def load_for_inference(model: str, dtype: str = "fp32"):
 
 
 def sample_texts(model: str, prompts: list[str], num_samples: int, max_new_tokens: int = 64,
-                 temperature: float = 1.0, seed: int = 0) -> list[list[str]]:
-    """`num_samples` completions for each raw prompt (chat-formatted here). Returns [prompt][sample]."""
+                 temperature: float | None = 1.0, seed: int = 0, use_model_config: bool = False) -> list[list[str]]:
+    """`num_samples` completions for each raw prompt (chat-formatted here). Returns [prompt][sample].
+    `use_model_config`: sample with the model folder's own generation settings (`temperature`,
+    when not None, still applies); otherwise at `temperature` from the full distribution."""
     from rlhfkit.data.chat import format_prompt
 
     lm, tok = load_for_inference(model)
     formatted = [format_prompt(tok, p) for p in prompts]
-    params = SamplingParams(max_new_tokens=max_new_tokens, temperature=temperature)
+    params = SamplingParams(max_new_tokens=max_new_tokens, temperature=1.0 if temperature is None else temperature)
+    gen_cfg = None
+    if use_model_config:
+        overrides = ({} if temperature is None else {"do_sample": False} if temperature == 0
+                     else {"do_sample": True, "temperature": temperature})
+        gen_cfg = model_generation_config(lm, tok, max_new_tokens, overrides)
     out: list[list[str]] = [[] for _ in prompts]
     for k in range(num_samples):
-        for i, text in enumerate(generate_texts(lm, tok, formatted, params, seed + k)):
+        for i, text in enumerate(generate_texts(lm, tok, formatted, params, seed + k, generation_config=gen_cfg)):
             out[i].append(text)
     return out
 
@@ -61,11 +88,19 @@ def main(argv: list[str]) -> int:
     p.add_argument("--prompt", action="append", required=True, help="a prompt (repeat for several)")
     p.add_argument("--num-samples", type=int, default=1, help="completions per prompt")
     p.add_argument("--max-new-tokens", type=int, default=64, help="tokens to generate at most")
-    p.add_argument("--temperature", type=float, default=1.0, help="sampling temperature; 0 = greedy")
+    p.add_argument("--temperature", type=float, default=None,
+                   help="sampling temperature; 0 = greedy (default: 1, or the model's own with "
+                        "--model-generation-config)")
     p.add_argument("--seed", type=int, default=0, help="sampling seed")
+    p.add_argument("--model-generation-config", action="store_true",
+                   help="sample with the model folder's own generation_config.json (its temperature, top-k/top-p, "
+                        "repetition penalty, ...); by default only rlhfkit's settings apply: the full distribution "
+                        "at --temperature, as in training")
     a = p.parse_args(argv)
     seed_everything(a.seed)
-    outs = sample_texts(a.model, a.prompt, a.num_samples, a.max_new_tokens, a.temperature, a.seed)
+    temperature = 1.0 if a.temperature is None and not a.model_generation_config else a.temperature
+    outs = sample_texts(a.model, a.prompt, a.num_samples, a.max_new_tokens, temperature, a.seed,
+                        use_model_config=a.model_generation_config)
     for prompt, samples in zip(a.prompt, outs):
         print(f"### {prompt}")
         for s in samples:

@@ -96,9 +96,9 @@ def policy_step(model_dir: str, out: Path, agg: str) -> None:
     from rlhfkit.models.policy import ActorCritic, ValueHead, add_lora
     from rlhfkit.rollout import score_rollout
     from rlhfkit.runtime.config import build_config
-    from rlhfkit.trainers.policy_update import update_policy
     from rlhfkit.trainers.ppo import micro_batch_loss
     from rlhfkit.trainers.ppo_config import PPOConfig
+    from rlhfkit.trainers.rl_update import update_policy
 
     acc = accelerator()
     torch.manual_seed(0)
@@ -128,10 +128,11 @@ def policy_step(model_dir: str, out: Path, agg: str) -> None:
 
 
 def sft_step(model_dir: str, out: Path) -> None:
+    from rlhfkit.data.sft import tokenize_examples
     from rlhfkit.models import load_tokenizer
     from rlhfkit.runtime.config import build_config
-    from rlhfkit.trainers.common import build_policy
-    from rlhfkit.trainers.sft import ResponseNLL, SFTConfig, sft_step, tokenize_examples
+    from rlhfkit.trainers.build import build_policy
+    from rlhfkit.trainers.sft import ResponseNLL, SFTConfig, sft_step
 
     acc = accelerator()
     cfg = build_config(SFTConfig, {"model": model_dir, "dtype": "fp32", "batch_size": 2 * B, "micro_batch_size": 2,
@@ -197,8 +198,8 @@ def dpo_step(model_dir: str, out: Path) -> None:
 
 def shard(out: Path) -> None:
     """Which prompts and sampling seeds each process gets."""
+    from rlhfkit.data.stream import PromptStream
     from rlhfkit.runtime.seeding import sampling_seed
-    from rlhfkit.trainers.common import PromptStream
 
     acc = accelerator()
     records = [{"prompt": f"p{i}"} for i in range(10)]

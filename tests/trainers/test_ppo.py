@@ -180,6 +180,8 @@ def test_score_on_last_valid_token_left_padding_pad_equals_eos(tiny_actor):
 
 def test_score_rollout_order_does_not_change_results(tiny_actor):
     actor, tok = tiny_actor
+    with torch.no_grad():  # a zero-initialised head gives values that are 0 in any order: nothing to compare
+        actor.value_head.summary.weight.normal_(0, 0.5)
     torch.manual_seed(3)
     ro = generate(actor.policy, tok, ["Hi", "Write a review", "What is 3 + 4?", "Go"],
                   SamplingParams(max_new_tokens=6, stop_ids=(2,)))
@@ -187,7 +189,8 @@ def test_score_rollout_order_does_not_change_results(tiny_actor):
     lp_a, v_a = a.logprobs.clone(), a.values.clone()
     b = score_rollout(actor, None, ro, 1.0, micro_batch_size=2, order=torch.tensor([3, 1, 0, 2]))
     torch.testing.assert_close(b.logprobs, lp_a, atol=1e-5, rtol=0)
-    torch.testing.assert_close(b.values, v_a, atol=1e-5, rtol=0)
+    assert v_a.abs().max() > 0.1
+    torch.testing.assert_close(b.values, v_a, atol=1e-5 * float(v_a.abs().max()), rtol=0)
 
 
 def test_tiny_model_learns_toy_reward(tmp_path, tiny_model_dir):

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import re
 from pathlib import Path
 
 import torch
@@ -155,15 +156,44 @@ def _adapter_base(path: Path) -> str:
     return base
 
 
+# Names of dropout probabilities in configs and modules: attention_dropout, hidden_dropout,
+# resid_pdrop, embd_pdrop, attention_probs_dropout_prob, activation_dropout, layerdrop, ...
+_DROPOUT_NAME = re.compile(r"dropout|pdrop|drop_prob|layerdrop", re.IGNORECASE)
+
+
+def _zero_rates(obj) -> None:
+    """Set every float attribute of `obj` whose name names a dropout probability to 0."""
+    for name, value in list(vars(obj).items()):
+        if isinstance(value, float) and _DROPOUT_NAME.search(name):
+            setattr(obj, name, 0.0)
+
+
 def disable_dropout(model: torch.nn.Module) -> torch.nn.Module:
-    """Set every dropout probability to 0 (pitfall 6): rollouts and updates must agree."""
+    """Set every dropout probability to 0 (docs/pitfalls.md#dropout): rollouts and updates must see one
+    network.
+
+    Three places hold one: dropout modules (nn.Dropout and its 1d/2d/3d/alpha relatives), the
+    config (and its sub-configs), and float attributes that modules copy from the config when they
+    are built and pass to F.dropout / scaled_dot_product_attention in train mode
+    (LlamaAttention.attention_dropout, BloomBlock.hidden_dropout, OPT's dropout, activation_dropout
+    and layerdrop, ...): zeroing the config alone leaves those at their trained-with values."""
+    from torch.nn.modules.dropout import _DropoutNd
+
+    configs = {}
     for module in model.modules():
-        if isinstance(module, torch.nn.Dropout):
+        if isinstance(module, _DropoutNd):
             module.p = 0.0
-    cfg = getattr(model, "config", None)
-    for key in ("attention_dropout", "hidden_dropout", "resid_pdrop", "embd_pdrop", "attn_pdrop", "dropout"):
-        if cfg is not None and isinstance(getattr(cfg, key, None), float):
-            setattr(cfg, key, 0.0)
+        _zero_rates(module)
+        cfg = getattr(module, "config", None)
+        if cfg is not None and hasattr(cfg, "to_dict"):  # a transformers config, shared by many modules
+            configs[id(cfg)] = cfg
+    done: set[int] = set()
+    while configs:  # sub-configs too (a multimodal model's text_config)
+        key, cfg = configs.popitem()
+        done.add(key)
+        _zero_rates(cfg)
+        configs.update({id(v): v for v in vars(cfg).values()
+                        if hasattr(v, "to_dict") and hasattr(v, "model_type") and id(v) not in done})
     return model
 
 
@@ -189,7 +219,8 @@ def set_gradient_checkpointing(model: torch.nn.Module, enabled: bool = True) -> 
 def load_causal_lm(name_or_path: str, dtype: str = "fp32", trainable: bool = True):
     """Load a causal LM (a plain folder, the default, or a saved LoRA adapter merged on its base).
 
-    Returns the model in train mode with dropout disabled, or eval/frozen when not trainable.
+    Returns the model with every dropout rate at 0 (train mode then computes what eval mode does),
+    frozen when not trainable.
     """
     from safetensors import SafetensorError
     from transformers import AutoModelForCausalLM

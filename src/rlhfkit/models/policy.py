@@ -23,7 +23,8 @@ VALUE_HEAD_FILE = "value_head.safetensors"
 
 
 class ValueHead(nn.Module):
-    """Linear map from the final hidden state to a scalar value; zero-initialised (pitfall 9).
+    """Linear map from the final hidden state to a scalar value; zero-initialised
+    (docs/pitfalls.md#value-head-init).
 
     A zero head predicts V = 0 everywhere at the start, so the first advantages equal the
     (shaped) rewards instead of being dominated by a random critic. No dropout.
@@ -47,7 +48,8 @@ def _unwrap(model: nn.Module) -> nn.Module:
 
 
 def position_ids_from_mask(attention_mask: torch.Tensor) -> torch.Tensor:
-    """Positions that skip left padding (pitfall 2): cumsum(mask) - 1, clamped at 0. (B, L)"""
+    """Positions that skip left padding (docs/pitfalls.md#padding-and-positions): cumsum(mask) - 1,
+    clamped at 0. (B, L)"""
     return (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
 
 
@@ -55,7 +57,8 @@ def response_hidden_states(decoder: nn.Module, input_ids: torch.Tensor, attentio
                            num_response: int, share_prompts: bool = False,
                            trunk: tuple[int, torch.Tensor] | None = None, share_prefix: bool = False) -> torch.Tensor:
     """Final hidden states (B, R, H) of the positions predicting the R response tokens: response
-    token i is predicted from position P-1+i (pitfall 4), so positions [L-R-1, L-1) are kept.
+    token i is predicted from position P-1+i (docs/pitfalls.md#off-by-one), so positions
+    [L-R-1, L-1) are kept.
     `share_prompts`: rows with the same prompt run it once (equal up to float rounding).
     `share_prefix`: the prompt prefix every row shares runs once (equal up to float rounding).
     `trunk`: (depth D, states (B, L, H) after the frozen bottom D layers): only the layers above
@@ -120,15 +123,21 @@ class ActorCritic(nn.Module):
     ) -> tuple[torch.Tensor, ...]:
         """Logits and values for the last `num_response` tokens (the response).
 
-        The prediction for response token i comes from position P-1+i (pitfall 4), so we keep
-        positions [L-R-1, L-1): logits (B, R, V), values (B, R).
+        The prediction for response token i comes from position P-1+i (docs/pitfalls.md#off-by-one), so
+        we keep positions [L-R-1, L-1): logits (B, R, V), values (B, R).
 
         Given `response_ids`, returns (log-probs (B, R), values, entropy (B, R) or None) of those
         tokens at `temperature` instead of logits, through the fused output head
         (algos.head_logprobs: no (B, R, V) logits kept); positions where `response_mask` is 0 are
         skipped and read 0. `entropy_grad=False` gives the entropy as a constant (a metric).
+
+        With frozen bottom layers (`trunk_depth`) the pass always splits there: `trunk` when the
+        rollout kept it, else recomputed here. The scoring pass splits too, so the first update
+        micro-batch repeats it bit for bit whether or not the trunk fitted in `trunk_cache_mb`.
         """
         lm = _unwrap(self.policy)
+        if trunk is None and self.trunk_depth:  # not kept: recomputed, so every pass takes the same path
+            trunk = self.trunk(input_ids, attention_mask)
         hidden = response_hidden_states(lm.get_decoder(), input_ids, attention_mask, num_response, self.share_prompts,
                                         (self.trunk_depth, trunk) if trunk is not None else None,
                                         self.share_prefix)  # (B, R, H)
@@ -150,8 +159,11 @@ class ActorCritic(nn.Module):
 class Reference:
     """The frozen reference policy pi_ref.
 
-    With LoRA (pitfall 14) it is the same model with the adapter disabled: no second copy.
-    With full fine-tuning it is a frozen deep copy made before training (optionally bf16).
+    With LoRA (docs/pitfalls.md#lora-reference) it is the same model with the adapter disabled:
+    no second copy. With full fine-tuning it is a frozen deep copy made before training. `dtype`
+    (bf16 runs) stores the copy's linear-layer weights in that dtype (`store_linear_weights`):
+    under autocast to it the copy computes bit for bit what the starting policy computes, so the
+    KL to the reference is exactly 0 at step 0 and DPO's first loss is exactly log 2.
     `model` gives a separate reference model instead (e.g. DPO's `reference_model`).
     `offload` keeps the frozen copy in CPU memory outside `loaded(device)` (nothing to offload
     with LoRA).
@@ -165,8 +177,9 @@ class Reference:
             self.frozen = _unwrap(model).eval().requires_grad_(False)
         elif not use_adapter_off:
             self.frozen = copy.deepcopy(_unwrap(actor.policy)).eval().requires_grad_(False)
-        if self.frozen is not None and dtype is not None:
-            self.frozen.to(dtype)
+        self.dtype = dtype if self.frozen is not None else None  # the autocast dtype its forward runs under
+        if self.dtype is not None:
+            store_linear_weights(self.frozen, self.dtype)
         self.offload = offload and self.frozen is not None
 
     def to(self, device: torch.device | str) -> Reference:
@@ -202,7 +215,8 @@ class Reference:
             with self._adapter_off():
                 logits, _ = self.actor(input_ids, attention_mask, num_response, with_values=False)
             return logits
-        return self.frozen.get_output_embeddings()(self._frozen_hidden(input_ids, attention_mask, num_response))
+        with self._autocast(input_ids.device):
+            return self.frozen.get_output_embeddings()(self._frozen_hidden(input_ids, attention_mask, num_response))
 
     @torch.no_grad()
     def logprobs(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, response_ids: torch.Tensor,
@@ -218,12 +232,44 @@ class Reference:
                 logp, _, _ = self.actor(input_ids, attention_mask, R, with_values=False, response_ids=response_ids,
                                         response_mask=response_mask, temperature=temperature, trunk=trunk)
             return logp
-        hidden = self._frozen_hidden(input_ids, attention_mask, R)
-        return head_logprobs(hidden, self.frozen.get_output_embeddings(), response_ids, response_mask, temperature)[0]
+        with self._autocast(input_ids.device):
+            hidden = self._frozen_hidden(input_ids, attention_mask, R)
+            return head_logprobs(hidden, self.frozen.get_output_embeddings(), response_ids, response_mask,
+                                 temperature)[0]
+
+    def _autocast(self, device: torch.device):
+        """The autocast a `dtype` copy needs (its linear weights are in that dtype); a no-op inside the
+        trainers' own autocast to the same dtype, and without `dtype`."""
+        if self.dtype is None:
+            return contextlib.nullcontext()
+        return torch.autocast(device.type, dtype=self.dtype)
 
     def _frozen_hidden(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, num_response: int) -> torch.Tensor:
         return response_hidden_states(self.frozen.get_decoder(), input_ids, attention_mask, num_response,
                                       self.actor.share_prompts, share_prefix=self.actor.share_prefix)
+
+
+def store_linear_weights(model: nn.Module, dtype: torch.dtype) -> nn.Module:
+    """Store the weights and biases of `model`'s linear layers in `dtype`, in place; embeddings,
+    norms, buffers and the output layer keep theirs.
+
+    Under autocast to `dtype` a linear layer rounds its fp32 weight and bias to `dtype` before the
+    matmul exactly as `.to(dtype)` does, so these layers give the same bits either way. The other
+    parts do not go through autocast: cast to bf16, the embeddings and norms would put the residual
+    stream (fp32 in the policy under autocast) in bf16, and the fused output head computes in fp32
+    from an fp32 weight (algos/head.py). A whole-model bf16 copy differed from the fp32 starting
+    policy by up to 1.3e-3 in log-prob; this one is equal, in about the memory of the bf16 copy
+    (linear layers hold most weights; SmolLM2-135M: 311 MiB against 257 MiB all-bf16, 513 MiB fp32).
+    """
+    head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    keep = {id(p) for m in model.modules() if not isinstance(m, nn.Linear) for p in m.parameters(recurse=False)}
+    keep |= {id(p) for p in head.parameters()} if head is not None else set()
+    for module in model.modules():
+        if isinstance(module, nn.Linear):
+            for p in module.parameters(recurse=False):
+                if id(p) not in keep:  # a weight shared with an embedding (tied) stays
+                    p.data = p.data.to(dtype)
+    return model
 
 
 def default_lora_targets(model: nn.Module) -> list[str]:

@@ -4,13 +4,15 @@ Notation: B batch, L sequence length, H hidden size.
 
 The backbone is the decoder of a causal LM (`AutoModel` of a causal-LM folder, e.g. SmolLM2)
 or a small bidirectional encoder (BERT-style, e.g. all-MiniLM-L6-v2). The score of a sequence
-is `head(h[b, last])`, where `last` is the last position whose attention mask is 1 (pitfall 5):
+is `head(h[b, last])`, where `last` is the last position whose attention mask is 1
+(docs/pitfalls.md#score-placement):
 never the first `token == pad_id`, because pad == eos for SmolLM2 and the text ends in eos.
 
 A saved reward model folder (`rlhfkit rm` writes RUN/final) holds
   - the backbone: a LoRA adapter (adapter_config.json + weights; its base is recorded in
     rlhfkit_rm.json) or full weights (config.json + model.safetensors), Hugging Face format
-  - score_head.safetensors      the scalar head (always trained, also with LoRA: pitfall 14)
+  - score_head.safetensors      the scalar head (always trained, also with LoRA:
+                                docs/pitfalls.md#lora-reference)
   - rlhfkit_rm.json             formatting, pooling, dtype and the normalisation statistics
   - the tokenizer files
 `load_reward_scorer(PATH)` turns it into a reward function, which is what `reward=model:PATH`
@@ -110,7 +112,7 @@ class RewardModel(nn.Module):
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
         kwargs: dict[str, Any] = {}
-        if self.causal:  # positions that skip left padding (pitfall 2)
+        if self.causal:  # positions that skip left padding (docs/pitfalls.md#padding-and-positions)
             kwargs = {"position_ids": position_ids_from_mask(attention_mask), "use_cache": False}
         hidden = self.backbone(input_ids=input_ids, attention_mask=attention_mask, **kwargs).last_hidden_state  # (B, L, H)
         if self.pooling == "last":

@@ -1,5 +1,5 @@
 """Rollout phase of PPO/GRPO: sample responses, then recompute log-probs, values and reference
-log-probs in one teacher-forced pass (seed 003).
+log-probs in one teacher-forced pass.
 
 Notation: B rollout batch, P padded prompt width (left padding), R response width
 (right padding after the first stop token), V vocabulary.
@@ -22,7 +22,7 @@ from rlhfkit.rollout.sampling import ExponentialRaceSampler
 @dataclass
 class SamplingParams:
     """How rollouts are sampled. top_k=0 and top_p=1 keep the sampling distribution equal to the
-    temperature-scaled policy whose log-probs PPO uses (pitfall 1)."""
+    temperature-scaled policy whose log-probs PPO uses (docs/pitfalls.md#temperature)."""
 
     max_new_tokens: int = 48
     temperature: float = 1.0
@@ -58,6 +58,7 @@ class Rollout:
     advantages: torch.Tensor | None = None  # (B, R) whitened GAE advantages
     returns: torch.Tensor | None = None  # (B, R) advantages + values (before whitening)
     trunk: torch.Tensor | None = None  # (B, P + R, H) states after the frozen bottom layers (models/trunk.py)
+    sampler_logprobs: torch.Tensor | None = None  # (B, R) the sampler's own log-probs (vLLM), NaN if unknown; None: the trainer sampled
     prompts: list[str] = field(default_factory=list)  # B prompt texts (unformatted)
     completions: list[str] = field(default_factory=list)  # B decoded responses, stop token excluded
     info: dict = field(default_factory=dict)  # per-sample lists passed to reward functions
@@ -106,16 +107,23 @@ def generate(
     batch_size: int | None = None,
     share_prompts: bool = False,
     share_prefix: bool = False,
+    generation_config=None,
 ) -> Rollout:
     """Sample one response per prompt text (already chat-formatted). KV-cached HF generate.
 
-    Prompts are left-padded so every response starts at the same column (pitfall 2).
+    Prompts are left-padded so every response starts at the same column
+    (docs/pitfalls.md#padding-and-positions).
     `share_prompts`: a prompt repeated in a generate() call (GRPO's groups) is prefilled once
     and its cache copied to its rows; `share_prefix`: the prompt prefix every row of a call shares
     (a chat template's header) is prefilled once (models/shared_prompts.py). LoRA layers run merged
     (models/lora.py) and full-vocabulary draws use an exponential race (rollout/sampling.py).
+
+    Only `params` decide what is sampled: the model folder's own generation_config.json is set
+    aside during the call (`own_settings_only`). `generation_config` (a transformers
+    GenerationConfig, `rlhfkit generate --model-generation-config`) samples with the model's own
+    settings instead: never for rollouts, whose stored log-probs are the plain policy's.
     """
-    from transformers import GenerationConfig, LogitsProcessorList
+    from transformers import LogitsProcessorList
 
     was_training = model.training
     model.eval()
@@ -123,25 +131,15 @@ def generate(
     if params.max_prompt_length is not None:  # left padding: the last columns hold every prompt's end
         enc = {k: v[:, -params.max_prompt_length :] for k, v in enc.items()}
     stop_ids = tuple(params.stop_ids) or (tokenizer.eos_token_id,)
-    # Full-vocabulary sampling draws with ExponentialRaceSampler under greedy selection (same
-    # distribution, ~5x cheaper per step than torch.multinomial); HF's warpers handle top-k/top-p.
-    full_vocab = params.temperature > 0 and params.top_k in (0, None) and params.top_p >= 1.0
-    hf_sampling = params.temperature > 0 and not full_vocab
-    gen_cfg = GenerationConfig(
-        do_sample=hf_sampling,
-        temperature=params.temperature if hf_sampling else None,
-        top_k=params.top_k if hf_sampling else None,
-        top_p=params.top_p if hf_sampling else None,
-        max_new_tokens=params.max_new_tokens,
-        eos_token_id=list(stop_ids),
-        pad_token_id=tokenizer.pad_token_id,
-        bos_token_id=tokenizer.bos_token_id,
-    )
-    processors = LogitsProcessorList([ExponentialRaceSampler(params.temperature)] if full_vocab else [])
+    if generation_config is None:
+        gen_cfg, processors = sampling_config(params, tokenizer, stop_ids)
+        settings = own_settings_only(model)
+    else:
+        gen_cfg, processors, settings = generation_config, [], contextlib.nullcontext()
     device = next(model.parameters()).device
     step = batch_size or len(prompt_texts)
     outs = []
-    with merged_lora(model):
+    with merged_lora(model), settings:
         for i in range(0, len(prompt_texts), step):
             ids = enc["input_ids"][i : i + step].to(device)
             mask = enc["attention_mask"][i : i + step].to(device)
@@ -152,10 +150,56 @@ def generate(
                     ids, mask, cache = shared
             extra = {} if cache is None else {"past_key_values": cache}
             seq = model.generate(input_ids=ids, attention_mask=mask, generation_config=gen_cfg,
-                                 logits_processor=processors, **extra)
+                                 logits_processor=LogitsProcessorList(processors), **extra)
             outs.append(seq[:, ids.shape[1] :].cpu())
     model.train(was_training)
     return rollout_from_tokens(tokenizer, enc, [row for o in outs for row in o], stop_ids)
+
+
+def sampling_config(params: SamplingParams, tokenizer, stop_ids: tuple[int, ...]):
+    """(GenerationConfig, logits processors) that sample at params.temperature with params'
+    truncation, stop ids and length, and nothing else. Full-vocabulary sampling draws with
+    ExponentialRaceSampler under greedy selection (same distribution, ~5x cheaper per step than
+    torch.multinomial); HF's warpers handle top-k/top-p; temperature 0 is greedy."""
+    from transformers import GenerationConfig
+
+    full_vocab = params.temperature > 0 and params.top_k in (0, None) and params.top_p >= 1.0
+    hf_sampling = params.temperature > 0 and not full_vocab
+    gen_cfg = GenerationConfig(
+        do_sample=hf_sampling,
+        temperature=params.temperature if hf_sampling else None,
+        top_k=(params.top_k or 0) if hf_sampling else None,  # 0: no top-k (HF's own default is 50)
+        top_p=params.top_p if hf_sampling else None,
+        max_new_tokens=params.max_new_tokens,
+        eos_token_id=list(stop_ids),
+        pad_token_id=tokenizer.pad_token_id,
+        bos_token_id=tokenizer.bos_token_id,
+    )
+    return gen_cfg, [ExponentialRaceSampler(params.temperature)] if full_vocab else []
+
+
+@contextlib.contextmanager
+def own_settings_only(model: torch.nn.Module):
+    """The model's generation_config replaced by a blank one for the wrapped generate() calls.
+
+    transformers fills every field a GenerationConfig leaves unset from `model.generation_config`,
+    i.e. from the model folder's generation_config.json. Instruct models ship repetition_penalty,
+    min_new_tokens, no_repeat_ngram_size, suppress_tokens, bad_words_ids, forced BOS/EOS, top_k/top_p
+    of their own: their logits processors would change what is sampled while the stored log-probs
+    come from the plain policy (off-policy data the ratio check cannot see, a forced length)."""
+    from transformers import GenerationConfig
+
+    get_base = getattr(model, "get_base_model", None)  # a peft wrapper generates with its base model
+    hf = get_base() if callable(get_base) else model
+    saved = getattr(hf, "generation_config", None)
+    if saved is None:
+        yield
+        return
+    hf.generation_config = GenerationConfig()
+    try:
+        yield
+    finally:
+        hf.generation_config = saved
 
 
 def rollout_from_tokens(tokenizer, enc, responses: list, stop_ids: tuple[int, ...]) -> Rollout:
@@ -216,7 +260,8 @@ def score_rollout(actor, reference, rollout: Rollout, temperature: float, micro_
 
     `order` (B,) groups rows into micro-batches exactly as the first update epoch will, so the
     first update micro-batch repeats this computation bit for bit and its ratio must be 1
-    (pitfall 4); other groupings change padding widths, which moves bf16 results by ~1e-2.
+    (docs/pitfalls.md#off-by-one); other groupings change padding widths, which moves bf16 results by
+    ~1e-2.
 
     When the actor has frozen bottom layers (`actor.trunk_depth`, models/trunk.py) they run once per
     micro-batch for the policy and the adapter-disabled reference, and their output is kept in
