@@ -162,7 +162,7 @@ def test_actor_critic_log_probs_equal_its_logits():
     mask = torch.ones(3, 9, dtype=torch.long)
     mask[0, :2] = 0
     resp, rmask = ids[:, -4:], torch.tensor([[1.0] * 4, [1.0] * 2 + [0.0] * 2, [1.0] * 3 + [0.0]])
-    logits, v0 = actor(ids, mask, 4)
+    logits, v0 = actor.logits(ids, mask, 4, with_values=True)
     lp0, e0 = logprobs_and_entropy(logits, resp, 0.9, with_entropy=True)
     lp1, v1, e1 = actor(ids, mask, 4, response_ids=resp, response_mask=rmask, temperature=0.9, with_entropy=True)
     torch.testing.assert_close(lp1, lp0 * rmask, rtol=1e-5, atol=1e-5)

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from rlhfkit.models.policy import ActorCritic, Reference, ValueHead, store_linear_weights
-from rlhfkit.rollout import SamplingParams, generate, score_rollout
+from rlhfkit.rollout import SamplingParams, generate, logprob_pass
 
 from tiny_lm import build_tokenizer
 
@@ -49,7 +49,7 @@ def test_frozen_reference_equals_the_starting_policy(dtype, tied, share_prefix):
     torch.manual_seed(0)
     rollout = generate(actor.policy, tok, PROMPTS * 2, SamplingParams(max_new_tokens=8, stop_ids=(2,)))
     with autocast(dtype):
-        score_rollout(actor, ref, rollout, 0.7, micro_batch_size=4)
+        logprob_pass(actor, ref, rollout, 0.7, micro_batch_size=4)
     assert rollout.response_mask.sum() > 8
     assert torch.equal(rollout.ref_logprobs, rollout.logprobs)
 

@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 from rlhfkit.models.policy import ActorCritic, Reference, ValueHead, add_lora, response_hidden_states
 from rlhfkit.models.trunk import frozen_depth
-from rlhfkit.rollout import Rollout, forward_logprobs, score_rollout
+from rlhfkit.rollout import Rollout, forward_logprobs, logprob_pass
 from rlhfkit.rollout.core import trim_rows
 
 from tiny_lm import build_tiny_model, build_tokenizer
@@ -102,17 +102,17 @@ def test_the_adapter_disabled_reference_shares_the_trunk():
     assert (policy_lp - plain).abs().max() > 1e-2  # the adapters change the log-probs: the reference is not the policy
 
 
-def test_score_rollout_keeps_the_trunk_and_the_update_reuses_it():
+def test_logprob_pass_keeps_the_trunk_and_the_update_reuses_it():
     actor = _lora_actor(top=2)
     ref = Reference(actor, use_adapter_off=True)
     B, P, R = 8, 6, 5
     ro = _rollout(B, P, R, actor.config.vocab_size, seed=2)
     order = torch.randperm(B, generator=torch.Generator().manual_seed(0))
-    kept = score_rollout(actor, ref, _rollout(B, P, R, actor.config.vocab_size, seed=2), 0.7, 3, order,
+    kept = logprob_pass(actor, ref, _rollout(B, P, R, actor.config.vocab_size, seed=2), 0.7, 3, order,
                          keep_trunk_mb=1.0)
     assert kept.trunk is not None and kept.trunk.shape == (B, P + R, actor.config.hidden_size)
     depth, actor.trunk_depth = actor.trunk_depth, 0  # the plain forward, for comparison
-    plain = score_rollout(actor, ref, ro, 0.7, 3, order)
+    plain = logprob_pass(actor, ref, ro, 0.7, 3, order)
     actor.trunk_depth = depth
     assert plain.trunk is None
     for name in ("logprobs", "values", "entropy", "ref_logprobs"):
@@ -138,7 +138,7 @@ def test_score_rollout_keeps_the_trunk_and_the_update_reuses_it():
 @pytest.mark.parametrize("limit_mb", [0.0, 1e-3])
 def test_a_trunk_over_the_memory_limit_is_not_kept(limit_mb):
     actor = _lora_actor(top=2)
-    ro = score_rollout(actor, Reference(actor, use_adapter_off=True), _rollout(8, 6, 5, actor.config.vocab_size, 3),
+    ro = logprob_pass(actor, Reference(actor, use_adapter_off=True), _rollout(8, 6, 5, actor.config.vocab_size, 3),
                        1.0, 4, keep_trunk_mb=limit_mb)  # 8 x 11 x 32 x 4 bytes = 11 KB > 1 KB
     assert ro.trunk is None and ro.ref_logprobs is not None
 

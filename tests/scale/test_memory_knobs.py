@@ -10,7 +10,7 @@ import torch
 
 from rlhfkit.models.loading import set_gradient_checkpointing
 from rlhfkit.models.policy import ActorCritic, Reference, ValueHead, add_lora
-from rlhfkit.rollout import Rollout, score_rollout
+from rlhfkit.rollout import Rollout, logprob_pass
 
 from tiny_lm import build_tiny_model, build_tokenizer
 
@@ -32,7 +32,7 @@ def grads_and_recomputes(actor: ActorCritic, layer) -> tuple[dict, int]:
     ids = torch.randint(3, 300, (3, 14), generator=torch.Generator().manual_seed(0))
     mask = torch.ones_like(ids)
     mask[0, :4] = 0  # left padding in one row
-    logits, values = actor(ids, mask, 6)
+    logits, values = actor.logits(ids, mask, 6, with_values=True)
     (logits.float().log_softmax(-1)[..., 5].sum() + values.sum()).backward()
     handle.remove()
     grads = {n: p.grad.clone() for n, p in actor.named_parameters() if p.grad is not None}
@@ -82,7 +82,7 @@ def test_offloaded_reference_moves_once_per_scoring_pass_and_gives_the_same_log_
     tok = build_tokenizer()
     actor = ActorCritic(build_tiny_model(len(tok)), ValueHead(32))
     rollout = tiny_rollout(len(tok))
-    plain = score_rollout(actor, Reference(actor, use_adapter_off=False), rollout, 1.0, 2).ref_logprobs.clone()
+    plain = logprob_pass(actor, Reference(actor, use_adapter_off=False), rollout, 1.0, 2).ref_logprobs.clone()
     reference = Reference(actor, use_adapter_off=False, offload=True)
     moves = []
     real_to = reference.frozen.to
@@ -91,7 +91,7 @@ def test_offloaded_reference_moves_once_per_scoring_pass_and_gives_the_same_log_
     assert moves == ["cpu"]
     moves.clear()
     rollout.ref_logprobs = None
-    offloaded = score_rollout(actor, reference, rollout, 1.0, 2).ref_logprobs
+    offloaded = logprob_pass(actor, reference, rollout, 1.0, 2).ref_logprobs
     assert moves == ["cpu", "cpu"]  # in to the actor's device (cpu here), then back: once for 3 micro-batches
     torch.testing.assert_close(offloaded, plain)
     # With LoRA the reference is the adapter-disabled policy: nothing to offload.
@@ -106,5 +106,5 @@ def test_scoring_forwards_at_most_micro_batch_size_rows(micro):
     rows_seen = []
     actor.register_forward_pre_hook(lambda mod, args: rows_seen.append(args[0].shape[0]))
     rollout = tiny_rollout(len(tok))
-    score_rollout(actor, Reference(actor, use_adapter_off=False), rollout, 1.0, micro)
+    logprob_pass(actor, Reference(actor, use_adapter_off=False), rollout, 1.0, micro)
     assert max(rows_seen) == micro and sum(rows_seen) == 6  # peak activations do not grow with the rollout

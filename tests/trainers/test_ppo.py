@@ -11,7 +11,7 @@ from transformers import LogitsProcessorList
 from rlhfkit.algos import logprobs_from_logits, shape_rewards
 from rlhfkit.errors import ConfigError
 from rlhfkit.models.policy import ActorCritic, Reference, ValueHead, add_lora
-from rlhfkit.rollout import SamplingParams, forward_logprobs, generate, score_rollout
+from rlhfkit.rollout import SamplingParams, forward_logprobs, generate, logprob_pass
 from rlhfkit.rollout.sampling import ExponentialRaceSampler
 from rlhfkit.runtime.config import build_config, parse_args
 from rlhfkit.trainers.ppo import RatioCheckError, train
@@ -154,8 +154,8 @@ def test_adapter_disabled_reference_equals_untrained_policy(tiny_actor):
     ids = tok(["Hello there", "Hi"], return_tensors="pt", padding=True, add_special_tokens=False)
     ref_logits = ref.logits(ids["input_ids"], ids["attention_mask"], 2)
     base_actor = ActorCritic(base_copy, ValueHead(32))
-    base_logits, _ = base_actor(ids["input_ids"], ids["attention_mask"], 2, with_values=False)
-    pol_logits, _ = actor(ids["input_ids"], ids["attention_mask"], 2, with_values=False)
+    base_logits, _ = base_actor.logits(ids["input_ids"], ids["attention_mask"], 2)
+    pol_logits, _ = actor.logits(ids["input_ids"], ids["attention_mask"], 2)
     torch.testing.assert_close(ref_logits, base_logits)
     assert not torch.allclose(pol_logits, base_logits, atol=1e-3), "adapter should change the policy"
 
@@ -171,23 +171,23 @@ def test_score_on_last_valid_token_left_padding_pad_equals_eos(tiny_actor):
     mask, stopped = response_mask(ro.response_ids, (2,))
     assert mask.tolist() == [[1, 1, 1, 0, 0, 0], [1, 1, 1, 1, 1, 1]] and stopped.tolist() == [True, False]
     ro.response_mask, ro.stopped = mask.float(), stopped
-    score_rollout(actor, None, ro, 1.0, micro_batch_size=2)
+    logprob_pass(actor, None, ro, 1.0, micro_batch_size=2)
     rewards, _ = shape_rewards(torch.tensor([5.0, 7.0]), ro.logprobs, ro.logprobs, ro.response_mask, 0.1)
     assert rewards[0].tolist() == [0, 0, 5.0, 0, 0, 0]
     assert rewards[1].tolist() == [0, 0, 0, 0, 0, 7.0]
     assert (ro.logprobs[0, 3:] == 0).all() and (ro.values[0, 3:] == 0).all()
 
 
-def test_score_rollout_order_does_not_change_results(tiny_actor):
+def test_logprob_pass_order_does_not_change_results(tiny_actor):
     actor, tok = tiny_actor
     with torch.no_grad():  # a zero-initialised head gives values that are 0 in any order: nothing to compare
         actor.value_head.summary.weight.normal_(0, 0.5)
     torch.manual_seed(3)
     ro = generate(actor.policy, tok, ["Hi", "Write a review", "What is 3 + 4?", "Go"],
                   SamplingParams(max_new_tokens=6, stop_ids=(2,)))
-    a = score_rollout(actor, None, ro, 1.0, micro_batch_size=2)
+    a = logprob_pass(actor, None, ro, 1.0, micro_batch_size=2)
     lp_a, v_a = a.logprobs.clone(), a.values.clone()
-    b = score_rollout(actor, None, ro, 1.0, micro_batch_size=2, order=torch.tensor([3, 1, 0, 2]))
+    b = logprob_pass(actor, None, ro, 1.0, micro_batch_size=2, order=torch.tensor([3, 1, 0, 2]))
     torch.testing.assert_close(b.logprobs, lp_a, atol=1e-5, rtol=0)
     assert v_a.abs().max() > 0.1
     torch.testing.assert_close(b.values, v_a, atol=1e-5 * float(v_a.abs().max()), rtol=0)

@@ -21,6 +21,11 @@ exit status:
   2  usage error (no such run folder, malformed files, unknown threshold)
 
 Works on a running run too: an incomplete last line of metrics.jsonl is skipped.
+RUN_DIR may also be another tool's log: a TRL / transformers output folder (trainer_state.json),
+a trainer_state.json file, or a JSONL file of rows with a "step" key; TRL's metric names are
+mapped to rlhfkit's (objective/kl -> rollout/kl, policy/clipfrac_avg -> params/policy_clip_frac,
+...). Without params/max_grad_norm in the log, gradient norms are judged against max_grad_norm
+in the run's config.yaml, else 1.0.
 Rules and thresholds: docs/diagnostics.md.
 """
 
@@ -88,7 +93,8 @@ def doctor_main(argv: list[str]) -> int:
         prog="rlhfkit doctor", description="Diagnose a finished or running training run: recompute the "
         "training-health findings from RUN_DIR/metrics.jsonl and show those recorded during training "
         "(RUN_DIR/diagnostics.jsonl).", epilog=DOCTOR_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("run_dir", nargs="?", metavar="RUN_DIR", help="a run folder, e.g. runs/ppo-demo")
+    p.add_argument("run_dir", nargs="?", metavar="RUN_DIR", help="a run folder, e.g. runs/ppo-demo (or a TRL "
+                   "output folder, trainer_state.json or JSONL log)")
     p.add_argument("--all", action="store_true",
                    help="list every finding as it would have been reported online (first time and each "
                         "time it worsened) instead of the worst one per problem")
@@ -106,7 +112,7 @@ def doctor_main(argv: list[str]) -> int:
         p.error("RUN_DIR is required")
     thresholds = _thresholds(args)
     run = load_run(args.run_dir)
-    recomputed = diagnose(run.metrics, thresholds)
+    recomputed = diagnose(run.metrics, thresholds, defaults=run.defaults)
     shown = recomputed if args.all else summarize(recomputed)
     stored = run.diagnostics if args.all else summarize(run.diagnostics)
     floor = severity_rank(args.min_severity)
@@ -123,11 +129,14 @@ def doctor_main(argv: list[str]) -> int:
     console = Console(highlight=False, soft_wrap=True)  # long lines stay greppable in logs
     last = run.last_iteration
     state = "finished" if run.finished else "no summary.json yet (running or stopped)"
+    if run.source != "rlhfkit":
+        state = f"a {run.source} log"
     console.print(f"rlhfkit doctor {run.path}: {len(run.metrics)} iterations"
                   + (f" (last {last})" if last is not None else "") + f", {state}", markup=False)
     for note in run.notes:
         console.print(f"  note: {note}", markup=False)
-    _print_findings(console, "Findings recomputed from metrics.jsonl:", shown)
+    log_name = run.path.name if run.path.is_file() else "metrics.jsonl"
+    _print_findings(console, f"Findings recomputed from {log_name}:", shown)
     if run.diagnostics or (run.path / "diagnostics.jsonl").exists():
         _print_findings(console, "Reported during training (diagnostics.jsonl):", stored)
     counts = {s: sum(f.severity == s for f in summarize(basis)) for s in SEVERITIES}
@@ -168,11 +177,12 @@ def report_main(argv: list[str]) -> int:
         raise UserError(f"--samples must be >= 0, got {args.samples}")
     thresholds = _thresholds(args)
     runs = [load_run(d) for d in args.run_dirs]
-    out = Path(args.out) if args.out else Path(args.run_dirs[0]) / "report"
-    from rlhfkit.diagnostics.report import build_report
+    first = Path(args.run_dirs[0])
+    out = Path(args.out) if args.out else (first if first.is_dir() else first.parent) / "report"
+    from rlhfkit.diagnostics.report import build_report, png_note
 
     path = build_report(runs, out, iterations=_parse_iterations(args.iterations),
                         samples_per_iteration=args.samples, png=not args.no_png, thresholds=thresholds,
                         title=args.title)
-    print(f"wrote {path}" + ("" if args.no_png else f" and {path.parent / 'plots'}/*.png"))
+    print(f"wrote {path}" + ("" if args.no_png else png_note(path)))
     return 0

@@ -1,74 +1,149 @@
-"""Definitions of every logged metric (used by the report's chart tooltips and docs/diagnostics.md)."""
+"""Definitions of every logged metric: the one source of truth.
+
+The report's chart tooltips read `METRICS`, and docs/diagnostics.md's glossary table is generated
+from it (`python -m rlhfkit.diagnostics.glossary --write docs/diagnostics.md`); a test fails when
+the two differ or when a trainer logs a metric that has no entry here.
+"""
 
 from __future__ import annotations
 
+import argparse
+import re
+from pathlib import Path
+
 METRICS: dict[str, str] = {
-    # PPO rollout
-    "rollout/reward_mean": "Mean over sequences of the total shaped reward the advantages see: the "
-    "score (after clipping and any no-stop penalty) plus the summed per-token KL penalty -beta * KL_t.",
-    "rollout/reward_std": "Standard deviation (population) of that reward across the rollout's sequences.",
-    "rollout/score_mean": "Mean raw score of the reward function / reward model per sequence.",
-    "rollout/kl": "Mean over sequences of the summed per-token k1 KL estimate "
-    "log pi(a) - log pi_ref(a) to the reference (nats per sequence); can be negative only by noise.",
-    "rollout/response_length": "Mean number of response tokens per sequence, up to and including "
-    "the first stop token.",
+    # ---- rollout: PPO, GRPO, RLOO
+    "rollout/reward_mean": "Mean over the rollout's sequences of the total reward the advantages see, summed over "
+    "the sequence's tokens: the score (after score_clip and no_stop_penalty) plus, in PPO with kl_penalty=reward, "
+    "the per-token KL penalty -kl_coef * KL_t. GRPO/RLOO: the score alone (their KL term is in the loss).",
+    "rollout/reward_std": "Standard deviation (population, /N) of that per-sequence reward across the rollout.",
+    "rollout/score_mean": "Mean raw score of the reward function or reward model per sequence, before score_clip "
+    "and no_stop_penalty.",
+    "rollout/score_std": "Standard deviation (population) of the raw scores across the rollout.",
+    "rollout/kl": "Mean over sequences of the summed per-token k1 KL estimate log pi(a) - log pi_ref(a) to the "
+    "reference (nats per sequence); negative only by sampling noise. GRPO/RLOO: only with beta > 0.",
+    "rollout/non_score_reward": "PPO: mean over sequences of the summed KL part of the reward, sum_t -kl_coef * "
+    "KL_t (KL_t from kl_estimator); 0 with kl_penalty=loss. rollout/reward_mean minus this is the mean score added.",
+    "rollout/advantage_mean_raw": "PPO: token mean of the GAE advantages before whitening (whitened ones average "
+    "0). Positive: returns exceed the critic's values, as they do early on with a zero-initialised value head.",
+    "rollout/return_mean": "PPO: token mean of the value targets R_t = A_t + V(s_t) (GAE returns, formed before "
+    "the advantages are whitened).",
+    "rollout/value_mean": "PPO: token mean of the critic's values V(s_t) at rollout time; it approaches "
+    "rollout/return_mean as the critic learns.",
+    "rollout/response_length": "Mean number of response tokens per sequence, up to and including the first stop "
+    "token.",
     "rollout/stop_fraction": "Fraction of responses that ended with a stop token before max_new_tokens.",
-    "rollout/entropy": "Mean per-token entropy (nats) of the policy over response tokens, from "
-    "temperature-scaled logits.",
-    # PPO losses
-    "loss/policy": "Clipped-surrogate policy loss (minimised); its sign follows the advantages.",
-    "loss/value": "(Clipped) squared-error value loss of the critic against the GAE returns.",
-    "loss/entropy": "Mean token entropy (nats) of the policy during the update, aggregated like the "
-    "losses; the bonus term before its coefficient.",
-    "loss/total": "Total loss optimised: policy + vf_coef * value - ent_coef * entropy (+ beta * k3 KL "
-    "when kl_penalty=loss).",
-    # PPO update statistics
-    "params/policy_clip_frac": "Fraction of response tokens where the clipped surrogate term is "
-    "strictly greater (>) than the unclipped one, i.e. the clip is active and changes the loss; "
-    "token-weighted mean over the update's micro-batches.",
-    "params/value_clip_frac": "Fraction of tokens where the clipped value loss is strictly greater "
-    "than the unclipped one.",
-    "params/approx_kl": "Per-token KL estimate between the rollout policy and the policy being "
-    "updated: mean of 0.5 * (log pi - log pi_old)^2 (k2 estimator, nats), token-weighted over micro-batches.",
-    "params/grad_norm": "Global L2 norm of the gradients before clipping (mean over optimiser steps).",
-    "params/max_grad_norm": "The gradient-clipping threshold.",
-    "params/kl_coef": "Coefficient of the per-token KL penalty (adaptive or fixed).",
+    "rollout/entropy": "Mean per-token entropy (nats) of the policy over response tokens, from temperature-scaled "
+    "logits of the teacher-forced pass.",
+    "rollout/group_reward_std": "GRPO/RLOO: mean over prompts of the unbiased (/(G-1)) standard deviation of the "
+    "rewards within the prompt's group of G completions (0 = no learning signal).",
+    "rollout/zero_std_group_fraction": "GRPO/RLOO: fraction of prompts whose G completions all got the same "
+    "reward, so their group-relative advantages are 0.",
+    "rollout/solved_fraction": "GRPO/RLOO: fraction of sampled completions whose score is >= solved_threshold "
+    "(verifiable tasks such as arithmetic: correct answers).",
+    "rollout/advantage_abs_mean": "GRPO/RLOO: mean |A| over the rollout's completions (one group-relative "
+    "advantage per completion).",
+    "rollout/update_fraction": "GRPO/RLOO: fraction of the rollout's rows the update uses (drop_zero_std_groups "
+    "leaves out groups whose rewards all agree; else 1).",
+    "rollout/sampling_rounds": "GRPO with dynamic_sampling: rounds of rollout_batch_size completions sampled this "
+    "iteration to fill the batch with groups that have a reward spread (at most max_sampling_rounds).",
+    "rollout/kept_groups": "GRPO with dynamic_sampling: groups with a reward spread in the batch the update uses.",
+    "rollout/extra_samples": "GRPO with dynamic_sampling: completions sampled beyond the first round, "
+    "(rounds - 1) * rollout_batch_size: the cost of dynamic sampling.",
+    "rollout/overlong_filtered": "GRPO with overlong_filter: fraction of completions cut at max_new_tokens (no stop "
+    "token) whose tokens are left out of the loss.",
+    "rollout/greedy_reward_mean": "ReMax: mean reward of the greedy completions that serve as the baseline.",
+    "rollout/kl_penalty": "REINFORCE++: mean over sequences of the summed per-token KL penalty "
+    "-reward_kl_coef * KL_t folded into the rewards.",
+    "rollout/is_weight_mean": "GRPO with tis_cap: mean truncated importance weight min(pi_train / pi_sampler, "
+    "tis_cap) over the sampled tokens (1 when sampler and trainer agree).",
+    "rollout/is_clip_frac": "GRPO with tis_cap: fraction of sampled tokens whose pi_train / pi_sampler is strictly "
+    "above tis_cap.",
+    "rollout/mismatch_kl": "GRPO with tis_cap: per-token k3 estimate of KL(pi_sampler || pi_train), the mismatch "
+    "between the sampler's and the trainer's log-probs of the same tokens.",
+    "rollout/pairs": "Online DPO: preference pairs kept this iteration (pairs the judge scored equal are dropped).",
+    "rollout/tie_fraction": "Online DPO: fraction of sampled pairs the judge scored equal (dropped).",
+    "rollout/judge_margin": "Online DPO: mean judge score of the chosen minus the rejected answer over the kept "
+    "pairs.",
+    # ---- losses
+    "loss/policy": "Clipped-surrogate policy loss max(-A * ratio, -A * clip(ratio, 1 - eps, 1 + eps)) aggregated "
+    "over tokens (loss_agg), mean over the iteration's optimiser steps; minimised. With whitened advantages it "
+    "starts near 0 and its sign follows the advantages: it does not measure progress.",
+    "loss/value": "PPO: value loss 0.5 * max((V - R)^2, (V_clip - R)^2) against the GAE returns R (0.5 * (V - R)^2 "
+    "with value_clip_eps=None), aggregated like the policy loss; loss/total weighs it by vf_coef.",
+    "loss/entropy": "PPO: mean token entropy (nats) of the policy during the update, aggregated like the losses "
+    "(a positive number); loss/total subtracts ent_coef times it, a bonus. Logged even when ent_coef=0.",
+    "loss/total": "The loss minimised: loss/policy + vf_coef * loss/value - ent_coef * loss/entropy (+ kl_coef * "
+    "k3 KL to the reference with kl_penalty=loss); GRPO/RLOO: loss/policy + beta * loss/kl.",
+    "loss/kl": "GRPO/RLOO: k3 KL estimate to the reference, aggregated over tokens like the policy loss "
+    "(beta > 0 only).",
+    # ---- update statistics
+    "params/policy_clip_frac": "Fraction of response tokens where the clipped surrogate term is strictly greater "
+    "(>) than the unclipped one, i.e. the clip is active and changes the loss (A > 0 and ratio > 1 + eps, or "
+    "A < 0 and ratio < 1 - eps); token-weighted mean over the update's micro-batches.",
+    "params/value_clip_frac": "PPO: fraction of response tokens where the clipped value error (V_clip - R)^2 is "
+    "strictly greater than the unclipped one, so the clipped term sets the loss; token-weighted over micro-batches.",
+    "params/approx_kl": "Per-token KL estimate between the rollout policy and the policy being updated: mean of "
+    "0.5 * (log pi - log pi_old)^2 (k2 estimator, nats), token-weighted over micro-batches.",
+    "params/ratio_mean": "Token mean of the ratio pi / pi_old over the update's micro-batches (exactly 1 before "
+    "the first optimiser step).",
+    "params/ratio_first_microbatch_maxdev": "Max |pi/pi_old - 1| on the first micro-batch of the rollout, before "
+    "any update: must be ~0 (float error).",
+    "params/grad_norm": "Global L2 norm of the gradients before clipping to max_grad_norm (RL trainers: mean over "
+    "the iteration's optimiser steps).",
+    "params/max_grad_norm": "The gradient-clipping threshold (the max_grad_norm option). A history without it is "
+    "judged against the run's config.yaml, else 1.0.",
+    "params/kl_coef": "PPO: coefficient of the per-token KL penalty (adaptive or fixed).",
+    "params/beta": "GRPO/RLOO: coefficient of the k3 KL term in the loss.",
     "params/lr": "Learning rate at the end of the iteration.",
-    "params/ratio_first_microbatch_maxdev": "Max |pi/pi_old - 1| on the first micro-batch of the "
-    "rollout, before any update: must be ~0 (float error).",
-    "params/skipped_steps": "Optimiser steps of the iteration skipped because the loss or the gradient "
-    "norm was NaN/inf (nothing applied); the run stops after max_nonfinite_steps in a row.",
-    # timing
-    "timing/rollout_s": "Seconds spent generating and scoring the rollout.",
-    "timing/update_s": "Seconds spent in the optimisation phase.",
-    "throughput/tokens_per_s": "Valid generated response tokens per second of wall time over the "
-    "whole iteration (rollout + update).",
-    # GRPO
-    "rollout/group_reward_std": "Mean over prompts of the reward std within each prompt's group "
-    "of completions (0 = no learning signal).",
-    "rollout/solved_fraction": "Fraction of sampled completions that the task reward marks as "
-    "correct (verifiable tasks such as arithmetic).",
-    # DPO
-    "rewards/chosen": "Implicit DPO reward of chosen answers: beta * (log pi - log pi_ref), mean.",
-    "rewards/rejected": "Implicit DPO reward of rejected answers, mean.",
-    "rewards/accuracy": "Fraction of pairs whose chosen implicit reward exceeds the rejected one.",
-    "rewards/margin": "Mean of rewards/chosen - rewards/rejected.",
-    "logps/chosen": "Mean summed log-prob of the chosen answers under the policy (nats).",
-    "logps/rejected": "Mean summed log-prob of the rejected answers under the policy (nats).",
-    "loss/dpo": "DPO (or IPO / cDPO) loss.",
-    # RM
-    "rm/accuracy": "Fraction of pairs where the reward model scores chosen above rejected.",
-    "rm/margin": "Mean score difference chosen - rejected.",
-    "rm/chosen_mean": "Mean reward-model score of chosen answers.",
-    "rm/rejected_mean": "Mean reward-model score of rejected answers.",
-    "loss/rm": "Pairwise (Bradley-Terry) loss -log sigmoid(score_chosen - score_rejected).",
-    # SFT
-    "loss/sft": "Token-mean cross-entropy on the training targets.",
-    "eval/loss": "Token-mean cross-entropy on the held-out set.",
-    "eval/perplexity": "exp(eval/loss).",
+    "params/skipped_steps": "Optimiser steps of the iteration skipped because the loss or the gradient norm was "
+    "NaN/inf (nothing applied); the run stops after max_nonfinite_steps in a row.",
+    "params/epoch": "DPO: passes over the preference pairs completed after this optimiser step (fractional).",
+    "params/seq_ratio_mean": "GRPO/RLOO with sequence-level ratios (GSPO): mean over completions of the sequence "
+    "ratio s_i = exp(token mean of log pi - log pi_old).",
+    "params/kl_reference_point": "KTO: z_0, the batch's reference point: the mean log pi - log pi_ref of "
+    "mismatched (prompt, answer) pairs over all processes, clamped at 0 (an estimate of KL(pi || pi_ref)).",
+    # ---- preference learning
+    "rewards/chosen": "DPO: implicit reward of chosen answers, beta * (log pi - log pi_ref), mean (KTO: of the "
+    "desirable answers).",
+    "rewards/rejected": "DPO: implicit reward of rejected answers, mean (KTO: of the undesirable answers).",
+    "rewards/accuracy": "DPO: fraction of pairs whose chosen implicit reward is strictly greater than the "
+    "rejected one.",
+    "rewards/margin": "DPO: mean of rewards/chosen - rewards/rejected.",
+    "logps/chosen": "DPO: mean summed log-prob of the chosen answers under the policy (nats).",
+    "logps/rejected": "DPO: mean summed log-prob of the rejected answers under the policy (nats).",
+    "loss/dpo": "DPO loss (sigmoid, IPO or cDPO by loss_type), mean over the optimiser step's pairs.",
+    "loss/kto": "KTO loss lambda_y - v(x, y), with v = lambda_D sigmoid(beta (r - z_0)) for desirable answers and "
+    "lambda_U sigmoid(beta (z_0 - r)) for undesirable ones, r = log pi - log pi_ref; mean over the step's examples.",
+    "data/desirable_fraction": "KTO: fraction of the optimiser step's examples labelled desirable.",
+    "rm/accuracy": "Reward model: fraction of pairs scored chosen > rejected.",
+    "rm/margin": "Reward model: mean score difference chosen - rejected.",
+    "rm/chosen_mean": "Reward model: mean score of chosen answers.",
+    "rm/rejected_mean": "Reward model: mean score of rejected answers.",
+    "loss/rm": "Pairwise (Bradley-Terry) loss -log sigmoid(score_chosen - score_rejected), mean over pairs.",
+    # ---- supervised fine-tuning and held-out evaluations
+    "loss/sft": "SFT: token-mean cross-entropy on the training targets of the optimiser step.",
+    "eval/loss": "SFT: token-mean cross-entropy on the held-out set (every eval_every steps and at the end).",
+    "eval/perplexity": "SFT: exp(eval/loss).",
+    "eval/rm_loss": "Reward model: pairwise loss on the held-out pairs (every eval_every steps and at the end).",
+    "eval/rm_accuracy": "Reward model: held-out fraction of pairs scored chosen > rejected.",
+    "eval/rm_margin": "Reward model: held-out mean score difference chosen - rejected.",
+    "tokens": "SFT: target (unmasked response) tokens in the optimiser step's batch, all processes.",
+    # ---- time
+    "timing/rollout_s": "Seconds of the iteration before the update: sampling, reward, the teacher-forced pass "
+    "(and GAE in PPO).",
+    "timing/update_s": "Seconds of the optimisation phase (every epoch, mini-batch and micro-batch).",
+    "timing/generate_s": "Seconds spent sampling the responses.",
+    "timing/reward_s": "Seconds spent in the reward function or reward model.",
+    "timing/logprobs_s": "Seconds of the teacher-forced pass (log-probs, values, entropy, reference log-probs).",
+    "timing/step_s": "SFT, RM, DPO: seconds of one optimiser step, batch to update.",
+    "throughput/tokens_per_s": "Valid generated response tokens per second of wall time over the whole "
+    "iteration (rollout + update), summed over processes.",
 }
 
-GROUP_ORDER = ("rollout", "loss", "params", "rewards", "logps", "rm", "eval", "timing", "throughput")
+GROUP_ORDER = ("rollout", "loss", "params", "rewards", "logps", "rm", "data", "eval", "timing", "throughput")
+BEGIN = "<!-- glossary: generated from src/rlhfkit/diagnostics/glossary.py by `python -m rlhfkit.diagnostics.glossary --write docs/diagnostics.md`; edit the code, not this table -->"  # noqa: E501
+END = "<!-- end of generated glossary -->"
 
 
 def describe(metric: str) -> str:
@@ -86,3 +161,36 @@ def sort_metrics(names: set[str] | list[str]) -> list[str]:
         return (g, order.get(name, len(order)), name)
 
     return sorted(names, key=key)
+
+
+def render_markdown() -> str:
+    """The glossary as the Markdown table docs/diagnostics.md carries, between BEGIN and END."""
+    escaped = {name: text.replace("|", "\\|") for name, text in METRICS.items()}  # a | would split the cell
+    rows = [f"| `{name}` | {escaped[name]} |" for name in sort_metrics(list(METRICS))]
+    return "\n".join([BEGIN, "| metric | definition |", "|---|---|", *rows, END])
+
+
+def replace_block(text: str) -> str:
+    """`text` with its generated block (BEGIN ... END) replaced by the current glossary."""
+    pattern = re.compile(re.escape(BEGIN) + r".*?" + re.escape(END), re.S)
+    if not pattern.search(text):
+        raise ValueError("no generated glossary block (BEGIN ... END markers) in the text")
+    return pattern.sub(lambda _: render_markdown(), text)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m rlhfkit.diagnostics.glossary",
+                                description="Print the metric glossary as Markdown, or rewrite it in a file.")
+    p.add_argument("--write", metavar="FILE", help="replace the generated block in FILE (docs/diagnostics.md)")
+    args = p.parse_args(argv)
+    if not args.write:
+        print(render_markdown())
+        return 0
+    path = Path(args.write)
+    path.write_text(replace_block(path.read_text(encoding="utf-8")), encoding="utf-8")
+    print(f"wrote the glossary ({len(METRICS)} metrics) to {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -54,7 +54,8 @@ class History:
     values, oldest first, in O(n).
     """
 
-    def __init__(self, rows: Iterable[Mapping[str, Any]] = ()) -> None:
+    def __init__(self, rows: Iterable[Mapping[str, Any]] = (), defaults: Mapping[str, float] | None = None) -> None:
+        self.defaults = dict(defaults or {})  # run-level values for metrics the history lacks (from config.yaml)
         self._series: dict[str, list[Point]] = {}
         self._iterations: list[int] = []
         self._nonfinite: dict[str, float] = {}
@@ -126,6 +127,16 @@ class History:
     def series(self, key: str) -> list[Point]:
         """Every finite point of a metric (a copy)."""
         return list(self._series.get(key, []))
+
+    def current_or_default(self, key: str) -> tuple[float | None, str]:
+        """(value, source): the metric at the current iteration ("logged"), else the run's own
+        setting from ``defaults`` ("config.yaml"), else (None, "")."""
+        value = self.current(key)
+        if value is not None:
+            return value, "logged"
+        if key in self.defaults:
+            return self.defaults[key], "config.yaml"
+        return None, ""
 
     def first_present(self, *keys: str) -> str | None:
         """The first of ``keys`` logged at the current iteration."""

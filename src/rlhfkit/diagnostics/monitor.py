@@ -38,11 +38,14 @@ class Monitor:
         history: earlier metric rows (each with "iteration") to start from, e.g. when
             resuming; the rules are replayed over them silently so old problems are not
             reported again.
+        defaults: run-level values for metrics the rows may lack, e.g.
+            ``{"params/max_grad_norm": 5.0}`` from the run's config (see `rundir.run_defaults`).
     """
 
     def __init__(self, thresholds: Thresholds | None = None, path: str | Path | None = None, *,
                  rules: Iterable[str] | None = None, strict: bool = False,
-                 history: Iterable[Mapping[str, Any]] | None = None) -> None:
+                 history: Iterable[Mapping[str, Any]] | None = None,
+                 defaults: Mapping[str, float] | None = None) -> None:
         self.thresholds = thresholds or Thresholds()
         self.path = Path(path) if path is not None else None
         self.strict = strict
@@ -51,7 +54,7 @@ class Monitor:
         if unknown:
             raise ValueError(f"unknown diagnostics rule(s) {unknown}; known: {sorted(RULES)}")
         self.rules: list[Rule] = [RULES[n] for n in names]
-        self.history = History()
+        self.history = History(defaults=defaults)
         self.findings: list[Finding] = []  # everything reported, in order
         self._last: dict[tuple[str, str], Finding] = {}  # last reported per identity
         self._last_seen: dict[tuple[str, str], int] = {}  # observation index it last held
@@ -118,13 +121,15 @@ class Monitor:
 
 
 def diagnose(history: Iterable[Mapping[str, Any]], thresholds: Thresholds | None = None, *,
-             rules: Iterable[str] | None = None, strict: bool = False) -> list[Finding]:
+             rules: Iterable[str] | None = None, strict: bool = False,
+             defaults: Mapping[str, float] | None = None) -> list[Finding]:
     """Findings of a whole metric history, exactly as a Monitor would have reported them online.
 
     ``history``: rows with an integer "iteration" key plus metrics (metrics.jsonl), in order.
+    ``defaults``: run-level values for metrics the rows lack (``RunData.defaults``).
     Use `rlhfkit.diagnostics.summarize` to keep only the worst finding per rule.
     """
-    monitor = Monitor(thresholds, rules=rules, strict=strict)
+    monitor = Monitor(thresholds, rules=rules, strict=strict, defaults=defaults)
     for row in history:
         monitor.observe(int(row["iteration"]), row)
     return monitor.findings

@@ -5,6 +5,10 @@
     samples.jsonl      {"iteration", "prompt", "completion", "reward", "score"} rows
     diagnostics.jsonl  findings reported online (rlhfkit.diagnostics.Monitor)
     summary.json       before/after evaluation numbers (absent while running)
+
+Other tools' logs load too (`foreign.py`): a TRL / transformers output folder (its
+trainer_state.json, or the newest checkpoint-N's), a trainer_state.json file, or a JSONL file of
+metric rows with a "step" key; their metric names are mapped to rlhfkit's.
 """
 
 from __future__ import annotations
@@ -14,6 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from rlhfkit.diagnostics import foreign
 from rlhfkit.diagnostics.findings import Finding
 from rlhfkit.errors import DataError, UserError
 
@@ -35,6 +40,12 @@ class RunData:
     diagnostics: list[Finding] = field(default_factory=list)
     summary: dict[str, Any] | None = None
     notes: list[str] = field(default_factory=list)  # e.g. "skipped a partial last line"
+    source: str = "rlhfkit"  # or the kind of foreign log, e.g. "TRL PPO"
+
+    @property
+    def defaults(self) -> dict[str, float]:
+        """Run-level values for metrics the history may lack (see `run_defaults`)."""
+        return run_defaults(self.config)
 
     @property
     def name(self) -> str:
@@ -74,11 +85,24 @@ def read_jsonl(path: Path, notes: list[str] | None = None) -> list[dict[str, Any
     return rows
 
 
+def run_defaults(config: dict[str, Any]) -> dict[str, float]:
+    """{"params/max_grad_norm": x} when the config sets a positive max_grad_norm, else {}: the clip
+    threshold a history without params/max_grad_norm is judged against."""
+    value = flatten(config).get("max_grad_norm")
+    if isinstance(value, (int, float)) and not isinstance(value, bool) and value > 0:
+        return {"params/max_grad_norm": float(value)}
+    return {}
+
+
 def read_metrics(path: Path, notes: list[str] | None = None) -> list[dict[str, Any]]:
     """metrics.jsonl rows sorted by iteration; a repeated iteration (a resumed run) keeps the
-    row written last."""
+    row written last. Rows without "iteration" but with "step" (another tool's log) are keyed
+    by their step."""
+    rows = read_jsonl(path, notes)
+    if all("iteration" not in r for r in rows) and any(k in r for r in rows for k in foreign.STEP_KEYS):
+        rows = foreign.with_iterations(rows)
     by_iteration: dict[int, dict[str, Any]] = {}
-    for n, row in enumerate(read_jsonl(path, notes), 1):
+    for n, row in enumerate(rows, 1):
         it = row.get("iteration")
         if isinstance(it, float) and it.is_integer():
             it = int(it)
@@ -89,18 +113,47 @@ def read_metrics(path: Path, notes: list[str] | None = None) -> list[dict[str, A
     return [by_iteration[i] for i in sorted(by_iteration)]
 
 
+def _renamed(run: RunData, where: str) -> RunData:
+    """Map another tool's metric names to rlhfkit's (no change for an rlhfkit log), with a note."""
+    run.metrics, kind, used = foreign.rename(run.metrics)
+    if kind is not None:
+        run.source = kind
+        run.notes.append(f"read a {kind} log ({where}); names mapped: {', '.join(used) or 'none'}")
+    return run
+
+
+def load_log_file(path: Path) -> RunData:
+    """A single log file: a trainer_state.json or a JSONL file of metric rows."""
+    notes: list[str] = []
+    if path.name.endswith(".json"):
+        try:
+            rows = foreign.with_iterations(foreign.read_trainer_state(path))
+        except (json.JSONDecodeError, ValueError) as e:
+            raise DataError(f"{path}: not a trainer_state.json ({e})") from None
+    else:
+        rows = read_metrics(path, notes)
+    return _renamed(RunData(path=path, metrics=rows, notes=notes), path.name)
+
+
 def load_run(path: str | Path) -> RunData:
-    """Load a run folder. UserError when it is not a folder or has neither metrics.jsonl nor
-    diagnostics.jsonl; DataError for malformed files."""
+    """Load a run folder (or another tool's log, see the module docstring). UserError when it is
+    neither a folder nor a file, or a folder without metrics.jsonl, diagnostics.jsonl or a
+    trainer_state.json; DataError for malformed files."""
     root = Path(path)
+    if root.is_file():
+        return load_log_file(root)
     if not root.is_dir():
         raise UserError(f"run folder '{root}' does not exist (expected runs/<name>/)")
     metrics_path, diag_path = root / METRICS_FILE, root / DIAGNOSTICS_FILE
     if not metrics_path.exists() and not diag_path.exists():
-        raise UserError(f"'{root}' has no {METRICS_FILE}: is it a run folder (runs/<name>/)?")
+        state = foreign.find_trainer_state(root)
+        if state is not None:
+            return load_log_file(state)
+        raise UserError(f"'{root}' has no {METRICS_FILE} (nor a trainer_state.json): is it a run folder "
+                        "(runs/<name>/)?")
     notes: list[str] = []
     metrics = read_metrics(metrics_path, notes) if metrics_path.exists() else []
-    run = RunData(path=root, metrics=metrics, notes=notes)
+    run = _renamed(RunData(path=root, metrics=metrics, notes=notes), METRICS_FILE)
     if (root / CONFIG_FILE).exists():
         import yaml
 

@@ -37,11 +37,11 @@ class Thresholds:
 
     # ---- PPO / GRPO policy update -------------------------------------------------------
     clip_frac_warn: float = 0.2
-    """Healthy PPO on LMs clips 1-15% of tokens (seed 001: 0.05 is "an excellent sign");
-    above 20% (ratio leaving [1-eps, 1+eps] on one token in five) updates are too big."""
+    """Healthy PPO on LMs clips 1-15% of tokens (0.05 reads as a stable run); above 20%
+    (the clip active on one token in five) updates are too big."""
     clip_frac_critical: float = 0.4
-    """Seed 001 calls 0.6-0.8 "a major red flag": most of the gradient is being clipped
-    away and what remains is noise. 0.4 leaves margin before that."""
+    """A clip fraction of 0.6-0.8 is a red flag (most of the gradient is clipped away and what
+    remains is noise); 0.4 leaves margin before that."""
     clip_rise_window: int = 8
     """Iterations over which a rising clip fraction is measured."""
     clip_frac_rise: float = 0.15
@@ -49,7 +49,7 @@ class Thresholds:
     (well above batch noise of ~0.02), even while still below clip_frac_warn."""
     approx_kl_warn: float = 0.1
     """params/approx_kl is the per-token KL between the policy before and after one update.
-    Seed 001 treats 0.06-0.08 as "low and stable"; 0.1 per token per update is large."""
+    0.06-0.08 reads as low and stable; 0.1 per token per update is large."""
     approx_kl_critical: float = 0.5
     """Half a nat per token per update: the update left the trust region entirely."""
 
@@ -63,27 +63,49 @@ class Thresholds:
     grad_norm_spike_critical: float = 20.0
     """20x the median: an explosion (one step like this can wreck the weights)."""
     grad_norm_clip_warn: float = 10.0
-    """Norm (before clipping) over the clip threshold params/max_grad_norm. Seed 001: a norm
-    of 2.9 with max 1.0 is "stable", 17 is a "major red flag" of exploding gradients."""
+    """Norm (before clipping) over the clip threshold params/max_grad_norm: a norm of 2.9 with
+    max 1.0 is stable (clipping exists for that), 17 is a red flag of exploding gradients."""
     grad_norm_clip_critical: float = 100.0
     """Two orders of magnitude past the clip threshold: clipping hides a divergence."""
+    default_max_grad_norm: float = 1.0
+    """Clip threshold assumed for a history without params/max_grad_norm (another tool's log,
+    an older run) and without a max_grad_norm in the run's config.yaml: 1.0 is the usual
+    default (rlhfkit, transformers' Trainer, TRL)."""
 
     # ---- value function --------------------------------------------------------------------
     value_window: int = 10
-    """Iterations over which the value loss trend and the reward movement are compared
-    (first third vs last third of the window)."""
+    """Iterations over which the value loss trend and the movement of the policy and the
+    reward are compared (first third vs last third of the window)."""
+    value_min_iterations: int = 6
+    """A flat value loss is judged from this many iterations on (before value_window is full):
+    a critic that stays flat over its first six or seven rollouts while the policy moves is
+    already a warning sign. A rise is judged over a full value_window only: early on a
+    zero-initialised critic's loss grows with the rewards while it catches up."""
     value_flat_rel: float = 0.1
-    """A value loss that fell by less than 10% across the window counts as flat."""
+    """A value loss that fell by less than 10% across the window (first third vs last third)
+    counts as flat..."""
+    value_flat_band: float = 0.25
+    """...when every value of the window also lies within 25% of the window's mean: a loss
+    that stays put, not one that bounces (on small batches the loss jumps 2-5x between
+    iterations, which says nothing either way)."""
     value_rise_rel: float = 0.5
-    """A value loss that rose by 50% across the window counts as rising."""
+    """A value loss that rose by 50% across a full window is reported as "rose", a smaller rise
+    as "crept up" (both are findings: a learning critic's loss falls while its targets move)."""
     value_reward_move: float = 0.25
     """Rewards "move" when the mean reward changed by at least 0.25 per-sample reward
     standard deviations (rollout/reward_std) across the window: the return targets changed,
     so a learning critic's loss should change too."""
+    value_policy_kl: float = 1e-3
+    """The policy "moves" when params/approx_kl averages at least 1e-3 nats/token per update
+    over the window (~0.05 nats per 48-token response per update; a frozen policy gives
+    ~1e-6): the states and return targets change, so a learning critic's loss should too."""
+    value_kl_move: float = 1.0
+    """The policy also "moves" when its KL to the reference (rollout/kl) changed by at least 1
+    nat per sequence across the window."""
     value_learned_frac: float = 0.1
     """A value loss below 10% of the reward variance (reward_std^2) means the critic already
-    explains ~90% of the return variance: flat is then fine (seed 001: it should "stabilise at
-    a low level")."""
+    explains ~90% of the return variance: flat is then fine (a critic's loss should settle at a
+    low level)."""
     value_clip_frac_warn: float = 0.5
     """More than half the value predictions clipped: the critic can barely move (value
     targets large compared with the value clip range)."""
@@ -106,16 +128,16 @@ class Thresholds:
     # ---- entropy ---------------------------------------------------------------------------
     entropy_collapse_frac: float = 0.2
     """Recent token entropy below 20% of its starting level: the policy has become nearly
-    deterministic and stops exploring (seed 001: entropy "shouldn't collapse too quickly")."""
+    deterministic and stops exploring (entropy should not collapse early)."""
     entropy_critical_frac: float = 0.05
     """Below 5% of the start: collapsed; further updates only sharpen one answer."""
 
     # ---- reward ----------------------------------------------------------------------------
     reward_flat_window: int = 25
-    """Iterations with no reward movement before "flat" is reported. Seed 001: the reward "may not
-    increase for the first 10's of iterations" while the critic warms up, so a flat reward is
-    only info at first and becomes a warning when it has not risen above its start after twice
-    this many iterations."""
+    """Iterations with no reward movement before "flat" is reported. The reward may not rise for
+    the first tens of iterations while the critic warms up, so a flat reward is only info at
+    first and becomes a warning when it has not risen above its start after twice this many
+    iterations."""
     reward_flat_rel: float = 0.1
     """"Flat" = the mean reward of the window's second half differs from its first half by
     less than 0.1 per-sample reward std (or 10% of |mean| when reward_std is not logged)."""
@@ -139,7 +161,7 @@ class Thresholds:
     up to float error (~1e-5 in fp32); bf16 logits can reach ~1e-2, hence only a warning."""
     ratio_dev_critical: float = 5e-2
     """5% cannot be float error even in bf16: log-probs are reconstructed wrongly
-    (off-by-one slice, dropout on, temperature, position ids; pitfalls 1, 2, 4, 6)."""
+    (off-by-one slice, dropout on, temperature, position ids: docs/pitfalls.md#off-by-one)."""
 
     # ---- GRPO --------------------------------------------------------------------------------
     group_std_collapse_frac: float = 0.1

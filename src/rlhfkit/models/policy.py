@@ -108,33 +108,16 @@ class ActorCritic(nn.Module):
         return trunk_states(_unwrap(self.policy).get_decoder(), self.trunk_depth, input_ids, attention_mask,
                             position_ids_from_mask(attention_mask))
 
-    def forward(
-        self,
-        input_ids: torch.Tensor,  # (B, L)
-        attention_mask: torch.Tensor,  # (B, L)
-        num_response: int,
-        with_values: bool = True,
-        response_ids: torch.Tensor | None = None,  # (B, R)
-        response_mask: torch.Tensor | None = None,  # (B, R)
-        temperature: float = 1.0,
-        with_entropy: bool = False,
-        entropy_grad: bool = True,
-        trunk: torch.Tensor | None = None,  # (B, L, H) from self.trunk(...): the frozen layers are skipped
-    ) -> tuple[torch.Tensor, ...]:
-        """Logits and values for the last `num_response` tokens (the response).
+    def _hidden_and_values(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, num_response: int,
+                           with_values: bool, trunk: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Final hidden states (B, R, H) of the positions that predict the R response tokens, and the
+        values (B, R) (None without a value head or `with_values`).
 
-        The prediction for response token i comes from position P-1+i (docs/pitfalls.md#off-by-one), so
-        we keep positions [L-R-1, L-1): logits (B, R, V), values (B, R).
-
-        Given `response_ids`, returns (log-probs (B, R), values, entropy (B, R) or None) of those
-        tokens at `temperature` instead of logits, through the fused output head
-        (algos.head_logprobs: no (B, R, V) logits kept); positions where `response_mask` is 0 are
-        skipped and read 0. `entropy_grad=False` gives the entropy as a constant (a metric).
-
-        With frozen bottom layers (`trunk_depth`) the pass always splits there: `trunk` when the
-        rollout kept it, else recomputed here. The scoring pass splits too, so the first update
-        micro-batch repeats it bit for bit whether or not the trunk fitted in `trunk_cache_mb`.
-        """
+        The prediction for response token i comes from position P-1+i (docs/pitfalls.md#off-by-one),
+        so positions [L-R-1, L-1) are kept. With frozen bottom layers (`trunk_depth`) the pass always
+        splits there: `trunk` when the rollout kept it, else recomputed here. The log-prob pass
+        splits too, so the first update micro-batch repeats it bit for bit whether or not the trunk
+        fitted in `trunk_cache_mb`."""
         lm = _unwrap(self.policy)
         if trunk is None and self.trunk_depth:  # not kept: recomputed, so every pass takes the same path
             trunk = self.trunk(input_ids, attention_mask)
@@ -149,11 +132,39 @@ class ActorCritic(nn.Module):
                 values = self.value_head(ch)
             else:
                 values = self.value_head(hidden)
-        if response_ids is not None:
-            logp, ent = head_logprobs(hidden, lm.get_output_embeddings(), response_ids, response_mask, temperature,
-                                      with_entropy, entropy_grad)
-            return logp, values, ent
-        return lm.get_output_embeddings()(hidden), values  # (B, R, V), (B, R)
+        return hidden, values
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,  # (B, L)
+        attention_mask: torch.Tensor,  # (B, L)
+        num_response: int,
+        with_values: bool = True,
+        response_ids: torch.Tensor | None = None,  # (B, R)
+        response_mask: torch.Tensor | None = None,  # (B, R)
+        temperature: float = 1.0,
+        with_entropy: bool = False,
+        entropy_grad: bool = True,
+        trunk: torch.Tensor | None = None,  # (B, L, H) from self.trunk(...): the frozen layers are skipped
+    ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
+        """(log-probs (B, R), values (B, R) or None, entropy (B, R) or None) of `response_ids`, the last
+        `num_response` tokens, at `temperature`, through the fused output head (algos.head_logprobs:
+        no (B, R, V) logits kept). Positions where `response_mask` is 0 are skipped and read 0.
+        `entropy_grad=False` gives the entropy as a constant (a metric). The full distributions:
+        `logits`."""
+        if response_ids is None:
+            raise TypeError("ActorCritic.forward needs response_ids; use ActorCritic.logits for (B, R, V) logits")
+        hidden, values = self._hidden_and_values(input_ids, attention_mask, num_response, with_values, trunk)
+        logp, ent = head_logprobs(hidden, _unwrap(self.policy).get_output_embeddings(), response_ids, response_mask,
+                                  temperature, with_entropy, entropy_grad)
+        return logp, values, ent
+
+    def logits(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, num_response: int,
+               with_values: bool = False, trunk: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """(logits (B, R, V), values (B, R) or None) of the positions that predict the last
+        `num_response` tokens, through the same path as `forward`."""
+        hidden, values = self._hidden_and_values(input_ids, attention_mask, num_response, with_values, trunk)
+        return _unwrap(self.policy).get_output_embeddings()(hidden), values
 
 
 class Reference:
@@ -213,7 +224,7 @@ class Reference:
         """Reference logits (B, R, V) of the last `num_response` positions."""
         if self.frozen is None:
             with self._adapter_off():
-                logits, _ = self.actor(input_ids, attention_mask, num_response, with_values=False)
+                logits, _ = self.actor.logits(input_ids, attention_mask, num_response)
             return logits
         with self._autocast(input_ids.device):
             return self.frozen.get_output_embeddings()(self._frozen_hidden(input_ids, attention_mask, num_response))

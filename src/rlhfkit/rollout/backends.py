@@ -1,10 +1,12 @@
 """Generation backends for rollouts: HF `generate` (default, runs everywhere) or vLLM (GPU only).
 
 Either backend returns only the sampled TOKENS as a Rollout. Log-probs, values and reference
-log-probs always come from the trainer's own teacher-forced pass (`score_rollout`), so the first
+log-probs always come from the trainer's own teacher-forced pass (`logprob_pass`), so the first
 update micro-batch still repeats that pass exactly and PPO's ratio check still holds. With vLLM the
-tokens come from vLLM's kernels, whose numerics differ slightly from the trainer's: that small
-sampler/trainer mismatch is not corrected (no importance-sampling correction).
+tokens come from vLLM's kernels, whose numerics differ slightly from the trainer's; vLLM also reports
+its own log-prob of each sampled token (`Rollout.sampler_logprobs`), which the GRPO family's
+truncated importance-sampling correction (`tis_cap`) uses. HF generate runs on the trainer itself,
+so its rollouts carry none: the correction's weight is exactly 1 there.
 
 vLLM is an optional extra (`pip install 'rlhfkit[vllm]'`, in its own GPU environment), imported
 only when `generation_backend=vllm` is asked for. Without it, or without a CUDA GPU, the run falls
@@ -72,10 +74,11 @@ class VLLMBackend:
 
     name = "vllm"
 
-    def __init__(self, llm, sampling_params_cls):
+    def __init__(self, llm, sampling_params_cls, processed_logprobs: bool = True):
         self.llm = llm
         self.sampling_params_cls = sampling_params_cls
         self.syncs = 0
+        self.processed_logprobs = processed_logprobs  # the engine reports log-probs after temperature
 
     @classmethod
     def create(cls, model_path: str | Path, dtype: str, gpu_memory_utilization: float, max_model_len: int | None,
@@ -89,14 +92,18 @@ class VLLMBackend:
                   "gpu_memory_utilization": gpu_memory_utilization, "seed": seed, "max_model_len": max_model_len}
         if num_processes > 1:  # one engine per training process, inside the torchrun/accelerate world
             kwargs["distributed_executor_backend"] = "external_launcher"
-        return cls(LLM(**kwargs), VLLMSamplingParams)
+        try:  # log-probs of the temperature-scaled distribution that sampled (vLLM >= 0.10.2)
+            return cls(LLM(**kwargs, logprobs_mode="processed_logprobs"), VLLMSamplingParams)
+        except TypeError:  # an older vLLM reports the raw (temperature 1) log-probs only
+            return cls(LLM(**kwargs), VLLMSamplingParams, processed_logprobs=False)
 
     def sampling_params(self, params: SamplingParams, seed: int):
         """vLLM's SamplingParams for one request: the same distribution as HF sampling (full
         vocabulary at temperature T unless top_k/top_p are set), token ids only."""
         return self.sampling_params_cls(
             n=1, temperature=params.temperature, top_k=params.top_k if params.top_k else -1, top_p=params.top_p,
-            max_tokens=params.max_new_tokens, stop_token_ids=list(params.stop_ids), seed=seed, detokenize=False)
+            max_tokens=params.max_new_tokens, stop_token_ids=list(params.stop_ids), seed=seed, detokenize=False,
+            logprobs=0)  # 0: the sampled token's own log-prob only
 
     def sync(self, policy) -> None:
         model = _engine_model(self.llm)
@@ -117,7 +124,22 @@ class VLLMBackend:
         prompts = [{"prompt_token_ids": ids[m.bool()].tolist()} for ids, m in zip(enc["input_ids"], enc["attention_mask"])]
         sampling = [self.sampling_params(params, request_seed(seed, i)) for i in range(len(prompts))]
         outputs = self.llm.generate(prompts, sampling_params=sampling, use_tqdm=False)
-        return rollout_from_tokens(tokenizer, enc, [completion_ids(o.outputs[0], stop_ids) for o in outputs], stop_ids)
+        rollout = rollout_from_tokens(tokenizer, enc, [completion_ids(o.outputs[0], stop_ids) for o in outputs], stop_ids)
+        if self.processed_logprobs or params.temperature == 1.0:
+            rollout.sampler_logprobs = sampled_logprobs([o.outputs[0] for o in outputs], rollout.response_ids.shape[1])
+        return rollout
+
+
+def sampled_logprobs(outs: list, width: int) -> torch.Tensor | None:
+    """(B, width) the log-prob vLLM reported for each sampled token; NaN where it reported none (a stop
+    token `completion_ids` appended, padding). None when the engine returned no log-probs at all."""
+    if any(getattr(o, "logprobs", None) is None for o in outs):
+        return None
+    table = torch.full((len(outs), width), float("nan"))
+    for i, out in enumerate(outs):
+        for t, (token, options) in enumerate(zip(list(out.token_ids)[:width], out.logprobs)):
+            table[i, t] = float(options[token].logprob)
+    return table
 
 
 def request_seed(seed: int, i: int) -> int:

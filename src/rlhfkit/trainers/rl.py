@@ -27,7 +27,8 @@ from rlhfkit.data.chat import format_prompts
 from rlhfkit.data.prompts import info_lists
 from rlhfkit.errors import UserError
 from rlhfkit.rewards.scoring import mean_std
-from rlhfkit.rollout import Rollout, SamplingParams, generate, score_rollout
+from rlhfkit.rollout import Rollout, SamplingParams, generate
+from rlhfkit.rollout.logprobs import logprob_pass as teacher_forced_pass
 from rlhfkit.runtime.distributed import generation_weights, mean_over_processes
 from rlhfkit.runtime.precision import autocast
 from rlhfkit.runtime.run import Run
@@ -159,12 +160,13 @@ class RLRun:
         return generation_weights(self.run.accelerator, self.core)
 
     # ---- one iteration --------------------------------------------------------------------
-    def sample(self, records: list[dict], iteration: int) -> Rollout:
-        """Sampled responses, scored by the reward; no log-probs yet."""
+    def sample(self, records: list[dict], iteration: int, draw: int = 0) -> Rollout:
+        """Sampled responses, scored by the reward; no log-probs yet. `draw` > 0: a further draw in
+        the same iteration (GRPO's dynamic sampling) with a seed of its own."""
         from rlhfkit.runtime.seeding import sampling_seed
 
         self.iteration = iteration
-        seed = sampling_seed(self.cfg.seed, self.run.rank, iteration)
+        seed = sampling_seed(self.cfg.seed, self.run.rank, iteration) + draw * 104_729
         with self.run.tracker.phase("rollout", None), self.generation_context():
             if self.backend is not None:
                 self.backend.sync(self.core.policy)  # vLLM: this iteration's weights
@@ -177,7 +179,7 @@ class RLRun:
         the update's first micro-batch repeats it exactly and its ratio is 1)."""
         t0 = time.perf_counter()
         with self.run.tracker.phase("log-probs", None), autocast(self.cfg.dtype, self.run.device):
-            score_rollout(self.core, self.reference, rollout, self.cfg.temperature, self.cfg.micro_batch_size,
+            teacher_forced_pass(self.core, self.reference, rollout, self.cfg.temperature, self.cfg.micro_batch_size,
                           order, keep_trunk_mb=getattr(self.cfg, "trunk_cache_mb", 0.0))
         rollout.timings["timing/logprobs_s"] = time.perf_counter() - t0
         return rollout

@@ -64,8 +64,8 @@ def response_logits(actor, mb: Rollout, temperature: float) -> torch.Tensor:
     log-prob pass (frozen trunk, shared prefix); the full distributions the KL constraint needs."""
     device = next(actor.parameters()).device
     trunk = mb.trunk.to(device) if mb.trunk is not None else None
-    logits, _ = actor(mb.input_ids.to(device), mb.attention_mask.to(device), mb.response_ids.shape[1],
-                      with_values=False, trunk=trunk)
+    logits, _ = actor.logits(mb.input_ids.to(device), mb.attention_mask.to(device), mb.response_ids.shape[1],
+                             trunk=trunk)
     return logits.float() / temperature
 
 

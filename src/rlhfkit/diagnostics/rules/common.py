@@ -35,9 +35,9 @@ def non_finite(h: History, t: Thresholds) -> list[Finding]:
         f"non-finite metric values at iteration {h.iteration}: {shown}",
         {"metrics": names, "values": {k: bad[k] for k in names}, "iterations": [h.iteration]},
         "Stop the run: once a loss or gradient is NaN the weights usually are too. Resume from the "
-        "last good checkpoint with a lower learning rate" + lr_hint(h) + "; check for log(0) / "
-        "division by a zero std (a batch of identical rewards), fp16 overflow (use bf16 or fp32) "
-        "and that gradient clipping is on.",
+        "last good checkpoint (--resume) with a lower learning rate" + lr_hint(h) + "; check for "
+        "log(0) / division by a zero std (a batch of identical rewards), fp16 overflow (dtype=bf16 "
+        "or dtype=fp32) and that gradient clipping is on (max_grad_norm).",
         score=len(names),
     )
 
@@ -46,7 +46,8 @@ def non_finite(h: History, t: Thresholds) -> list[Finding]:
       summary="gradient norm far above its own history or the clip threshold")
 def grad_norm_explosion(h: History, t: Thresholds) -> list[Finding]:
     """params/grad_norm (before clipping) vs the median of its previous values and vs the clip
-    threshold params/max_grad_norm."""
+    threshold: params/max_grad_norm when logged, else the run's config.yaml (``h.defaults``),
+    else ``default_max_grad_norm`` (1.0)."""
     cur = h.current(GRAD_NORM)
     if cur is None:
         return []
@@ -54,8 +55,10 @@ def grad_norm_explosion(h: History, t: Thresholds) -> list[Finding]:
     vs_history = vs_clip = None
     if len(prev) >= t.grad_norm_min_history and median(prev) > 0:
         vs_history = cur / median(prev)
-    clip = h.current(MAX_GRAD_NORM)
-    if clip is not None and clip > 0:
+    clip, source = h.current_or_default(MAX_GRAD_NORM)
+    if clip is None:
+        clip, source = t.default_max_grad_norm, "assumed default"
+    if clip > 0:
         vs_clip = cur / clip
     severity, parts = None, []
     score = 0.0
@@ -68,21 +71,23 @@ def grad_norm_explosion(h: History, t: Thresholds) -> list[Finding]:
         sev = "critical" if vs_clip >= t.grad_norm_clip_critical else "warning"
         if severity is None or sev == "critical":
             severity = sev
-        parts.append(f"{fmt(vs_clip)}x the clip threshold max_grad_norm={fmt(clip)}")
+        where = "" if source == "logged" else f" ({source})"
+        parts.append(f"{fmt(vs_clip)}x the clip threshold max_grad_norm={fmt(clip)}{where}")
         score = max(score, vs_clip / t.grad_norm_clip_warn)
     if severity is None:
         return []
     evidence = {"metric": GRAD_NORM, "iterations": [h.iteration], "values": [cur],
                 "grad_norm": cur, "ratio_to_history": vs_history, "ratio_to_clip": vs_clip,
-                "max_grad_norm": clip,
+                "max_grad_norm": clip, "max_grad_norm_source": source,
                 "history_iterations": iterations(prev), "history_values": values(prev)}
     return finding(
         "grad_norm_explosion", severity, h,
         f"gradient norm {fmt(cur)} (before clipping) is " + " and ".join(parts),
         evidence,
         "Updates are numerically unstable: reduce the learning rate 5-10x" + lr_hint(h) +
-        ", keep gradient clipping on (max_grad_norm ~1), add learning-rate warm-up, and check "
-        "that rewards/advantages are scaled (whitened advantages, rewards of order 1).",
+        ", keep gradient clipping on (max_grad_norm ~1), add learning-rate warm-up (warmup_steps), "
+        "and check that rewards/advantages are scaled (whiten_advantages=true, scores of order 1: "
+        "score_clip).",
         score=score,
     )
 

@@ -62,7 +62,7 @@ def rollout_kl_high(h: History, t: Thresholds) -> list[Finding]:
          "kl_coef": coef,
          "threshold": t.rollout_kl_critical if severity == "critical" else t.rollout_kl_warn},
         "The policy drifts far from the reference, where the reward is least trustworthy: raise "
-        "kl_coef or use the adaptive KL controller with a target (~6 nats), lower the learning "
+        "kl_coef (GRPO: beta) or let it adapt (adaptive_kl=true, kl_target=6), lower the learning "
         "rate" + lr_hint(h) + ", and read the samples for reward hacking.",
         score=level / t.rollout_kl_warn,
     )
@@ -115,9 +115,9 @@ def entropy_collapse(h: History, t: Thresholds) -> list[Finding]:
         {"metric": ENTROPY, "iterations": iterations(base) + iterations(recent),
          "values": values(base) + values(recent), "baseline": b, "recent": r, "fraction": frac,
          "threshold": t.entropy_critical_frac if severity == "critical" else t.entropy_collapse_frac},
-        "Read the samples: identical answers mean mode collapse or reward hacking. Raise the "
-        "KL coefficient or the entropy bonus, lower the learning rate" + lr_hint(h) + ", and check "
-        "that the rollout temperature and the entropy use the same temperature-scaled logits.",
+        "Read the samples: identical answers mean mode collapse or reward hacking. Raise kl_coef "
+        "(GRPO: beta) or the entropy bonus ent_coef, lower the learning rate" + lr_hint(h) + ", and "
+        "check that the rollout temperature and the entropy use the same temperature-scaled logits.",
         score=t.entropy_collapse_frac / max(frac, 1e-12),
     )
 
@@ -153,8 +153,8 @@ def reward_flat(h: History, t: Thresholds) -> list[Finding]:
         msg = (f"{key} has not moved for {w} iterations ({span(window)}): {fmt(first)} -> {fmt(second)}, "
                f"start {fmt(base)}")
         action = ("The policy is not learning from this reward: read the samples (is the reward "
-                  "varying at all? rollout/reward_std), raise the learning rate if clip fractions "
-                  "and approx_kl are tiny, lower kl_coef if it dominates the reward, and check "
+                  "varying at all? rollout/reward_std), raise the learning rate if params/policy_clip_frac "
+                  "and params/approx_kl are tiny, lower kl_coef if it dominates the reward, and check "
                   "that the score lands on the last response token.")
     return finding(
         "reward_flat", severity, h, msg,
@@ -189,8 +189,8 @@ def length_explosion(h: History, t: Thresholds) -> list[Finding]:
          "reward_baseline": rw[0] if rw else None, "reward_recent": rw[1] if rw else None,
          "threshold": t.length_explode_factor},
         "Read the samples. If the reward rewards length, normalise it by length or add a length "
-        "penalty; if answers no longer stop, check rollout/stop_fraction, the stop ids and the "
-        "no-EOS penalty; raise kl_coef to stay near the reference.",
+        "penalty; if answers no longer stop, check rollout/stop_fraction, stop_ids and "
+        "no_stop_penalty; raise kl_coef to stay near the reference.",
         score=(r / b) / t.length_explode_factor,
     )
 
@@ -247,7 +247,7 @@ def stop_fraction_falling(h: History, t: Thresholds) -> list[Finding]:
          "values": values(base) + values(recent), "baseline": b, "recent": r, "drop": drop,
          "threshold": t.stop_drop_critical if severity == "critical" else t.stop_drop_warn},
         "Truncated answers get a score for half an answer: penalise responses that never stop "
-        "(no-EOS penalty), check the configured stop ids, raise max_new_tokens if answers "
+        "(no_stop_penalty), check the configured stop_ids, raise max_new_tokens if answers "
         "legitimately grew, and look for rambling (length hacking) in the samples.",
         score=drop / t.stop_drop_warn,
     )

@@ -30,9 +30,9 @@ def group_reward_std_collapse(h: History, t: Thresholds) -> list[Finding]:
         {"metric": GROUP_STD, "iterations": iterations(base) + iterations(recent),
          "values": values(base) + values(recent), "baseline": b, "recent": r,
          "threshold": t.group_std_collapse_frac},
-        "Every completion of a prompt gets the same reward: sample more completions per prompt or "
-        "at a higher temperature, use a graded (not only 0/1) reward, drop prompts that are always "
-        "or never solved, and check rollout/entropy for collapse.",
+        "Every completion of a prompt gets the same reward: sample more completions per prompt "
+        "(group_size) or at a higher temperature, use a graded (not only 0/1) reward, drop prompts "
+        "that are always or never solved, and check rollout/entropy for collapse.",
         score=t.group_std_collapse_frac * b / max(r, 1e-12),
     )
 

@@ -1,8 +1,9 @@
 """PPO update rules: clip fractions, per-update KL, the first-micro-batch ratio, the critic.
 
-These encode the expert reading of seed 001 ("policy_clip_frac rising from 0.6 to 0.8 ... a
-flat value loss means the critic is not learning ... reduce the learning rate 5-10x").
-GRPO logs the same params/* keys, so the policy rules apply to it too.
+These encode how an experienced practitioner reads a run: a policy clip fraction rising from
+0.6 to 0.8 is a red flag, a value loss that stays flat while the policy moves means the critic
+is not learning, and the first fix is a 5-10x lower learning rate. GRPO logs the same params/*
+keys, so the policy rules apply to it too.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ RATIO_DEV = "params/ratio_first_microbatch_maxdev"
 VALUE_LOSS = "loss/value"
 REWARD = "rollout/reward_mean"
 REWARD_STD = "rollout/reward_std"
+KL = "rollout/kl"
 
 
 @rule("policy_clip_frac", metrics=(CLIP,), trainers=("ppo", "grpo"),
@@ -56,8 +58,9 @@ def policy_clip_frac(h: History, t: Thresholds) -> list[Finding]:
          "threshold": t.clip_frac_critical if severity == "critical" else t.clip_frac_warn,
          "rise": rise, "window_iterations": iterations(window), "window_values": values(window)},
         "Policy updates are too aggressive: reduce the learning rate 5-10x" + lr_hint(h) +
-        "; or use fewer PPO epochs / more mini-batches per epoch; check that advantages are "
-        "whitened and rewards are of order 1.",
+        "; or use fewer update epochs (ppo_epochs; GRPO: update_epochs) or smaller mini-batches "
+        "(mini_batch_size: more optimiser steps of smaller size); check that advantages are "
+        "whitened (whiten_advantages=true) and scores are of order 1 (score_clip).",
         score=score,
     )
 
@@ -78,9 +81,9 @@ def value_clip_frac_high(h: History, t: Thresholds) -> list[Finding]:
         "the critic's updates are mostly clipped away",
         {"metric": VALUE_CLIP, "iterations": iterations(recent), "values": values(recent),
          "mean": level, "threshold": t.value_clip_frac_warn},
-        "Value targets are large compared with the value clip range: scale or whiten rewards, "
-        "initialise the value head at zero (or from the reward model), widen cliprange_value or "
-        "turn value clipping off.",
+        "Value targets are far from the old values compared with the value clip range: widen "
+        "value_clip_eps towards the scale of rollout/return_mean, or set value_clip_eps=null to turn "
+        "value clipping off; clip extreme scores with score_clip.",
         score=level / t.value_clip_frac_warn,
     )
 
@@ -100,8 +103,8 @@ def approx_kl_high(h: History, t: Thresholds) -> list[Finding]:
         {"metric": APPROX_KL, "iterations": [h.iteration], "values": [cur],
          "threshold": t.approx_kl_critical if severity == "critical" else t.approx_kl_warn},
         "Each update moves the policy too far: lower the learning rate" + lr_hint(h) +
-        ", use fewer PPO epochs, or stop an epoch early when approx_kl exceeds a target "
-        "(target_kl ~0.02-0.05); learning-rate warm-up avoids a spike in the first iterations.",
+        ", use fewer update epochs (ppo_epochs; GRPO: update_epochs) or a tighter clip_eps; "
+        "learning-rate warm-up (warmup_steps) avoids a spike in the first iterations.",
         score=cur / t.approx_kl_warn,
     )
 
@@ -111,7 +114,7 @@ def approx_kl_high(h: History, t: Thresholds) -> list[Finding]:
 def ratio_first_microbatch(h: History, t: Thresholds) -> list[Finding]:
     """params/ratio_first_microbatch_maxdev = max |ratio - 1| on the first micro-batch, before
     any weight changed: must be float error. Anything else means old and new log-probs are
-    computed differently (correctness pitfall 4)."""
+    computed differently (docs/pitfalls.md#off-by-one)."""
     cur = h.current(RATIO_DEV)
     if cur is None or cur <= t.ratio_dev_warn:
         return []
@@ -130,52 +133,72 @@ def ratio_first_microbatch(h: History, t: Thresholds) -> list[Finding]:
     )
 
 
-@rule("value_loss_not_learning", metrics=(VALUE_LOSS, REWARD, REWARD_STD), trainers=("ppo",),
-      summary="value loss flat or rising while rewards move")
+def _what_moves(h: History, its: list[int], k: int, t: Thresholds, std: float | None) -> list[str]:
+    """Why the critic's targets changed over iterations ``its`` (first k vs last k): the mean
+    reward moved, the policy moved per update (approx_kl) or away from the reference (rollout/kl)."""
+    moves = []
+    rw = [p for p in h.series(REWARD) if p[0] in set(its)]
+    if len(rw) >= 2 * k:
+        r_first, r_last = mean(rw[:k]), mean(rw[-k:])
+        scale = std if std else max(abs(r_first), 1e-12)
+        if abs(r_last - r_first) >= t.value_reward_move * scale:
+            moves.append(f"the mean reward moved {fmt(r_first)} -> {fmt(r_last)}")
+    kl_upd = [v for i, v in h.series(APPROX_KL) if i in set(its)]
+    if kl_upd and sum(kl_upd) / len(kl_upd) >= t.value_policy_kl:
+        moves.append(f"the policy moved {fmt(sum(kl_upd) / len(kl_upd))} nats/token per update (approx_kl)")
+    kl = [p for p in h.series(KL) if p[0] in set(its)]
+    if len(kl) >= 2 * k and abs(mean(kl[-k:]) - mean(kl[:k])) >= t.value_kl_move:
+        moves.append(f"the KL to the reference went {fmt(mean(kl[:k]))} -> {fmt(mean(kl[-k:]))} nats")
+    return moves
+
+
+@rule("value_loss_not_learning", metrics=(VALUE_LOSS, REWARD, REWARD_STD, APPROX_KL, KL), trainers=("ppo",),
+      summary="value loss flat or rising while the policy or the rewards move")
 def value_loss_not_learning(h: History, t: Thresholds) -> list[Finding]:
-    """Over the last value_window iterations: the mean reward moved (>= value_reward_move
-    reward stds) but the value loss fell by less than value_flat_rel (flat) or rose by more
-    than value_rise_rel; silent when the value loss is already below value_learned_frac times
-    the reward variance."""
-    w = t.value_window
-    if h.current(VALUE_LOSS) is None or h.current(REWARD) is None:
+    """Over the last value_window iterations the policy moved (approx_kl, rollout/kl) or the mean
+    reward did, but the value loss did not fall by value_flat_rel (first third vs last third). A
+    full window is judged as it is; a shorter one (from value_min_iterations on) only when the
+    loss also stayed within value_flat_band of its mean, since a few noisy iterations can look
+    like a rise. Silent when the value loss is already below value_learned_frac times the reward
+    variance, or starts at 0."""
+    if h.current(VALUE_LOSS) is None:
         return []
-    vl, rw = h.tail(VALUE_LOSS, w), h.tail(REWARD, w)
-    if len(vl) < w or len(rw) < w:
+    vl = h.tail(VALUE_LOSS, t.value_window)
+    if len(vl) < min(t.value_min_iterations, t.value_window):
         return []
-    k = max(1, w // 3)
+    k = max(1, len(vl) // 3)
     vl_first, vl_last = mean(vl[:k]), mean(vl[-k:])
-    r_first, r_last = mean(rw[:k]), mean(rw[-k:])
-    std_pts = h.tail(REWARD_STD, w)
-    scale = mean(std_pts) if std_pts else None
-    move = abs(r_last - r_first)
-    if scale is not None and scale > 0:
-        if move < t.value_reward_move * scale or vl_last <= t.value_learned_frac * scale**2:
-            return []
-    elif move < t.value_reward_move * max(abs(r_first), 1e-12):
-        return []
     if vl_first <= 1e-12:
         # A zero start (zero-initialised value head on all-zero rewards) makes any relative
         # change infinite and meaningless: seen as "rose 2.7e+10%" on a tiny run.
         return []
-    change = rel_change(vl_last, vl_first)
-    if change >= t.value_rise_rel:
-        trend = f"rose {fmt(100 * change)}%"
-    elif change > -t.value_flat_rel:
-        trend = "stayed flat" if change < t.value_flat_rel else f"rose {fmt(100 * change)}%"
-    else:
+    its = iterations(vl)
+    std_pts = [v for i, v in h.series(REWARD_STD) if i in set(its)]
+    std = sum(std_pts) / len(std_pts) if std_pts else None
+    if std and vl_last <= t.value_learned_frac * std**2:
         return []
+    change = rel_change(vl_last, vl_first)
+    level = mean(vl)
+    steady = all(abs(v - level) <= t.value_flat_band * level for v in values(vl))
+    if change <= -t.value_flat_rel or (len(vl) < t.value_window and not (steady and change < t.value_flat_rel)):
+        return []
+    moves = _what_moves(h, its, k, t, std)
+    if not moves:
+        return []
+    if change < t.value_flat_rel:
+        trend = "stayed flat"
+    else:
+        trend = f"{'rose' if change >= t.value_rise_rel else 'crept up'} {fmt(100 * change)}%"
     return finding(
         "value_loss_not_learning", "warning", h,
-        f"value loss {trend} ({fmt(vl_first)} -> {fmt(vl_last)}) over iterations "
-        f"{vl[0][0]}-{vl[-1][0]} while the mean reward moved {fmt(r_first)} -> {fmt(r_last)}: "
-        "the critic is not tracking the returns",
-        {"metric": VALUE_LOSS, "iterations": iterations(vl), "values": values(vl),
+        f"value loss {trend} ({fmt(vl_first)} -> {fmt(vl_last)}) over iterations {its[0]}-{its[-1]} "
+        f"while {' and '.join(moves)}: the critic is not tracking the returns",
+        {"metric": VALUE_LOSS, "iterations": its, "values": values(vl),
          "value_loss_first": vl_first, "value_loss_last": vl_last, "relative_change": change,
-         "reward_first": r_first, "reward_last": r_last, "reward_std": scale},
+         "reward_std": std, "moves": moves},
         "A critic that does not learn gives noisy advantages: check the value loss and GAE "
-        "(returns = advantages + values computed before whitening, masked positions), give the "
-        "value head a higher learning rate or vf_coef, initialise it at zero, and make sure value "
-        "clipping is not freezing it (params/value_clip_frac).",
+        "(returns = advantages + values computed before whitening, masked positions), raise vf_coef "
+        "(the value head shares lr with the policy: rlhfkit has no separate critic learning rate), "
+        "and make sure value clipping is not freezing it (params/value_clip_frac, value_clip_eps).",
         score=1.0 + max(change, 0.0),
     )

@@ -35,6 +35,6 @@ def eval_loss_rising(h: History, t: Thresholds) -> list[Finding]:
         {"metric": EVAL, "iterations": [best_it, h.iteration], "values": [best, cur],
          "train_loss": [train_then, train_now], "threshold": t.eval_rise_rel},
         f"Keep the checkpoint from iteration {best_it}; train fewer epochs, lower the learning "
-        "rate, add more data or use LoRA with a smaller rank / more dropout.",
+        "rate, add more data or use LoRA (lora=true) with a smaller lora_r or some lora_dropout.",
         score=(cur / best - 1) / t.eval_rise_rel,
     )

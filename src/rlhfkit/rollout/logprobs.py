@@ -1,0 +1,90 @@
+"""The teacher-forced log-prob pass: every sampled token's log-prob under the policy (at the
+sampling temperature), the values, the entropy and the reference log-probs, from one causal
+forward over prompt + response per micro-batch; and `forward_logprobs`, the same forward the
+update runs with gradients. Sampling itself is rollout/core.py's `generate`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+
+import torch
+
+from rlhfkit.rollout.core import Rollout, trim_rows
+
+
+def forward_logprobs(
+    actor,
+    rollout: Rollout,
+    temperature: float,
+    with_values: bool = True,
+    with_entropy: bool = False,
+    entropy_grad: bool = True,
+) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
+    """Teacher-forced log-probs (B, R) at temperature T, values (B, R), entropy (B, R).
+
+    Padding positions are zeroed so they cannot leak into sums (the fused head skips them).
+    `entropy_grad=False`: the entropy is a constant (logged, not trained on).
+    """
+    device = next(actor.parameters()).device
+    R = rollout.response_ids.shape[1]
+    m = rollout.response_mask.to(device)
+    trunk = rollout.trunk.to(device) if rollout.trunk is not None else None
+    lp, values, ent = actor(rollout.input_ids.to(device), rollout.attention_mask.to(device), R, with_values,
+                            response_ids=rollout.response_ids.to(device), response_mask=m, temperature=temperature,
+                            with_entropy=with_entropy, entropy_grad=entropy_grad, trunk=trunk)
+    return lp, (values.float() * m if values is not None else None), ent
+
+
+@torch.no_grad()
+def logprob_pass(actor, reference, rollout: Rollout, temperature: float, micro_batch_size: int,
+                 order: torch.Tensor | None = None, keep_trunk_mb: float = 0.0) -> Rollout:
+    """Fill logprobs, values, entropy and ref_logprobs in micro-batches (bounded peak memory).
+
+    `order` (B,) groups rows into micro-batches exactly as the first update epoch will, so the
+    first update micro-batch repeats this computation bit for bit and its ratio must be 1
+    (docs/pitfalls.md#off-by-one); other groupings change padding widths, which moves bf16 results by
+    ~1e-2.
+
+    When the actor has frozen bottom layers (`actor.trunk_depth`, models/trunk.py) they run once per
+    micro-batch for the policy and the adapter-disabled reference, and their output is kept in
+    `rollout.trunk` for the update when it takes at most `keep_trunk_mb` megabytes.
+    """
+    was_training = actor.training
+    actor.eval()
+    (B, P), R = rollout.query_ids.shape, rollout.response_ids.shape[1]
+    order = torch.arange(B) if order is None else order
+    parts: dict[str, list[torch.Tensor]] = {"logprobs": [], "values": [], "entropy": [], "ref_logprobs": [],
+                                            "trunk": []}
+    device = next(actor.parameters()).device
+    depth = getattr(actor, "trunk_depth", 0)
+    H = actor.config.hidden_size if depth else 0
+    keep = depth and B * (P + R) * H * 4 <= keep_trunk_mb * 2**20  # (B, L, H) at 4 bytes
+    loaded = getattr(reference, "loaded", None)  # an offloaded reference comes in once per pass
+    with loaded(device) if callable(loaded) else contextlib.nullcontext():
+        for i in range(0, B, micro_batch_size):
+            rows = order[i : i + micro_batch_size]
+            mb = trim_rows(rollout, rows)
+            ids, mask = mb.input_ids.to(device), mb.attention_mask.to(device)
+            mb.trunk = actor.trunk(ids, mask) if depth else None  # shared by the policy and the reference
+            lp, v, ent = forward_logprobs(actor, mb, temperature, with_values=True, with_entropy=True)
+            parts["logprobs"].append(lp.cpu())
+            if v is not None:  # a policy-only model (GRPO, RLOO) has no value head
+                parts["values"].append(v.cpu())
+            parts["entropy"].append(ent.cpu())
+            if reference is not None:
+                ref_lp = reference.logprobs(ids, mask, mb.response_ids.to(device), mb.response_mask.to(device),
+                                            temperature, trunk=mb.trunk)
+                parts["ref_logprobs"].append(ref_lp.cpu())
+            if keep:  # back to the full rollout's columns: the prompt columns trim cut on the left, response on the right
+                pad = (0, 0, P - mb.query_ids.shape[1], R - mb.response_ids.shape[1])
+                parts["trunk"].append(torch.nn.functional.pad(mb.trunk.cpu(), pad))
+    actor.train(was_training)
+    inverse = torch.argsort(order)  # back from micro-batch order to row order
+    for name, chunks in parts.items():
+        if chunks:
+            cat = torch.cat([c if c.dim() == 3 else torch.nn.functional.pad(c, (0, R - c.shape[1])) for c in chunks])
+            setattr(rollout, name, cat[inverse])
+    if reference is None:
+        rollout.ref_logprobs = None
+    return rollout

@@ -1,0 +1,97 @@
+"""`rlhfkit selfcheck`: the worked examples pass on this code, print their numbers, and each check
+fails (exit status 1) when the maths it shows is broken."""
+
+from __future__ import annotations
+
+import pytest
+
+from rlhfkit import algos, selfcheck
+from rlhfkit.cli import main as cli_main
+from rlhfkit.models import policy
+
+
+def test_every_check_passes_and_prints_the_hand_worked_numbers(capsys):
+    assert selfcheck.main([]) == 0
+    out = capsys.readouterr().out
+    # GAE: delta = (1.25, 0.2, -1.0), A_1 = 0.2 + 0.9*0.95*(-1.0), A_0 = 1.25 + 0.855*(-0.655)
+    for number in ("1.250000", "0.689975", "-0.655000", "2.689975", "1.845000"):
+        assert number in out
+    assert "0.620000" in out and "2.620000" in out  # lambda 1: G_0 = 1 + 0.81*2, A_0 = 2.62 - 2.0
+    assert "1.676859" in out  # bootstrap: 1.25 + 0.855*(0.2 + 0.855*(2 + 0.9*1.5 - 3))
+    assert "0.277259" in out and "0.240227" in out  # KL = 0.6 ln 2 - 0.1 ln 4; E[k2] = 0.3 ln^2 2 + 0.2 ln^2 2
+    assert "-0.183333" in out and "0.216667" in out  # clip: -1.1/6 and 1.3/6
+    assert "6 of 6 checks passed" in out and "FAIL" not in out and "MISMATCH" not in out
+
+
+def _gae_ignoring(arg: str):
+    real = algos.gae
+
+    def broken(rewards, values, mask, gamma, lam, bootstrap_value=None, chunk_size=32):
+        if arg == "lam":
+            lam = 1.0
+        if arg == "bootstrap":
+            bootstrap_value = None
+        return real(rewards, values, mask, gamma, lam, bootstrap_value, chunk_size)
+
+    return broken
+
+
+def _unclipped_policy_loss(*args, **kwargs):
+    return _REAL_POLICY_LOSS(*args, **{**kwargs, "clip_eps": 10.0})
+
+
+_REAL_POLICY_LOSS = algos.ppo_policy_loss
+
+
+def _hidden_off_by_one(decoder, input_ids, attention_mask, num_response, *args, **kwargs):
+    """The classic bug: keep the last R positions, each of which has already seen its own token."""
+    pos = policy.position_ids_from_mask(attention_mask)
+    out = decoder(input_ids=input_ids, attention_mask=attention_mask, position_ids=pos, use_cache=False)
+    return out.last_hidden_state[:, -num_response:]
+
+
+BROKEN = {
+    "gae": ("gae", _gae_ignoring("lam")),
+    "gae-limits": ("gae_reference", lambda r, v, m, g, lam, bootstrap_value=None: algos.gae(r, v, m, g, 0.5)),
+    "bootstrap": ("gae", _gae_ignoring("bootstrap")),
+    "clip": ("ppo_policy_loss", _unclipped_policy_loss),
+    "kl": ("kl_k3", algos.kl_k2),
+}
+
+
+@pytest.mark.parametrize("name", sorted(BROKEN))
+def test_a_check_fails_when_its_maths_is_broken(name, monkeypatch, capsys):
+    attr, broken = BROKEN[name]
+    assert selfcheck.main([name]) == 0
+    monkeypatch.setattr(algos, attr, broken)
+    assert selfcheck.main([name]) == 1
+    out = capsys.readouterr().out
+    assert f"{name}: " in out and "FAIL" in out and "MISMATCH" in out and f"failed: {name}" in out
+
+
+def test_the_offset_check_catches_an_off_by_one_logits_slice(monkeypatch, capsys):
+    monkeypatch.setattr(policy, "response_hidden_states", _hidden_off_by_one)
+    assert selfcheck.main(["offset"]) == 1
+    out = capsys.readouterr().out
+    assert "with the slice [P-1 : P+R-1]" in out and "MISMATCH" in out
+
+
+def test_a_check_that_raises_counts_as_failed(monkeypatch, capsys):
+    def boom(*a, **k):
+        raise RuntimeError("broken install")
+
+    monkeypatch.setattr(algos, "kl_k1", boom)
+    assert selfcheck.main(["kl"]) == 1
+    assert "raised RuntimeError: broken install" in capsys.readouterr().out
+
+
+def test_the_command_line(capsys):
+    assert cli_main(["selfcheck", "--list"]) == 0
+    listed = capsys.readouterr().out
+    assert all(f"{name}:" in listed for name in selfcheck.CHECKS)
+    assert cli_main(["selfcheck", "clip", "kl"]) == 0
+    assert "2 of 2 checks passed" in capsys.readouterr().out
+    assert cli_main(["selfcheck", "gea"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("rlhfkit: error: selfcheck: unknown check 'gea'") and "\n" not in err
+
