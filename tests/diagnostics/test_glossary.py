@@ -16,7 +16,7 @@ from rlhfkit.diagnostics.glossary import METRICS
 
 ROOT = Path(__file__).resolve().parents[2]
 DOCS = ROOT / "docs" / "diagnostics.md"
-NAMESPACES = ("rollout", "loss", "params", "timing", "throughput", "rewards", "logps", "rm", "eval", "data")
+NAMESPACES = ("rollout", "loss", "params", "timing", "throughput", "rewards", "logps", "rm", "eval", "data", "trpo")
 LITERAL = re.compile(r"[\"']((?:" + "|".join(NAMESPACES) + r")/[a-z0-9_]+)[\"']")
 
 

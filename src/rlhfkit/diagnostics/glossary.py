@@ -129,6 +129,30 @@ METRICS: dict[str, str] = {
     "eval/rm_accuracy": "Reward model: held-out fraction of pairs scored chosen > rejected.",
     "eval/rm_margin": "Reward model: held-out mean score difference chosen - rejected.",
     "tokens": "SFT: target (unmasked response) tokens in the optimiser step's batch, all processes.",
+    "eval/rouge_1": "SFT: ROUGE-1 F1 (rouge-score, stemmed) of greedy responses to held-out prompts against "
+    "their reference responses, mean over the rouge_examples pairs (after training; before: summary.json).",
+    "eval/rouge_2": "SFT: ROUGE-2 F1 of the same greedy responses.",
+    "eval/rouge_l": "SFT: ROUGE-L (longest common subsequence) F1 of the same greedy responses.",
+    # ---- TRPO (one natural-gradient policy step per iteration; params/approx_kl is trpo/kl_after_step)
+    "trpo/kl_after_step": "TRPO: exact mean token KL(pi_old || pi) of the full next-token distributions over the "
+    "rollout's response tokens after the accepted step (<= max_kl; 0 when no step was accepted).",
+    "trpo/line_search_steps": "TRPO: candidate steps the backtracking line search evaluated (1 = the full step).",
+    "trpo/cg_residual": "TRPO: ||g - (F + damping I) x|| / ||g|| after the conjugate-gradient iterations.",
+    "trpo/cg_iterations": "TRPO: Fisher-vector products the conjugate gradient used.",
+    "trpo/surrogate_improvement": "TRPO: rise of the surrogate advantage (token mean of ratio x advantage) by the "
+    "accepted step (0: no step).",
+    "trpo/expected_improvement": "TRPO: first-order predicted rise g . s of the full step.",
+    "trpo/step_accepted": "TRPO: 1 when the line search accepted a step, else 0 (no update this iteration).",
+    "trpo/step_fraction": "TRPO: the accepted fraction of the full step (backtrack_coef ** k; 0: none).",
+    "trpo/step_scale": "TRPO: sqrt(2 max_kl / x^T F x), the factor that puts the full step on the trust-region "
+    "boundary of the quadratic KL model.",
+    "trpo/step_norm": "TRPO: L2 norm of the full step in parameter space.",
+    "trpo/kl_last_tried": "TRPO: mean token KL of the last candidate the line search evaluated.",
+    "trpo/ratio_mean": "rlhfkit.algos.trpo.surrogate_advantage: mean ratio pi / pi_old over the call's valid "
+    "tokens (a per-call statistic of the maths function; the trainer does not log it).",
+    "trpo/kl_max": "rlhfkit.algos.trpo.token_kl: the largest single-token KL of the call (a per-call statistic of "
+    "the maths function; the trainer does not log it).",
+    "trpo/policy_grad_norm": "TRPO: L2 norm of the surrogate's gradient g (the policy gradient).",
     # ---- time
     "timing/rollout_s": "Seconds of the iteration before the update: sampling, reward, the teacher-forced pass "
     "(and GAE in PPO).",
@@ -141,7 +165,7 @@ METRICS: dict[str, str] = {
     "iteration (rollout + update), summed over processes.",
 }
 
-GROUP_ORDER = ("rollout", "loss", "params", "rewards", "logps", "rm", "data", "eval", "timing", "throughput")
+GROUP_ORDER = ("rollout", "loss", "params", "rewards", "logps", "rm", "data", "eval", "trpo", "timing", "throughput")
 BEGIN = "<!-- glossary: generated from src/rlhfkit/diagnostics/glossary.py by `python -m rlhfkit.diagnostics.glossary --write docs/diagnostics.md`; edit the code, not this table -->"  # noqa: E501
 END = "<!-- end of generated glossary -->"
 
