@@ -4,7 +4,7 @@
 
 Times, in one process, for B x T in {64 x 512, 256 x 2048}:
   - GAE: rlhfkit.algos.gae vs (a) the seed baseline, a per-sample, per-timestep double loop
-    over Python floats (seed 004's per-sample loop around seed 001/003's reverse-time
+    over Python floats (a per-sample loop around the reverse-time
     recursion), and (b) gae_reference, the same recursion as a torch loop over time only.
   - ppo_policy_loss forward + backward vs a per-sample, per-token Python-float loop that
     computes the same loss and its gradient w.r.t. logp (what backward returns).

@@ -1,4 +1,4 @@
-"""`rlhfkit pipeline [CONFIG.yaml] [key=value | stage.key=value ...]`: the whole seed-004 chain.
+"""`rlhfkit pipeline [CONFIG.yaml] [key=value | stage.key=value ...]`: the whole RLHF chain.
 
   1. sft    supervised fine-tuning of `model`                    -> OUT/sft/final(/merged)
   2. prefs  sample k completions per prompt from the SFT model,

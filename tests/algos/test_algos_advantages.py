@@ -1,4 +1,4 @@
-"""GAE (pitfalls 7, 8; seeds 000 and 002) and group baselines (GRPO, RLOO)."""
+"""GAE (pitfalls docs/pitfalls.md#whitening, docs/pitfalls.md#masked-gae) and group baselines (GRPO, RLOO)."""
 
 import math
 
@@ -19,14 +19,14 @@ from rlhfkit.algos import (
 
 BOTH = pytest.mark.parametrize("fn", [gae, gae_reference], ids=["gae", "gae_reference"])
 
-# Seed 000, "Example Calculation": gamma 0.9, lambda 0.95, terminal after t = 2.
+# The worked example (docs/learn, `rlhfkit selfcheck gae`): gamma 0.9, lambda 0.95, terminal after t = 2.
 R = torch.tensor([[1.0, 0.0, 2.0]])
 V = torch.tensor([[2.0, 2.5, 3.0]])
 ONES = torch.ones(1, 3)
 
 
 @BOTH
-def test_seed_000_worked_example(fn):
+def test_gae_worked_example(fn):
     adv, ret = fn(R, V, ONES, gamma=0.9, lam=0.95)
     delta0 = 1 + 0.9 * 2.5 - 2.0  # 1.25
     delta1 = 0 + 0.9 * 3.0 - 2.5  # 0.2
@@ -57,7 +57,7 @@ def test_lambda_one_gives_discounted_return_minus_value(fn):
 
 @BOTH
 def test_bootstrap_value_for_truncated_segment(fn):
-    # Seed 002: a truncated segment bootstraps from V(s_{n+1}) instead of a terminal 0.
+    # A truncated segment bootstraps from V(s_{n+1}) instead of a terminal 0.
     adv, _ = fn(R, V, ONES, gamma=0.9, lam=0.95, bootstrap_value=torch.tensor([4.0]))
     delta2 = 2 + 0.9 * 4.0 - 3.0  # 2.6
     a2 = delta2
@@ -68,7 +68,7 @@ def test_bootstrap_value_for_truncated_segment(fn):
 
 @BOTH
 def test_padding_is_terminal_and_zero_in_outputs(fn):
-    # Seed 000 row right-padded with garbage that must be ignored (pitfall 8).
+    # The worked example's row right-padded with garbage that must be ignored (docs/pitfalls.md#masked-gae).
     r = torch.tensor([[1.0, 0.0, 2.0, 50.0, -7.0]])
     v = torch.tensor([[2.0, 2.5, 3.0, 99.0, 12.0]])
     m = torch.tensor([[1, 1, 1, 0, 0]])
@@ -98,7 +98,7 @@ def test_kl_folded_into_rewards_then_gae(fn):
 
 
 def test_holes_carry_the_recursion_to_the_next_valid_token():
-    # Valid tokens at t = 0, 2, 4: identical to the compacted 3-token trajectory (seed 000).
+    # Valid tokens at t = 0, 2, 4: identical to the compacted 3-token trajectory (the worked example).
     r = torch.tensor([[1.0, 9.0, 0.0, -9.0, 2.0]])
     v = torch.tensor([[2.0, 7.0, 2.5, -7.0, 3.0]])
     m = torch.tensor([[1, 0, 1, 0, 1]])

@@ -1,4 +1,4 @@
-"""KL estimators (pitfall 10) and KL controllers (Ziegler et al. 2019)."""
+"""KL estimators (docs/pitfalls.md#kl-estimators) and KL controllers (Ziegler et al. 2019)."""
 
 import math
 

@@ -1,4 +1,4 @@
-"""Token log-probs and entropies from (temperature-scaled) logits (pitfall 1)."""
+"""Token log-probs and entropies from (temperature-scaled) logits (docs/pitfalls.md#temperature)."""
 
 import math
 

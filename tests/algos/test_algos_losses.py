@@ -1,4 +1,4 @@
-"""Loss aggregation (pitfall 11), PPO losses and metrics (pitfall 15), DPO/IPO/cDPO, Bradley-Terry."""
+"""Loss aggregation (docs/pitfalls.md#loss-aggregation), PPO losses and metrics (docs/pitfalls.md#metric-definitions), DPO/IPO/cDPO, Bradley-Terry."""
 
 import math
 

@@ -1,4 +1,4 @@
-"""Masked reductions, whitening, response masks (pitfalls 3, 7)."""
+"""Masked reductions, whitening, response masks (pitfalls docs/pitfalls.md#pad-equals-eos, docs/pitfalls.md#whitening)."""
 
 import math
 

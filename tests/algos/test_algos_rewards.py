@@ -1,4 +1,4 @@
-"""Reward shaping: KL penalty per token, score on the last valid token (pitfalls 5, 13)."""
+"""Reward shaping: KL penalty per token, score on the last valid token (pitfalls docs/pitfalls.md#score-placement, docs/pitfalls.md#eos-policy)."""
 
 import math
 

@@ -26,7 +26,7 @@ CONFIGS = ("ppo_config:PPOConfig", "grpo_config:GRPOConfig", "grpo_config:RLOOCo
            "rm_config:RMConfig", "sft_config:SFTConfig")
 
 HEADING = re.compile(r"^## (.*)$", re.MULTILINE)
-LINK = re.compile(r"pitfalls\.md#([^\s)\]>`'\"]*)")  # the anchor after the page's file name and '#'
+LINK = re.compile(r"pitfalls\.md#([^\s)\]>`'\",:;.]*)")  # the anchor after the page's file name and '#'
 PAGE_LINK = re.compile(r"\]\(#([^)]*)\)")  # [name](#name) inside the page
 TEST_PATH = re.compile(r"\btests/[\w/]+\.py\b")
 TEST_REF = re.compile(r"\b(tests/[\w/]+\.py)::(\w+)")
@@ -188,3 +188,18 @@ def test_every_option_named_on_the_page_is_a_trainer_config_field():
     assert len(named) >= 10
     unknown = sorted(set(named) - fields)
     assert not unknown, f"options on docs/pitfalls.md that no trainer config has: {unknown}"
+
+
+def test_no_file_refers_to_numbering_a_reader_cannot_follow():
+    """Pitfalls are named (a heading of docs/pitfalls.md) and the design documents outside the repository are
+    not cited by number: neither "pitfall 4" nor "seed 002" may appear in code, tests or docs."""
+    pattern = re.compile(r"\bpitfalls? \d|\bseeds? 00\d|\bseed-00\d|\bseed_00\d", re.IGNORECASE)
+    offenders = []
+    for path in [*ROOT.glob("src/**/*.py"), *ROOT.glob("tests/**/*.py"), *ROOT.glob("bench/**/*.py"),
+                 *ROOT.glob("docs/**/*.md"), ROOT / "README.md"]:
+        if path.resolve() == Path(__file__).resolve():
+            continue
+        for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+            if pattern.search(line):
+                offenders.append(f"{path.relative_to(ROOT)}:{n}: {line.strip()[:80]}")
+    assert not offenders, "\n".join(offenders)

@@ -1,4 +1,4 @@
-"""Dropout off everywhere (pitfall 6): `disable_dropout` zeroes dropout modules, the config and the
+"""Dropout off everywhere (docs/pitfalls.md#dropout): `disable_dropout` zeroes dropout modules, the config and the
 float rates that modules copy from the config when they are built (LlamaAttention.attention_dropout
 goes to scaled_dot_product_attention in train mode even after config.attention_dropout = 0).
 

@@ -120,7 +120,7 @@ def tiny_actor():
 
 def test_generation_logprobs_equal_teacher_forced(tiny_actor):
     """Log-probs of the sampled tokens under the generation-time logits (temperature-scaled) equal
-    the teacher-forced pass over left-padded prompt + response (pitfalls 1, 2, 4)."""
+    the teacher-forced pass over left-padded prompt + response (pitfalls docs/pitfalls.md#temperature, docs/pitfalls.md#padding-and-positions, docs/pitfalls.md#off-by-one)."""
     actor, tok = tiny_actor
     prompts = ["Hi", "Write a short review of the new cafe please", "What is 3 + 4?"]  # different lengths
     enc = tok(prompts, return_tensors="pt", padding=True, add_special_tokens=False)

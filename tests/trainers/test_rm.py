@@ -72,7 +72,7 @@ def test_mean_pooling_ignores_padding(tiny_rm):
 
 
 def test_lora_reward_model_trains_adapters_and_head_only(tiny_rm):
-    """Pitfall 14: with LoRA the score head must be trained too (and the base must stay frozen)."""
+    """docs/pitfalls.md#lora-reference: with LoRA the score head must be trained too (and the base must stay frozen)."""
     from rlhfkit.trainers.rm import make_rm_optimizer
 
     model, tok = tiny_rm

@@ -7,7 +7,7 @@ GAE, Schulman et al. 2016 ("High-Dimensional Continuous Control Using GAE"), eq.
     A_t     = sum_{l >= 0} (gamma * lam)^l * delta_{t+l}  =  delta_t + gamma * lam * A_{t+1}
     R_t     = A_t + V(s_t)            (the value target; taken BEFORE any whitening)
 
-Masking (pitfall 8). The valid tokens of a row are the row's trajectory; masked positions do
+Masking (docs/pitfalls.md#masked-gae). The valid tokens of a row are the row's trajectory; masked positions do
 not exist as far as the maths is concerned: the recursion is carried *through* them, so
 "next" always means the next valid position. After the last valid token the state is
 terminal (V = 0) unless ``bootstrap_value`` V(s_{n+1}) is given for a truncated segment.
@@ -133,10 +133,10 @@ def gae(
 
     rewards, values: (B, T) per-token rewards r_t and values V(s_t); mask: (B, T) response
     mask (bool or 0/1 float), any pattern. bootstrap_value: (B,) V(s_{n+1}) after each row's
-    last valid token for truncated segments (seed 002), else that state is terminal (V = 0).
+    last valid token for truncated segments, else that state is terminal (V = 0).
     Returns ``(advantages, returns)``, both (B, T), 0 at masked positions, with
     returns = advantages + values computed before any whitening (whitening is the
-    caller's job, pitfall 7). dtype: float32 or wider. Differentiable, but trainers call it
+    caller's job, docs/pitfalls.md#whitening). dtype: float32 or wider. Differentiable, but trainers call it
     under ``torch.no_grad()`` because advantages and returns are targets.
 
     Vectorised: deltas in one shot, then the reverse recursion as a blocked discounted

@@ -3,7 +3,7 @@
 Notation: B batch, T response length.
 
 We estimate KL(pi || pi_ref) = E_{a ~ pi}[log pi(a) - log pi_ref(a)] from tokens sampled
-from pi (pitfall 10). Let d = ref_logp - logp = log r with r = pi_ref / pi. Following
+from pi (docs/pitfalls.md#kl-estimators). Let d = ref_logp - logp = log r with r = pi_ref / pi. Following
 Schulman 2020, "Approximating KL divergence" (http://joschu.net/blog/kl-approx.html):
 
 ======  =====================  ===========================================================

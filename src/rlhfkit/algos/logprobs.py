@@ -2,7 +2,7 @@
 
 Notation: B batch, T response length, V vocab.
 
-Temperature (pitfall 1): rollouts sampled at temperature tau must have their policy,
+Temperature (docs/pitfalls.md#temperature): rollouts sampled at temperature tau must have their policy,
 reference and entropy terms recomputed from ``logits / tau``; every function here takes the
 same ``temperature`` argument. The computation runs in float32 even for bf16 logits (a bf16
 logsumexp over V ~ 5e4 loses ~2-3 significant digits), and ``logits`` is never modified in

@@ -121,9 +121,9 @@ def response_mask(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Mask of the real response: every token up to AND including the first stop token.
 
-    Works when pad == eos (pitfall 3): only the *first* stop token counts, so trailing
+    Works when pad == eos (docs/pitfalls.md#pad-equals-eos): only the *first* stop token counts, so trailing
     pad/eos tokens after it are excluded, while a response that never emits a stop token
-    keeps all T positions. ``stop_ids`` are all configured stop ids (pitfall 13), not only
+    keeps all T positions. ``stop_ids`` are all configured stop ids (docs/pitfalls.md#eos-policy), not only
     the tokenizer's eos. If ``attention_mask`` is given it is ANDed in, and stop tokens at
     unattended positions do not count as stops.
 

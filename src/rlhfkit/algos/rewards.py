@@ -28,13 +28,13 @@ def shape_rewards(
     """KL-penalised per-token rewards, Ziegler et al. 2019 / Ouyang et al. 2022 (InstructGPT):
 
         r_t = -kl_coef * KL_t                      on valid tokens (0 on padding)
-        r_L += score                               at L = last valid token (pitfall 5)
+        r_L += score                               at L = last valid token (docs/pitfalls.md#score-placement)
 
     where KL_t = ``kl_estimate(logp, ref_logp, kl_estimator)`` (k1 by default: unbiased and a
     reward needs no gradient, see ``rlhfkit.algos.kl``). The score is first clipped to
     [-score_clip, score_clip] if ``score_clip`` is given, then replaced by
     ``no_stop_penalty`` on rows where ``stopped`` is False if ``no_stop_penalty`` is given
-    (pitfall 13). L is the stop token when the response stopped, for left and right padding
+    (docs/pitfalls.md#eos-policy). L is the stop token when the response stopped, for left and right padding
     alike. A row with no valid token gets no reward at all (there is no token to credit).
 
     scores: (B,); logp, ref_logp, mask: (B, T); stopped: (B,) bool.

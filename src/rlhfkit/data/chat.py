@@ -1,7 +1,7 @@
 """Turn prompts and (prompt, response) pairs into model text.
 
 With a chat template (SmolLM2-135M-Instruct has one) the tokenizer's own
-template is used; without one, the plain seed-004 format::
+template is used; without one, the plain format::
 
     User: {prompt}
 

@@ -55,7 +55,7 @@ def format_example(tokenizer, prompt, response: str, chat_template: bool | None 
 
     ``chat_template`` as in :func:`rlhfkit.data.chat.use_chat_template` (None: the tokenizer's
     template when it has one, True: required). With the template:
-    :func:`rlhfkit.data.chat.format_sft_example`; otherwise the seed-004 format
+    :func:`rlhfkit.data.chat.format_sft_example`; otherwise the plain format
     ``User: {prompt}\\n\\nAssistant: {response}`` (plus the EOS string, if any).
     """
     from rlhfkit.data.chat import (

@@ -18,7 +18,7 @@ def accumulate_backward(accelerator, model, loss: torch.Tensor, sync: bool) -> N
 
     `loss` must already be normalised by the GLOBAL counts of the step (tokens, sequences or pairs
     of all its micro-batches on all processes), so that the gradients summed over micro-batches and
-    processes are the gradient of the step's loss (pitfall 11). DDP/FSDP average gradients over
+    processes are the gradient of the step's loss (docs/pitfalls.md#loss-aggregation). DDP/FSDP average gradients over
     processes and accelerate/DeepSpeed divide by their accumulation steps: both are undone here.
     Gradients are all-reduced (and DeepSpeed steps) only when `sync`, on the step's last micro-batch.
     """

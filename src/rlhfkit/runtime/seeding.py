@@ -1,5 +1,5 @@
 """Seeds: the same seed for model initialisation on every process, a per-process seed for
-sampling (pitfall 16), and RNG state capture for exact resume."""
+sampling (docs/pitfalls.md#seeds-per-process), and RNG state capture for exact resume."""
 
 from __future__ import annotations
 
