@@ -75,7 +75,10 @@ def test_sharding_reference_offload_and_checkpointing():
     z3 = estimate(build_config(MemoryArgs, {**base, "sharding": "zero3"}))
     assert (ddp["policy weights"], ddp["gradients"], ddp["optimiser"]) == (P * 4, P * 4, P * 8)
     assert (z2["policy weights"], z2["gradients"], z2["optimiser"]) == (P * 4, P * 4 / 8, P * 8 / 8)
-    assert z3["policy weights"] == P * 4 / 8 and z3["reference"] == P * 2  # the reference is not sharded
+    # the reference is not sharded; its linear layers are bf16, embeddings + untied head + norms fp32:
+    # Llama-2-7B: 2 x 32000 x 4096 embedding/head parameters, (2 x 32 + 1) x 4096 norm weights
+    kept = 2 * 32000 * 4096 + 65 * 4096
+    assert z3["policy weights"] == P * 4 / 8 and z3["reference"] == (P - kept) * 2 + kept * 4
     assert z3["generation gather"] == P * 2 and ddp["generation gather"] == 0  # ZeRO-3 samples with full weights
     assert z3["generation phase"] == z3["policy weights"] + z3["optimiser"] + z3["reference"] + z3["value head"] \
         + z3["KV cache"] + z3["generation gather"]

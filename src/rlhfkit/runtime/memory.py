@@ -7,7 +7,8 @@ b_c = bytes of the compute dtype (2 for bf16, 4 for fp32), N devices.
   policy weights   LoRA: P * b_c + T * 4      full: P * 4 (trainable weights stay fp32)
   gradients        T * 4
   optimiser        T * 8 (AdamW: two fp32 moments)
-  reference        LoRA: 0 (the adapter-disabled policy)   full: P * b_c   offloaded: 0 (CPU memory)
+  reference        LoRA: 0 (the adapter-disabled policy)   full: linear layers * b_c + the rest * 4
+                   (embeddings, norms, head stay fp32)   offloaded: 0 (CPU memory)
   value head       (H + 1) * 16 (weights, gradient, two moments, fp32); PPO only
   KV cache         2 * L * kv * d * generation_batch * (prompt + new tokens) * b_c
   generation gather  ZeRO-3 only: P * b_c, the full policy gathered while it samples (DeepSpeed;
@@ -68,6 +69,10 @@ class ModelShape:
         per_layer = sum(i * o for i, o in self.linear_shapes().values()) + 2 * self.hidden
         embed = self.vocab * self.hidden * (1 if self.tied else 2)
         return embed + self.layers * per_layer + self.hidden
+
+    def kept_fp32_in_reference(self) -> int:
+        """Parameters a bf16 reference copy keeps in fp32: embeddings (+ untied head) and the norms."""
+        return self.vocab * self.hidden * (1 if self.tied else 2) + (2 * self.layers + 1) * self.hidden
 
     def lora_count(self, r: int, top_layers: int | None = None, targets=LORA_TARGETS) -> int:
         """r * (in + out) per adapted projection, on the top `top_layers` layers (None: all)."""
@@ -161,7 +166,8 @@ def estimate(args: MemoryArgs, shape: ModelShape | None = None) -> dict[str, flo
         "policy weights": weights,
         "gradients": grads,
         "optimiser": optim,
-        "reference": P * bc if has_ref else 0,
+        # the frozen copy keeps its linear layers in b_c, embeddings, norms and head in fp32 (models/policy.py)
+        "reference": ((P - s.kept_fp32_in_reference()) * bc + s.kept_fp32_in_reference() * 4) if has_ref else 0,
         "value head": (s.hidden + 1) * 16 if args.method == "ppo" else 0,
         "KV cache": 2 * s.layers * s.kv_heads * s.d * args.generation_batch_size * S * bc if sampling else 0,
         "generation gather": P * bc if sampling and args.sharding == "zero3" else 0,
