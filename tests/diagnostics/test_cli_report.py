@@ -211,7 +211,7 @@ def test_png_draws_the_series_markers_and_non_finite_values_inside_the_axes():
         return np.nonzero(np.abs(rgb - target).max(-1) < 0.06)[1]
 
     line, marker, cross = columns("#e15759"), columns("#e8a400"), columns("#d62728")
-    assert len(line) > 50 and 0.08 * 300 - 2 <= line.min() and line.max() <= 0.985 * 300 + 2  # inside the axes
+    assert len(line) > 50 and 0.11 * 300 - 2 <= line.min() and line.max() <= 0.985 * 300 + 2  # inside the axes
     assert len(marker) > 10 and len(set(marker)) <= 3  # the finding: a vertical dashed line
     assert 0 < len(cross) and line.min() < cross.min() and cross.max() < line.max()  # the NaN's x
 

@@ -86,7 +86,7 @@ def test_phase_without_with_and_default_console(capsys):
 class FakeWriter:
     instances: list[FakeWriter] = []
 
-    def __init__(self, log_dir):
+    def __init__(self, log_dir, purge_step=None):
         self.log_dir, self.scalars, self.closed = log_dir, [], False
         FakeWriter.instances.append(self)
 

@@ -94,7 +94,7 @@ def policy_step(model_dir: str, out: Path, agg: str) -> None:
     """One PPO-loss optimiser step through `update_policy` (what PPO and GRPO run)."""
     from rlhfkit.models import load_causal_lm
     from rlhfkit.models.policy import ActorCritic, ValueHead, add_lora
-    from rlhfkit.rollout import score_rollout
+    from rlhfkit.rollout import logprob_pass
     from rlhfkit.runtime.config import build_config
     from rlhfkit.trainers.ppo import micro_batch_loss
     from rlhfkit.trainers.ppo_config import PPOConfig
@@ -110,7 +110,7 @@ def policy_step(model_dir: str, out: Path, agg: str) -> None:
                                    "micro_batch_size": 2, "loss_agg": agg, "kl_coef": 0.0, "vf_coef": 0.5})
     rollout = global_rollout(policy.config.vocab_size).select(rows)  # with its advantages and returns
     order = torch.arange(n)
-    score_rollout(actor, None, rollout, 1.0, cfg.micro_batch_size, order)
+    logprob_pass(actor, None, rollout, 1.0, cfg.micro_batch_size, order)
     opt, sched = sgd(actor.parameters())
     model, opt, sched = acc.prepare(actor, opt, sched)
     before = snapshot(actor)

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from rlhfkit.models.policy import ActorCritic, ValueHead
-from rlhfkit.rollout import Rollout, SamplingParams, forward_logprobs, generate, score_rollout
+from rlhfkit.rollout import Rollout, SamplingParams, forward_logprobs, generate, logprob_pass
 from rlhfkit.rollout.core import trim_rows
 from rlhfkit.runtime.config import build_config
 from rlhfkit.trainers.ppo import compute_advantages, micro_batch_loss
@@ -122,7 +122,7 @@ def scored():
                   SamplingParams(max_new_tokens=8, stop_ids=(2,)))
     ro.response_mask[0, 3:] = 0
     ro.response_mask[5, 5:] = 0
-    score_rollout(actor, None, ro, 1.0, micro_batch_size=8)
+    logprob_pass(actor, None, ro, 1.0, micro_batch_size=8)
     g = torch.Generator().manual_seed(1)
     ro.ref_logprobs = ro.logprobs + 0.3 * torch.randn(ro.logprobs.shape, generator=g) * ro.response_mask
     ro.advantages = torch.randn(ro.logprobs.shape, generator=g) * ro.response_mask

@@ -10,7 +10,7 @@ import torch
 
 from rlhfkit.algos.trpo import flat_params
 from rlhfkit.models.policy import ActorCritic, ValueHead, add_lora
-from rlhfkit.rollout import SamplingParams, generate, score_rollout
+from rlhfkit.rollout import SamplingParams, generate, logprob_pass
 from rlhfkit.runtime.config import build_config
 from rlhfkit.trainers.ppo import compute_advantages
 from rlhfkit.trainers.trpo import policy_step, train
@@ -42,7 +42,7 @@ def rollout_on_tiny_lora(seed: int = 0):
     torch.manual_seed(seed)
     params = SamplingParams(6, 1.0, 0, 1.0, (tok.eos_token_id,), None)
     ro = generate(model, tok, [PROMPTS[i] for i in range(8)], params)
-    score_rollout(actor, None, ro, 1.0, 8)
+    logprob_pass(actor, None, ro, 1.0, 8)
     ro.scores = torch.linspace(-1, 1, 8)
     return actor, ro
 

@@ -1,6 +1,7 @@
 """Preference pairs for reward models and DPO: prompt, chosen, rejected.
 
-Accepted records: ``{"prompt", "chosen", "rejected"}`` with optional
+Accepted records: ``{"prompt", "chosen", "rejected"}`` (without ``prompt``: Anthropic-HH strings
+or TRL implicit-prompt conversations, whose shared beginning is the prompt) with optional
 ``margin`` / ``strength`` (finite floats; numeric strings from CSV are fine) and
 ``scores`` (a list of numbers or an object of numbers, passed through). A chat
 prompt (``prompt`` as a message list, TRL style) gives ``prompt`` = its last user
@@ -48,12 +49,11 @@ def load_preferences(
 
 def preference_record(record: dict[str, Any], where: str) -> dict[str, Any]:
     """Validate one preference record; returns a normalised copy."""
-    out = prompt_record(record, where)
+    out = prompt_record(record, where)  # without a prompt field: the shared beginning of chosen/rejected
     for field in ("chosen", "rejected"):
-        if record.get(field) is None:
+        if out.get(field) is None:
             raise missing_field(where, record, (field,))
-    out["chosen"] = response_text(record["chosen"], "chosen", where)
-    out["rejected"] = response_text(record["rejected"], "rejected", where)
+        out[field] = response_text(out[field], field, where)
     if out["chosen"].strip() == out["rejected"].strip():
         raise DataError(
             f"{where}: 'chosen' and 'rejected' are identical (a pair needs two different responses)"

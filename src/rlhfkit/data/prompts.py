@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from rlhfkit.data.formats import implicit_pair
 from rlhfkit.data.readers import Records, expect_messages, expect_text, missing_field
 from rlhfkit.data.sets import info_fields, load_split, sample
 from rlhfkit.errors import DataError
@@ -19,7 +20,7 @@ __all__ = ["load_prompts", "prompt_record", "info_fields", "info_lists"]
 def load_prompts(
     spec: str, split: str | None = "train", limit: int | None = None, seed: int = 0
 ) -> list[dict]:
-    """Load prompts from ``builtin:NAME`` or a local file.
+    """Load prompts from a data spec: ``builtin:NAME``, a Hub id or a local file (data/spec.py).
 
     Every returned dict has ``prompt`` (a non-empty str). Chat records
     (``messages``) use their last user turn as ``prompt`` and keep
@@ -39,7 +40,12 @@ def load_prompts(
 
 
 def prompt_record(record: dict[str, Any], where: str) -> dict[str, Any]:
-    """Validate one record and normalise it to have a string ``prompt``."""
+    """Validate one record and normalise it to have a string ``prompt``.
+
+    Read in this order: ``prompt`` (a string, or TRL's message list), ``messages``, GSM8K's
+    ``question`` (its ``answer`` stays for the reward), then a preference pair without a prompt
+    field (Anthropic-HH strings or TRL implicit-prompt conversations: the shared beginning).
+    """
     out = dict(record)
     value = record.get("prompt")
     if isinstance(value, list):
@@ -47,10 +53,22 @@ def prompt_record(record: dict[str, Any], where: str) -> dict[str, Any]:
         out.pop("prompt")
         return _from_messages(out, expect_messages(value, where, "prompt"), where)
     if value is not None:
-        out["prompt"] = expect_text(value, "prompt", where)
+        text = expect_text(value, "prompt", where)
+        if record.get("messages") is not None:
+            # UltraFeedback-style: `messages` may run on past the prompt (the chosen answer);
+            # keep the conversation up to the prompt turn, as for a messages-only record.
+            out = _from_messages(out, expect_messages(record["messages"], where), where)
+        out["prompt"] = text
         return out
     if record.get("messages") is not None:
         return _from_messages(out, expect_messages(record["messages"], where), where)
+    if record.get("question") is not None:
+        out["prompt"] = expect_text(out.pop("question"), "question", where)
+        return out
+    pair = implicit_pair(record, where)
+    if pair is not None:
+        out.update(pair)
+        return _from_messages(out, pair["prompt"], where)
     raise missing_field(where, record, ("prompt", "messages"))
 
 

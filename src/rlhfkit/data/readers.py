@@ -87,7 +87,7 @@ def read_records(path: str | os.PathLike, *, split: str | None = None) -> Record
     try:
         is_dir, exists = p.is_dir(), p.exists()
     except (OSError, ValueError) as e:  # e.g. an embedded NUL byte or a name too long
-        raise DataError(f"{shown!r}: not a usable path: {_one_line(e)}") from None
+        raise DataError(f"{shown!r}: not a usable path: {one_line_error(e)}") from None
     if is_dir:
         return _read_hf_folder(p, shown, split)
     if not exists:
@@ -130,7 +130,7 @@ def _read_text(p: Path, shown: str, compressed: bool) -> str:
         if compressed:
             raw = gzip.decompress(raw)
     except (OSError, EOFError, zlib.error) as e:
-        raise DataError(f"{shown}: cannot read: {_one_line(e)}") from None
+        raise DataError(f"{shown}: cannot read: {one_line_error(e)}") from None
     try:
         # utf-8-sig: tolerate the byte-order mark some editors write.
         return raw.decode("utf-8-sig")
@@ -151,7 +151,7 @@ def _loads(text: str, where_: str) -> Any:
     except json.JSONDecodeError as e:
         raise DataError(f"{where_}: invalid JSON: {e.msg} (column {e.colno})") from None
     except (ValueError, RecursionError) as e:  # huge integers, absurd nesting
-        raise DataError(f"{where_}: invalid JSON: {_one_line(e)}") from None
+        raise DataError(f"{where_}: invalid JSON: {one_line_error(e)}") from None
 
 
 def _parse_jsonl(text: str, shown: str) -> Records:
@@ -178,7 +178,7 @@ def _parse_json(text: str, shown: str) -> Records:
             return _parse_jsonl(text, shown)
         raise DataError(f"{shown}:{e.lineno}: invalid JSON: {e.msg} (column {e.colno})") from None
     except (ValueError, RecursionError) as e:
-        raise DataError(f"{shown}: invalid JSON: {_one_line(e)}") from None
+        raise DataError(f"{shown}: invalid JSON: {one_line_error(e)}") from None
     if isinstance(data, dict):
         # A single object: one record (same as a one-line JSONL file).
         data = [data]
@@ -216,7 +216,7 @@ def _parse_csv(text: str, shown: str, delimiter: str = ",") -> Records:
             items.append(dict(zip(header, row)))
             lines.append(lineno)
     except csv.Error as e:
-        raise DataError(f"{shown}:{reader.line_num}: malformed CSV: {_one_line(e)}") from None
+        raise DataError(f"{shown}:{reader.line_num}: malformed CSV: {one_line_error(e)}") from None
     return Records(items, source=shown, lines=lines)
 
 
@@ -241,7 +241,7 @@ def _read_parquet(p: Path, shown: str) -> Records:
     try:
         rows = pq.read_table(p).to_pylist()
     except Exception as e:  # pyarrow raises several unrelated types for bad files
-        raise DataError(f"{shown}: cannot read Parquet: {_one_line(e)}") from None
+        raise DataError(f"{shown}: cannot read Parquet: {one_line_error(e)}") from None
     return Records(rows, source=shown, unit="row")
 
 
@@ -260,7 +260,7 @@ def _read_hf_folder(p: Path, shown: str, split: str | None) -> Records:
     try:
         ds = datasets.load_from_disk(str(p))
     except Exception as e:  # corrupt folder: arrow, json and fs errors alike
-        raise DataError(f"{shown}: cannot load the saved dataset: {_one_line(e)}") from None
+        raise DataError(f"{shown}: cannot load the saved dataset: {one_line_error(e)}") from None
     if isinstance(ds, Mapping):  # DatasetDict
         names = sorted(ds.keys())
         chosen = split if split is not None else ("train" if "train" in ds else None)
@@ -378,7 +378,8 @@ def printable(text: str) -> str:
     return text if text.isprintable() else repr(text)
 
 
-def _one_line(exc: BaseException) -> str:
+def one_line_error(exc: BaseException) -> str:
     """First line of an exception's message (messages must stay one line)."""
     msg = str(exc).strip().splitlines()
     return msg[0] if msg else type(exc).__name__
+

@@ -1,9 +1,10 @@
-"""Resolve a data spec (``builtin:NAME`` or a local path) to records of one split.
+"""Resolve a data spec (``builtin:NAME``, a Hub id or a local path, see data/spec.py) to
+records of one split.
 
 Built-in sets ship in ``rlhfkit/data/builtin/`` (``arithmetic`` is generated)
-and have disjoint ``train`` and ``test`` splits. Local files are used whole
-unless their records carry a ``split`` field, in which case only the requested
-split is kept.
+and have disjoint ``train`` and ``test`` splits. Hub datasets use their own splits
+(data/hub.py). Local files are used whole unless their records carry a ``split``
+field, in which case only the requested split is kept.
 """
 
 from __future__ import annotations
@@ -14,7 +15,9 @@ from importlib import resources
 from typing import Any
 
 from rlhfkit.data import arithmetic
+from rlhfkit.data.formats import cut_prompts, rename_columns
 from rlhfkit.data.readers import Records, printable, read_records
+from rlhfkit.data.spec import parse_spec
 from rlhfkit.errors import ConfigError, DataError
 
 BUILTIN_PREFIX = "builtin:"
@@ -50,8 +53,7 @@ def load_split(spec: str, split: str | None = "train") -> Records:
 
     The ``split`` field is dropped from records it was used to select.
     """
-    if not isinstance(spec, str) or not spec.strip():
-        raise DataError(f"data spec must be 'builtin:NAME' or a file path, got {spec!r}")
+    parsed = parse_spec(spec)
     name = builtin_name(spec)
     if name is not None:
         if split is not None and split not in SPLITS:
@@ -64,9 +66,16 @@ def load_split(spec: str, split: str | None = "train") -> Records:
             return Records(rows, source=spec, unit="problem")
         records = read_records(builtin_path(name))
         records.source = spec
+    elif parsed.kind == "hub":
+        from rlhfkit.data.hub import read_hub
+
+        records = read_hub(parsed, split)
     else:
-        records = read_records(spec, split=split)
-    return _select_split(records, split, spec)
+        records = read_records(parsed.name, split=parsed.split or split)
+        if parsed.take is not None:
+            records = records.subset(range(min(parsed.take, len(records))))
+    records = cut_prompts(rename_columns(records, parsed.columns), parsed.words)
+    return _select_split(records, parsed.split or split, spec)
 
 
 def _select_split(records: Records, split: str | None, spec: str) -> Records:

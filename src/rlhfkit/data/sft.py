@@ -1,7 +1,8 @@
 """Supervised fine-tuning examples: (prompt, response) pairs.
 
 Accepted records: ``{"prompt", "response"}`` (``completion`` is an alias for
-``response``), or chat ``{"messages": [...]}`` whose last turn is the
+``response``), GSM8K's ``{"question", "answer"}``, or chat ``{"messages": [...]}``
+(with or without a ``prompt`` beside it, as in UltraFeedback) whose last turn is the
 assistant's response; then ``prompt`` is the list of earlier messages and
 ``messages`` is kept whole. Either way, format with
 ``rlhfkit.data.chat.format_sft_example(tokenizer, ex["prompt"], ex["response"])``.
@@ -55,9 +56,10 @@ def load_sft_examples(
 
 def sft_record(record: dict[str, Any], where: str) -> dict[str, Any]:
     """Validate one record and normalise it to ``prompt`` + ``response``."""
+    record = question_answer(record)
     out = dict(record)
     has_response = any(record.get(f) is not None for f in RESPONSE_FIELDS)
-    if record.get("messages") is not None and not has_response and record.get("prompt") is None:
+    if record.get("messages") is not None and not has_response:
         return _from_messages(out, expect_messages(record["messages"], where), where)
 
     if record.get("prompt") is None:
@@ -130,3 +132,14 @@ def collate(examples: list[dict], pad_id: int) -> dict[str, torch.Tensor]:
         mask[i, :n] = 1
         labels[i, :n] = torch.tensor(e["labels"])
     return {"input_ids": ids, "attention_mask": mask, "labels": labels}
+
+
+def question_answer(record: dict[str, Any]) -> dict[str, Any]:
+    """A GSM8K-style ``{"question", "answer"}`` record as ``{"prompt", "response"}`` (the whole
+    worked answer, ``#### N`` line included); any other record unchanged."""
+    if record.get("prompt") is not None or record.get("messages") is not None or record.get("question") is None:
+        return record
+    if record.get("answer") is None or any(record.get(f) is not None for f in RESPONSE_FIELDS):
+        return record
+    out = {k: v for k, v in record.items() if k not in ("question", "answer")}
+    return {**out, "prompt": record["question"], "response": record["answer"]}

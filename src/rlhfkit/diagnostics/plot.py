@@ -1,8 +1,8 @@
-"""Line charts without a plotting library: one layout, rendered as inline SVG or as PNG.
+"""Line charts without a plotting library: one layout, rendered as inline SVG.
 
 `layout_chart` turns series of (iteration, value) points into pixel geometry (ticks, polylines
 broken at non-finite values, finding markers); `svg` renders it for the HTML report and
-`rlhfkit.diagnostics.png.render_png` rasterises the same layout.
+`rlhfkit.diagnostics.png.render_png` draws the same series as a PNG with matplotlib.
 """
 
 from __future__ import annotations

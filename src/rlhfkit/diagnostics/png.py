@@ -1,200 +1,66 @@
-"""PNG rendering of a `ChartLayout` in pure Python (zlib + a 5x7 bitmap font; no dependencies).
+"""PNG charts for the report, drawn by matplotlib (the optional extra ``plots``).
 
-Good enough for a chart per metric next to the HTML report: anti-aliased lines, grid, ticks,
-title, legend. Letters are drawn in upper case (the font has one case).
+The HTML report needs nothing: its charts are inline SVG (diagnostics/plot.py). The PNGs beside
+it are for slides, papers and issues; without matplotlib the report says how to get them. The
+figure is drawn on its own Agg canvas (no pyplot, no global state), the same content as the SVG:
+one line per run (broken at non-finite values, which get a red x on the bottom axis), dashed
+lines at the iterations where findings were raised, a legend when runs are overlaid.
 """
 
 from __future__ import annotations
 
+import importlib.util
+import io
 import math
-import struct
-import zlib
+from collections.abc import Sequence
 
-from rlhfkit.diagnostics.plot import SEVERITY_COLOR, ChartLayout
+from rlhfkit.diagnostics.plot import SEVERITY_COLOR, Marker, Series
 
-RGB = tuple[int, int, int]
-
-# 5x7 glyphs: char, then 7 rows ('#' = ink). Lower case maps to upper case.
-_FONT_SRC = """
-A .###. #...# #...# ##### #...# #...# #...#
-B ####. #...# #...# ####. #...# #...# ####.
-C .###. #...# #.... #.... #.... #...# .###.
-D ####. #...# #...# #...# #...# #...# ####.
-E ##### #.... #.... ####. #.... #.... #####
-F ##### #.... #.... ####. #.... #.... #....
-G .###. #...# #.... #.### #...# #...# .####
-H #...# #...# #...# ##### #...# #...# #...#
-I .###. ..#.. ..#.. ..#.. ..#.. ..#.. .###.
-J ..### ...#. ...#. ...#. ...#. #..#. .##..
-K #...# #..#. #.#.. ##... #.#.. #..#. #...#
-L #.... #.... #.... #.... #.... #.... #####
-M #...# ##.## #.#.# #.#.# #...# #...# #...#
-N #...# #...# ##..# #.#.# #..## #...# #...#
-O .###. #...# #...# #...# #...# #...# .###.
-P ####. #...# #...# ####. #.... #.... #....
-Q .###. #...# #...# #...# #.#.# #..#. .##.#
-R ####. #...# #...# ####. #.#.. #..#. #...#
-S .#### #.... #.... .###. ....# ....# ####.
-T ##### ..#.. ..#.. ..#.. ..#.. ..#.. ..#..
-U #...# #...# #...# #...# #...# #...# .###.
-V #...# #...# #...# #...# #...# .#.#. ..#..
-W #...# #...# #...# #.#.# #.#.# #.#.# .#.#.
-X #...# #...# .#.#. ..#.. .#.#. #...# #...#
-Y #...# #...# .#.#. ..#.. ..#.. ..#.. ..#..
-Z ##### ....# ...#. ..#.. .#... #.... #####
-0 .###. #...# #..## #.#.# ##..# #...# .###.
-1 ..#.. .##.. ..#.. ..#.. ..#.. ..#.. .###.
-2 .###. #...# ....# ...#. ..#.. .#... #####
-3 ####. ....# ....# .###. ....# ....# ####.
-4 ...#. ..##. .#.#. #..#. ##### ...#. ...#.
-5 ##### #.... ####. ....# ....# #...# .###.
-6 ..##. .#... #.... ####. #...# #...# .###.
-7 ##### ....# ...#. ..#.. .#... .#... .#...
-8 .###. #...# #...# .###. #...# #...# .###.
-9 .###. #...# #...# .#### ....# ...#. .##..
-. ..... ..... ..... ..... ..... .##.. .##..
-- ..... ..... ..... .###. ..... ..... .....
-+ ..... ..#.. ..#.. ##### ..#.. ..#.. .....
-/ ..... ....# ...#. ..#.. .#... #.... .....
-_ ..... ..... ..... ..... ..... ..... #####
-: ..... .##.. .##.. ..... .##.. .##.. .....
-( ...#. ..#.. .#... .#... .#... ..#.. ...#.
-) .#... ..#.. ...#. ...#. ...#. ..#.. .#...
-, ..... ..... ..... ..... .##.. ..#.. .#...
-% ##... ##..# ...#. ..#.. .#... #..## ...##
-= ..... ..... ##### ..... ##### ..... .....
-? .###. #...# ....# ...#. ..#.. ..... ..#..
-x ..... #...# .#.#. ..#.. .#.#. #...# .....
-"""
-FONT: dict[str, list[str]] = {}
-for _line in _FONT_SRC.strip().splitlines():
-    _char, *_rows = _line.split()
-    FONT[_char] = _rows
-FONT[" "] = ["....."] * 7
+INSTALL_HINT = "pip install 'rlhfkit[plots]'"
+NONFINITE_COLOR = "#d62728"
 
 
-def _hex(color: str) -> RGB:
-    color = color.lstrip("#")
-    return (int(color[0:2], 16), int(color[2:4], 16), int(color[4:6], 16))
+def available() -> bool:
+    """True when matplotlib is installed (checked without importing it)."""
+    return importlib.util.find_spec("matplotlib") is not None
 
 
-class Canvas:
-    """An RGB image with alpha blending, anti-aliased lines and bitmap text."""
+def render_png(title: str, series: Sequence[Series], markers: Sequence[Marker] = (), *,
+               width: int = 720, height: int = 300, dpi: int = 100) -> bytes:
+    """A ``width`` x ``height`` PNG of ``series`` (iteration on x) with the finding ``markers``."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+    from matplotlib.ticker import MaxNLocator
 
-    def __init__(self, width: int, height: int, background: RGB = (255, 255, 255)) -> None:
-        self.width, self.height = width, height
-        self.pixels = bytearray(bytes(background) * (width * height))
-
-    def blend(self, x: int, y: int, color: RGB, alpha: float = 1.0) -> None:
-        if 0 <= x < self.width and 0 <= y < self.height and alpha > 0:
-            i = 3 * (y * self.width + x)
-            a = min(alpha, 1.0)
-            p = self.pixels
-            p[i] = int(p[i] + (color[0] - p[i]) * a + 0.5)
-            p[i + 1] = int(p[i + 1] + (color[1] - p[i + 1]) * a + 0.5)
-            p[i + 2] = int(p[i + 2] + (color[2] - p[i + 2]) * a + 0.5)
-
-    def rect(self, x0: float, y0: float, x1: float, y1: float, color: RGB, alpha: float = 1.0) -> None:
-        for y in range(max(0, int(y0)), min(self.height, int(math.ceil(y1)))):
-            for x in range(max(0, int(x0)), min(self.width, int(math.ceil(x1)))):
-                self.blend(x, y, color, alpha)
-
-    def hline(self, x0: float, x1: float, y: float, color: RGB, dash: int = 0) -> None:
-        for x in range(int(x0), int(x1) + 1):
-            if not dash or (x // dash) % 2 == 0:
-                self.blend(x, int(y), color)
-
-    def vline(self, x: float, y0: float, y1: float, color: RGB, dash: int = 0) -> None:
-        for y in range(int(y0), int(y1) + 1):
-            if not dash or (y // dash) % 2 == 0:
-                self.blend(int(x), y, color)
-
-    def polyline(self, points: list[tuple[float, float]], color: RGB, width: float = 1.8) -> None:
-        """Anti-aliased polyline: per-pixel coverage from the distance to the nearest segment."""
-        half = width / 2
-        cover: dict[tuple[int, int], float] = {}
-        for (ax, ay), (bx, by) in zip(points, points[1:]):
-            dx, dy = bx - ax, by - ay
-            length2 = dx * dx + dy * dy
-            for y in range(int(min(ay, by) - half - 1), int(max(ay, by) + half + 2)):
-                for x in range(int(min(ax, bx) - half - 1), int(max(ax, bx) + half + 2)):
-                    cx, cy = x + 0.5, y + 0.5
-                    t = 0.0 if length2 == 0 else max(0.0, min(1.0, ((cx - ax) * dx + (cy - ay) * dy) / length2))
-                    d = math.hypot(cx - (ax + t * dx), cy - (ay + t * dy))
-                    a = half + 0.5 - d
-                    if a > 0 and a > cover.get((x, y), 0.0):
-                        cover[(x, y)] = a
-        for (x, y), a in cover.items():
-            self.blend(x, y, color, a)
-
-    def dot(self, cx: float, cy: float, r: float, color: RGB) -> None:
-        for y in range(int(cy - r - 1), int(cy + r + 2)):
-            for x in range(int(cx - r - 1), int(cx + r + 2)):
-                self.blend(x, y, color, r + 0.5 - math.hypot(x + 0.5 - cx, y + 0.5 - cy))
-
-    def text(self, x: float, y: float, s: str, color: RGB, scale: int = 1, anchor: str = "left") -> None:
-        """Draw ``s`` with its top at ``y``; anchor "left" | "middle" | "right" at ``x``."""
-        width = len(s) * 6 * scale - scale
-        if anchor == "middle":
-            x -= width / 2
-        elif anchor == "right":
-            x -= width
-        for n, ch in enumerate(s):
-            glyph = FONT.get(ch) or FONT.get(ch.upper()) or FONT["?"]
-            gx = int(x) + n * 6 * scale
-            for row, bits in enumerate(glyph):
-                for col, bit in enumerate(bits):
-                    if bit == "#":
-                        for yy in range(scale):
-                            for xx in range(scale):
-                                self.blend(gx + col * scale + xx, int(y) + row * scale + yy, color)
-
-    def to_png(self) -> bytes:
-        raw = bytearray()
-        stride = 3 * self.width
-        for y in range(self.height):
-            raw.append(0)  # filter: none
-            raw += self.pixels[y * stride:(y + 1) * stride]
-
-        def chunk(kind: bytes, data: bytes) -> bytes:
-            return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data) & 0xFFFFFFFF)
-
-        header = struct.pack(">IIBBBBB", self.width, self.height, 8, 2, 0, 0, 0)
-        return (b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", header) + chunk(b"IDAT", zlib.compress(bytes(raw), 6))
-                + chunk(b"IEND", b""))
-
-
-def render_png(layout: ChartLayout) -> bytes:
-    """The chart as PNG bytes."""
-    c = Canvas(layout.width, layout.height)
-    ink, grey, light = (40, 40, 40), (110, 110, 110), (228, 228, 228)
-    x0, y0, x1, y1 = layout.box
-    c.text(x0, 6, layout.title, ink, scale=2 if len(layout.title) * 12 < layout.width - x0 else 1)
-    if layout.empty:
-        c.text(layout.width / 2, layout.height / 2, "no data", grey, anchor="middle")
-        return c.to_png()
-    for y, label in layout.yticks:
-        c.hline(x0, x1, y, light)
-        c.text(x0 - 5, y - 3, label, grey, anchor="right")
-    for x, label in layout.xticks:
-        c.vline(x, y1, y1 + 4, grey)
-        c.text(x, y1 + 8, label, grey, anchor="middle")
-    c.hline(x0, x1, y0, grey)
-    c.hline(x0, x1, y1, grey)
-    c.vline(x0, y0, y1, grey)
-    c.vline(x1, y0, y1, grey)
-    for x, severity, _tip in layout.markers:
-        c.vline(x, y0, y1, _hex(SEVERITY_COLOR.get(severity, "#888888")), dash=4)
-    for color, runs in layout.lines:
-        for run in runs:
-            c.polyline(run, _hex(color))
-    for color, x, y in layout.dots:
-        c.dot(x, y, 2.2, _hex(color))
-    for _color, x, _tip in layout.nonfinite:
-        c.text(x, y1 - 10, "x", (214, 39, 40), anchor="middle")
-    lx = x0
-    for color, label in layout.legend:
-        c.rect(lx, 25, lx + 9, 34, _hex(color))
-        c.text(lx + 13, 26, label, ink)
-        lx += 13 + 6 * len(label) + 12
-    return c.to_png()
+    fig = Figure(figsize=(width / dpi, height / dpi), dpi=dpi)
+    FigureCanvasAgg(fig)
+    ax = fig.add_subplot()
+    xs_all = [x for s in series for x, _ in s.points]
+    for s in series:
+        xs = [x for x, _ in s.points]
+        ys = [y if math.isfinite(y) else math.nan for _, y in s.points]  # NaN breaks the line
+        ax.plot(xs, ys, color=s.color, label=s.label, linewidth=1.6, marker="." if len(xs) < 30 else None)
+        bad = [x for x, y in s.points if not math.isfinite(y)]
+        if bad:  # at the bottom of the axes, whatever the y range
+            ax.plot(bad, [0.02] * len(bad), "x", color=NONFINITE_COLOR, transform=ax.get_xaxis_transform())
+    if xs_all:
+        lo, hi = min(xs_all), max(xs_all)
+        if lo == hi:  # one iteration: whole-number ticks around it
+            ax.set_xlim(lo - 1, hi + 1)
+        for m in markers:
+            if lo <= m.iteration <= hi:
+                color = SEVERITY_COLOR.get(m.severity, "#888888")
+                ax.axvline(m.iteration, color=color, linestyle="--", linewidth=1)
+    else:
+        ax.text(0.5, 0.5, "no values", ha="center", va="center", transform=ax.transAxes, color="#777777")
+    ax.set_title(title, fontsize=11)
+    ax.set_xlabel("iteration", fontsize=9)
+    ax.tick_params(labelsize=8)
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    ax.grid(color="#e8e8e8")
+    if len(series) > 1:
+        ax.legend(fontsize=8)
+    fig.subplots_adjust(left=0.11, right=0.985, top=0.9, bottom=0.15)  # fixed: tight_layout doubles the time
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png")
+    return buf.getvalue()

@@ -1,6 +1,7 @@
 """The HTML run report: every metric plotted over iterations (runs overlaid), the findings, sample
 completions with their rewards, the config and the summary. One self-contained file (inline SVG
-and CSS, no scripts, fonts or network), plus a PNG per chart in ``plots/`` beside it.
+and CSS, no scripts, fonts or network), plus a PNG per chart in ``plots/`` beside it (matplotlib,
+the extra ``plots``).
 
     build_report([load_run("runs/a"), load_run("runs/b")], Path("runs/a/report"))
 """
@@ -20,7 +21,7 @@ from rlhfkit.diagnostics.glossary import describe, sort_metrics
 from rlhfkit.diagnostics.history import fmt, to_float
 from rlhfkit.diagnostics.monitor import diagnose
 from rlhfkit.diagnostics.plot import PALETTE, Marker, Series, layout_chart, svg
-from rlhfkit.diagnostics.png import render_png
+from rlhfkit.diagnostics.png import INSTALL_HINT, available, render_png
 from rlhfkit.diagnostics.rundir import RunData, flatten
 from rlhfkit.diagnostics.thresholds import Thresholds
 
@@ -181,8 +182,7 @@ def _metrics_section(runs: Sequence[RunData], labels: list[str], findings: list[
         if png:
             (out_dir / PLOTS_DIR).mkdir(parents=True, exist_ok=True)
             name = png_name(metric)
-            (out_dir / PLOTS_DIR / name).write_bytes(
-                render_png(layout_chart(metric, series, markers, width=720, height=300)))
+            (out_dir / PLOTS_DIR / name).write_bytes(render_png(metric, series, markers))
             written.append(f"{PLOTS_DIR}/{name}")
             link = f" <a href='{e(PLOTS_DIR)}/{e(name)}'>png</a>"
         parts.append(f"<figure id='m-{e(png_name(metric)[:-4])}'>{chart}<figcaption>{e(describe(metric))}"
@@ -250,16 +250,25 @@ def _thresholds_section(t: Thresholds) -> str:
             "(docs/diagnostics.md explains each)</summary><table>" + rows + "</table></details>")
 
 
+def png_note(path: Path) -> str:
+    """What `rlhfkit report` adds after "wrote report.html": where the PNGs are, or how to get them."""
+    if available():
+        return f" and {path.parent / PLOTS_DIR}/*.png"
+    return f" (PNG charts need matplotlib: {INSTALL_HINT}; the HTML has the same charts)"
+
+
 # ---- entry point ---------------------------------------------------------------------------------
 def build_report(runs: Sequence[RunData], out_dir: str | Path, *, iterations: Sequence[int] | None = None,
                  samples_per_iteration: int = 4, png: bool = True, thresholds: Thresholds | None = None,
                  title: str | None = None) -> Path:
-    """Write ``out_dir/report.html`` (and ``out_dir/plots/*.png`` unless ``png=False``); return its path."""
+    """Write ``out_dir/report.html`` (and ``out_dir/plots/*.png`` unless ``png=False`` or matplotlib is
+    not installed); return its path."""
+    png = png and available()
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     thresholds = thresholds or Thresholds()
     labels = run_labels(runs)
-    findings = [diagnose(run.metrics, thresholds) for run in runs]
+    findings = [diagnose(run.metrics, thresholds, defaults=run.defaults) for run in runs]
     title = title or "rlhfkit report: " + ", ".join(labels)
     metrics_html, _ = _metrics_section(runs, labels, findings, out_dir, png)
     nav = "".join(f"<a href='#{a}'>{t}</a>" for a, t in (

@@ -23,6 +23,17 @@ def _clean(v: Any) -> Any:
     return v
 
 
+def read_config(run_dir: Path) -> dict | None:
+    """The run's config.yaml (written before the tracker starts), for the sinks; None if absent."""
+    import yaml
+
+    try:
+        data = yaml.safe_load((Path(run_dir) / "config.yaml").read_text())
+    except (OSError, yaml.YAMLError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
 def make_run_dir(output_dir: str, run_name: str | None, command: str) -> Path:
     name = run_name or f"{command}-{time.strftime('%Y%m%d-%H%M%S')}"
     path = Path(output_dir) / name
@@ -54,13 +65,19 @@ class Tracker:
         try:
             from rlhfkit.diagnostics.sinks import make_sinks
 
+            config = config if config is not None else read_config(self.run_dir)
             self.sinks = make_sinks(self.run_dir, tensorboard=tensorboard, wandb=wandb, config=config)
         except ImportError:
             self.sinks = []
 
     def resume(self, history: list[dict]) -> None:
         """Continue a run from a checkpoint: the diagnostics rules replay the metric rows kept before
-        it silently, so they judge the same history as an uninterrupted run and repeat no finding."""
+        it silently, so they judge the same history as an uninterrupted run and repeat no finding;
+        the sinks drop or skip what an earlier process logged after the last kept row (it is logged
+        again), so no step appears twice."""
+        start = 1 + max((r["iteration"] for r in history if isinstance(r.get("iteration"), int)), default=-1)
+        for sink in self.sinks:
+            sink.resume(start)
         if self.monitor is not None:
             from rlhfkit.diagnostics import Monitor
 
@@ -103,6 +120,8 @@ class Tracker:
         with open(self.run_dir / "samples.jsonl", "a") as f:
             for r in rows:
                 f.write(json.dumps({"iteration": iteration, **r}) + "\n")
+        for sink in self.sinks:
+            sink.log_samples(iteration, rows)
 
     def write_json(self, name: str, data: dict) -> None:
         if self.is_main:
