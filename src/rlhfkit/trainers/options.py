@@ -59,7 +59,9 @@ class OptimizerArgs:
 
 @dataclass
 class ModelArgs(PromptFormatArgs):
-    model: str = option("smollm2-135m-instruct", "policy: 'smollm2-135m-instruct' (built in) or a local HF model folder")
+    model: str = option("smollm2-135m-instruct", "policy: 'smollm2-135m-instruct' (built in), a local HF model folder, "
+                        "or a Hub id org/name[@revision] (downloaded once into the HF_HOME cache)")
+    model_revision: str | None = option(None, "Hub revision (branch, tag or commit) of `model` when it is a Hub id")
     dtype: str = option("auto", "compute dtype. bf16: frozen base weights in bf16 and bf16 autocast (fast on GPUs and "
                         "CPUs with AVX-512 BF16, slow on CPUs without: docs/benchmarks.md); trainable weights and "
                         "optimiser state stay fp32. auto: bf16 where it is fast, else fp32", ("auto", "fp32", "bf16"))
@@ -72,6 +74,11 @@ class ModelArgs(PromptFormatArgs):
                                      "below the lowest adapted layer: a large CPU speed-up for a small loss in capacity")
 
     def validate(self) -> None:
+        if self.model_revision:  # every loader reads `org/name@revision`; idempotent for a saved config
+            name, _, rev = self.model.partition("@")
+            check(rev in ("", self.model_revision),
+                  f"model_revision ({self.model_revision}) differs from the revision in model ({self.model})")
+            self.model = f"{name}@{self.model_revision}"
         check(self.lora_r >= 1, f"lora_r ({self.lora_r}) must be >= 1")
         check(self.lora_alpha > 0, f"lora_alpha ({self.lora_alpha}) must be > 0")
         check(0 <= self.lora_dropout < 1, f"lora_dropout ({self.lora_dropout}) must be in [0, 1)")
