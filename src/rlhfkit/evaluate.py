@@ -6,7 +6,7 @@ Steps:
   3. score     every reward in `rewards` (functions or reward models): mean and std per model
   4. compare   win rate of model vs ref_model per reward: (wins + ties / 2) / n, same prompts
   5. tasks     accuracy on verifiable prompts (records with answer/answer_value, e.g. arithmetic);
-               perplexity of the reference responses and ROUGE-L of the completions against them
+               perplexity of the reference responses and ROUGE-1/2/L of the completions against them
                (records with a `response`, e.g. SFT data)
   6. write     OUT/report.json and OUT/samples.jsonl
 """
@@ -24,7 +24,7 @@ from rlhfkit.runtime.config import check, config_main, option
 
 @dataclass
 class EvalConfig:
-    """Evaluate a model on prompts: rewards, win rate vs a reference model, task accuracy, perplexity, ROUGE-L."""
+    """Evaluate a model on prompts: rewards, win rate vs a reference model, task accuracy, perplexity, ROUGE."""
 
     model: str = option("smollm2-135m-instruct", "model to evaluate (a folder, a run's final/, or the default)")
     ref_model: str | None = option(None, "reference model for win rates (e.g. the SFT model); None = no comparison")
@@ -47,7 +47,8 @@ class EvalConfig:
                                   "tokens (one warning says how many were cut); error stops before sampling",
                                   ("truncate_left", "error"))
     perplexity: bool = option(True, "perplexity of reference responses (prompt records with a 'response' field)")
-    rouge: bool = option(True, "ROUGE-L F1 of completions against reference responses (rouge-score package)")
+    rouge: bool = option(True, "ROUGE-1, ROUGE-2 and ROUGE-L F1 of completions against reference responses "
+                         "(rouge-score package, stemmed)")
     out_dir: str = option("runs/eval", "folder for report.json and samples.jsonl")
     seed: int = option(0, "seed for the prompt subset and sampling")
 
@@ -92,13 +93,34 @@ def win_rate(model_scores: list[float], ref_scores: list[float]) -> dict:
             "win_rate": (wins + 0.5 * ties) / n if n else float("nan")}
 
 
-def rouge_l(predictions: list[str], references: list[str]) -> float:
-    """Mean ROUGE-L F1 (rouge-score, Porter stemming)."""
+ROUGE_TYPES = {"rouge_1": "rouge1", "rouge_2": "rouge2", "rouge_l": "rougeL"}  # report key -> rouge-score name
+
+
+def rouge_scores(predictions: list[str], references: list[str]) -> dict[str, float]:
+    """Mean ROUGE-1, ROUGE-2 and ROUGE-L F1 of predictions against references (Lin 2004).
+
+    Computed by Google's `rouge-score` package (the reimplementation of ROUGE-1.5.5) with Porter
+    stemming, one pair at a time, then averaged over pairs: {"rouge_1", "rouge_2", "rouge_l"}, each
+    in [0, 1]; NaN for no pairs. ROUGE-L is the sentence-level LCS score (`rougeL`, not the
+    newline-split `rougeLsum`). Its tokenizer keeps lower-cased ASCII letters and digits only.
+    """
+    if len(predictions) != len(references):
+        raise ValueError(f"{len(predictions)} predictions vs {len(references)} references")
     from rouge_score import rouge_scorer
 
-    scorer = rouge_scorer.RougeScorer(["rougeL"], use_stemmer=True)
-    vals = [scorer.score(ref, pred)["rougeL"].fmeasure for pred, ref in zip(predictions, references)]
-    return sum(vals) / len(vals) if vals else float("nan")
+    scorer = rouge_scorer.RougeScorer(list(ROUGE_TYPES.values()), use_stemmer=True)
+    sums = dict.fromkeys(ROUGE_TYPES, 0.0)
+    for pred, ref in zip(predictions, references):
+        scores = scorer.score(ref, pred)  # score(target, prediction)
+        for key, name in ROUGE_TYPES.items():
+            sums[key] += scores[name].fmeasure
+    n = len(predictions)
+    return {key: total / n if n else float("nan") for key, total in sums.items()}
+
+
+def rouge_l(predictions: list[str], references: list[str]) -> float:
+    """Mean ROUGE-L F1 (rouge-score, Porter stemming); see :func:`rouge_scores`."""
+    return rouge_scores(predictions, references)["rouge_l"]
 
 
 def mean_std(xs: list[float]) -> dict:
@@ -120,7 +142,7 @@ def run_model(spec: str, records: list[dict], cfg: EvalConfig) -> dict:
     from rlhfkit.models.reward_model import format_example
     from rlhfkit.rollout import SamplingParams
     from rlhfkit.rollout.prompt_fit import enforce_prompt_limit, prompt_token_limit
-    from rlhfkit.trainers.common import autocast
+    from rlhfkit.runtime.precision import autocast
 
     model, tok = load_for_inference(spec, cfg.dtype)
     device = next(model.parameters()).device
@@ -135,7 +157,8 @@ def run_model(spec: str, records: list[dict], cfg: EvalConfig) -> dict:
     out = {"completions": completions, "generate_s": time.time() - t0}
     refs = [r for r in records if isinstance(r.get("response"), str) and r["response"].strip()]
     if cfg.perplexity and refs:
-        from rlhfkit.trainers.sft import ResponseNLL, mean_nll, tokenize_examples
+        from rlhfkit.data.sft import tokenize_examples
+        from rlhfkit.trainers.sft import ResponseNLL, mean_nll
 
         examples, _ = tokenize_examples(tok, refs, cfg, 1024)
         if examples:
@@ -146,7 +169,7 @@ def run_model(spec: str, records: list[dict], cfg: EvalConfig) -> dict:
 
 
 def model_metrics(run: dict, records: list[dict], scores: dict[str, list[float]], cfg: EvalConfig) -> dict:
-    """Reward mean/std per reward, accuracy, perplexity, ROUGE-L, mean length for one model."""
+    """Reward mean/std per reward, accuracy, perplexity, ROUGE-1/2/L, mean length for one model."""
     from rlhfkit.rewards import arithmetic
 
     m: dict = {f"reward/{name}": mean_std(s) for name, s in scores.items()}
@@ -163,7 +186,7 @@ def model_metrics(run: dict, records: list[dict], scores: dict[str, list[float]]
         m["perplexity"] = run["perplexity"]
     refs = [i for i, r in enumerate(records) if isinstance(r.get("response"), str) and r["response"].strip()]
     if cfg.rouge and refs:
-        m["rouge_l"] = rouge_l([comps[i] for i in refs], [records[i]["response"] for i in refs])
+        m.update(rouge_scores([comps[i] for i in refs], [records[i]["response"] for i in refs]))
     return m
 
 
@@ -172,12 +195,11 @@ def model_metrics(run: dict, records: list[dict], scores: dict[str, list[float]]
 
 def evaluate(cfg: EvalConfig) -> dict:
     """Run the evaluation; writes OUT/report.json and OUT/samples.jsonl and returns the report."""
-    from rlhfkit.data.prompts import load_prompts
+    from rlhfkit.data.prompts import info_lists, load_prompts
     from rlhfkit.errors import UserError
     from rlhfkit.models.loading import resolve_dtype
     from rlhfkit.rewards import get_reward, score_batch
     from rlhfkit.runtime.seeding import seed_everything
-    from rlhfkit.trainers.common import info_lists
 
     t0 = time.time()
     cfg.dtype = resolve_dtype(cfg.dtype)
