@@ -99,7 +99,7 @@ def test_grpo_constant_normaliser_counts_every_process():
     """Dr. GRPO's constant is mini_batch_size x max_new_tokens of the whole optimiser step: with N
     processes each holding a mini-batch, N times the single-process constant."""
     from rlhfkit.models.policy import ActorCritic
-    from rlhfkit.rollout import Rollout, score_rollout
+    from rlhfkit.rollout import Rollout, logprob_pass
     from rlhfkit.runtime.config import build_config
     from rlhfkit.trainers.grpo import micro_batch_loss
     from rlhfkit.trainers.grpo_config import GRPOConfig
@@ -111,7 +111,7 @@ def test_grpo_constant_normaliser_counts_every_process():
     mb = Rollout(query_ids=torch.randint(3, 300, (4, 5), generator=g), query_mask=torch.ones(4, 5).long(),
                  response_ids=torch.randint(3, 300, (4, 6), generator=g), response_mask=torch.ones(4, 6),
                  stopped=torch.zeros(4, dtype=torch.bool))
-    score_rollout(actor, None, mb, 1.0, 4)
+    logprob_pass(actor, None, mb, 1.0, 4)
     mb.advantages = torch.randn(4, 6, generator=g)
     cfg = build_config(GRPOConfig, {"model": "unused", "loss_agg": "constant", "rollout_batch_size": 4, "group_size": 2,
                                     "mini_batch_size": 4, "micro_batch_size": 4, "max_new_tokens": 6})

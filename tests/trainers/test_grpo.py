@@ -10,7 +10,7 @@ import torch
 
 from rlhfkit.errors import ConfigError
 from rlhfkit.models.policy import ActorCritic
-from rlhfkit.rollout import Rollout, SamplingParams, generate, score_rollout
+from rlhfkit.rollout import Rollout, SamplingParams, generate, logprob_pass
 from rlhfkit.runtime.config import build_config, parse_args
 from rlhfkit.trainers.grpo import (
     compute_advantages,
@@ -111,7 +111,7 @@ def scored_rollout():
     ro = generate(model.policy, tok, prompts, SamplingParams(max_new_tokens=8, stop_ids=(2,)))
     ro.response_mask[0, 3:] = 0  # make sure lengths differ
     ro.response_mask[5, 5:] = 0
-    score_rollout(model, None, ro, 1.0, micro_batch_size=8)
+    logprob_pass(model, None, ro, 1.0, micro_batch_size=8)
     ro.ref_logprobs = ro.logprobs + 0.3 * torch.randn(ro.logprobs.shape) * ro.response_mask
     ro.advantages = torch.randn(8)[:, None] * ro.response_mask
     with torch.no_grad():  # move the policy away from pi_old so the ratio and the clip are exercised

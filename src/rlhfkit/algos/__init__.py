@@ -10,6 +10,11 @@ Notation used in every docstring: B batch, T response length, V vocab, G group s
 - advantages: gae (+ gae_reference loop), group_advantages (GRPO), leave_one_out_advantages (RLOO)
 - losses:     aggregate_loss (the one aggregation rule), ppo_policy_loss, ppo_value_loss,
               entropy_loss, dpo_loss (sigmoid / cDPO / IPO), bradley_terry_loss
+- policy_gradient: clipped_policy_loss (token / GSPO sequence / GSPO-token ratio), truncated_is_weights,
+              overlong_penalty (DAPO), reward_to_go (REINFORCE++), remax_advantages
+- preference: simpo_loss, orpo_loss, kto_loss, kto_reference_point
+- trpo:       surrogate_advantage, token_kl, fisher_vector_product, conjugate_gradient, scale_step,
+              backtracking_line_search, trpo_step (+ flat-parameter helpers)
 """
 
 from .advantages import (
@@ -42,7 +47,31 @@ from .losses import (
     ppo_value_loss,
 )
 from .masks import last_valid_index, masked_mean, masked_sum, masked_var, masked_whiten, response_mask
+from .policy_gradient import (
+    IMPORTANCE_LEVELS,
+    clipped_policy_loss,
+    overlong_penalty,
+    remax_advantages,
+    reward_to_go,
+    sequence_log_ratio,
+    truncated_is_weights,
+)
+from .preference import kto_loss, kto_reference_point, log1mexp, orpo_loss, simpo_loss
 from .rewards import shape_rewards
+from .trpo import (
+    backtracking_line_search,
+    conjugate_gradient,
+    fisher_vector_product,
+    flat_grad,
+    flat_params,
+    line_search_evaluator,
+    scale_step,
+    set_flat_params_,
+    summed_flat_grad,
+    surrogate_advantage,
+    token_kl,
+    trpo_step,
+)
 
 __all__ = [
     # masks
@@ -83,4 +112,31 @@ __all__ = [
     "entropy_loss",
     "dpo_loss",
     "bradley_terry_loss",
+    # policy-gradient variants
+    "IMPORTANCE_LEVELS",
+    "sequence_log_ratio",
+    "clipped_policy_loss",
+    "truncated_is_weights",
+    "overlong_penalty",
+    "reward_to_go",
+    "remax_advantages",
+    # preference losses beside DPO
+    "simpo_loss",
+    "orpo_loss",
+    "kto_loss",
+    "kto_reference_point",
+    "log1mexp",
+    # TRPO
+    "surrogate_advantage",
+    "token_kl",
+    "fisher_vector_product",
+    "conjugate_gradient",
+    "scale_step",
+    "backtracking_line_search",
+    "line_search_evaluator",
+    "trpo_step",
+    "flat_grad",
+    "flat_params",
+    "set_flat_params_",
+    "summed_flat_grad",
 ]

@@ -39,7 +39,7 @@ def aggregate_loss(
     constant: float | None = None,
     agg_mode: str | None = None,
 ) -> torch.Tensor:
-    """Reduce a per-token loss to a scalar: the ONE aggregation rule (pitfall 11).
+    """Reduce a per-token loss to a scalar: the ONE aggregation rule (docs/pitfalls.md#loss-aggregation).
 
     - ``"token-mean"``: sum(loss * mask) / N, N = ``num_tokens`` if given, else mask.sum().
       Pass N = the valid-token count of the WHOLE optimiser batch (all gradient-accumulation

@@ -1,4 +1,5 @@
-"""`rlhfkit dpo`: direct preference optimisation (DPO, IPO, cDPO) on preference pairs.
+"""`rlhfkit dpo`, `simpo`, `orpo`: preference optimisation on pairs: DPO, IPO and cDPO against a
+reference; SimPO and ORPO without one (no reference is built, step 2 is skipped).
 
 As numbered steps in `train`:
   1. data       pairs (prompt, chosen, rejected) -> one tokenised table of 2N rows, chosen i and
@@ -11,7 +12,8 @@ As numbered steps in `train`:
   5. after      held-out preference accuracy, and the judged win rate over the starting model
 
 The policy's log-probs come from PPO's teacher-forced pass (rollout.forward_logprobs); the
-losses from algos.dpo_loss. Formulas and defaults: docs/algorithms.md.
+losses from algos.dpo_loss, algos.simpo_loss and algos.orpo_loss. Formulas and defaults:
+docs/algorithms.md.
 """
 
 from __future__ import annotations
@@ -22,10 +24,10 @@ from collections import defaultdict
 
 import torch
 
-from rlhfkit.algos import dpo_loss
+from rlhfkit.algos import dpo_loss, orpo_loss, simpo_loss
 from rlhfkit.data.chat import format_prompts
 from rlhfkit.errors import DataError
-from rlhfkit.rollout import Rollout, SamplingParams, forward_logprobs
+from rlhfkit.rollout import Rollout, forward_logprobs
 from rlhfkit.rollout.core import trim_rows
 from rlhfkit.runtime.config import check, config_main
 from rlhfkit.runtime.distributed import accumulate_backward, sum_over_processes
@@ -33,10 +35,11 @@ from rlhfkit.runtime.faults import guarded_step
 from rlhfkit.runtime.precision import autocast
 from rlhfkit.runtime.run import Run
 from rlhfkit.trainers.build import build_actor
-from rlhfkit.trainers.dpo_config import DPOConfig
+from rlhfkit.trainers.dpo_config import DPOConfig, ORPOConfig, SimPOConfig
+from rlhfkit.trainers.judged import eval_records, judged_after, judged_samples, win_rate
 
 BUILTIN_PREFS = {"prefs_reviews": "prefs_reviews.jsonl"}
-NOT_PROMPT_FIELDS = ("chosen", "rejected", "margin", "strength", "scores", "tie", "labeller", "votes", "pair_id")
+__all__ = ["eval_records", "judged_after", "judged_samples", "train", "win_rate"]
 
 
 # ----------------------------------------------------------------------------- data
@@ -68,28 +71,33 @@ def load_pairs(spec: str) -> tuple[list[dict], list[dict]]:
 
 
 def encode_pairs(tok, pairs: list[dict], cfg: DPOConfig) -> Rollout:
-    """2N rows: chosen responses (rows 0..N-1), then rejected (N..2N-1). Each response ends with the
-    end-of-turn token, so the model also learns where to stop. Prompts keep their last
-    max_prompt_length tokens, responses their first max_response_length."""
+    """2N rows: chosen responses (rows 0..N-1), then rejected (N..2N-1) (`encode_rows`)."""
+    return encode_rows(tok, pairs + pairs, [p["chosen"] for p in pairs] + [p["rejected"] for p in pairs], cfg,
+                       "a chosen or rejected response")
+
+
+def encode_rows(tok, records: list[dict], responses: list[str], cfg, what: str = "a response") -> Rollout:
+    """One row per (record's prompt, response). Each response ends with the end-of-turn token, so the
+    model also learns where to stop. Prompts keep their last max_prompt_length tokens, responses their
+    first max_response_length."""
     from rlhfkit.data.chat import end_of_turn, tokenize_sft_example
 
-    texts = format_prompts(tok, [p.get("messages") or p["prompt"] for p in pairs], cfg)
-    queries, responses = [], []
-    for side in ("chosen", "rejected"):
-        for text, pair in zip(texts, pairs):
-            ex = tokenize_sft_example(tok, text, text + pair[side] + end_of_turn(tok))
-            n = sum(1 for label in ex["labels"] if label == -100)
-            queries.append(ex["input_ids"][:n][-cfg.max_prompt_length:])
-            responses.append(ex["input_ids"][n:][: cfg.max_response_length])
-    if any(not r for r in responses):
-        raise DataError("a chosen or rejected response tokenises to nothing")
-    P, R, pad = max(map(len, queries)), max(map(len, responses)), tok.pad_token_id
+    texts = format_prompts(tok, [r.get("messages") or r["prompt"] for r in records], cfg)
+    queries, encoded = [], []
+    for text, response in zip(texts, responses):
+        ex = tokenize_sft_example(tok, text, text + response + end_of_turn(tok))
+        n = sum(1 for label in ex["labels"] if label == -100)
+        queries.append(ex["input_ids"][:n][-cfg.max_prompt_length:])
+        encoded.append(ex["input_ids"][n:][: cfg.max_response_length])
+    if any(not r for r in encoded):
+        raise DataError(f"{what} tokenises to nothing")
+    P, R, pad = max(map(len, queries)), max(map(len, encoded)), tok.pad_token_id
     q_ids = torch.tensor([[pad] * (P - len(q)) + q for q in queries])
     q_mask = torch.tensor([[0] * (P - len(q)) + [1] * len(q) for q in queries])
-    r_ids = torch.tensor([r + [pad] * (R - len(r)) for r in responses])
-    r_mask = torch.tensor([[1.0] * len(r) + [0.0] * (R - len(r)) for r in responses])
+    r_ids = torch.tensor([r + [pad] * (R - len(r)) for r in encoded])
+    r_mask = torch.tensor([[1.0] * len(r) + [0.0] * (R - len(r)) for r in encoded])
     return Rollout(query_ids=q_ids, query_mask=q_mask, response_ids=r_ids, response_mask=r_mask,
-                   stopped=torch.ones(len(responses), dtype=torch.bool))
+                   stopped=torch.ones(len(encoded), dtype=torch.bool))
 
 
 def check_prompt_lengths(tok, pair_sets: list[list[dict]], cfg: DPOConfig) -> None:
@@ -128,14 +136,21 @@ def reference_logps(reference, data: Rollout, rows: torch.Tensor, cfg: DPOConfig
     return lp.sum(1)
 
 
-def dpo_batch_loss(policy_logps: torch.Tensor, ref_logps: torch.Tensor, lengths: torch.Tensor, cfg: DPOConfig,
+def dpo_batch_loss(policy_logps: torch.Tensor, ref_logps: torch.Tensor | None, lengths: torch.Tensor, cfg: DPOConfig,
                    n_pairs: float) -> tuple[torch.Tensor, dict[str, float]]:
     """Loss of k pairs given 2k sequence log-probs laid out [chosen x k, rejected x k], divided by
     the number of pairs in the whole optimiser batch (so micro-batch losses add up to its mean).
-    IPO uses length-averaged log-probs (Azar et al. 2023); sigmoid/cDPO use sums (Rafailov et al. 2023)."""
+    IPO uses length-averaged log-probs (Azar et al. 2023); sigmoid/cDPO use sums (Rafailov et al. 2023);
+    SimPO and ORPO take sums and lengths and average themselves, with no reference (`ref_logps` None)."""
+    k = policy_logps.shape[0] // 2
+    if cfg.loss_type == "simpo":
+        losses, metrics = simpo_loss(policy_logps[:k], policy_logps[k:], lengths[:k], lengths[k:], cfg.beta, cfg.gamma)
+        return losses.sum() / n_pairs, metrics
+    if cfg.loss_type == "orpo":
+        losses, metrics = orpo_loss(policy_logps[:k], policy_logps[k:], lengths[:k], lengths[k:], cfg.beta)
+        return losses.sum() / n_pairs, metrics
     if cfg.loss_type == "ipo":
         policy_logps, ref_logps = policy_logps / lengths, ref_logps / lengths
-    k = policy_logps.shape[0] // 2
     losses, metrics = dpo_loss(policy_logps[:k], policy_logps[k:], ref_logps[:k], ref_logps[k:], cfg.beta,
                                "ipo" if cfg.loss_type == "ipo" else "sigmoid", cfg.smoothing)
     return losses.sum() / n_pairs, metrics
@@ -177,44 +192,8 @@ def should_precompute(cfg: DPOConfig, n_pairs: int, n_steps: int) -> bool:
 
 
 def build_models(cfg: DPOConfig):
-    """(policy-only ActorCritic, Reference, tokenizer)."""
-    return build_actor(cfg, with_reference=True, reference_model=cfg.reference_model)
-
-
-# ----------------------------------------------------------------------------- judged evaluation
-
-
-def eval_records(train: list[dict], held_out: list[dict], cfg: DPOConfig) -> list[dict]:
-    """Distinct prompts for the win rate: held-out pairs' prompts, else training prompts."""
-    import random
-
-    seen, out = set(), []
-    for pair in held_out or train:
-        key = str(pair.get("messages") or pair["prompt"])
-        if key not in seen:
-            seen.add(key)
-            out.append({k: v for k, v in pair.items() if k not in NOT_PROMPT_FIELDS})
-    if len(out) > cfg.num_eval_prompts:
-        out = random.Random(cfg.seed).sample(out, cfg.num_eval_prompts)
-    return out
-
-
-def judged_samples(model, tok, records: list[dict], judge, cfg: DPOConfig, seed: int) -> tuple[list[str], list[float]]:
-    """eval_samples_per_prompt completions per record, scored by the judge (same seed -> same noise)."""
-    from rlhfkit.generate import sample_and_score
-
-    recs = [r for r in records for _ in range(cfg.eval_samples_per_prompt)]
-    formatted = format_prompts(tok, [r.get("messages") or r["prompt"] for r in recs], cfg)
-    params = SamplingParams(cfg.max_new_tokens, cfg.temperature, 0, 1.0, (tok.eos_token_id,), cfg.max_prompt_length)
-    return sample_and_score(model.policy, tok, recs, formatted, judge, params, seed, cfg.generation_batch_size, cfg.dtype)
-
-
-def win_rate(after: list[float], before: list[float]) -> dict[str, float]:
-    """Share of samples where the trained model's judged score beats the starting model's (ties = 1/2)."""
-    wins = sum(a > b for a, b in zip(after, before))
-    ties = sum(a == b for a, b in zip(after, before))
-    n = max(len(after), 1)
-    return {"win_rate": (wins + 0.5 * ties) / n, "wins": wins, "ties": ties, "losses": len(after) - wins - ties}
+    """(policy-only ActorCritic, Reference (None for reference-free losses), tokenizer)."""
+    return build_actor(cfg, with_reference=cfg.uses_reference, reference_model=cfg.reference_model)
 
 
 # ----------------------------------------------------------------------------- loop
@@ -251,7 +230,7 @@ def train_step(model, data: Rollout, batch: torch.Tensor, ref_table, reference, 
         idx = local[m0 : m0 + cfg.micro_batch_size]
         rows = pair_rows(idx, n)
         logps, lengths = sequence_logps(model, data, rows, cfg, device)
-        ref = ref_table[rows].to(device) if ref_table is not None else reference_logps(reference, data, rows, cfg, device)
+        ref = batch_reference(ref_table, reference, data, rows, cfg, device)
         loss, st = dpo_batch_loss(logps, ref, lengths, cfg, float(len(batch)))  # / all processes' pairs
         accumulate_backward(accelerator, model, loss, sync=m0 + cfg.micro_batch_size >= len(local))
         sums["loss/dpo"] += loss.item()
@@ -261,12 +240,19 @@ def train_step(model, data: Rollout, batch: torch.Tensor, ref_table, reference, 
     return {k: v if k == "loss/dpo" else v / world for k, v in sums.items()}
 
 
-def held_out_metrics(model, held: Rollout, held_ref: torch.Tensor, cfg: DPOConfig, device) -> dict[str, float]:
+def batch_reference(ref_table, reference, data: Rollout, rows: torch.Tensor, cfg: DPOConfig, device):
+    """Reference log-probs of `rows`: from the precomputed table, computed now, or None (reference-free)."""
+    if ref_table is not None:
+        return ref_table[rows].to(device)
+    return None if reference is None else reference_logps(reference, data, rows, cfg, device)
+
+
+def held_out_metrics(model, held: Rollout, held_ref: torch.Tensor | None, cfg: DPOConfig, device) -> dict[str, float]:
     """rewards/* and logps/* of the held-out pairs under the current policy."""
     n = held.response_ids.shape[0] // 2
     with torch.no_grad():
         logps, lengths = sequence_logps(model, held, pair_rows(torch.arange(n), n), cfg, device)
-        return dpo_batch_loss(logps, held_ref.to(device), lengths, cfg, float(n))[1]
+        return dpo_batch_loss(logps, None if held_ref is None else held_ref.to(device), lengths, cfg, float(n))[1]
 
 
 def train(cfg: DPOConfig) -> dict:
@@ -275,7 +261,7 @@ def train(cfg: DPOConfig) -> dict:
     from rlhfkit.rewards import get_reward
     from rlhfkit.runtime.optim import make_optimizer
 
-    run = Run(cfg, "dpo")
+    run = Run(cfg, getattr(type(cfg), "command", "dpo"))
     device, world = run.device, run.world
     # 1. data. Data, judge, model and prompt lengths are checked before the run folder exists.
     train_pairs, held_out = load_pairs(cfg.prefs)
@@ -283,7 +269,8 @@ def train(cfg: DPOConfig) -> dict:
     model, reference, tok = build_models(cfg)
     check(cfg.batch_size % world == 0, f"batch_size ({cfg.batch_size}) must be divisible by the {world} processes")
     model.to(device)  # before prepare: the reference passes and the judge's samples run first
-    reference.to(device)  # a frozen copy stays in CPU memory when offloaded
+    if reference is not None:
+        reference.to(device)  # a frozen copy stays in CPU memory when offloaded
     check_prompt_lengths(tok, [train_pairs, held_out], cfg)
     data, N = encode_pairs(tok, train_pairs, cfg), len(train_pairs)
     held = encode_pairs(tok, held_out, cfg) if held_out else None
@@ -291,7 +278,7 @@ def train(cfg: DPOConfig) -> dict:
                            pair_lengths(data, model.share_prompts))
     run.open(total=len(batches), unit="step", train_pairs=N, held_out_pairs=len(held_out))
     held_ref, ref_table = reference_tables(run, reference, data, held, batches)  # 2. reference
-    if ref_table is not None and reference.frozen is not None:
+    if ref_table is not None and reference is not None and reference.frozen is not None:
         reference = None  # the frozen copy is no longer needed: free its memory
     optimizer, scheduler = make_optimizer(model.parameters(), cfg.lr, cfg.warmup_steps, cfg.weight_decay, cfg.adam_eps)
     judged: dict = {}  # the starting model's judged scores, kept in checkpoints
@@ -337,6 +324,9 @@ def reference_tables(run: Run, reference, data: Rollout, held: Rollout | None,
     them once before training is cheaper (`should_precompute`; else None: per micro-batch)."""
     cfg, device = run.cfg, run.device
     held_ref = None
+    if reference is None:  # reference-free loss (SimPO, ORPO)
+        run.summary["precomputed_ref_logps"] = False
+        return None, None
     if held is not None:
         n = held.response_ids.shape[0] // 2
         with reference.loaded(device):
@@ -349,23 +339,13 @@ def reference_tables(run: Run, reference, data: Rollout, held: Rollout | None,
     return held_ref, ref_table
 
 
-def judged_after(run: Run, model, tok, records: list[dict], judge, before: list[float], seed: int,
-                 which: str) -> None:
-    """The trained model's judged samples on `records`, their win rate over the starting model's
-    (`before`, same seed), into the summary and samples.jsonl."""
-    cfg = run.cfg
-    completions, after = judged_samples(model, tok, records, judge, cfg, seed)
-    wr = win_rate(after, before)
-    mb, ma = sum(before) / len(before), sum(after) / len(after)
-    run.print(f"[eval] judge {cfg.judge}: mean score {mb:.3f} before -> {ma:.3f} after "
-              f"({len(after)} samples on {len(records)} {which} prompts)")
-    run.print(f"[eval] judged win rate over the starting model: {wr['win_rate']:.1%} "
-              f"(wins {wr['wins']}, ties {wr['ties']}, losses {wr['losses']})")
-    run.summary.update({"judge": cfg.judge, "eval_before": mb, "eval_after": ma, **wr})
-    recs = [r for r in records for _ in range(cfg.eval_samples_per_prompt)]
-    run.tracker.log_samples(run.total - 1, [{"prompt": str(r["prompt"]), "completion": c, "score": a, "score_before": b}
-                                            for r, c, a, b in zip(recs, completions, after, before)])
-
-
 def main(argv: list[str]) -> int:
     return config_main(DPOConfig, train, argv, "rlhfkit dpo")
+
+
+def simpo_main(argv: list[str]) -> int:
+    return config_main(SimPOConfig, train, argv, "rlhfkit simpo")
+
+
+def orpo_main(argv: list[str]) -> int:
+    return config_main(ORPOConfig, train, argv, "rlhfkit orpo")

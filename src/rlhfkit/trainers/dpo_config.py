@@ -1,4 +1,5 @@
-"""DPOConfig: every option of `rlhfkit dpo`, documented once (this text is --help).
+"""DPOConfig: every option of `rlhfkit dpo`, documented once (this text is --help); SimPOConfig and
+ORPOConfig are its presets for `rlhfkit simpo` and `rlhfkit orpo` (reference-free losses).
 
 Defaults demonstrate DPO offline on CPU: SmolLM2-135M-Instruct with LoRA on the built-in
 preference file (review prompts; chosen = the more positive of the model's own samples), then
@@ -8,11 +9,13 @@ the judged win rate of the trained model over the starting model on held-out pro
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import ClassVar
 
 from rlhfkit.runtime.config import check, option
 from rlhfkit.trainers.options import OVERFLOW_MODES, ModelArgs, OptimizerArgs, ReferenceArgs, RunArgs
 
-LOSS_TYPES = ("sigmoid", "ipo", "cdpo")
+LOSS_TYPES = ("sigmoid", "ipo", "cdpo", "simpo", "orpo")
+REFERENCE_FREE = ("simpo", "orpo")  # losses that need no reference model
 
 
 @dataclass
@@ -30,8 +33,11 @@ class DPOConfig(ReferenceArgs, ModelArgs, OptimizerArgs, RunArgs):
     max_response_length: int = option(128, "response tokens kept (the start of longer responses, end-of-turn included)")
     # loss
     loss_type: str = option("sigmoid", "sigmoid = DPO; ipo = IPO on length-averaged log-probs; cdpo = sigmoid with "
-                            "label smoothing", LOSS_TYPES)
-    beta: float = option(0.1, "inverse temperature of the implicit reward beta * log(pi / pi_ref)")
+                            "label smoothing; simpo = SimPO; orpo = ORPO (both reference-free: no reference is "
+                            "built)", LOSS_TYPES)
+    beta: float = option(0.1, "inverse temperature of the implicit reward beta * log(pi / pi_ref); simpo: scale of "
+                         "the length-normalised reward beta * avg log pi; orpo: weight lambda of the odds-ratio term")
+    gamma: float = option(1.0, "simpo: target reward margin gamma (the other losses ignore it)")
     label_smoothing: float | None = option(None, "cDPO: assumed label-flip probability in [0, 0.5) "
                                            "(None: 0.1 for cdpo, 0 for sigmoid; not used by ipo)")
     # reference
@@ -59,6 +65,10 @@ class DPOConfig(ReferenceArgs, ModelArgs, OptimizerArgs, RunArgs):
     save_merged: bool = option(False, "also save merged full weights (LoRA) in final/merged")
 
     @property
+    def uses_reference(self) -> bool:
+        return self.loss_type not in REFERENCE_FREE
+
+    @property
     def smoothing(self) -> float:
         if self.label_smoothing is not None:
             return self.label_smoothing
@@ -73,7 +83,29 @@ class DPOConfig(ReferenceArgs, ModelArgs, OptimizerArgs, RunArgs):
               f"batch_size ({self.batch_size}) must be divisible by micro_batch_size ({self.micro_batch_size})")
         check(self.beta > 0, f"beta ({self.beta}) must be > 0")
         check(0 <= self.smoothing < 0.5, f"label_smoothing ({self.label_smoothing}) must be in [0, 0.5)")
-        check(not (self.loss_type == "ipo" and self.smoothing > 0),
-              f"label_smoothing ({self.label_smoothing}) applies to sigmoid/cdpo, not ipo")
+        check(not (self.loss_type not in ("sigmoid", "cdpo") and self.smoothing > 0),
+              f"label_smoothing ({self.label_smoothing}) applies to sigmoid/cdpo, not {self.loss_type}")
+        check(self.gamma >= 0, f"gamma ({self.gamma}) must be >= 0")
+        check(self.reference_model is None or self.uses_reference,
+              f"reference_model is not used by loss_type={self.loss_type} (reference-free)")
         check(self.temperature > 0, f"temperature ({self.temperature}) must be > 0")
         check(self.num_eval_prompts >= 0, f"num_eval_prompts ({self.num_eval_prompts}) must be >= 0")
+
+
+@dataclass
+class SimPOConfig(DPOConfig):
+    """SimPO: reference-free, length-normalised implicit reward with a target margin (Meng et al. 2024)."""
+
+    command: ClassVar[str] = "simpo"
+    loss_type: str = option("simpo", "simpo; or any DPO loss (sigmoid, ipo, cdpo, orpo)", LOSS_TYPES)
+    beta: float = option(2.0, "scale of the reward beta * avg log pi (SimPO's 2.0-2.5)")
+    gamma: float = option(1.0, "target reward margin (gamma / beta = 0.5, inside SimPO's tuned range)")
+
+
+@dataclass
+class ORPOConfig(DPOConfig):
+    """ORPO: supervised fine-tuning on the chosen response plus an odds-ratio term, no reference (Hong et al. 2024)."""
+
+    command: ClassVar[str] = "orpo"
+    loss_type: str = option("orpo", "orpo; or any DPO loss (sigmoid, ipo, cdpo, simpo)", LOSS_TYPES)
+    beta: float = option(0.1, "lambda, the weight of the odds-ratio term against the SFT term (ORPO's 0.1)")

@@ -1,19 +1,24 @@
-"""`rlhfkit grpo` and `rlhfkit rloo`: group-relative policy optimisation without a value head.
+"""`rlhfkit grpo` and its family (rloo, gspo, dapo, reinforce_pp: presets in grpo_config.py): policy
+optimisation from G sampled completions per prompt, without a value head.
 
 One iteration, as numbered steps in `train`:
-  1. rollout     rollout_batch_size / G prompts, each repeated G times in consecutive rows, sampled
-  2. score       reward function -> one score per completion
-  3. advantages  per completion, from its group: GRPO (s - mean) / std, or RLOO s - mean(others);
-                 the same value on every token of the completion. Groups whose completions all got
-                 the same reward have advantage 0 everywhere and are left out of steps 4-5
-                 (`drop_zero_std_groups`; DAPO's dynamic sampling without re-sampling)
-  4. log-probs   one teacher-forced pass: old log-probs (and reference log-probs when beta > 0)
-  5. update      update_epochs x mini-batches x micro-batches of the clipped ratio loss
-                 (+ beta * k3 KL to the reference), aggregated by `loss_agg` with global normalisers
+  1. rollout     rollout_batch_size / G prompts, each repeated G times in consecutive rows, sampled;
+                 with `dynamic_sampling` (DAPO) further rounds until enough groups have a reward spread
+  2. score       reward function -> one score per completion (+ DAPO's overlong punishment)
+  3. advantages  per completion: GRPO (s - mean) / std of its group, RLOO s - mean(others), ReMax
+                 s - s(greedy); the same value on every token of the completion. Groups whose
+                 completions all got the same reward have advantage 0 everywhere and are left out of
+                 steps 4-5 (`drop_zero_std_groups`, group and rloo); `overlong_filter` takes completions
+                 cut at the length limit out of the loss
+  4. log-probs   one teacher-forced pass: old log-probs (and reference log-probs with a KL term);
+                 REINFORCE++ computes its advantages now (token returns with a KL penalty, batch-normalised)
+  5. update      update_epochs x mini-batches x micro-batches of the clipped ratio loss, the ratio per
+                 token or per sequence (GSPO), each token's loss times its truncated importance weight
+                 (`tis_cap`), + beta * k3 KL to the reference, aggregated by `loss_agg` with global normalisers
   6. log         PPO's metric names + rollout/group_reward_std and rollout/solved_fraction
 
 Rollout, update loop, metrics, run folder and checkpoint are PPO's (trainers/rl.py,
-trainers/rl_update.py, runtime/run.py).
+trainers/rl_update.py, runtime/run.py); steps 1-4 beyond one plain draw are in grpo_rollout.py.
 Maths and the aggregation rule: docs/algorithms.md.
 """
 
@@ -25,75 +30,88 @@ import torch
 
 from rlhfkit.algos import (
     aggregate_loss,
+    clipped_policy_loss,
     group_advantages,
     kl_k3,
     leave_one_out_advantages,
     masked_mean,
     ppo_policy_loss,
-    shape_rewards,
+    remax_advantages,
+    truncated_is_weights,
 )
 from rlhfkit.rollout import Rollout, forward_logprobs
 from rlhfkit.runtime.config import config_main
 from rlhfkit.runtime.precision import autocast
 from rlhfkit.trainers.build import build_actor
-from rlhfkit.trainers.grpo_config import GRPOConfig, RLOOConfig
+from rlhfkit.trainers.grpo_config import (
+    REINFORCE_PP,
+    DAPOConfig,
+    GRPOConfig,
+    GSPOConfig,
+    ReinforcePPConfig,
+    RLOOConfig,
+)
+from rlhfkit.trainers.grpo_rollout import (
+    dynamic_batch,
+    filter_overlong,
+    greedy_scores,
+    keep_rows,
+    reinforce_pp_advantages,
+    shaped_rewards,
+)
 from rlhfkit.trainers.rl import RLRun
 from rlhfkit.trainers.rl_update import RatioCheckError, policy_update_metrics, rollout_metrics, shuffled_rows
 
-__all__ = ["RatioCheckError", "compute_advantages", "micro_batch_loss", "train"]
+__all__ = ["RatioCheckError", "compute_advantages", "keep_rows", "micro_batch_loss", "train"]
 
 
 def build_policy_model(cfg: GRPOConfig):
-    """(ActorCritic without value head, Reference or None, tokenizer): no reference when beta = 0."""
-    return build_actor(cfg, with_reference=cfg.beta > 0)
+    """(ActorCritic without value head, Reference or None, tokenizer): no reference without a KL term."""
+    return build_actor(cfg, with_reference=cfg.uses_reference)
 
 
 # ----------------------------------------------------------------------------- advantages
 
 
-def compute_advantages(rollout: Rollout, cfg: GRPOConfig) -> dict[str, float]:
-    """Step 3, from the scores alone. Sequence rewards (score clip / no-stop penalty; no KL: it is
-    in the loss), then the group baseline; rollout.advantages is (B, R), the completion's
-    advantage on each of its tokens."""
+def compute_advantages(rollout: Rollout, cfg: GRPOConfig, greedy: torch.Tensor | None = None) -> dict[str, float]:
+    """Step 3, from the scores alone. Sequence rewards (score clip / no-stop penalty / overlong
+    punishment; no KL: it is in the loss), then the baseline; rollout.advantages is (B, R), the
+    completion's advantage on each of its tokens. `greedy` (B/G,): ReMax's greedy rewards.
+    REINFORCE++ gets zeros here: its advantages need the log-prob pass (grpo_rollout.py)."""
     mask = rollout.response_mask
-    zeros = torch.zeros_like(mask)
-    rollout.rewards, _ = shape_rewards(rollout.scores, zeros, zeros, mask, 0.0, stopped=rollout.stopped,
-                                       no_stop_penalty=cfg.no_stop_penalty, score_clip=cfg.score_clip)
+    rollout.rewards = shaped_rewards(rollout, cfg)
     seq_reward = (rollout.rewards * mask).sum(1)  # (B,)
     G = cfg.group_size
     if cfg.advantage == "rloo":
         adv = leave_one_out_advantages(seq_reward, G)
+    elif cfg.advantage == "remax":
+        adv = remax_advantages(seq_reward, greedy, G)
+    elif cfg.advantage in REINFORCE_PP:
+        adv = torch.zeros_like(seq_reward)
     else:
         adv = group_advantages(seq_reward, G, scale_by_std=cfg.scale_rewards)
     rollout.advantages = adv[:, None] * mask
-    std = seq_reward.view(-1, G).std(dim=1)  # unbiased, as in group_advantages
-    return {
-        "rollout/group_reward_std": std.mean().item(),
-        "rollout/zero_std_group_fraction": (std == 0).float().mean().item(),
-        "rollout/solved_fraction": (rollout.scores >= cfg.solved_threshold).float().mean().item(),
-        "rollout/advantage_abs_mean": adv.abs().mean().item(),
-    }
+    metrics = {"rollout/solved_fraction": (rollout.scores >= cfg.solved_threshold).float().mean().item(),
+               "rollout/advantage_abs_mean": adv.abs().mean().item()}
+    if G >= 2:
+        std = seq_reward.view(-1, G).std(dim=1)  # unbiased, as in group_advantages
+        metrics.update({"rollout/group_reward_std": std.mean().item(),
+                        "rollout/zero_std_group_fraction": (std == 0).float().mean().item()})
+    if greedy is not None:
+        metrics["rollout/greedy_reward_mean"] = greedy.mean().item()
+    return metrics
 
 
 def informative_rows(rollout: Rollout, cfg: GRPOConfig, num_processes: int = 1) -> torch.Tensor:
-    """Rows of groups whose rewards are not all equal (all rows unless drop_zero_std_groups; with
-    several processes always all rows, so every process runs the same optimiser steps)."""
+    """Rows of groups whose rewards are not all equal (all rows unless drop_zero_std_groups with the
+    group or rloo baseline; with several processes always all rows, so every process runs the same
+    optimiser steps)."""
     B, G = rollout.scores.shape[0], cfg.group_size
-    if not cfg.drop_zero_std_groups or num_processes > 1:
+    if not cfg.drop_zero_std_groups or num_processes > 1 or cfg.advantage not in ("group", "rloo"):
         return torch.arange(B)
     seq_reward = (rollout.rewards * rollout.response_mask).sum(1).view(-1, G)
     varied = (seq_reward != seq_reward[:, :1]).any(1)  # (B/G,)
     return varied.repeat_interleave(G).nonzero().squeeze(1)
-
-
-def keep_rows(rollout: Rollout, rows: torch.Tensor) -> Rollout:
-    """Rows `rows` of a rollout, texts and reward info included."""
-    out = rollout.select(rows)
-    idx = rows.tolist()
-    out.prompts = [rollout.prompts[i] for i in idx]
-    out.completions = [rollout.completions[i] for i in idx]
-    out.info = {k: [v[i] for i in idx] for k, v in rollout.info.items()}
-    return out
 
 
 # ----------------------------------------------------------------------------- update
@@ -101,7 +119,8 @@ def keep_rows(rollout: Rollout, rows: torch.Tensor) -> Rollout:
 
 def micro_batch_loss(model, mb: Rollout, cfg: GRPOConfig, n_tokens: float, n_seqs: float, device,
                      num_processes: int = 1):
-    """Loss of one micro-batch: clipped ratio (+ beta * k3 KL), normalised by the global counts of
+    """Loss of one micro-batch: clipped ratio (per token, or per sequence for GSPO; times the
+    truncated importance weights with `tis_cap`) + beta * k3 KL, normalised by the global counts of
     the mini-batch (all processes), so the micro-batch losses and gradients add up to the mini-batch's."""
     mask = mb.response_mask.to(device)
     with autocast(cfg.dtype, device):
@@ -109,9 +128,18 @@ def micro_batch_loss(model, mb: Rollout, cfg: GRPOConfig, n_tokens: float, n_seq
     constant = cfg.loss_agg_constant or float(cfg.optimiser_batch * num_processes * cfg.max_new_tokens)
     agg = {"agg_mode": cfg.loss_agg, "num_tokens": n_tokens, "num_seqs": n_seqs, "constant": constant}
     old_lp = mb.logprobs.to(device)
-    pl, pm = ppo_policy_loss(logp, old_lp, mb.advantages.to(device), mask, cfg.clip_eps,
-                             clip_eps_high=cfg.clip_eps_high, **agg)
-    loss, stats = pl, {}
+    weights, stats = None, {}
+    if cfg.tis_cap is not None:  # HF sampling is the trainer itself: no sampler log-probs, weight exactly 1
+        stats = {"is_weight_mean": 1.0, "is_clip_frac": 0.0, "mismatch_kl": 0.0}
+        if mb.sampler_logprobs is not None:
+            weights, stats = truncated_is_weights(old_lp, mb.sampler_logprobs.to(device), mask, cfg.tis_cap)
+    if cfg.importance_level == "token" and weights is None:
+        pl, pm = ppo_policy_loss(logp, old_lp, mb.advantages.to(device), mask, cfg.clip_eps,
+                                 clip_eps_high=cfg.clip_eps_high, **agg)
+    else:
+        pl, pm = clipped_policy_loss(logp, old_lp, mb.advantages.to(device), mask, cfg.clip_eps,
+                                     clip_eps_high=cfg.clip_eps_high, level=cfg.importance_level, weights=weights, **agg)
+    loss = pl
     if cfg.beta > 0:
         kl = aggregate_loss(kl_k3(logp, mb.ref_logprobs.to(device)), mask, cfg.loss_agg, n_tokens, n_seqs, constant)
         loss = loss + cfg.beta * kl
@@ -124,10 +152,63 @@ def micro_batch_loss(model, mb: Rollout, cfg: GRPOConfig, n_tokens: float, n_seq
 # ----------------------------------------------------------------------------- loop
 
 
-def train(cfg: GRPOConfig) -> dict:
-    """Run GRPO (or RLOO, cfg.advantage == "rloo"); returns the summary (also RUN/summary.json)."""
-    rl = RLRun(cfg, "rloo" if cfg.advantage == "rloo" else "grpo", build_policy_model)
+def collect(rl: RLRun, cfg: GRPOConfig, it: int) -> tuple[Rollout, Rollout, dict[str, float]]:
+    """Steps 1-3: (the batch to train on, everything sampled, metrics). One draw of
+    prompts_per_iteration groups, or dynamic sampling's rounds (grpo_rollout.dynamic_batch)."""
     G = cfg.group_size
+
+    def draw(r: int) -> tuple[Rollout, dict[str, float]]:
+        records = [rec for rec in rl.stream.next(cfg.prompts_per_iteration) for _ in range(G)]  # groups of G rows
+        rollout = rl.sample(records, it, r)
+        if cfg.advantage == "remax":
+            return rollout, compute_advantages(rollout, cfg, greedy_scores(rl, cfg, records[::G]))
+        return rollout, compute_advantages(rollout, cfg)
+
+    if cfg.dynamic_sampling:
+        return dynamic_batch(rl, cfg, draw)
+    rollout, metrics = draw(0)
+    return rollout, rollout, metrics
+
+
+def update_on(rl: RLRun, cfg: GRPOConfig, batch: Rollout, rows: torch.Tensor, loss_fn,
+              metrics: dict[str, float]) -> tuple[float, float]:
+    """Steps 4-5 on rows `rows` of the batch; metrics go into `metrics`. Returns the times at which
+    the log-prob pass and the update ended."""
+    G = cfg.group_size
+    used = keep_rows(batch, rows)
+    if cfg.overlong_filter:
+        metrics["rollout/overlong_filtered"] = filter_overlong(used)
+    shuffle_group = G if rl.core.share_prompts else 1  # a group's rows meet in micro-batches
+    perm = shuffled_rows(len(rows), rl.generator, shuffle_group, cfg.optimiser_batch)
+    rl.logprob_pass(used, perm)  # step 4
+    metrics["timing/logprobs_s"] = used.timings["timing/logprobs_s"]  # `used` is a copy of `batch`
+    if cfg.advantage in REINFORCE_PP:  # all rows, in order (informative_rows): the log shows them
+        metrics.update(reinforce_pp_advantages(used, cfg, rl.run.accelerator))
+        batch.advantages = used.advantages
+    t1 = time.time()
+    m = rl.update(used, loss_fn, cfg.update_epochs, cfg.optimiser_batch, perm, shuffle_group)  # step 5
+    t2 = time.time()
+    metrics.update(policy_update_metrics(m))
+    if "seq_ratio_mean" in m:
+        metrics["params/seq_ratio_mean"] = m["seq_ratio_mean"]
+    if cfg.tis_cap is not None:
+        metrics.update({f"rollout/{k}": m[k] for k in ("is_weight_mean", "is_clip_frac", "mismatch_kl")})
+    metrics["rollout/entropy"] = masked_mean(used.entropy, used.response_mask).item()
+    if cfg.beta > 0:
+        metrics["loss/kl"] = m["loss/kl"]
+    if used.ref_logprobs is not None:
+        metrics["rollout/kl"] = ((used.logprobs - used.ref_logprobs) * used.response_mask).sum(1).mean().item()
+    return t1, t2
+
+
+def command_name(cfg: GRPOConfig) -> str:
+    """The command a run is named after: the preset's (gspo, dapo, reinforce_pp), else rloo or grpo."""
+    return getattr(type(cfg), "command", None) or ("rloo" if cfg.advantage == "rloo" else "grpo")
+
+
+def train(cfg: GRPOConfig) -> dict:
+    """Run GRPO or a variant (see the module docstring); returns the summary (also RUN/summary.json)."""
+    rl = RLRun(cfg, command_name(cfg), build_policy_model)
 
     def loss_fn(mb: Rollout, n_tokens: float, n_seqs: float):
         return micro_batch_loss(rl.model, mb, cfg, n_tokens, n_seqs, rl.run.device, rl.run.world)
@@ -136,30 +217,19 @@ def train(cfg: GRPOConfig) -> dict:
     with rl.evaluating():  # held-out reward before and after
         for it in rl.run.steps():  # checkpoints when due; SIGINT/SIGTERM: checkpoint and stop
             t0 = time.time()
-            records = [r for r in rl.stream.next(cfg.prompts_per_iteration) for _ in range(G)]  # groups of G rows
-            rollout = rl.sample(records, it)  # steps 1-2
-            metrics = compute_advantages(rollout, cfg)  # step 3
-            metrics.update(rollout_metrics(rollout))
-            rows = informative_rows(rollout, cfg, rl.run.world)
-            metrics["rollout/update_fraction"] = len(rows) / len(records)
+            batch, sampled, metrics = collect(rl, cfg, it)  # steps 1-3
+            metrics.update(rollout_metrics(sampled))
+            rows = informative_rows(batch, cfg, rl.run.world)
+            metrics["rollout/update_fraction"] = len(rows) / len(sampled.scores)
             t1 = t2 = time.time()
             if len(rows):
-                used = keep_rows(rollout, rows)
-                shuffle_group = G if rl.core.share_prompts else 1  # a group's rows meet in micro-batches
-                perm = shuffled_rows(len(rows), rl.generator, shuffle_group, cfg.optimiser_batch)
-                rl.logprob_pass(used, perm)  # step 4
-                metrics["timing/logprobs_s"] = used.timings["timing/logprobs_s"]  # `used` is a copy of `rollout`
-                t1 = time.time()
-                m = rl.update(used, loss_fn, cfg.update_epochs, cfg.optimiser_batch, perm, shuffle_group)  # step 5
-                t2 = time.time()
-                metrics.update(policy_update_metrics(m))
-                metrics["rollout/entropy"] = masked_mean(used.entropy, used.response_mask).item()
-                if used.ref_logprobs is not None:
-                    metrics["loss/kl"] = m["loss/kl"]
-                    metrics["rollout/kl"] = ((used.logprobs - used.ref_logprobs) * used.response_mask).sum(1).mean().item()
+                t1, t2 = update_on(rl, cfg, batch, rows, loss_fn, metrics)  # steps 4-5
             metrics["params/beta"] = cfg.beta
-            adv = rollout.advantages.sum(1) / rollout.response_mask.sum(1).clamp(min=1)
-            rl.log(it, rollout, metrics, (t0, t1, t2), {"advantage": adv.tolist()})  # step 6
+            extra = {}
+            if sampled is batch or cfg.advantage not in REINFORCE_PP:  # else the sampled rows have none
+                adv = sampled.advantages.sum(1) / sampled.response_mask.sum(1).clamp(min=1)
+                extra["advantage"] = adv.tolist()
+            rl.log(it, sampled, metrics, (t0, t1, t2), extra)  # step 6
     if cfg.reward == "arithmetic" and "eval_after" in rl.run.summary:  # exact match: mean reward = accuracy
         b, a = rl.run.summary["eval_before"], rl.run.summary["eval_after"]
         rl.run.print(f"[eval] held-out accuracy (T={cfg.temperature}): {b['mean']:.1%} before -> "
@@ -173,3 +243,15 @@ def main(argv: list[str]) -> int:
 
 def rloo_main(argv: list[str]) -> int:
     return config_main(RLOOConfig, train, argv, "rlhfkit rloo")
+
+
+def gspo_main(argv: list[str]) -> int:
+    return config_main(GSPOConfig, train, argv, "rlhfkit gspo")
+
+
+def dapo_main(argv: list[str]) -> int:
+    return config_main(DAPOConfig, train, argv, "rlhfkit dapo")
+
+
+def reinforce_pp_main(argv: list[str]) -> int:
+    return config_main(ReinforcePPConfig, train, argv, "rlhfkit reinforce_pp")

@@ -1,4 +1,6 @@
-"""GRPOConfig / RLOOConfig: every option of `rlhfkit grpo` and `rlhfkit rloo` (this text is --help).
+"""GRPOConfig and its presets: every option of `rlhfkit grpo`, `rloo`, `gspo`, `dapo` and
+`reinforce_pp` (this text is --help). The presets only change defaults: `rlhfkit gspo` is
+`rlhfkit grpo importance_level=sequence clip_eps=3e-4 ...`, see each class.
 
 Defaults demonstrate GRPO offline on CPU: SmolLM2-135M-Instruct with LoRA on the built-in
 arithmetic problems, exact-match reward, held-out accuracy printed before and after.
@@ -7,6 +9,7 @@ arithmetic problems, exact-match reward, held-out accuracy printed before and af
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import ClassVar
 
 from rlhfkit.runtime.config import check, option
 from rlhfkit.trainers.options import (
@@ -18,7 +21,10 @@ from rlhfkit.trainers.options import (
     SamplingArgs,
 )
 
-ADVANTAGES = ("group", "rloo")
+ADVANTAGES = ("group", "rloo", "reinforce++", "reinforce++-baseline", "remax")
+GROUPLESS = ("reinforce++", "remax")  # advantages that need no group of G >= 2 samples
+REINFORCE_PP = ("reinforce++", "reinforce++-baseline")
+IMPORTANCE_LEVELS = ("token", "sequence", "sequence-token")
 
 
 @dataclass
@@ -43,7 +49,10 @@ class GRPOConfig(GenerationArgs, ReferenceArgs, SamplingArgs, ModelArgs, Optimiz
                                  "rounding); a mini-batch's rows are ordered by group so its micro-batches hold "
                                  "few distinct prompts. Off under gradient_checkpointing")
     # advantages
-    advantage: str = option("group", "baseline: group = GRPO mean (optionally / std); rloo = leave-one-out mean", ADVANTAGES)
+    advantage: str = option("group", "baseline: group = GRPO mean (optionally / std); rloo = leave-one-out mean; "
+                            "reinforce++ = token returns (score - reward_kl_coef x k1 KL) normalised over the "
+                            "batch; reinforce++-baseline = the same after subtracting the group mean score; "
+                            "remax = score minus the score of the prompt's greedy completion", ADVANTAGES)
     scale_rewards: bool = option(True, "GRPO: divide by the group's std (false = Dr. GRPO, centred only)")
     drop_zero_std_groups: bool = option(True, "leave groups whose completions all got the same reward (advantage 0: "
                                         "no policy gradient, only compute) out of the teacher-forced pass and the "
@@ -51,6 +60,18 @@ class GRPOConfig(GenerationArgs, ReferenceArgs, SamplingArgs, ModelArgs, Optimiz
                                         "beta > 0 their KL term is skipped too; single process only)")
     score_clip: float | None = option(None, "clip sequence scores to [-c, c] before the advantages")
     no_stop_penalty: float | None = option(None, "score given to responses that never emit a stop token (None: keep)")
+    reward_kl_coef: float = option(0.0, "reinforce++: coefficient of the per-token k1 KL to the reference in the "
+                                   "reward (a reference is then built); other advantages put the KL in the loss (beta)")
+    dynamic_sampling: bool = option(False, "DAPO dynamic sampling: draw further rounds of prompts until the batch "
+                                    "holds prompts_per_iteration groups whose rewards are not all equal (counted on "
+                                    "every process), at most max_sampling_rounds; extra groups are dropped")
+    max_sampling_rounds: int = option(3, "dynamic_sampling: most rounds of rollout_batch_size samples per iteration "
+                                      "(rollout/sampling_rounds and rollout/extra_samples log the cost)")
+    overlong_buffer: int = option(0, "DAPO soft overlong punishment: responses longer than max_new_tokens minus this "
+                                  "many tokens lose up to overlong_penalty reward, linearly (0 = off)")
+    overlong_penalty: float = option(1.0, "largest overlong punishment (at max_new_tokens tokens)")
+    overlong_filter: bool = option(False, "DAPO overlong filtering: responses cut at max_new_tokens (no stop token) "
+                                   "count in their group's baseline but not in the loss")
     # update
     update_epochs: int = option(2, "passes over each rollout (GRPO's mu; 1 = on-policy, the ratio stays 1)")
     mini_batch_size: int | None = option(32, "sequences per optimiser step (None = the whole rollout)")
@@ -64,6 +85,12 @@ class GRPOConfig(GenerationArgs, ReferenceArgs, SamplingArgs, ModelArgs, Optimiz
     loss_agg_constant: float | None = option(None, "divisor of loss_agg=constant (None: mini_batch_size x max_new_tokens "
                                              "x processes)")
     beta: float = option(0.0, "coefficient of the k3 KL(pi || pi_ref) term in the loss; 0 loads no reference at all")
+    importance_level: str = option("token", "importance ratio and clip: token = per token (PPO/GRPO); sequence = GSPO's "
+                                   "length-normalised sequence ratio, whole sequences clipped; sequence-token = "
+                                   "GSPO-token (the sequence ratio's value, each token's gradient)", IMPORTANCE_LEVELS)
+    tis_cap: float | None = option(None, "truncated importance sampling: weight each token's loss by min(pi_train / "
+                                   "pi_sampler, tis_cap) when the sampler reports its own log-probs (vLLM); HF "
+                                   "sampling is the trainer itself, so the weight is exactly 1 (None = off)")
     # outputs and checks
     ratio_check_tol: float = option(1e-3, "max |ratio-1| allowed on the first micro-batch of each rollout (it repeats "
                                     "the scoring pass exactly, so anything above float noise means broken log-probs)")
@@ -82,7 +109,9 @@ class GRPOConfig(GenerationArgs, ReferenceArgs, SamplingArgs, ModelArgs, Optimiz
         check(self.iterations >= 1, f"iterations ({self.iterations}) must be >= 1")
         for k in ("rollout_batch_size", "micro_batch_size", "update_epochs", "max_new_tokens", "generation_batch_size"):
             check(getattr(self, k) >= 1, f"{k} ({getattr(self, k)}) must be >= 1")
-        check(self.group_size >= 2, f"group_size ({self.group_size}) must be >= 2: a group of one has no baseline")
+        check(self.group_size >= 2 or self.advantage in GROUPLESS,
+              f"group_size ({self.group_size}) must be >= 2: a group of one has no baseline")
+        check(self.group_size >= 1, f"group_size ({self.group_size}) must be >= 1")
         check(self.rollout_batch_size % self.group_size == 0,
               f"rollout_batch_size ({self.rollout_batch_size}) must be divisible by group_size ({self.group_size})")
         mini = self.optimiser_batch
@@ -102,6 +131,26 @@ class GRPOConfig(GenerationArgs, ReferenceArgs, SamplingArgs, ModelArgs, Optimiz
         check(self.loss_agg_constant is None or self.loss_agg_constant > 0,
               f"loss_agg_constant ({self.loss_agg_constant}) must be > 0")
         check(self.num_eval_prompts >= 0, f"num_eval_prompts ({self.num_eval_prompts}) must be >= 0")
+        self.validate_variants()
+
+    def validate_variants(self) -> None:
+        """The options of GSPO, DAPO, REINFORCE++ and the importance-sampling correction."""
+        check(self.reward_kl_coef >= 0, f"reward_kl_coef ({self.reward_kl_coef}) must be >= 0")
+        check(self.reward_kl_coef == 0 or self.advantage in REINFORCE_PP,
+              f"reward_kl_coef ({self.reward_kl_coef}) applies to advantage=reinforce++ or reinforce++-baseline; "
+              f"with advantage={self.advantage} put the KL in the loss (beta)")
+        check(self.max_sampling_rounds >= 1, f"max_sampling_rounds ({self.max_sampling_rounds}) must be >= 1")
+        check(not self.dynamic_sampling or self.group_size >= 2,
+              f"dynamic_sampling keeps groups with a reward spread: group_size ({self.group_size}) must be >= 2")
+        check(0 <= self.overlong_buffer <= self.max_new_tokens,
+              f"overlong_buffer ({self.overlong_buffer}) must be in [0, max_new_tokens={self.max_new_tokens}]")
+        check(self.overlong_penalty >= 0, f"overlong_penalty ({self.overlong_penalty}) must be >= 0")
+        check(self.tis_cap is None or self.tis_cap >= 1, f"tis_cap ({self.tis_cap}) must be >= 1 or None")
+
+    @property
+    def uses_reference(self) -> bool:
+        """A reference model is built: for the KL term in the loss or in the reward."""
+        return self.beta > 0 or self.reward_kl_coef > 0
 
 
 @dataclass
@@ -111,3 +160,40 @@ class RLOOConfig(GRPOConfig):
     advantage: str = option("rloo", "baseline: rloo = mean of the other G-1 scores; group = GRPO's group mean", ADVANTAGES)
     update_epochs: int = option(1, "passes over each rollout (1 = REINFORCE: on-policy, the ratio is exactly 1)")
     mini_batch_size: int | None = option(None, "sequences per optimiser step (None = the whole rollout: one step)")
+
+
+@dataclass
+class GSPOConfig(GRPOConfig):
+    """GSPO: GRPO with the length-normalised sequence importance ratio, whole sequences clipped (Zheng et al. 2025)."""
+
+    command: ClassVar[str] = "gspo"
+    importance_level: str = option("sequence", "importance ratio and clip: sequence = GSPO; sequence-token = "
+                                   "GSPO-token; token = GRPO's per-token ratio", IMPORTANCE_LEVELS)
+    clip_eps: float = option(3e-4, "lower clip range of the sequence ratio (GSPO's 3e-4: sequence ratios stay "
+                             "near 1, so the range is two orders below GRPO's)")
+    clip_eps_high: float | None = option(4e-4, "upper clip range of the sequence ratio (GSPO's 4e-4)")
+    loss_agg: str = option("seq-mean", "loss aggregation: seq-mean = GSPO's mean over sequences; token-mean; "
+                           "constant", ("token-mean", "seq-mean", "constant"))
+
+
+@dataclass
+class DAPOConfig(GRPOConfig):
+    """DAPO: clip-higher, dynamic sampling, token-level loss and overlong reward shaping (Yu et al. 2025)."""
+
+    command: ClassVar[str] = "dapo"
+    clip_eps_high: float | None = option(0.28, "upper clip range (DAPO clip-higher: 0.28 against the lower 0.2)")
+    dynamic_sampling: bool = option(True, "draw further rounds until the batch holds prompts_per_iteration groups "
+                                    "whose rewards are not all equal, at most max_sampling_rounds")
+    overlong_buffer: int = option(4, "soft overlong punishment over the last N tokens before max_new_tokens (here a "
+                                  "quarter of the limit; DAPO used 4096 of 20480; 0 = off)")
+
+
+@dataclass
+class ReinforcePPConfig(GRPOConfig):
+    """REINFORCE++: token returns with a per-token KL penalty, normalised over the global batch (Hu 2025)."""
+
+    command: ClassVar[str] = "reinforce_pp"
+    advantage: str = option("reinforce++", "reinforce++ = no baseline, one sample per prompt; reinforce++-baseline "
+                            "= the group mean score subtracted first (group_size >= 2)", ADVANTAGES)
+    group_size: int = option(1, "completions per prompt (1: REINFORCE++; >= 2 for reinforce++-baseline)")
+    reward_kl_coef: float = option(0.01, "coefficient of the per-token k1 KL to the reference in the reward")

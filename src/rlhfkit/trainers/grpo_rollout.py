@@ -1,0 +1,172 @@
+"""Steps 1-3 of the GRPO family (trainers/grpo.py) beyond one plain draw: DAPO's dynamic sampling,
+overlong shaping and filtering, ReMax's greedy baseline, and REINFORCE++'s advantages, which come
+after the log-prob pass (their KL penalty sits in the reward).
+
+Dynamic sampling (Yu et al. 2025, DAPO): a group whose G completions all got the same reward has
+advantage 0 and carries no gradient. Rounds of `prompts_per_iteration` fresh prompts are drawn
+until the batch holds that many groups with a reward spread, at most `max_sampling_rounds` rounds;
+the first groups found are kept, in the order they were drawn. With several processes all stop
+together and every process keeps as many groups as the process that found the fewest: the count
+is compared across processes after each round (they must run the same optimiser steps).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+
+import torch
+import torch.nn.functional as F
+
+from rlhfkit.algos import group_advantages, masked_whiten, overlong_penalty, reward_to_go, shape_rewards
+from rlhfkit.algos.masks import last_valid_index
+from rlhfkit.rollout import Rollout
+from rlhfkit.runtime.distributed import global_mean_var, max_over_processes
+
+# draw(round) -> (rollout with rewards and advantages, its metrics)
+Draw = Callable[[int], tuple[Rollout, dict[str, float]]]
+
+
+def keep_rows(rollout: Rollout, rows: torch.Tensor) -> Rollout:
+    """Rows `rows` of a rollout, texts and reward info included."""
+    out = rollout.select(rows)
+    idx = rows.tolist()
+    out.prompts = [rollout.prompts[i] for i in idx]
+    out.completions = [rollout.completions[i] for i in idx]
+    out.info = {k: [v[i] for i in idx] for k, v in rollout.info.items()}
+    return out
+
+
+def shaped_rewards(rollout: Rollout, cfg) -> torch.Tensor:
+    """(B, R) per-token rewards: the score (after score_clip and no_stop_penalty) plus DAPO's overlong
+    punishment (`overlong_buffer` > 0) on the last valid token, 0 elsewhere. No KL: the GRPO family
+    puts it in the loss (beta) or, for REINFORCE++, adds it after the log-prob pass."""
+    mask = rollout.response_mask
+    zeros = torch.zeros_like(mask)
+    rewards, _ = shape_rewards(rollout.scores, zeros, zeros, mask, 0.0, stopped=rollout.stopped,
+                               no_stop_penalty=cfg.no_stop_penalty, score_clip=cfg.score_clip)
+    if cfg.overlong_buffer > 0:
+        pen = overlong_penalty(mask.sum(1), cfg.max_new_tokens, cfg.overlong_buffer, cfg.overlong_penalty)
+        rewards = rewards.scatter_add(1, last_valid_index(mask != 0).unsqueeze(1), pen.unsqueeze(1).to(rewards.dtype))
+    return rewards
+
+
+def sequence_rewards(rollout: Rollout) -> torch.Tensor:
+    """(B,) each completion's reward: the sum of its per-token rewards (0 on padding, so a response
+    mask zeroed later by the overlong filter does not change it)."""
+    return rollout.rewards.sum(1)
+
+
+def varied_groups(seq_reward: torch.Tensor, group_size: int) -> torch.Tensor:
+    """(B/G,) bool: the groups whose rewards are not all equal. seq_reward: (B,) in consecutive groups."""
+    g = seq_reward.view(-1, group_size)
+    return (g != g[:, :1]).any(1)
+
+
+# ----------------------------------------------------------------------------- dynamic sampling
+
+
+def fill_groups(draw: Draw, group_size: int, target: int, max_rounds: int,
+                fewest: Callable[[int], int]) -> tuple[list[Rollout], list[Rollout], list[dict], int]:
+    """DAPO's dynamic sampling loop. `draw(r)` samples round r; `fewest(n)` is the smallest n over all
+    processes (n itself with one process). Stops when every process has `target` groups with a
+    reward spread, or after `max_rounds` rounds. Returns (the varied groups of each round, every
+    round's rollout, every round's metrics, groups to keep per process = min(target, fewest))."""
+    kept, sampled, metrics = [], [], []
+    found = 0
+    for r in range(max_rounds):
+        rollout, m = draw(r)
+        sampled.append(rollout)
+        metrics.append(m)
+        varied = varied_groups(sequence_rewards(rollout), group_size)
+        if varied.any():
+            kept.append(keep_rows(rollout, varied.repeat_interleave(group_size).nonzero().squeeze(1)))
+            found += int(varied.sum())
+        if fewest(found) >= target:
+            break
+    return kept, sampled, metrics, min(target, fewest(found))
+
+
+def concat_rollouts(parts: list[Rollout], pad_id: int) -> Rollout:
+    """The rows of `parts` in order, prompts left-padded and responses right-padded to the widest
+    (log-probs, rewards, advantages: 0 on the new padding; sampler log-probs: NaN)."""
+    P = max(p.query_ids.shape[1] for p in parts)
+    R = max(p.response_ids.shape[1] for p in parts)
+    fill = {"query_ids": pad_id, "response_ids": pad_id, "sampler_logprobs": float("nan")}
+    kw: dict = {}
+    for f in dataclasses.fields(Rollout):
+        values = [getattr(p, f.name) for p in parts]
+        if f.name in ("prompts", "completions"):
+            kw[f.name] = [x for v in values for x in v]
+        elif f.name == "info":
+            kw[f.name] = {k: [x for v in values for x in v[k]] for k in values[0]}
+        elif f.name == "timings":
+            kw[f.name] = {k: sum(v.get(k, 0.0) for v in values) for k in values[0]}
+        elif any(v is None for v in values) or f.name == "trunk":
+            kw[f.name] = None
+        elif values[0].dim() == 1:
+            kw[f.name] = torch.cat(values)
+        else:
+            value, left = fill.get(f.name, 0), f.name.startswith("query")
+            kw[f.name] = torch.cat([F.pad(v, ((P - v.shape[1], 0) if left else (0, R - v.shape[1])), value=value)
+                                    for v in values])
+    return Rollout(**kw)
+
+
+def dynamic_batch(rl, cfg, draw: Draw) -> tuple[Rollout, Rollout, dict[str, float]]:
+    """(the batch to train on: `prompts_per_iteration` groups with a reward spread or fewer at the
+    cap, everything sampled, metrics). The per-round metrics are means over equal-sized rounds, so
+    their mean is the mean over everything sampled."""
+    G, target = cfg.group_size, cfg.prompts_per_iteration
+    acc = rl.run.accelerator
+    kept, sampled, per_round, n = fill_groups(draw, G, target, cfg.max_sampling_rounds,
+                                              lambda c: -int(max_over_processes(acc, -c)))
+    everything = concat_rollouts(sampled, rl.tok.pad_token_id)
+    batch = concat_rollouts(kept, rl.tok.pad_token_id) if kept else everything
+    batch = keep_rows(batch, torch.arange(n * G))
+    metrics = {k: sum(m[k] for m in per_round) / len(per_round) for k in per_round[0]}
+    metrics.update({"rollout/sampling_rounds": float(len(sampled)), "rollout/kept_groups": float(n),
+                    "rollout/extra_samples": float((len(sampled) - 1) * cfg.rollout_batch_size)})
+    return batch, everything, metrics
+
+
+def greedy_scores(rl, cfg, records: list[dict]) -> torch.Tensor:
+    """ReMax's baseline: the shaped reward of each record's greedy completion, (len(records),)."""
+    from rlhfkit.trainers.rl import sample_rollout
+
+    params = dataclasses.replace(rl.params, temperature=0.0)  # temperature 0: greedy decoding
+    with rl.run.tracker.phase("greedy baseline", None), rl.generation_context():
+        greedy = sample_rollout(rl.core, rl.tok, records, cfg, params, 0, rl.reward_fn, rl.run.device, rl.backend)
+    greedy.rewards = shaped_rewards(greedy, cfg)
+    return sequence_rewards(greedy)
+
+
+# ----------------------------------------------------------------------------- after the log-prob pass
+
+
+def filter_overlong(rollout: Rollout) -> float:
+    """DAPO's overlong filtering: the response masks of completions cut at the length limit (no stop
+    token) become 0, so they add no loss and no token to the normaliser; they keep their row (and
+    their place in their group's baseline, computed before). Returns their share of the rows."""
+    cut = ~rollout.stopped.bool()
+    rollout.response_mask = rollout.response_mask * (~cut).to(rollout.response_mask.dtype)[:, None]
+    return cut.float().mean().item() if cut.numel() else 0.0
+
+
+def reinforce_pp_advantages(rollout: Rollout, cfg, accelerator) -> dict[str, float]:
+    """REINFORCE++ (Hu 2025): per-token rewards r_t = -reward_kl_coef * k1_t, plus the completion's
+    reward on its last token (minus its group's mean for reinforce++-baseline); the return
+    G_t = sum_{s >= t} r_s; advantages = (G - mean) / std over every valid token of the batch on
+    all processes (population std). Needs the log-prob pass (logprobs, ref_logprobs)."""
+    mask = rollout.response_mask
+    seq = sequence_rewards(rollout)
+    if cfg.advantage == "reinforce++-baseline":
+        seq = group_advantages(seq, cfg.group_size, scale_by_std=False)
+    ref = rollout.ref_logprobs if rollout.ref_logprobs is not None else rollout.logprobs
+    rewards, m = shape_rewards(seq, rollout.logprobs, ref, mask, cfg.reward_kl_coef)
+    returns = reward_to_go(rewards, mask)
+    mean, var = global_mean_var(accelerator, returns, mask)
+    rollout.advantages = masked_whiten(returns, mask, mean=mean, var=var)
+    valid = mask != 0
+    return {"rollout/kl_penalty": m["non_score_reward"],
+            "rollout/advantage_abs_mean": rollout.advantages.abs()[valid].mean().item() if valid.any() else 0.0}

@@ -1,0 +1,265 @@
+"""`rlhfkit kto`: Kahneman-Tversky optimisation on unpaired desirable / undesirable completions
+(Ethayarajh et al. 2024).
+
+As numbered steps in `train`:
+  1. data       examples (prompt, completion, label) -> one table of 2N rows: example i (row i), and the
+                mismatched row N + i (prompt i, the completion of example partner(i), the next example in
+                a seeded shuffle) whose log-ratio estimates KL(pi || pi_ref)
+  2. reference  log pi_ref of all 2N rows, once before training when the run sees every example at
+                least once (else alongside each micro-batch; LoRA: the adapter-disabled base)
+  3. before     the starting model's samples on held-out prompts, scored by the judge
+  4. train      per optimiser batch: z_0 = max(0, mean log-ratio of the batch's mismatched rows) without
+                gradient, over the whole batch (all micro-batches and processes), then the KTO loss of
+                its examples (algos.kto_loss) summed and divided by the batch size, in micro-batches
+  5. after      held-out implicit rewards, and the judged win rate over the starting model
+
+Pairs (prompt, chosen, rejected) are accepted too: each gives a desirable and an undesirable example.
+Log-probs, batches and the judged evaluation are DPO's (trainers/dpo.py, trainers/judged.py).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections import defaultdict
+from collections.abc import Callable
+
+import torch
+
+from rlhfkit.algos import kto_loss, kto_reference_point
+from rlhfkit.errors import DataError
+from rlhfkit.rollout import Rollout
+from rlhfkit.runtime.config import check, config_main
+from rlhfkit.runtime.distributed import accumulate_backward, sum_over_processes
+from rlhfkit.runtime.faults import guarded_step
+from rlhfkit.runtime.run import Run
+from rlhfkit.trainers.build import build_actor
+from rlhfkit.trainers.dpo import (
+    check_prompt_lengths,
+    encode_rows,
+    load_pairs,
+    plan_batches,
+    reference_logps,
+    resolve_prefs,
+    sequence_logps,
+    should_precompute,
+)
+from rlhfkit.trainers.judged import eval_records, judged_after, judged_samples
+from rlhfkit.trainers.kto_config import KTOConfig
+
+LABELS = {"true": True, "1": True, "yes": True, "false": False, "0": False, "no": False}
+
+# ----------------------------------------------------------------------------- data
+
+
+def parse_label(value, where: str) -> bool:
+    """A record's `label`: true/false, 1/0 or yes/no (CSV cells are text)."""
+    if isinstance(value, bool):
+        return value
+    key = str(value).strip().lower()
+    if key not in LABELS:
+        raise DataError(f"{where}: field 'label' must be true or false (desirable or not), got {value!r}")
+    return LABELS[key]
+
+
+def unpaired_record(record: dict, where: str) -> dict:
+    """prompt (as prompt files read it), completion text, label bool."""
+    from rlhfkit.data.prompts import prompt_record
+    from rlhfkit.data.readers import missing_field
+    from rlhfkit.data.sft import response_text
+
+    out = prompt_record(record, where)
+    for name in ("completion", "label"):
+        if record.get(name) is None:
+            raise missing_field(where, record, (name,))
+    out["completion"] = response_text(record["completion"], "completion", where)
+    out["label"] = parse_label(record["label"], where)
+    return out
+
+
+def unpair(pairs: list[dict]) -> list[dict]:
+    """Each pair's chosen completion as a desirable example, then each rejected one as undesirable."""
+    base = [{k: v for k, v in p.items() if k not in ("chosen", "rejected")} for p in pairs]
+    return ([{**b, "completion": p["chosen"], "label": True} for b, p in zip(base, pairs)]
+            + [{**b, "completion": p["rejected"], "label": False} for b, p in zip(base, pairs)])
+
+
+def load_examples(spec: str) -> tuple[list[dict], list[dict]]:
+    """(training examples, held-out examples): records with split=test are held out."""
+    from rlhfkit.data.sets import load_split
+
+    path = resolve_prefs(spec)
+    records = load_split(path, None)
+    if records and "chosen" in records[0]:
+        train, held = load_pairs(spec)
+        return unpair(train), unpair(held)
+    has_split = any("split" in r for r in records)
+
+    def read(split: str | None) -> list[dict]:
+        try:
+            part = load_split(path, split)
+        except DataError:
+            return []
+        return [unpaired_record(r, part.where(i)) for i, r in enumerate(part)]
+
+    train = read("train" if has_split else None)
+    if len(train) < 2:
+        raise DataError(f"{spec}: KTO needs at least 2 training examples, found {len(train)}")
+    return train, read("test") if has_split else []
+
+
+def kl_partners(n: int, seed: int) -> torch.Tensor:
+    """(n,) partner(i): the next example after i in a seeded shuffle (a cycle, never i itself for n > 1)."""
+    perm = torch.randperm(n, generator=torch.Generator().manual_seed(seed))
+    partner = torch.empty(n, dtype=torch.long)
+    partner[perm] = perm.roll(-1)
+    return partner
+
+
+def encode_examples(tok, examples: list[dict], cfg: KTOConfig, seed: int) -> Rollout:
+    """2N rows: the examples, then their mismatched rows (prompt i, completion of partner(i))."""
+    partner = kl_partners(len(examples), seed).tolist()
+    completions = [e["completion"] for e in examples]
+    return encode_rows(tok, examples + examples, completions + [completions[j] for j in partner], cfg, "a completion")
+
+
+# ----------------------------------------------------------------------------- loss
+
+
+@torch.no_grad()
+def reference_table(reference, data: Rollout, cfg: KTOConfig, device) -> torch.Tensor:
+    """Reference log-probs of every row of `data` (on the CPU), in micro-batches."""
+    rows = torch.arange(data.response_ids.shape[0])
+    return torch.cat([reference_logps(reference, data, rows[i : i + cfg.micro_batch_size], cfg, device).cpu()
+                      for i in range(0, len(rows), cfg.micro_batch_size)])
+
+
+def reference_rows(reference, data: Rollout, cfg: KTOConfig, device,
+                   table: torch.Tensor | None) -> Callable[[torch.Tensor], torch.Tensor]:
+    """rows -> their reference log-probs (on the CPU): from the precomputed `table`, else computed now."""
+    if table is not None:
+        return lambda rows: table[rows]
+    return lambda rows: reference_logps(reference, data, rows, cfg, device).cpu()
+
+
+def reference_point(model, data: Rollout, local: torch.Tensor, ref: Callable, cfg: KTOConfig, accelerator) -> float:
+    """z_0 of one optimiser batch: its mismatched rows' mean log-ratio over all processes, clamped at 0."""
+    n = data.response_ids.shape[0] // 2
+    total = 0.0
+    with torch.no_grad():
+        for m0 in range(0, len(local), cfg.micro_batch_size):
+            rows = local[m0 : m0 + cfg.micro_batch_size] + n
+            logps, _ = sequence_logps(model, data, rows, cfg, accelerator.device)
+            total += (logps.cpu() - ref(rows)).sum().item()
+    sums = sum_over_processes(accelerator, {"kl_sum": total, "count": float(len(local))})
+    return kto_reference_point(sums["kl_sum"], sums["count"])
+
+
+def kto_batch_metrics(sums: dict[str, float], z0: float) -> dict[str, float]:
+    """Means over the batch from summed micro-batch metrics."""
+    chosen = sums["rewards/chosen"] / max(sums["count/chosen"], 1.0)
+    rejected = sums["rewards/rejected"] / max(sums["count/rejected"], 1.0)
+    return {"loss/kto": sums.get("loss/kto", 0.0), "rewards/chosen": chosen, "rewards/rejected": rejected,
+            "rewards/margin": chosen - rejected, "params/kl_reference_point": z0,
+            "data/desirable_fraction": sums["count/chosen"] / max(sums["count/chosen"] + sums["count/rejected"], 1.0)}
+
+
+def train_step(model, data: Rollout, batch: torch.Tensor, ref: Callable, desirable: torch.Tensor, cfg: KTOConfig,
+               accelerator) -> dict[str, float]:
+    """Gradients of one optimiser batch (this process's share, in micro-batches); returns metrics.
+    `ref(rows)`: the reference log-probs of table rows (`reference_rows`)."""
+    device, world = accelerator.device, accelerator.num_processes
+    local = batch[accelerator.process_index :: world]
+    z0 = reference_point(model, data, local, ref, cfg, accelerator)
+    sums: dict[str, float] = defaultdict(float)
+    for m0 in range(0, len(local), cfg.micro_batch_size):
+        idx = local[m0 : m0 + cfg.micro_batch_size]
+        logps, _ = sequence_logps(model, data, idx, cfg, device)
+        losses, st = kto_loss(logps, ref(idx).to(device), desirable[idx].to(device), z0, cfg.beta,
+                              cfg.desirable_weight, cfg.undesirable_weight)
+        loss = losses.sum() / len(batch)  # / all processes' examples: micro-batch losses add up to the batch mean
+        accumulate_backward(accelerator, model, loss, sync=m0 + cfg.micro_batch_size >= len(local))
+        sums["loss/kto"] += loss.item()
+        for k in ("rewards/chosen", "rewards/rejected", "count/chosen", "count/rejected"):
+            sums[k] += st[k]
+    return kto_batch_metrics(sum_over_processes(accelerator, dict(sums)), z0)
+
+
+def held_out_metrics(model, held: Rollout, held_ref: torch.Tensor, desirable: torch.Tensor, cfg: KTOConfig,
+                     device) -> dict[str, float]:
+    """Mean implicit rewards beta * log(pi / pi_ref) of the held-out desirable and undesirable examples."""
+    with torch.no_grad():
+        logps, _ = sequence_logps(model, held, torch.arange(held.response_ids.shape[0]), cfg, device)
+        _, st = kto_loss(logps.cpu(), held_ref, desirable, 0.0, cfg.beta)
+    return kto_batch_metrics(st, 0.0)
+
+
+# ----------------------------------------------------------------------------- loop
+
+
+def train(cfg: KTOConfig) -> dict:
+    """Run KTO; returns the summary (also written to RUN/summary.json)."""
+    from rlhfkit.models.policy import save_actor
+    from rlhfkit.rewards import get_reward
+    from rlhfkit.runtime.optim import make_optimizer
+
+    run = Run(cfg, "kto")
+    device, world = run.device, run.world
+    # 1. data. Data, judge, model and prompt lengths are checked before the run folder exists.
+    examples, held_out = load_examples(cfg.data)
+    judge = get_reward(cfg.judge)
+    model, reference, tok = build_actor(cfg, with_reference=True, reference_model=cfg.reference_model)
+    check(cfg.batch_size % world == 0, f"batch_size ({cfg.batch_size}) must be divisible by the {world} processes")
+    model.to(device)
+    reference.to(device)
+    check_prompt_lengths(tok, [examples, held_out], cfg)
+    data, N = encode_examples(tok, examples, cfg, cfg.seed), len(examples)
+    desirable = torch.tensor([e["label"] for e in examples])
+    held = encode_rows(tok, held_out, [e["completion"] for e in held_out], cfg, "a completion") if held_out else None
+    batches = plan_batches(N, cfg, torch.Generator().manual_seed(cfg.seed), world)
+    run.open(total=len(batches), unit="step", train_examples=N, held_out_examples=len(held_out))
+    precompute = should_precompute(cfg, N, len(batches))
+    with run.tracker.phase("reference log-probs", None), reference.loaded(device):  # 2. reference
+        table = reference_table(reference, data, cfg, device) if precompute else None
+        held_ref = reference_table(reference, held, cfg, device) if held is not None else None
+    if precompute:
+        reference = None  # the tables are all training needs: a frozen copy's memory is freed
+    ref = reference_rows(reference, data, cfg, device, table)
+    run.summary["precomputed_ref_logps"] = precompute
+    optimizer, scheduler = make_optimizer(model.parameters(), cfg.lr, cfg.warmup_steps, cfg.weight_decay, cfg.adam_eps)
+    judged: dict = {}  # the starting model's judged scores, kept in checkpoints
+    wrapped = run.prepare(model, optimizer, scheduler, cfg.micro_batch_size, judged=judged)
+    run.resume()
+    records = eval_records(examples, held_out, cfg) if cfg.num_eval_prompts > 0 else []  # 3. before
+    seed = cfg.seed + 424242
+    if records and "before" not in judged:
+        judged["before"] = judged_samples(model, tok, records, judge, cfg, seed)[1]
+    for step in run.steps():  # 4. train
+        t0 = time.time()
+        with reference.loaded(device) if reference is not None else contextlib.nullcontext():
+            metrics = train_step(wrapped, data, batches[step], ref, desirable, cfg, run.accelerator)
+        grad_norm, skipped = guarded_step(wrapped.parameters(), run.optimizer, run.scheduler, run.accelerator,
+                                          cfg.max_grad_norm, loss=metrics["loss/kto"], guard=run.guard,
+                                          where=f"step {step}")
+        metrics.update({"params/grad_norm": grad_norm, "params/lr": run.scheduler.get_last_lr()[0],
+                        "params/skipped_steps": float(skipped),
+                        "params/epoch": (step + 1) * cfg.batch_size / N, "timing/step_s": time.time() - t0})
+        run.log(step, metrics)
+    if held is not None:  # 5. after
+        labels = torch.tensor([e["label"] for e in held_out])
+        m = run.summary["held_out"] = held_out_metrics(model, held, held_ref, labels, cfg, device)
+        run.print(f"[eval] held-out examples: implicit reward desirable {m['rewards/chosen']:+.3f}, undesirable "
+                  f"{m['rewards/rejected']:+.3f} (n={len(held_out)})")
+    if records:
+        judged_after(run, model, tok, records, judge, judged["before"], seed, "held-out" if held_out else "training")
+
+    def save(folder, state):
+        save_actor(model, tok, folder, state_dict=state)
+        if cfg.save_merged and cfg.lora and state is None:
+            save_actor(model, tok, folder / "merged", merge=True)
+
+    return run.finish(save)
+
+
+def main(argv: list[str]) -> int:
+    return config_main(KTOConfig, train, argv, "rlhfkit kto")

@@ -1,0 +1,120 @@
+"""`rlhfkit online-dpo`: online DPO with a judge (Guo et al. 2024, "Direct Language Model Alignment
+from Online AI Feedback"): the preference pairs come from the policy being trained.
+
+One iteration, as numbered steps in `train`:
+  1. sample     prompts_per_iteration prompts, two completions each from the current policy (the RL
+                harness's rollout, trainers/rl.py)
+  2. judge      the judge scores both (a reward function, or a reward model with model:PATH); the
+                higher score is chosen, the lower rejected; a tie gives no pair
+  3. DPO step   one optimiser step of DPO's loss (trainers/dpo.py's log-probs and dpo_batch_loss,
+                temperature 1, reference = the adapter-disabled base with LoRA) over the pairs of all
+                processes, in micro-batches; loss = mean over pairs
+  4. log        rollout metrics, DPO's rewards/* and logps/*, rollout/pairs and rollout/tie_fraction
+Before and after training: DPO's judged win rate over the starting model (trainers/judged.py).
+"""
+
+from __future__ import annotations
+
+import time
+from collections import defaultdict
+
+import torch
+
+from rlhfkit.algos import shape_rewards
+from rlhfkit.rollout import Rollout
+from rlhfkit.runtime.config import config_main
+from rlhfkit.runtime.distributed import accumulate_backward, sum_over_processes
+from rlhfkit.runtime.faults import guarded_step
+from rlhfkit.trainers.build import build_actor
+from rlhfkit.trainers.dpo import dpo_batch_loss, pair_rows, reference_logps, sequence_logps
+from rlhfkit.trainers.grpo_rollout import keep_rows
+from rlhfkit.trainers.judged import judged_after, judged_samples
+from rlhfkit.trainers.online_dpo_config import OnlineDPOConfig
+from rlhfkit.trainers.rl import RLRun
+from rlhfkit.trainers.rl_update import rollout_metrics
+
+
+def build_models(cfg: OnlineDPOConfig):
+    """(policy-only ActorCritic, Reference, tokenizer)."""
+    return build_actor(cfg, with_reference=True)
+
+
+def judge_pairs(scores: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(chosen rows, rejected rows) of completions laid out in pairs [2i, 2i + 1] with judge scores
+    `scores` (2k,); pairs with equal scores are left out. Returns two (k',) long tensors."""
+    s = scores.view(-1, 2)
+    first = torch.arange(s.shape[0]) * 2
+    keep = s[:, 0] != s[:, 1]
+    first_wins = s[:, 0] > s[:, 1]
+    chosen = torch.where(first_wins, first, first + 1)[keep]
+    rejected = torch.where(first_wins, first + 1, first)[keep]
+    return chosen, rejected
+
+
+def dpo_step(rl: RLRun, cfg: OnlineDPOConfig, rollout: Rollout, chosen: torch.Tensor, rejected: torch.Tensor,
+             it: int) -> dict[str, float]:
+    """Step 3: one optimiser step over every process's pairs, normalised by their global count. A
+    process whose pairs all tied still runs one micro-batch at weight 0, so that every process takes
+    part in the gradient all-reduce. No step (and no loss metrics) when no process has a pair."""
+    acc, device = rl.run.accelerator, rl.run.device
+    k = len(chosen)
+    total = sum_over_processes(acc, {"pairs": float(k)})["pairs"]
+    if total == 0:
+        return {}
+    n = max(k, 1)
+    table = keep_rows(rollout, torch.cat([chosen, rejected]) if k else torch.tensor([0, 1]))  # [chosen.., rejected..]
+    sums: dict[str, float] = defaultdict(float)
+    with rl.reference.loaded(device):
+        for m0 in range(0, n, cfg.micro_batch_size):
+            rows = pair_rows(torch.arange(m0, min(m0 + cfg.micro_batch_size, n)), n)
+            logps, lengths = sequence_logps(rl.model, table, rows, cfg, device)
+            ref = reference_logps(rl.reference, table, rows, cfg, device)
+            loss, st = dpo_batch_loss(logps, ref, lengths, cfg, total)
+            loss = loss * float(k > 0)
+            accumulate_backward(acc, rl.model, loss, sync=m0 + cfg.micro_batch_size >= n)
+            sums["loss/dpo"] += loss.item()
+            for name, v in st.items():  # pair-weighted: summed over processes, divided by all pairs
+                sums[name] += v * len(rows) / 2 * float(k > 0)
+    sums = sum_over_processes(acc, dict(sums))
+    metrics = {name: v if name == "loss/dpo" else v / total for name, v in sums.items()}
+    grad_norm, skipped = guarded_step(rl.model.parameters(), rl.run.optimizer, rl.run.scheduler, acc,
+                                      cfg.max_grad_norm, loss=metrics["loss/dpo"], guard=rl.run.guard,
+                                      where=f"iteration {it}")
+    metrics.update({"params/grad_norm": grad_norm, "params/skipped_steps": float(skipped)})
+    return metrics
+
+
+def judge_metrics(scores: torch.Tensor, chosen: torch.Tensor, rejected: torch.Tensor) -> dict[str, float]:
+    n_pairs = scores.shape[0] // 2
+    return {"rollout/pairs": float(len(chosen)), "rollout/tie_fraction": 1.0 - len(chosen) / max(n_pairs, 1),
+            "rollout/judge_margin": (scores[chosen] - scores[rejected]).mean().item() if len(chosen) else 0.0}
+
+
+def train(cfg: OnlineDPOConfig) -> dict:
+    """Run online DPO; returns the summary (also written to RUN/summary.json)."""
+    rl = RLRun(cfg, "online-dpo", build_models)
+    judged: dict = {}  # the starting model's judged scores, kept in checkpoints
+    rl.run.resume(judged=judged)
+    records, seed = rl.eval_records, cfg.seed + 424242  # same seed before and after: the same sampling noise
+    if records and "before" not in judged:
+        with rl.generation_context():
+            judged["before"] = judged_samples(rl.core, rl.tok, records, rl.reward_fn, cfg, seed)[1]
+    for it in rl.run.steps():
+        t0 = time.time()
+        prompts = [r for r in rl.stream.next(cfg.prompts_per_iteration) for _ in range(2)]
+        rollout = rl.sample(prompts, it)  # step 1 (and the judge's scores: step 2)
+        mask = rollout.response_mask
+        rollout.rewards, _ = shape_rewards(rollout.scores, torch.zeros_like(mask), torch.zeros_like(mask), mask, 0.0)
+        chosen, rejected = judge_pairs(rollout.scores)
+        metrics = {**judge_metrics(rollout.scores, chosen, rejected), **rollout_metrics(rollout)}
+        t1 = time.time()
+        metrics.update(dpo_step(rl, cfg, rollout, chosen, rejected, it))  # step 3
+        rl.log(it, rollout, metrics, (t0, t1, time.time()))  # step 4
+    if records:
+        with rl.generation_context():
+            judged_after(rl.run, rl.core, rl.tok, records, rl.reward_fn, judged["before"], seed, "held-out")
+    return rl.finish()
+
+
+def main(argv: list[str]) -> int:
+    return config_main(OnlineDPOConfig, train, argv, "rlhfkit online-dpo")

@@ -1,0 +1,78 @@
+"""OnlineDPOConfig: every option of `rlhfkit online-dpo`, documented once (this text is --help).
+
+Defaults demonstrate online DPO offline on CPU: SmolLM2-135M-Instruct with LoRA samples two reviews
+per built-in review prompt, VADER sentiment judges which is better, one DPO step per batch; then the
+judged win rate of the trained model over the starting model on held-out prompts (as `rlhfkit dpo`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from rlhfkit.runtime.config import check, option
+from rlhfkit.trainers.options import (
+    GenerationArgs,
+    ModelArgs,
+    OptimizerArgs,
+    ReferenceArgs,
+    RunArgs,
+    SamplingArgs,
+)
+
+LOSS_TYPES = ("sigmoid", "ipo", "cdpo")
+
+
+@dataclass
+class OnlineDPOConfig(GenerationArgs, ReferenceArgs, SamplingArgs, ModelArgs, OptimizerArgs, RunArgs):
+    """Online DPO: two samples per prompt from the current policy, a judge picks the better, one DPO step."""
+
+    # data and judge
+    prompts: str = option("builtin:reviews", "prompts: builtin:reviews|stories|arithmetic|instructions or a "
+                          "JSONL/CSV/TXT file")
+    eval_prompts: str | None = option(None, "held-out prompts for the judged win rate (default: test split of `prompts`)")
+    num_eval_prompts: int = option(48, "held-out prompts for the judged win rate over the starting model (0 = skip)")
+    eval_samples_per_prompt: int = option(2, "completions per held-out prompt, before and after training")
+    judge: str = option("sentiment", "who prefers one completion: a reward function (sentiment | arithmetic | "
+                        "length[:N] | python:module:function) or a reward model (model:PATH); the higher score is "
+                        "chosen, equal scores give no pair")
+    # rollout
+    iterations: int = option(16, "iterations (sample pairs, judge, one DPO step)")
+    prompts_per_iteration: int = option(16, "prompts per iteration and process, two completions each (N processes: N x "
+                                        "this pairs per optimiser step)")
+    max_new_tokens: int = option(64, "response length limit (training samples and the judged evaluation)")
+    generation_batch_size: int = option(32, "completions per generate() call")
+    share_prompts: bool = option(True, "run a pair's prompt once when sampling and in the DPO step (off under "
+                                 "gradient_checkpointing)")
+    # loss
+    loss_type: str = option("sigmoid", "sigmoid = DPO; ipo = IPO on length-averaged log-probs; cdpo = sigmoid with "
+                            "label smoothing", LOSS_TYPES)
+    beta: float = option(0.1, "inverse temperature of the implicit reward beta * log(pi / pi_ref)")
+    label_smoothing: float | None = option(None, "cDPO label-flip probability (None: 0.1 for cdpo, else 0)")
+    micro_batch_size: int = option(8, "pairs per forward/backward")
+    lr: float = option(1e-4, "AdamW learning rate (LoRA default; use ~5e-7..5e-6 for full fine-tuning)")
+    # outputs
+    log_samples: int = option(4, "completions per iteration written to samples.jsonl")
+    save_merged: bool = option(False, "also save merged full weights (LoRA) in final/merged")
+
+    @property
+    def reward(self) -> str:
+        """The judge, under the name the RL harness (trainers/rl.py) reads."""
+        return self.judge
+
+    @property
+    def smoothing(self) -> float:
+        if self.label_smoothing is not None:
+            return self.label_smoothing
+        return 0.1 if self.loss_type == "cdpo" else 0.0
+
+    def validate(self) -> None:
+        for k in ("iterations", "prompts_per_iteration", "max_new_tokens", "generation_batch_size", "micro_batch_size",
+                  "eval_samples_per_prompt"):
+            check(getattr(self, k) >= 1, f"{k} ({getattr(self, k)}) must be >= 1")
+        check(self.beta > 0, f"beta ({self.beta}) must be > 0")
+        check(0 <= self.smoothing < 0.5, f"label_smoothing ({self.label_smoothing}) must be in [0, 0.5)")
+        check(not (self.loss_type == "ipo" and self.smoothing > 0),
+              f"label_smoothing ({self.label_smoothing}) applies to sigmoid/cdpo, not ipo")
+        check(self.temperature > 0, f"temperature ({self.temperature}) must be > 0 for sampled pairs")
+        check(self.num_eval_prompts >= 0, f"num_eval_prompts ({self.num_eval_prompts}) must be >= 0")
+        check(self.log_samples >= 0, f"log_samples ({self.log_samples}) must be >= 0")
