@@ -13,7 +13,7 @@ import torch
 
 from .advantages import discounted_reverse_cumsum
 from .kl import kl_k3
-from .losses import aggregate_loss
+from .losses import _bool, aggregate_loss
 from .masks import masked_mean
 
 __all__ = [
@@ -27,10 +27,6 @@ __all__ = [
 ]
 
 IMPORTANCE_LEVELS = ("token", "sequence", "sequence-token")
-
-
-def _bool(mask: torch.Tensor) -> torch.Tensor:
-    return mask if mask.dtype == torch.bool else mask != 0
 
 
 def sequence_log_ratio(logp: torch.Tensor, old_logp: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:

@@ -12,14 +12,21 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 from rlhfkit.runtime.config import check, option
-from rlhfkit.trainers.options import OVERFLOW_MODES, ModelArgs, OptimizerArgs, ReferenceArgs, RunArgs
+from rlhfkit.trainers.options import (
+    OVERFLOW_MODES,
+    JudgedEvalArgs,
+    ModelArgs,
+    OptimizerArgs,
+    ReferenceArgs,
+    RunArgs,
+)
 
 LOSS_TYPES = ("sigmoid", "ipo", "cdpo", "simpo", "orpo")
 REFERENCE_FREE = ("simpo", "orpo")  # losses that need no reference model
 
 
 @dataclass
-class DPOConfig(ReferenceArgs, ModelArgs, OptimizerArgs, RunArgs):
+class DPOConfig(JudgedEvalArgs, ReferenceArgs, ModelArgs, OptimizerArgs, RunArgs):
     """DPO (sigmoid), IPO and label-smoothed cDPO on preference pairs, against a frozen reference."""
 
     # data
@@ -53,14 +60,6 @@ class DPOConfig(ReferenceArgs, ModelArgs, OptimizerArgs, RunArgs):
     share_prompts: bool = option(True, "run a pair's prompt once for its chosen and rejected response (their keys/values "
                                  "are copied to both rows; equal up to float rounding). Off under gradient_checkpointing")
     lr: float = option(1e-4, "AdamW learning rate (LoRA default; use ~5e-7..5e-6 for full fine-tuning)")
-    # judged evaluation
-    judge: str = option("sentiment", "reward function that judges samples: sentiment | arithmetic | length[:N] | "
-                        "model:PATH | python:module:function")
-    num_eval_prompts: int = option(48, "held-out prompts for the judged win rate over the starting model (0 = skip)")
-    eval_samples_per_prompt: int = option(2, "completions per held-out prompt, before and after training")
-    max_new_tokens: int = option(64, "response length limit of the evaluation samples")
-    temperature: float = option(1.0, "sampling temperature of the evaluation samples")
-    generation_batch_size: int = option(16, "prompts per generate() call")
     # outputs
     save_merged: bool = option(False, "also save merged full weights (LoRA) in final/merged")
 
@@ -75,8 +74,7 @@ class DPOConfig(ReferenceArgs, ModelArgs, OptimizerArgs, RunArgs):
         return 0.1 if self.loss_type == "cdpo" else 0.0
 
     def validate(self) -> None:
-        for k in ("epochs", "batch_size", "micro_batch_size", "max_prompt_length", "max_response_length",
-                  "max_new_tokens", "eval_samples_per_prompt", "generation_batch_size"):
+        for k in ("epochs", "batch_size", "micro_batch_size", "max_prompt_length", "max_response_length"):
             check(getattr(self, k) >= 1, f"{k} ({getattr(self, k)}) must be >= 1")
         check(self.max_steps is None or self.max_steps >= 1, f"max_steps ({self.max_steps}) must be >= 1")
         check(self.batch_size % self.micro_batch_size == 0,
@@ -88,8 +86,6 @@ class DPOConfig(ReferenceArgs, ModelArgs, OptimizerArgs, RunArgs):
         check(self.gamma >= 0, f"gamma ({self.gamma}) must be >= 0")
         check(self.reference_model is None or self.uses_reference,
               f"reference_model is not used by loss_type={self.loss_type} (reference-free)")
-        check(self.temperature > 0, f"temperature ({self.temperature}) must be > 0")
-        check(self.num_eval_prompts >= 0, f"num_eval_prompts ({self.num_eval_prompts}) must be >= 0")
 
 
 @dataclass

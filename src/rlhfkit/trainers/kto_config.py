@@ -10,11 +10,18 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from rlhfkit.runtime.config import check, option
-from rlhfkit.trainers.options import OVERFLOW_MODES, ModelArgs, OptimizerArgs, ReferenceArgs, RunArgs
+from rlhfkit.trainers.options import (
+    OVERFLOW_MODES,
+    JudgedEvalArgs,
+    ModelArgs,
+    OptimizerArgs,
+    ReferenceArgs,
+    RunArgs,
+)
 
 
 @dataclass
-class KTOConfig(ReferenceArgs, ModelArgs, OptimizerArgs, RunArgs):
+class KTOConfig(JudgedEvalArgs, ReferenceArgs, ModelArgs, OptimizerArgs, RunArgs):
     """KTO: desirable and undesirable completions, no pairs needed, against a frozen reference."""
 
     # data
@@ -46,20 +53,11 @@ class KTOConfig(ReferenceArgs, ModelArgs, OptimizerArgs, RunArgs):
     share_prompts: bool = option(True, "run a prompt shared by rows of a micro-batch once (off under "
                                  "gradient_checkpointing)")
     lr: float = option(1e-4, "AdamW learning rate (LoRA default; use ~5e-7..5e-6 for full fine-tuning)")
-    # judged evaluation
-    judge: str = option("sentiment", "reward function that judges samples: sentiment | arithmetic | length[:N] | "
-                        "model:PATH | python:module:function")
-    num_eval_prompts: int = option(48, "held-out prompts for the judged win rate over the starting model (0 = skip)")
-    eval_samples_per_prompt: int = option(2, "completions per held-out prompt, before and after training")
-    max_new_tokens: int = option(64, "response length limit of the evaluation samples")
-    temperature: float = option(1.0, "sampling temperature of the evaluation samples")
-    generation_batch_size: int = option(16, "prompts per generate() call")
     # outputs
     save_merged: bool = option(False, "also save merged full weights (LoRA) in final/merged")
 
     def validate(self) -> None:
-        for k in ("epochs", "batch_size", "micro_batch_size", "max_prompt_length", "max_response_length",
-                  "max_new_tokens", "eval_samples_per_prompt", "generation_batch_size"):
+        for k in ("epochs", "batch_size", "micro_batch_size", "max_prompt_length", "max_response_length"):
             check(getattr(self, k) >= 1, f"{k} ({getattr(self, k)}) must be >= 1")
         check(self.max_steps is None or self.max_steps >= 1, f"max_steps ({self.max_steps}) must be >= 1")
         check(self.batch_size % self.micro_batch_size == 0,
@@ -69,5 +67,3 @@ class KTOConfig(ReferenceArgs, ModelArgs, OptimizerArgs, RunArgs):
         check(self.beta > 0, f"beta ({self.beta}) must be > 0")
         check(self.desirable_weight > 0, f"desirable_weight ({self.desirable_weight}) must be > 0")
         check(self.undesirable_weight > 0, f"undesirable_weight ({self.undesirable_weight}) must be > 0")
-        check(self.temperature > 0, f"temperature ({self.temperature}) must be > 0")
-        check(self.num_eval_prompts >= 0, f"num_eval_prompts ({self.num_eval_prompts}) must be >= 0")

@@ -40,6 +40,26 @@ class PromptLimitArgs:
 
 
 @dataclass
+class JudgedEvalArgs:
+    """The judged evaluation of offline preference trainers (DPO, KTO): samples of the starting and the
+    trained model on held-out prompts, scored by a judge, and the win rate (trainers/judged.py)."""
+
+    judge: str = option("sentiment", "reward function that judges samples: sentiment | arithmetic | length[:N] | "
+                        "model:PATH | python:module:function")
+    num_eval_prompts: int = option(48, "held-out prompts for the judged win rate over the starting model (0 = skip)")
+    eval_samples_per_prompt: int = option(2, "completions per held-out prompt, before and after training")
+    max_new_tokens: int = option(64, "response length limit of the evaluation samples")
+    temperature: float = option(1.0, "sampling temperature of the evaluation samples")
+    generation_batch_size: int = option(16, "prompts per generate() call")
+
+    def validate(self) -> None:
+        for k in ("max_new_tokens", "eval_samples_per_prompt", "generation_batch_size"):
+            check(getattr(self, k) >= 1, f"{k} ({getattr(self, k)}) must be >= 1")
+        check(self.temperature > 0, f"temperature ({self.temperature}) must be > 0")
+        check(self.num_eval_prompts >= 0, f"num_eval_prompts ({self.num_eval_prompts}) must be >= 0")
+
+
+@dataclass
 class OptimizerArgs:
     """AdamW with linear warm-up (runtime/optim.py); one validation path for every trainer."""
 
