@@ -90,13 +90,15 @@ def run_method(run_dir: Path, config: dict) -> str:
 
 
 def base_model_id(config: dict) -> str | None:
-    """The base model as others can get it (a Hub id), or None for a local folder."""
-    from rlhfkit.data.spec import looks_like_hub_id
+    """The base model as others can get it (a Hub id, without an `@revision`), or None for a local
+    folder."""
+    from rlhfkit.models.loading import hub_reference
 
     model = str(config.get("model", ""))
     if model in BUILTIN_HUB_IDS:
         return BUILTIN_HUB_IDS[model]
-    return model if looks_like_hub_id(model) else None
+    hub = hub_reference(model)
+    return hub[0] if hub is not None else None
 
 
 # --------------------------------------------------------------------------- writing
@@ -153,8 +155,13 @@ def write_adapter(info: RunInfo, out: Path) -> None:
     for name in ("adapter_model.safetensors", "adapter_config.json"):
         shutil.copy2(info.final / name, out / name)
     cfg = json.loads((out / "adapter_config.json").read_text())
+    from rlhfkit.models.loading import hub_reference
+
     base = base_model_id(info.config)
     cfg["base_model_name_or_path"] = base or str(resolve_model_path(str(info.config["model"])))
+    hub = hub_reference(str(info.config["model"]))
+    if hub is not None and hub[1]:  # org/name@revision: peft loads the base at that revision
+        cfg["revision"] = hub[1]
     (out / "adapter_config.json").write_text(json.dumps(cfg, indent=2, sort_keys=True))
 
 

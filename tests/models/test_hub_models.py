@@ -162,3 +162,34 @@ def test_reference_and_critic_by_hub_id_with_revision(hub_cache, tmp_path):
     ppo = build_config(PPOConfig, {**common, "critic_model": f"{REPO}@{V2_COMMIT}", "kl_coef": 0.0})
     actor, _, _ = build_actor_critic(ppo)
     assert torch.equal(_first_weight(actor.critic), seed1)
+
+
+def test_reward_model_and_export_record_a_hub_base_as_its_id(hub_cache, tmp_path):
+    """A Hub-id base is written down as the id (with its revision), which loads on any machine with
+    the cache, not as this machine's snapshot path; a local folder is written as its path."""
+    from rlhfkit.export import base_model_id
+    from rlhfkit.models.reward_model import load_backbone
+    from rlhfkit.trainers.rm import build_reward_model
+    from rlhfkit.trainers.rm_config import RMConfig
+
+    spec = f"{REPO}@v2"
+    _, _, info = build_reward_model(build_config(RMConfig, {"data": "x.jsonl", "model": spec, "dtype": "fp32"}))
+    assert info["base_model"] == spec
+    backbone, causal = load_backbone(info["base_model"])
+    v2 = loading.load_causal_lm(spec, trainable=False)
+    assert causal and torch.equal(backbone.get_input_embeddings().weight, _first_weight(v2))
+    folder = hub_cache / ("models--" + REPO.replace("/", "--")) / "snapshots" / MAIN_COMMIT
+    _, _, local = build_reward_model(build_config(RMConfig, {"data": "x.jsonl", "model": str(folder), "dtype": "fp32"}))
+    assert local["base_model"] == str(folder.resolve())
+    assert base_model_id({"model": spec}) == REPO and base_model_id({"model": REPO}) == REPO
+    assert base_model_id({"model": str(folder)}) is None
+
+
+def test_estimate_memory_reads_the_config_of_a_cached_hub_id(hub_cache):
+    from rlhfkit.runtime.memory import ModelShape, resolve_shape
+
+    config = json.loads((hub_cache / ("models--" + REPO.replace("/", "--")) / "snapshots" / MAIN_COMMIT
+                         / "config.json").read_text())
+    assert resolve_shape(REPO) == resolve_shape(f"{REPO}@v2") == ModelShape.from_config(config)
+    with pytest.raises(UserError, match=r"model='tiny-org/not-cached': .*Hub id"):
+        resolve_shape("tiny-org/not-cached")

@@ -29,7 +29,7 @@ from torch.nn import functional as F
 
 from .logprobs import _check_temperature, logprobs_and_entropy
 
-__all__ = ["head_logprobs", "HEAD_CHUNK_ELEMENTS"]
+__all__ = ["head_logprobs", "softcap_logits", "HEAD_CHUNK_ELEMENTS"]
 
 # Rows per chunk = this // V: bounds each (rows, V) float32 buffer to 256 MB (1365 rows of a 49k
 # vocabulary, so a CPU micro-batch is one chunk: fewer, larger matmuls run faster).
@@ -110,6 +110,7 @@ def head_logprobs(
     temperature: float = 1.0,
     with_entropy: bool = False,
     entropy_grad: bool = True,
+    softcap: float | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Log-probs of `tokens` (B, R) and the entropy (B, R) of softmax(head(hidden) / temperature).
 
@@ -119,6 +120,8 @@ def head_logprobs(
     mask: (B, R), rows where it is 0 are skipped and read 0 (None: every row). `entropy_grad=False`
     returns the entropy as a constant (for a metric; saves an (N, V) product). Both float32, equal
     to the plain path up to float rounding. Row chunks of HEAD_CHUNK_ELEMENTS // V bound memory.
+    `softcap`: the model's final-logit soft-cap c (Gemma 2: logits -> c tanh(logits / c), before the
+    temperature), applied on the plain path.
     """
     _check_temperature(temperature)
     lead = tokens.shape
@@ -127,7 +130,7 @@ def head_logprobs(
     keep = None if mask is None else mask.reshape(-1).nonzero().squeeze(1)
     if keep is not None:
         h, tok = h.index_select(0, keep), tok.index_select(0, keep)
-    if _fusable(head):
+    if _fusable(head) and not softcap:
         step = max(1, HEAD_CHUNK_ELEMENTS // head.out_features)
         parts = [_HeadLogprobs.apply(h[i : i + step], head.weight, head.bias, tok[i : i + step], float(temperature),
                                      with_entropy, entropy_grad) for i in range(0, max(len(tok), 1), step)]
@@ -136,11 +139,19 @@ def head_logprobs(
         logp = torch.cat([lp for lp, _ in parts])
         ent = torch.cat([e for _, e in parts]) if with_entropy else None
     else:
-        logp, ent = logprobs_and_entropy(head(h)[None], tok[None], temperature, with_entropy)
+        logp, ent = logprobs_and_entropy(softcap_logits(head(h), softcap)[None], tok[None], temperature, with_entropy)
         logp, ent = logp[0], (ent[0] if ent is not None else None)
         if ent is not None and not entropy_grad:
             ent = ent.detach()
     return _scatter(logp, keep, lead), (_scatter(ent, keep, lead) if ent is not None else None)
+
+
+def softcap_logits(logits: torch.Tensor, softcap: float | None) -> torch.Tensor:
+    """c * tanh(logits / c), the final-logit soft-cap of Gemma 2 (`final_logit_softcapping`); the
+    logits unchanged when `softcap` is None or 0."""
+    if not softcap:
+        return logits
+    return torch.tanh(logits / softcap) * softcap
 
 
 _workspace = threading.local()  # per thread: {device: flat float32 tensor}

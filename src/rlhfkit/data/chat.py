@@ -69,7 +69,7 @@ def format_prompt(tokenizer: Any, prompt: Prompt, system: str | None = None) -> 
     """
     messages = to_messages(prompt, system)
     if not has_chat_template(tokenizer):
-        return plain_format(messages)
+        return with_bos(tokenizer, plain_format(messages))
     try:
         text = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
     except Exception as e:  # jinja2 TemplateError from raise_exception(), bad roles, ...
@@ -84,6 +84,27 @@ def plain_format(messages: list[dict[str, Any]]) -> str:
     """The template-free format: ``Role: content`` blocks, then ``Assistant: ``."""
     blocks = [f"{PLAIN_ROLES.get(m['role'], str(m['role']).capitalize())}: {m['content']}" for m in messages]
     return "\n\n".join(blocks + ["Assistant: "])
+
+
+def adds_bos(tokenizer: Any) -> bool:
+    """The tokenizer prepends a BOS token to plain text (Llama, Mistral, Gemma, OPT's ``</s>``)."""
+    bos = getattr(tokenizer, "bos_token_id", None)
+    if bos is None or not isinstance(getattr(tokenizer, "bos_token", None), str):
+        return False
+    ids = tokenizer("a", add_special_tokens=True)["input_ids"]
+    return bool(ids) and ids[0] == bos
+
+
+def with_bos(tokenizer: Any, text: str) -> str:
+    """Plain-format text with the BOS string in front when the tokenizer adds one to plain text.
+
+    Every text is encoded with ``add_special_tokens=False`` (a chat template writes its own
+    special tokens, and HF's apply_chat_template adds none), so without this a plain-format prompt
+    would reach a model trained with a BOS in front (Gemma, OPT, Llama and Mistral base models)
+    without it."""
+    if adds_bos(tokenizer) and not text.startswith(tokenizer.bos_token):
+        return tokenizer.bos_token + text
+    return text
 
 
 def end_of_turn(tokenizer: Any) -> str:
@@ -135,5 +156,5 @@ def format_prompts(tokenizer: Any, prompts: list, args: Any) -> list[str]:
     """Prompt texts (strings or message lists) as the model sees them. `args` carries the
     prompt-format options (trainers/options.py PromptFormatArgs: chat_template, system_prompt)."""
     if not use_chat_template(tokenizer, args.chat_template):
-        return [plain_format(to_messages(p, args.system_prompt)) for p in prompts]
+        return [with_bos(tokenizer, plain_format(to_messages(p, args.system_prompt))) for p in prompts]
     return [format_prompt(tokenizer, p, system=args.system_prompt) for p in prompts]

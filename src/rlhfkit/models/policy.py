@@ -14,7 +14,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from rlhfkit.algos.head import head_logprobs
+from rlhfkit.algos.head import head_logprobs, softcap_logits
 from rlhfkit.errors import UserError
 from rlhfkit.models.shared_prompts import response_hidden, shared_prefix_hidden
 from rlhfkit.models.trunk import frozen_depth, top_states, trunk_states
@@ -45,6 +45,24 @@ def _unwrap(model: nn.Module) -> nn.Module:
     """The transformers model under a peft wrapper (LoRA layers stay injected)."""
     get_base = getattr(model, "get_base_model", None)
     return get_base() if callable(get_base) else model
+
+
+def final_softcap(lm: nn.Module) -> float | None:
+    """The final-logit soft-cap the model applies after its output layer (Gemma 2), or None."""
+    return getattr(lm.config, "final_logit_softcapping", None)
+
+
+def output_logits(lm: nn.Module, hidden: torch.Tensor) -> torch.Tensor:
+    """The causal LM's logits from its final hidden states, as its own forward computes them: the
+    output layer, then the soft-cap where the model has one. (..., H) -> (..., V)"""
+    return softcap_logits(lm.get_output_embeddings()(hidden), final_softcap(lm))
+
+
+def output_width(lm: nn.Module) -> int:
+    """Width of the decoder's final hidden states: `hidden_size`, except where the model projects
+    its residual stream to the embedding width first (OPT's word_embed_proj_dim: opt-350m 1024 -> 512)."""
+    cfg = lm.config
+    return getattr(cfg, "word_embed_proj_dim", None) or cfg.hidden_size
 
 
 def position_ids_from_mask(attention_mask: torch.Tensor) -> torch.Tensor:
@@ -155,8 +173,9 @@ class ActorCritic(nn.Module):
         if response_ids is None:
             raise TypeError("ActorCritic.forward needs response_ids; use ActorCritic.logits for (B, R, V) logits")
         hidden, values = self._hidden_and_values(input_ids, attention_mask, num_response, with_values, trunk)
-        logp, ent = head_logprobs(hidden, _unwrap(self.policy).get_output_embeddings(), response_ids, response_mask,
-                                  temperature, with_entropy, entropy_grad)
+        lm = _unwrap(self.policy)
+        logp, ent = head_logprobs(hidden, lm.get_output_embeddings(), response_ids, response_mask,
+                                  temperature, with_entropy, entropy_grad, final_softcap(lm))
         return logp, values, ent
 
     def logits(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, num_response: int,
@@ -164,7 +183,7 @@ class ActorCritic(nn.Module):
         """(logits (B, R, V), values (B, R) or None) of the positions that predict the last
         `num_response` tokens, through the same path as `forward`."""
         hidden, values = self._hidden_and_values(input_ids, attention_mask, num_response, with_values, trunk)
-        return _unwrap(self.policy).get_output_embeddings()(hidden), values
+        return output_logits(_unwrap(self.policy), hidden), values
 
 
 class Reference:
@@ -227,7 +246,7 @@ class Reference:
                 logits, _ = self.actor.logits(input_ids, attention_mask, num_response)
             return logits
         with self._autocast(input_ids.device):
-            return self.frozen.get_output_embeddings()(self._frozen_hidden(input_ids, attention_mask, num_response))
+            return output_logits(self.frozen, self._frozen_hidden(input_ids, attention_mask, num_response))
 
     @torch.no_grad()
     def logprobs(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, response_ids: torch.Tensor,
@@ -246,7 +265,7 @@ class Reference:
         with self._autocast(input_ids.device):
             hidden = self._frozen_hidden(input_ids, attention_mask, R)
             return head_logprobs(hidden, self.frozen.get_output_embeddings(), response_ids, response_mask,
-                                 temperature)[0]
+                                 temperature, softcap=final_softcap(self.frozen))[0]
 
     def _autocast(self, device: torch.device):
         """The autocast a `dtype` copy needs (its linear weights are in that dtype); a no-op inside the
@@ -283,11 +302,30 @@ def store_linear_weights(model: nn.Module, dtype: torch.dtype) -> nn.Module:
     return model
 
 
+def _linear_types() -> tuple[type, ...]:
+    """Layers LoRA can adapt: nn.Linear, and transformers' Conv1D (GPT-2's projections: a linear
+    layer with its weight stored transposed)."""
+    from transformers.pytorch_utils import Conv1D
+
+    return nn.Linear, Conv1D
+
+
+def _linear_names(model: nn.Module) -> set[str]:
+    return {n.rsplit(".", 1)[-1] for n, m in model.named_modules() if isinstance(m, _linear_types())}
+
+
+def fan_in_fan_out(model: nn.Module, targets: list[str]) -> bool:
+    """The LoRA targets are Conv1D layers (GPT-2), whose weights peft must read transposed."""
+    from transformers.pytorch_utils import Conv1D
+
+    return any(isinstance(m, Conv1D) and n.rsplit(".", 1)[-1] in targets for n, m in model.named_modules())
+
+
 def default_lora_targets(model: nn.Module) -> list[str]:
-    """Attention and MLP projections for common architectures (Llama, Mistral, Qwen, GPT-2, ...)."""
-    names = {n.rsplit(".", 1)[-1] for n, m in model.named_modules() if isinstance(m, nn.Linear)}
+    """Attention and MLP projections for common architectures (Llama, Mistral, Qwen, Phi-3, GPT-2, ...)."""
+    names = _linear_names(model)
     for group in (
-        ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"],
+        ["q_proj", "k_proj", "v_proj", "qkv_proj", "o_proj", "gate_proj", "up_proj", "gate_up_proj", "down_proj"],
         ["c_attn", "c_proj", "c_fc"],
         ["query_key_value", "dense", "dense_h_to_4h", "dense_4h_to_h"],
         ["query", "key", "value", "dense"],
@@ -303,7 +341,7 @@ def check_lora_targets(model: nn.Module, targets: list[str] | None) -> list[str]
     """The LoRA target module names: `targets`, each checked against the model, or the default choice."""
     if not targets:
         return default_lora_targets(model)
-    linear = {n.rsplit(".", 1)[-1] for n, m in model.named_modules() if isinstance(m, nn.Linear)}
+    linear = _linear_names(model)
     missing = [t for t in targets if t not in linear]
     if missing:
         raise UserError(f"lora_target_modules: no linear layer named {missing[0]!r} in the model "
@@ -322,11 +360,13 @@ def add_lora(model: nn.Module, r: int, alpha: int, dropout: float, targets: list
     layers = None
     if top_layers is not None and n_layers:
         layers = list(range(max(0, n_layers - top_layers), n_layers))
+    targets = check_lora_targets(model, targets)
     cfg = LoraConfig(
         r=r,
         lora_alpha=alpha,
         lora_dropout=dropout,
-        target_modules=check_lora_targets(model, targets),
+        target_modules=targets,
+        fan_in_fan_out=fan_in_fan_out(model, targets),
         task_type="CAUSAL_LM",
         bias="none",
         layers_to_transform=layers,

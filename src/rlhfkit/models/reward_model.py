@@ -34,7 +34,7 @@ from torch import nn
 
 from rlhfkit.algos import last_valid_index
 from rlhfkit.errors import UserError
-from rlhfkit.models.policy import check_lora_targets, position_ids_from_mask
+from rlhfkit.models.policy import check_lora_targets, fan_in_fan_out, output_width, position_ids_from_mask
 
 META_FILE = "rlhfkit_rm.json"
 HEAD_FILE = "score_head.safetensors"
@@ -56,7 +56,8 @@ def format_example(tokenizer, prompt, response: str, chat_template: bool | None 
     ``chat_template`` as in :func:`rlhfkit.data.chat.use_chat_template` (None: the tokenizer's
     template when it has one, True: required). With the template:
     :func:`rlhfkit.data.chat.format_sft_example`; otherwise the plain format
-    ``User: {prompt}\\n\\nAssistant: {response}`` (plus the EOS string, if any).
+    ``User: {prompt}\\n\\nAssistant: {response}`` (plus the EOS string, if any), after the BOS
+    string when the tokenizer adds one to plain text (:func:`rlhfkit.data.chat.with_bos`).
     """
     from rlhfkit.data.chat import (
         end_of_turn,
@@ -64,11 +65,12 @@ def format_example(tokenizer, prompt, response: str, chat_template: bool | None 
         plain_format,
         to_messages,
         use_chat_template,
+        with_bos,
     )
 
     if use_chat_template(tokenizer, chat_template):
         return format_sft_example(tokenizer, prompt, response, system)
-    prompt_text = plain_format(to_messages(prompt, system))
+    prompt_text = with_bos(tokenizer, plain_format(to_messages(prompt, system)))
     return prompt_text, prompt_text + response + end_of_turn(tokenizer)
 
 
@@ -167,8 +169,9 @@ def add_backbone_lora(backbone: nn.Module, r: int, alpha: int, dropout: float, t
         # the ModuleList holding the n layers ("layers" in Llama, "layer" in BERT)
         pattern = next((name.rsplit(".", 1)[-1] for name, mod in backbone.named_modules()
                         if isinstance(mod, nn.ModuleList) and len(mod) == n), None)
-    cfg = LoraConfig(r=r, lora_alpha=alpha, lora_dropout=dropout, bias="none",
-                     target_modules=check_lora_targets(backbone, targets), layers_to_transform=layers,
+    targets = check_lora_targets(backbone, targets)
+    cfg = LoraConfig(r=r, lora_alpha=alpha, lora_dropout=dropout, bias="none", target_modules=targets,
+                     fan_in_fan_out=fan_in_fan_out(backbone, targets), layers_to_transform=layers,
                      layers_pattern=pattern if layers else None)
     return get_peft_model(backbone, cfg)
 
@@ -236,7 +239,7 @@ def load_reward_model(path: str | Path, dtype: str | None = None):
         backbone = PeftModel.from_pretrained(backbone, folder).merge_and_unload()
     else:
         backbone, causal = load_backbone(str(folder), dtype)
-    head = ScoreHead(backbone.config.hidden_size)
+    head = ScoreHead(output_width(backbone))
     head.load_state_dict(load_file(folder / meta.get("head", HEAD_FILE)))
     model = RewardModel(backbone, head, causal=meta.get("causal", causal), pooling=meta.get("pooling", "last"))
     tok = load_tokenizer(str(folder), padding_side=meta.get("padding_side", "left"))

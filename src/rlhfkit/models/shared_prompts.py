@@ -111,6 +111,17 @@ def shared_prompt_cache(model: nn.Module, input_ids: torch.Tensor, attention_mas
 MIN_PREFIX = 4  # below this the extra forward call costs more than the prefix saves
 
 
+def sliding_window_bites(config, length: int | None = None) -> bool:
+    """Some layer attends through a sliding window narrower than `length` columns (None: any
+    window). Such a window counts columns, padding included, so moving a row's left padding
+    between the shared prefix and the rest (`prefix_first`) would hide real tokens from it
+    (Mistral, Phi-3, Gemma 2/3, Qwen2 with use_sliding_window)."""
+    window = getattr(config, "sliding_window", None)
+    types = getattr(config, "layer_types", None)
+    sliding = "sliding_attention" in types if types is not None else getattr(config, "use_sliding_window", True)
+    return bool(window) and bool(sliding) and (length is None or length > window)
+
+
 def common_prefix_length(prompt_ids: torch.Tensor, prompt_mask: torch.Tensor) -> int:
     """S: how many leading real tokens every row's left-padded prompt (B, P) starts with, at most
     the shortest prompt minus one (each row's last prompt token must run for that row: it predicts
@@ -150,12 +161,13 @@ def shared_prefix_hidden(decoder: nn.Module, input_ids: torch.Tensor, attention_
                          num_response: int) -> torch.Tensor | None:
     """Final hidden states (B, R, H) of the positions predicting the R response tokens, as
     `response_hidden`, with the prompt prefix all rows share run once. None when there is no
-    prefix of at least MIN_PREFIX tokens (the caller runs the plain forward)."""
+    prefix of at least MIN_PREFIX tokens, or a sliding window narrower than the rows (the caller
+    runs the plain forward)."""
     from rlhfkit.models.policy import position_ids_from_mask  # policy imports this module
 
     L = input_ids.shape[1]
     P = L - num_response
-    if decoder.training and _checkpointed(decoder):
+    if (decoder.training and _checkpointed(decoder)) or sliding_window_bites(decoder.config, L):
         return None
     S = common_prefix_length(input_ids[:, :P], attention_mask[:, :P])
     if S < MIN_PREFIX:
@@ -171,9 +183,11 @@ def shared_prefix_hidden(decoder: nn.Module, input_ids: torch.Tensor, attention_
 def shared_prefix_prompts(model: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor):
     """For generation: (ids, mask, cache) with the shared prefix moved to the front and its cache
     computed once (`generate(ids, mask, past_key_values=cache)` then prefills the rest per row),
-    or None without a prefix of at least MIN_PREFIX tokens."""
+    or None without a prefix of at least MIN_PREFIX tokens or with sliding-window attention."""
     from rlhfkit.models.policy import position_ids_from_mask
 
+    if sliding_window_bites(model.config):  # the response length is not known here
+        return None
     S = common_prefix_length(input_ids, attention_mask)
     if S < MIN_PREFIX:
         return None

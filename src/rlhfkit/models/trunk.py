@@ -53,23 +53,32 @@ def frozen_depth(decoder: nn.Module) -> int:
 
 
 @contextlib.contextmanager
-def _only(decoder: nn.Module, layers: list[nn.Module], norm: bool):
-    """The decoder with its layer list cut to `layers` (and its final norm off unless `norm`)."""
+def _only(decoder: nn.Module, part: slice, norm: bool):
+    """The decoder with its layer list cut to `layers[part]` (and its final norm off unless `norm`).
+    `config.layer_types` is cut alike: the forward picks layer i's mask (full or sliding window)
+    by its index in the list, so a Qwen2 with sliding-window top layers would otherwise give them
+    the bottom layers' mask."""
     full, final = decoder.layers, decoder.norm
-    decoder.layers = nn.ModuleList(layers)
+    config = decoder.config
+    types = getattr(config, "layer_types", None)
+    decoder.layers = nn.ModuleList(list(full)[part])
+    if types is not None:
+        config.layer_types = list(types)[part]
     if not norm:
         decoder.norm = nn.Identity()
     try:
         yield decoder
     finally:
         decoder.layers, decoder.norm = full, final
+        if types is not None:
+            config.layer_types = types
 
 
 @torch.no_grad()
 def trunk_states(decoder: nn.Module, depth: int, input_ids: torch.Tensor, attention_mask: torch.Tensor,
                  position_ids: torch.Tensor) -> torch.Tensor:
     """Output of the embedding and the bottom `depth` layers, before any norm: (B, L, H)."""
-    with _only(decoder, list(decoder.layers[:depth]), norm=False):
+    with _only(decoder, slice(None, depth), norm=False):
         return decoder(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
                        use_cache=False).last_hidden_state
 
@@ -77,6 +86,6 @@ def trunk_states(decoder: nn.Module, depth: int, input_ids: torch.Tensor, attent
 def top_states(decoder: nn.Module, depth: int, trunk: torch.Tensor, attention_mask: torch.Tensor,
                position_ids: torch.Tensor) -> torch.Tensor:
     """The decoder's final hidden states (B, L, H) computed from the trunk: layers depth.. and the norm."""
-    with _only(decoder, list(decoder.layers[depth:]), norm=True):
+    with _only(decoder, slice(depth, None), norm=True):
         return decoder(inputs_embeds=trunk, attention_mask=attention_mask, position_ids=position_ids,
                        use_cache=False).last_hidden_state

@@ -32,6 +32,7 @@ counts of what the tensors hold (allocator overhead and CUDA context, ~0.5-1 GiB
 from __future__ import annotations
 
 import json
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -104,21 +105,42 @@ ALIASES = {"smollm2-135m-instruct": "smollm2-135m"}
 
 
 def resolve_shape(model: str) -> ModelShape:
-    """A preset name, or a local model folder with a config.json (nothing is loaded or downloaded)."""
+    """A preset name, a local model folder with a config.json, or a Hub id (``org/name[@revision]``)
+    whose config.json is in the Hugging Face cache or, online, fetched alone: no weights are loaded
+    or downloaded."""
+    from rlhfkit.models.loading import hub_reference
+
     name = ALIASES.get(model, model)
     if name in PRESETS:
         return PRESETS[name]
-    path = Path(model).expanduser()
-    check((path / "config.json").is_file(),
-          f"model={model!r}: expected one of {', '.join(PRESETS)} or a local folder with config.json")
-    return ModelShape.from_config(json.loads((path / "config.json").read_text()))
+    hub = hub_reference(model)
+    path = hub_config(*hub) if hub is not None else Path(model).expanduser() / "config.json"
+    check(path.is_file(), f"model={model!r}: expected one of {', '.join(PRESETS)}, a local folder with config.json "
+                          "or a Hub id (org/name[@revision]) in the Hugging Face cache")
+    return ModelShape.from_config(json.loads(path.read_text()))
+
+
+def hub_config(repo_id: str, revision: str | None) -> Path:
+    """The config.json of a Hub model: from the cache (HF_HUB_OFFLINE=1), else fetched alone; a
+    missing path when neither works (the caller says what was expected)."""
+    from huggingface_hub import hf_hub_download
+    from huggingface_hub.errors import HfHubHTTPError, LocalEntryNotFoundError
+
+    from rlhfkit.models.loading import hub_cache, hub_offline
+
+    try:
+        return Path(hf_hub_download(repo_id, "config.json", revision=revision, cache_dir=hub_cache(),
+                                    local_files_only=hub_offline()))
+    except (LocalEntryNotFoundError, HfHubHTTPError, OSError, ValueError):
+        return Path(os.devnull) / "config.json"
 
 
 @dataclass
 class MemoryArgs:
     """Estimate the memory each device needs for an rlhfkit run (docs/scale.md has the formulas)."""
 
-    model: str = option("smollm2-135m", f"a preset ({', '.join(PRESETS)}) or a local model folder (config.json)")
+    model: str = option("smollm2-135m", f"a preset ({', '.join(PRESETS)}), a local model folder (config.json) "
+                                         "or a Hub id (org/name[@revision], its config.json only)")
     method: str = option("ppo", "trainer: ppo has a value head; ppo/grpo/dpo a reference; sft/rm neither",
                          ("ppo", "grpo", "dpo", "sft", "rm"))
     lora: bool = option(True, "LoRA adapters (frozen base, no reference copy) or full fine-tuning")

@@ -38,14 +38,14 @@ def build_actor_critic(cfg):
     """PPO: (ActorCritic with a value head, Reference | None (kl_coef = 0), tokenizer)."""
     from rlhfkit.models import load_causal_lm
     from rlhfkit.models.loading import set_gradient_checkpointing
-    from rlhfkit.models.policy import ActorCritic, ValueHead
+    from rlhfkit.models.policy import ActorCritic, ValueHead, output_width
 
     policy, tok = build_policy(cfg)
-    hidden = policy.config.hidden_size
+    hidden = output_width(policy)
     critic = None
     if cfg.critic_model:
         critic = load_causal_lm(cfg.critic_model, dtype="fp32", trainable=True)
-        hidden = critic.config.hidden_size
+        hidden = output_width(critic)
         if cfg.gradient_checkpointing:
             set_gradient_checkpointing(critic)
     actor = ActorCritic(policy, ValueHead(hidden), critic,

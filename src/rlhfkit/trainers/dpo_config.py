@@ -48,8 +48,8 @@ class DPOConfig(JudgedEvalArgs, ReferenceArgs, ModelArgs, OptimizerArgs, RunArgs
     label_smoothing: float | None = option(None, "cDPO: assumed label-flip probability in [0, 0.5) "
                                            "(None: 0.1 for cdpo, 0 for sigmoid; not used by ipo)")
     # reference
-    reference_model: str | None = option(None, "reference model folder (None: the adapter-disabled base with LoRA, "
-                                         "else a frozen copy of the starting model)")
+    reference_model: str | None = option(None, "reference model: a folder or Hub id org/name[@revision] (None: the "
+                                         "adapter-disabled base with LoRA, else a frozen copy of the starting model)")
     precompute_ref_logps: bool | None = option(None, "compute reference log-probs once before training (None: when "
                                                "the run sees every pair at least once, i.e. when it is cheaper)")
     # optimisation

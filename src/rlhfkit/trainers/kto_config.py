@@ -39,8 +39,8 @@ class KTOConfig(JudgedEvalArgs, ReferenceArgs, ModelArgs, OptimizerArgs, RunArgs
                                      "(lambda_U n_U) in [1, 4/3])")
     undesirable_weight: float = option(1.0, "lambda_U, the weight of undesirable examples")
     # reference
-    reference_model: str | None = option(None, "reference model folder (None: the adapter-disabled base with LoRA, "
-                                         "else a frozen copy of the starting model)")
+    reference_model: str | None = option(None, "reference model: a folder or Hub id org/name[@revision] (None: the "
+                                         "adapter-disabled base with LoRA, else a frozen copy of the starting model)")
     precompute_ref_logps: bool | None = option(None, "compute the reference log-probs of every example (and its "
                                                "mismatched row) once before training (None: when the run sees every "
                                                "example at least once, i.e. when it is cheaper)")

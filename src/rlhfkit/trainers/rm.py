@@ -36,6 +36,8 @@ def build_reward_model(cfg: RMConfig):
     """(RewardModel, tokenizer, info for rlhfkit_rm.json). LoRA keeps the head outside the adapter,
     fully trainable; with LoRA the frozen base is stored in the compute dtype."""
     from rlhfkit.models import DEFAULT_MODEL, load_tokenizer, resolve_model_path
+    from rlhfkit.models.loading import hub_reference
+    from rlhfkit.models.policy import output_width
     from rlhfkit.models.reward_model import (
         RewardModel,
         ScoreHead,
@@ -56,11 +58,13 @@ def build_reward_model(cfg: RMConfig):
 
         set_gradient_checkpointing(backbone)
     torch.manual_seed(cfg.seed)
-    head = ScoreHead(backbone.config.hidden_size)
+    head = ScoreHead(output_width(backbone))
     model = RewardModel(backbone, head, causal=causal, pooling=resolve_pooling(cfg.pooling, causal))
     padding_side = "left" if causal else "right"  # encoders have absolute positions and no position_ids here
     tok = load_tokenizer(cfg.model, padding_side=padding_side)
-    base = cfg.model if cfg.model == DEFAULT_MODEL else str(resolve_model_path(cfg.model).resolve())
+    # a Hub id stays one (resolved from the cache when loaded), not this machine's cache path
+    hub = cfg.model == DEFAULT_MODEL or hub_reference(cfg.model) is not None
+    base = cfg.model if hub else str(resolve_model_path(cfg.model).resolve())
     from rlhfkit.data.chat import use_chat_template
 
     # The resolved choice (an error here when chat_template=true and the tokenizer has none).

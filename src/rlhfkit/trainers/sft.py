@@ -53,7 +53,7 @@ class ResponseNLL(nn.Module):
         self.model = model
 
     def forward(self, input_ids, attention_mask, labels):
-        from rlhfkit.models.policy import position_ids_from_mask
+        from rlhfkit.models.policy import output_logits, position_ids_from_mask
 
         get_base = getattr(self.model, "get_base_model", None)
         lm = get_base() if callable(get_base) else self.model  # LoRA layers stay injected
@@ -62,7 +62,7 @@ class ResponseNLL(nn.Module):
                                   use_cache=False).last_hidden_state[:, :-1]  # (B, L-1, H)
         targets = labels[:, 1:]  # (B, L-1)
         mask = targets != IGNORE_INDEX
-        logits = lm.get_output_embeddings()(hidden[mask])  # (N, V), N labelled tokens
+        logits = output_logits(lm, hidden[mask])  # (N, V), N labelled tokens
         nll = torch.zeros(mask.shape, dtype=torch.float32, device=hidden.device)
         nll[mask] = -logprobs_from_logits(logits, targets[mask])
         return nll, mask
