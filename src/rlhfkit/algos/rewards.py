@@ -10,7 +10,7 @@ import torch
 from .kl import kl_estimate
 from .masks import last_valid_index
 
-__all__ = ["shape_rewards"]
+__all__ = ["shape_rewards", "shape_turn_rewards"]
 
 
 def shape_rewards(
@@ -79,4 +79,45 @@ def shape_rewards(
     }
     if stopped is not None:
         metrics["stopped_frac"] = stopped.float().mean().item()
+    return rewards, metrics
+
+
+def shape_turn_rewards(
+    turn_rewards: torch.Tensor,
+    logp: torch.Tensor,
+    ref_logp: torch.Tensor,
+    mask: torch.Tensor,
+    kl_coef: float,
+    kl_estimator: str = "k1",
+    stopped: torch.Tensor | None = None,
+    no_stop_penalty: float | None = None,
+    score_clip: float | None = None,
+) -> tuple[torch.Tensor, dict[str, float]]:
+    """``shape_rewards`` for multi-turn rollouts, whose environment rewards already sit on tokens:
+
+        r_t = -kl_coef * KL_t + turn_rewards_t     on the model's tokens (mask), 0 elsewhere
+
+    Each turn reward is clipped to [-score_clip, score_clip] if given; a row that did not stop
+    (``stopped`` False) gets ``no_stop_penalty`` on its last model token instead of its turn
+    rewards if given. turn_rewards, logp, ref_logp, mask: (B, T); stopped: (B,) bool.
+    Returns ``(rewards (B, T), metrics)`` as ``shape_rewards``.
+    """
+    if turn_rewards.shape != mask.shape:
+        raise ValueError(f"turn_rewards {tuple(turn_rewards.shape)} and mask {tuple(mask.shape)} must share (B, T)")
+    m = mask if mask.dtype == torch.bool else mask != 0
+    dtype = torch.promote_types(logp.dtype, torch.float32)
+    tr = torch.where(m, turn_rewards.to(dtype), torch.zeros((), dtype=dtype, device=logp.device))
+    if score_clip is not None:
+        tr = tr.clamp(-score_clip, score_clip)
+    if no_stop_penalty is not None:
+        if stopped is None:
+            raise ValueError("no_stop_penalty needs `stopped` (B,) bool")
+        tr = tr * stopped.bool().to(dtype)[:, None]
+    zeros = torch.zeros(mask.shape[0], dtype=dtype, device=logp.device)
+    shaped, metrics = shape_rewards(zeros, logp, ref_logp, mask, kl_coef, kl_estimator, stopped=stopped,
+                                    no_stop_penalty=no_stop_penalty)  # the KL part, plus the penalty where due
+    rewards = shaped + tr
+    added = tr.sum(1) if no_stop_penalty is None else tr.sum(1) + torch.where(
+        stopped.bool(), zeros, torch.full_like(zeros, no_stop_penalty) * m.any(1))
+    metrics.update({"score_mean": added.mean().item(), "score_raw_mean": turn_rewards.sum(1).mean().item()})
     return rewards, metrics

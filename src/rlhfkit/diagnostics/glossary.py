@@ -33,6 +33,12 @@ METRICS: dict[str, str] = {
     "rollout/response_length": "Mean number of response tokens per sequence, up to and including the first stop "
     "token.",
     "rollout/stop_fraction": "Fraction of responses that ended with a stop token before max_new_tokens.",
+    "rollout/turns_mean": "Multi-turn (env=...): mean number of model turns per episode.",
+    "rollout/tool_call_rate": "Multi-turn (env=...): fraction of episodes with at least one tool call (as the "
+    "environment reports it in its step info).",
+    "rollout/tool_error_rate": "Multi-turn (env=...): fraction of tool calls that failed (0 when there were none).",
+    "rollout/env_tokens_mean": "Multi-turn (env=...): mean number of environment tokens per episode (observations "
+    "and chat-template headers): in the context, outside the loss, KL and entropy.",
     "rollout/entropy": "Mean per-token entropy (nats) of the policy over response tokens, from temperature-scaled "
     "logits of the teacher-forced pass.",
     "rollout/group_reward_std": "GRPO/RLOO: mean over prompts of the unbiased (/(G-1)) standard deviation of the "

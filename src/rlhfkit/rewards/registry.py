@@ -9,15 +9,11 @@ from __future__ import annotations
 
 import difflib
 import functools
-import hashlib
-import importlib
-import importlib.util
-import sys
-from pathlib import Path
 from typing import Any
 
 from rlhfkit.errors import UserError
 from rlhfkit.rewards.builtins import RewardFn, arithmetic, length, make_length_reward, sentiment
+from rlhfkit.runtime.imports import first_line, get_attribute, load_source, split_target
 
 BUILTINS: dict[str, RewardFn] = {"sentiment": sentiment, "arithmetic": arithmetic, "length": length}
 SPEC_FORMS = (
@@ -83,65 +79,20 @@ def _positive_int(text: str, spec: str) -> int:
 
 def _python_reward(target: str, spec: str) -> RewardFn:
     """Import ``module:attr`` or ``file.py:attr``; a class is instantiated once (so it can hold state)."""
-    source, sep, attr = target.rpartition(":")
-    if not sep or not source or not attr:
-        raise UserError(f"reward {spec!r}: expected 'python:MODULE:FUNCTION' or 'python:FILE.py:FUNCTION'")
-    module = (
-        _import_file(source, spec)
-        if source.endswith(".py") or "/" in source or "\\" in source
-        else _import_module(source, spec)
-    )
-    if not hasattr(module, attr):
-        names = sorted(n for n, v in vars(module).items() if callable(v) and not n.startswith("_"))
-        close = difflib.get_close_matches(attr, names, n=1)
-        hint = f" (did you mean {close[0]!r}?)" if close else ""
-        raise UserError(f"reward {spec!r}: {source!r} has no attribute {attr!r}{hint}")
-    fn = getattr(module, attr)
+    label = f"reward {spec!r}"
+    parts = split_target(target)
+    if parts is None:
+        raise UserError(f"{label}: expected 'python:MODULE:FUNCTION' or 'python:FILE.py:FUNCTION'")
+    source, attr = parts
+    fn = get_attribute(load_source(source, label), source, attr, label)
     if isinstance(fn, type):
         try:
             fn = fn()
         except Exception as e:
-            raise UserError(
-                f"reward {spec!r}: creating {attr}() failed: {type(e).__name__}: {_first_line(e)}"
-            ) from None
+            raise UserError(f"{label}: creating {attr}() failed: {type(e).__name__}: {first_line(e)}") from None
     if not callable(fn):
-        raise UserError(f"reward {spec!r}: {attr!r} is a {type(fn).__name__}, not a function")
+        raise UserError(f"{label}: {attr!r} is a {type(fn).__name__}, not a function")
     return fn
-
-
-def _import_module(name: str, spec: str) -> Any:
-    try:
-        return importlib.import_module(name)
-    except Exception as e:  # ModuleNotFoundError, or anything the module raises on import
-        raise UserError(
-            f"reward {spec!r}: cannot import module {name!r}: {type(e).__name__}: {_first_line(e)}"
-        ) from None
-
-
-def _import_file(path: str, spec: str) -> Any:
-    file = Path(path)
-    if not file.is_file():
-        raise UserError(f"reward {spec!r}: no such file {path!r}")
-    # A unique module name per file, so two reward files called rewards.py do not collide.
-    digest = hashlib.sha1(str(file.resolve()).encode()).hexdigest()[:10]
-    mod_name = f"rlhfkit_user_reward_{file.stem}_{digest}"
-    if mod_name in sys.modules:
-        return sys.modules[mod_name]
-    module_spec = importlib.util.spec_from_file_location(mod_name, file)
-    if module_spec is None or module_spec.loader is None:
-        raise UserError(f"reward {spec!r}: cannot import {path!r} as a Python file")
-    module = importlib.util.module_from_spec(module_spec)
-    sys.modules[mod_name] = module  # dataclasses and pickling look the module up by name
-    try:
-        module_spec.loader.exec_module(module)
-    except BaseException as e:
-        del sys.modules[mod_name]
-        if isinstance(e, KeyboardInterrupt):
-            raise
-        raise UserError(
-            f"reward {spec!r}: importing {path!r} failed: {type(e).__name__}: {_first_line(e)}"
-        ) from None
-    return module
 
 
 def _model_reward(path: str, spec: str) -> RewardFn:
@@ -157,11 +108,6 @@ def _model_reward(path: str, spec: str) -> RewardFn:
         raise
     except ImportError as e:  # the module exists but lacks the loader
         raise UserError(
-            f"reward {spec!r}: reward-model support is incomplete in this install: {_first_line(e)}"
+            f"reward {spec!r}: reward-model support is incomplete in this install: {first_line(e)}"
         ) from None
     return load_reward_scorer(path)
-
-
-def _first_line(exc: BaseException) -> str:
-    lines = str(exc).strip().splitlines()
-    return lines[0] if lines else ""

@@ -47,8 +47,8 @@ class Rollout:
     query_ids: torch.Tensor  # (B, P) left-padded prompt tokens
     query_mask: torch.Tensor  # (B, P) 1 for real prompt tokens
     response_ids: torch.Tensor  # (B, R) sampled tokens; anything after the first stop is padding
-    response_mask: torch.Tensor  # (B, R) float, 1 up to and including the first stop token
-    stopped: torch.Tensor  # (B,) bool, a stop token was emitted
+    response_mask: torch.Tensor  # (B, R) float, 1 on tokens the policy produced (the loss/KL/entropy mask)
+    stopped: torch.Tensor  # (B,) bool, a stop token was emitted (multi-turn: the last turn's, not cut by a limit)
     logprobs: torch.Tensor | None = None  # (B, R) log pi_old(token) at temperature T, 0 on padding
     ref_logprobs: torch.Tensor | None = None  # (B, R) log pi_ref(token) at temperature T
     values: torch.Tensor | None = None  # (B, R) V_old(s_t), the state before response token t
@@ -63,6 +63,9 @@ class Rollout:
     completions: list[str] = field(default_factory=list)  # B decoded responses, stop token excluded
     info: dict = field(default_factory=dict)  # per-sample lists passed to reward functions
     timings: dict = field(default_factory=dict)  # seconds per rollout phase, for metrics
+    # Multi-turn rollouts (rollout/multiturn.py); None for single-turn ones, where context = response_mask.
+    context_mask: torch.Tensor | None = None  # (B, R) 1 on every real response-region token: model and environment
+    turn_rewards: torch.Tensor | None = None  # (B, R) environment rewards on the last model token of the turn they reward
 
     def select(self, idx: torch.Tensor) -> Rollout:
         """Rows `idx` of every tensor field (lists are left out: mini-batches are tensor-only)."""
@@ -77,15 +80,20 @@ class Rollout:
         return torch.cat([self.query_ids, self.response_ids], dim=1)
 
     @property
+    def real_mask(self) -> torch.Tensor:  # (B, R) every real response-region token (environment tokens too)
+        return self.response_mask if self.context_mask is None else self.context_mask
+
+    @property
     def attention_mask(self) -> torch.Tensor:  # (B, P + R)
-        return torch.cat([self.query_mask, self.response_mask.to(self.query_mask.dtype)], dim=1)
+        return torch.cat([self.query_mask, self.real_mask.to(self.query_mask.dtype)], dim=1)
 
 
 def trim(rollout: Rollout) -> Rollout:
     """Drop prompt columns that are padding in every row and response columns after the longest
     response. Causal attention makes both invisible to the kept positions, so this only saves time."""
     first = int(rollout.query_mask.any(0).float().argmax()) if rollout.query_mask.any() else 0
-    last = int(rollout.response_mask.any(0).nonzero().max()) + 1 if rollout.response_mask.any() else 1
+    real = rollout.real_mask  # environment tokens count: they are context the kept tokens attend to
+    last = int(real.any(0).nonzero().max()) + 1 if real.any() else 1
     P = rollout.query_ids.shape[1]
     kw = {}
     for f in fields(rollout):
@@ -123,13 +131,35 @@ def generate(
     GenerationConfig, `rlhfkit generate --model-generation-config`) samples with the model's own
     settings instead: never for rollouts, whose stored log-probs are the plain policy's.
     """
+    enc = tokenizer(prompt_texts, return_tensors="pt", padding=True, add_special_tokens=False)
+    if params.max_prompt_length is not None:  # left padding: the last columns hold every prompt's end
+        enc = {k: v[:, -params.max_prompt_length :] for k, v in enc.items()}
+    stop_ids = tuple(params.stop_ids) or (tokenizer.eos_token_id,)
+    rows = generate_ids(model, tokenizer, enc["input_ids"], enc["attention_mask"], params, batch_size,
+                        share_prompts, share_prefix, generation_config)
+    return rollout_from_tokens(tokenizer, enc, rows, stop_ids)
+
+
+@torch.no_grad()
+def generate_ids(
+    model: torch.nn.Module,
+    tokenizer,
+    ids: torch.Tensor,
+    mask: torch.Tensor,
+    params: SamplingParams,
+    batch_size: int | None = None,
+    share_prompts: bool = False,
+    share_prefix: bool = False,
+    generation_config=None,
+) -> list[torch.Tensor]:
+    """Token in, token out: the sampled continuation of each left-padded context row, ids (N, L)
+    and mask (N, L), as N rows of up to params.max_new_tokens ids (pad after a stop), on the CPU.
+    `generate` above is this on tokenised prompt texts; multi-turn rollouts call it once per turn
+    with the full contexts of the rows still running (rollout/multiturn.py)."""
     from transformers import LogitsProcessorList
 
     was_training = model.training
     model.eval()
-    enc = tokenizer(prompt_texts, return_tensors="pt", padding=True, add_special_tokens=False)
-    if params.max_prompt_length is not None:  # left padding: the last columns hold every prompt's end
-        enc = {k: v[:, -params.max_prompt_length :] for k, v in enc.items()}
     stop_ids = tuple(params.stop_ids) or (tokenizer.eos_token_id,)
     if generation_config is None:
         gen_cfg, processors = sampling_config(params, tokenizer, stop_ids)
@@ -137,23 +167,23 @@ def generate(
     else:
         gen_cfg, processors, settings = generation_config, [], contextlib.nullcontext()
     device = next(model.parameters()).device
-    step = batch_size or len(prompt_texts)
+    step = batch_size or len(ids)
     outs = []
     with merged_lora(model), settings:
-        for i in range(0, len(prompt_texts), step):
-            ids = enc["input_ids"][i : i + step].to(device)
-            mask = enc["attention_mask"][i : i + step].to(device)
-            cache = shared_prompt_cache(model, ids, mask) if share_prompts else None
+        for i in range(0, len(ids), step):
+            chunk_ids = ids[i : i + step].to(device)
+            chunk_mask = mask[i : i + step].to(device)
+            cache = shared_prompt_cache(model, chunk_ids, chunk_mask) if share_prompts else None
             if cache is None and share_prefix:
-                shared = shared_prefix_prompts(model, ids, mask)
+                shared = shared_prefix_prompts(model, chunk_ids, chunk_mask)
                 if shared is not None:  # prefix moved to the front; the response columns stay the same
-                    ids, mask, cache = shared
+                    chunk_ids, chunk_mask, cache = shared
             extra = {} if cache is None else {"past_key_values": cache}
-            seq = model.generate(input_ids=ids, attention_mask=mask, generation_config=gen_cfg,
+            seq = model.generate(input_ids=chunk_ids, attention_mask=chunk_mask, generation_config=gen_cfg,
                                  logits_processor=LogitsProcessorList(processors), **extra)
-            outs.append(seq[:, ids.shape[1] :].cpu())
+            outs.append(seq[:, chunk_ids.shape[1] :].cpu())
     model.train(was_training)
-    return rollout_from_tokens(tokenizer, enc, [row for o in outs for row in o], stop_ids)
+    return [row for o in outs for row in o]
 
 
 def sampling_config(params: SamplingParams, tokenizer, stop_ids: tuple[int, ...]):

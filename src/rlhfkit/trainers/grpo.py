@@ -17,6 +17,9 @@ One iteration, as numbered steps in `train`:
                  (`tis_cap`), + beta * k3 KL to the reference, aggregated by `loss_agg` with global normalisers
   6. log         PPO's metric names + rollout/group_reward_std and rollout/solved_fraction
 
+With `env` set, step 1 runs multi-turn episodes (rollout/multiturn.py), step 2's score is each
+episode's summed environment reward, and the loss covers the model's tokens only.
+
 Rollout, update loop, metrics, run folder and checkpoint are PPO's (trainers/rl.py,
 trainers/rl_update.py, runtime/run.py); steps 1-4 beyond one plain draw are in grpo_rollout.py.
 Maths and the aggregation rule: docs/algorithms.md.
@@ -230,7 +233,8 @@ def train(cfg: GRPOConfig) -> dict:
                 adv = sampled.advantages.sum(1) / sampled.response_mask.sum(1).clamp(min=1)
                 extra["advantage"] = adv.tolist()
             rl.log(it, sampled, metrics, (t0, t1, t2), extra)  # step 6
-    if cfg.reward == "arithmetic" and "eval_after" in rl.run.summary:  # exact match: mean reward = accuracy
+    exact = cfg.env in ("arithmetic-tool", "self-correct") if cfg.env else cfg.reward == "arithmetic"
+    if exact and "eval_after" in rl.run.summary:  # exact match: mean reward = accuracy
         b, a = rl.run.summary["eval_before"], rl.run.summary["eval_after"]
         rl.run.print(f"[eval] held-out accuracy (T={cfg.temperature}): {b['mean']:.1%} before -> "
                      f"{a['mean']:.1%} after (n={a['n']})")

@@ -13,6 +13,7 @@ from typing import ClassVar
 
 from rlhfkit.runtime.config import check, option
 from rlhfkit.trainers.options import (
+    EnvArgs,
     GenerationArgs,
     ModelArgs,
     OptimizerArgs,
@@ -28,7 +29,7 @@ IMPORTANCE_LEVELS = ("token", "sequence", "sequence-token")
 
 
 @dataclass
-class GRPOConfig(GenerationArgs, ReferenceArgs, SamplingArgs, ModelArgs, OptimizerArgs, RunArgs):
+class GRPOConfig(EnvArgs, GenerationArgs, ReferenceArgs, SamplingArgs, ModelArgs, OptimizerArgs, RunArgs):
     """GRPO: G sampled completions per prompt, group-relative advantages, clipped ratio, no value head."""
 
     # data and reward

@@ -39,7 +39,8 @@ def keep_rows(rollout: Rollout, rows: torch.Tensor) -> Rollout:
 
 def shaped_rewards(rollout: Rollout, cfg) -> torch.Tensor:
     """(B, R) per-token rewards: the score (after score_clip and no_stop_penalty) plus DAPO's overlong
-    punishment (`overlong_buffer` > 0) on the last valid token, 0 elsewhere. No KL: the GRPO family
+    punishment (`overlong_buffer` > 0) on the last valid token, 0 elsewhere. Multi-turn: the score is
+    the episode's summed rewards, on the last model token (the loss masks environment tokens). No KL: the GRPO family
     puts it in the loss (beta) or, for REINFORCE++, adds it after the log-prob pass."""
     mask = rollout.response_mask
     zeros = torch.zeros_like(mask)
@@ -136,7 +137,8 @@ def greedy_scores(rl, cfg, records: list[dict]) -> torch.Tensor:
 
     params = dataclasses.replace(rl.params, temperature=0.0)  # temperature 0: greedy decoding
     with rl.run.tracker.phase("greedy baseline", None), rl.generation_context():
-        greedy = sample_rollout(rl.core, rl.tok, records, cfg, params, 0, rl.reward_fn, rl.run.device, rl.backend)
+        greedy = sample_rollout(rl.core, rl.tok, records, cfg, params, 0, rl.reward_fn, rl.run.device, rl.backend,
+                                rl.make_env)  # with an env: greedy episodes
     greedy.rewards = shaped_rewards(greedy, cfg)
     return sequence_rewards(greedy)
 

@@ -134,11 +134,13 @@ class ReferenceArgs:
 
 @dataclass
 class GenerationArgs:
-    generation_backend: str = option("hf", "who samples rollouts: hf = HF generate on the training policy; vllm = a "
+    generation_backend: str = option("hf", "who samples rollouts: hf = HF generate on the training policy; lean = "
+                                     "rlhfkit's own decode loop on the training policy (rollout/decode.py: same "
+                                     "distribution, finished rows dropped); vllm = a "
                                      "vLLM engine on this GPU, its weights synced from the policy every iteration "
                                      "(extra `vllm`, CUDA only, untested by the project; falls back to hf with a "
                                      "message when unavailable). Log-probs always come from the trainer",
-                                     ("hf", "vllm"))
+                                     ("hf", "lean", "vllm"))
     vllm_gpu_memory_utilization: float = option(0.3, "vllm: share of GPU memory the engine may take (weights + KV "
                                                  "cache); the rest stays for training")
     vllm_max_model_len: int | None = option(None, "vllm: longest prompt + response (None: the model's maximum)")
@@ -175,3 +177,23 @@ class RunArgs:
         check(self.save_every >= 0, f"save_every ({self.save_every}) must be >= 0 (0 = only when stopped)")
         check(self.keep_checkpoints >= 1, f"keep_checkpoints ({self.keep_checkpoints}) must be >= 1")
         check(self.max_nonfinite_steps >= 1, f"max_nonfinite_steps ({self.max_nonfinite_steps}) must be >= 1")
+
+
+@dataclass
+class EnvArgs:
+    """Multi-turn rollouts against an environment (rollout/multiturn.py, docs/environments.md)."""
+
+    env: str = option("", "environment the policy acts in over several turns (e.g. arithmetic-tool, self-correct; "
+                      "rlhfkit.envs.make_env_factory reads the spec); its rewards replace `reward`, and `prompts` "
+                      "left at its default become the environment's own problems. \"\" = single-turn rollouts")
+    max_turns: int = option(4, "env: most model turns per episode")
+    max_total_tokens: int = option(256, "env: most tokens after the prompt per episode, model turns and environment "
+                                   "messages together (a turn that would pass it is cut and the row marked not stopped); "
+                                   "max_new_tokens still limits each model turn")
+
+    def validate(self) -> None:
+        check(self.max_turns >= 1, f"max_turns ({self.max_turns}) must be >= 1")
+        check(self.max_total_tokens >= 1, f"max_total_tokens ({self.max_total_tokens}) must be >= 1")
+        if self.env and getattr(self, "generation_backend", "hf") != "hf":
+            check(False, f"env ({self.env}) samples with HF generate; set generation_backend=hf "
+                  f"(got {self.generation_backend})")

@@ -4,7 +4,8 @@ One iteration, as numbered steps in `train`:
   1. rollout   sample responses to a batch of prompts (left-padded, KV-cached generate)
   2. score     reward function/model -> one score per sequence
   3. log-probs one teacher-forced pass: old log-probs, values, reference log-probs
-  4. shape     per-token reward = -beta * KL_t, score added on the last valid token
+  4. shape     per-token reward = -beta * KL_t, score added on the last valid token (with an env:
+               each turn's reward on that turn's last model token, rollout/multiturn.py)
   5. GAE       advantages and returns = advantages + values, then whiten advantages
   6. update    ppo_epochs x shuffled mini-batches x micro-batches (gradient accumulation)
   7. log       metrics.jsonl, samples.jsonl, diagnostics
@@ -32,6 +33,7 @@ from rlhfkit.algos import (
     ppo_value_loss,
     shape_rewards,
 )
+from rlhfkit.algos.rewards import shape_turn_rewards
 from rlhfkit.rollout import Rollout, forward_logprobs
 from rlhfkit.runtime.config import config_main
 from rlhfkit.runtime.distributed import global_mean_var
@@ -53,8 +55,12 @@ def compute_advantages(rollout: Rollout, cfg: PPOConfig, kl_coef: float, acceler
     mask = rollout.response_mask
     ref = rollout.ref_logprobs if rollout.ref_logprobs is not None else rollout.logprobs
     beta = kl_coef if getattr(cfg, "kl_penalty", "reward") == "reward" else 0.0  # TRPO: always in the reward
-    rollout.rewards, shaping = shape_rewards(
-        rollout.scores, rollout.logprobs, ref, mask, beta, kl_estimator=cfg.kl_estimator,
+    # Multi-turn: the env's rewards sit on the last model token of each turn; env tokens are holes in
+    # `mask` that GAE carries through (their values never reach an advantage).
+    shape, reward = (shape_rewards, rollout.scores) if rollout.turn_rewards is None else (
+        shape_turn_rewards, rollout.turn_rewards)
+    rollout.rewards, shaping = shape(
+        reward, rollout.logprobs, ref, mask, beta, kl_estimator=cfg.kl_estimator,
         stopped=rollout.stopped, no_stop_penalty=cfg.no_stop_penalty, score_clip=cfg.score_clip,
     )
     adv, rollout.returns = gae(rollout.rewards, rollout.values, mask, cfg.gamma, cfg.lam)

@@ -6,6 +6,7 @@ from dataclasses import dataclass
 
 from rlhfkit.runtime.config import check, option
 from rlhfkit.trainers.options import (
+    EnvArgs,
     GenerationArgs,
     ModelArgs,
     OptimizerArgs,
@@ -16,7 +17,7 @@ from rlhfkit.trainers.options import (
 
 
 @dataclass
-class ActorCriticArgs(GenerationArgs, ReferenceArgs, SamplingArgs, ModelArgs, OptimizerArgs, RunArgs):
+class ActorCriticArgs(EnvArgs, GenerationArgs, ReferenceArgs, SamplingArgs, ModelArgs, OptimizerArgs, RunArgs):
     """What the actor-critic trainers (PPO, TRPO) share: the rollout, the KL-shaped rewards, GAE and the critic."""
 
     # The CPU demo adapts the top 12 of SmolLM2's 30 layers: backward stops there (docs/benchmarks.md, "Frozen
@@ -64,7 +65,8 @@ class ActorCriticArgs(GenerationArgs, ReferenceArgs, SamplingArgs, ModelArgs, Op
     score_clip: float | None = option(None, "clip sequence scores to [-c, c]")
     no_stop_penalty: float | None = option(None, "score given to responses that never emit a stop token (None: keep)")
     # model extras
-    critic_model: str | None = option(None, "separate critic backbone (a model folder); None = value head on the shared base")
+    critic_model: str | None = option(None, "separate critic backbone (a model folder or Hub id org/name[@revision]); "
+                                                 "None = value head on the shared base")
     ratio_check_tol: float = option(1e-3, "max |ratio-1| allowed on the first micro-batch of each rollout; it repeats the "
                                     "scoring pass exactly, so anything above float noise means broken log-probs")
     # outputs

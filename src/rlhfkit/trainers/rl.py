@@ -18,6 +18,7 @@ A trainer's loop then reads:
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import time
 from collections.abc import Callable
 
@@ -32,23 +33,33 @@ from rlhfkit.rollout.logprobs import logprob_pass as teacher_forced_pass
 from rlhfkit.runtime.distributed import generation_weights, mean_over_processes
 from rlhfkit.runtime.precision import autocast
 from rlhfkit.runtime.run import Run
-from rlhfkit.trainers.rl_update import LossFn, update_policy
+from rlhfkit.trainers.rl_update import LossFn, env_rates, update_policy
 
 # ----------------------------------------------------------------------------- inputs
 
 
-def prepare_data(cfg) -> tuple:
-    """(reward_fn, train records, held-out records)."""
+def env_prompts(cfg, make_env=None) -> str:
+    """The prompt spec of a run: `prompts`, or with `env` set and `prompts` left at its default the
+    environment's own problems (its factory's `prompts` attribute, rlhfkit.envs.make_env_factory)."""
+    default = {f.name: f.default for f in dataclasses.fields(cfg)}.get("prompts")
+    if not getattr(cfg, "env", "") or cfg.prompts != default:
+        return cfg.prompts
+    return getattr(make_env, "prompts", None) or cfg.prompts
+
+
+def prepare_data(cfg, make_env=None) -> tuple:
+    """(reward_fn, train records, held-out records). With `env` the environment rewards: reward_fn is None."""
     from rlhfkit.data.prompts import load_prompts
     from rlhfkit.rewards import get_reward
 
-    reward_fn = get_reward(cfg.reward)
-    train = load_prompts(cfg.prompts, split="train", seed=cfg.seed)
+    reward_fn = None if getattr(cfg, "env", "") else get_reward(cfg.reward)
+    prompts = env_prompts(cfg, make_env)
+    train = load_prompts(prompts, split="train", seed=cfg.seed)
     if not train:
-        raise UserError(f"prompts: '{cfg.prompts}' has no training prompts")
+        raise UserError(f"prompts: '{prompts}' has no training prompts")
     held_out: list[dict] = []
     if cfg.num_eval_prompts > 0:
-        spec = cfg.eval_prompts or cfg.prompts
+        spec = cfg.eval_prompts or prompts
         try:
             held_out = load_prompts(spec, split="test", limit=cfg.num_eval_prompts, seed=cfg.seed)
         except UserError:
@@ -74,11 +85,14 @@ def prompt_limit(cfg, tok, model, *record_sets) -> int | None:
 
 
 def sample_rollout(actor, tok, records, cfg, params: SamplingParams, seed: int, reward_fn, device,
-                   backend=None) -> Rollout:
+                   backend=None, make_env=None) -> Rollout:
     """Sample one response per record and score it with the reward. `backend`
-    (rollout/backends.py) samples; the default is HF's left-padded, KV-cached generate on the policy."""
+    (rollout/backends.py) samples; the default is HF's left-padded, KV-cached generate on the policy.
+    `make_env`: one multi-turn episode per record instead (rollout/multiturn.py), scored by the env."""
     from rlhfkit.rewards import score_batch
 
+    if make_env is not None:
+        return sample_episodes(actor, tok, records, cfg, params, seed, device, make_env)
     t0 = time.perf_counter()
     formatted = format_prompts(tok, [r["prompt"] for r in records], cfg)
     with autocast(cfg.dtype, device):
@@ -98,7 +112,40 @@ def sample_rollout(actor, tok, records, cfg, params: SamplingParams, seed: int, 
     return rollout
 
 
+def sample_episodes(actor, tok, records, cfg, params: SamplingParams, seed: int, device, make_env) -> Rollout:
+    """One multi-turn episode per record (rollout/multiturn.py); scores = each episode's summed rewards."""
+    from rlhfkit.rollout.multiturn import generate_episodes
+
+    t0 = time.perf_counter()
+    with autocast(cfg.dtype, device):
+        rollout = generate_episodes(actor.policy, tok, make_env, records, params, cfg.max_turns, cfg.max_total_tokens,
+                                    seed=seed, batch_size=cfg.generation_batch_size,
+                                    share_prompts=actor.share_prompts, share_prefix=actor.share_prefix, fmt=cfg)
+    rollout.prompts = [str(r["prompt"]) for r in records]
+    rollout.info = {**info_lists(records), **rollout.info}
+    rollout.timings = {"timing/generate_s": time.perf_counter() - t0, "timing/reward_s": 0.0}
+    return rollout
+
+
 # ----------------------------------------------------------------------------- held-out reward
+
+
+def evaluate_episodes(model, tok, records, make_env, cfg, params: SamplingParams, seed: int) -> dict:
+    """evaluate_reward with an environment: mean/std of the episode rewards (accuracy for
+    arithmetic-tool) and the tool-call rate, `cfg.eval_samples_per_prompt` episodes per record."""
+    from rlhfkit.rollout.multiturn import generate_episodes
+
+    k = getattr(cfg, "eval_samples_per_prompt", 1)
+    records = [r for r in records for _ in range(k)]
+    device = next(model.parameters()).device
+    with autocast(cfg.dtype, device):
+        ro = generate_episodes(model, tok, make_env, records, params, cfg.max_turns, cfg.max_total_tokens, seed=seed,
+                               batch_size=cfg.generation_batch_size * k, fmt=cfg)
+    scores = ro.scores.tolist()
+    mean, std = mean_std(scores)
+    return {"mean": mean, "std": std, "n": len(scores), **env_rates(ro.info),
+            "samples": [{"prompt": r["prompt"], "completion": c, "score": x, "turns": t}
+                        for r, c, x, t in list(zip(records, ro.completions, scores, ro.info["turns"]))[:8]]}
 
 
 def evaluate_reward(model, tok, records, reward_fn, cfg, params: SamplingParams, seed: int) -> dict:
@@ -136,8 +183,16 @@ class RLRun:
         run = self.run
         # Data, reward, models and prompt lengths are checked before the run folder exists: bad input
         # stops with one line and leaves nothing behind.
-        self.reward_fn, train_records, self.eval_records = prepare_data(cfg)
-        actor, self.reference, self.tok = build_models(cfg)
+        self.make_env = None
+        if getattr(cfg, "env", ""):  # the env's factory takes the tokenizer (tool-call format) and names its data
+            from rlhfkit import envs
+
+            actor, self.reference, self.tok = build_models(cfg)
+            self.make_env = envs.make_env_factory(cfg.env, self.tok)
+            self.reward_fn, train_records, self.eval_records = prepare_data(cfg, self.make_env)
+        else:
+            self.reward_fn, train_records, self.eval_records = prepare_data(cfg)
+            actor, self.reference, self.tok = build_models(cfg)
         max_prompt_length = prompt_limit(cfg, self.tok, actor, train_records, self.eval_records)
         run.open(total=cfg.iterations)
         optimizer, scheduler = make_optimizer(actor.parameters(), cfg.lr, cfg.warmup_steps, cfg.weight_decay,
@@ -171,7 +226,7 @@ class RLRun:
             if self.backend is not None:
                 self.backend.sync(self.core.policy)  # vLLM: this iteration's weights
             return sample_rollout(self.core, self.tok, records, self.cfg, self.params, seed, self.reward_fn,
-                                  self.run.device, self.backend)
+                                  self.run.device, self.backend, self.make_env)
 
     def logprob_pass(self, rollout: Rollout, order: torch.Tensor) -> Rollout:
         """One teacher-forced pass: log-probs, values, entropy and reference log-probs of the
@@ -231,16 +286,24 @@ class RLRun:
 
         def evaluate() -> dict:
             with self.generation_context():
+                if self.make_env is not None:
+                    return evaluate_episodes(self.core.policy, self.tok, self.eval_records, self.make_env, cfg,
+                                             self.params, seed)
                 return evaluate_reward(self.core.policy, self.tok, self.eval_records, self.reward_fn, cfg,
                                        self.params, seed)
 
+        def line(when: str, r: dict) -> str:
+            tools = f", tool-call rate {r['tool_call_rate']:.1%}" if "tool_call_rate" in r else ""
+            return f"[eval] {when} mean reward {r['mean']:.3f} (sd {r['std']:.3f}, n={r['n']}){tools}"
+
         before = run.once("eval_before", evaluate)
-        run.print(f"[eval] before training: mean reward {before['mean']:.3f} (sd {before['std']:.3f}, n={before['n']})")
+        run.print(line("before training:", before))
         yield
         after = evaluate()
-        run.print(f"[eval] after training:  mean reward {after['mean']:.3f} (sd {after['std']:.3f}, n={after['n']})")
+        run.print(line("after training: ", after))
+        source = f"env={cfg.env}" if self.make_env is not None else f"reward={cfg.reward}"
         run.print(f"[eval] change: {after['mean'] - before['mean']:+.3f} on {len(self.eval_records)} held-out prompts, "
-                  f"{after['n']} samples (reward={cfg.reward}, T={cfg.temperature})")
+                  f"{after['n']} samples ({source}, T={cfg.temperature})")
         run.summary.update({"eval_after": after, "eval_change": after["mean"] - before["mean"]})
 
     def finish(self) -> dict:

@@ -44,8 +44,32 @@ def rollout_metrics(rollout: Rollout) -> dict[str, float]:
         "rollout/response_length": mask.sum(1).mean().item(),
         "rollout/stop_fraction": rollout.stopped.float().mean().item(),
         **({} if rollout.entropy is None else {"rollout/entropy": masked_mean(rollout.entropy, mask).item()}),
+        **env_metrics(rollout),
         **rollout.timings,
     }
+
+
+def env_rates(info: dict) -> dict[str, float]:
+    """Tool use from a multi-turn rollout's per-episode info lists: the share of episodes with a tool
+    call, and the share of tool calls that failed (0 without calls). {} for other rollouts."""
+    calls, errors = info.get("tool_calls", []), info.get("tool_errors", [])
+    if not calls:
+        return {}
+    return {"tool_call_rate": sum(c > 0 for c in calls) / len(calls),
+            "tool_error_rate": sum(errors) / max(sum(calls), 1)}
+
+
+def env_metrics(rollout: Rollout) -> dict[str, float]:
+    """Multi-turn rollouts only (rollout/multiturn.py): model turns per episode, the share of episodes
+    that called a tool, the share of tool calls that failed, environment tokens per episode."""
+    if rollout.context_mask is None or "turns" not in rollout.info:
+        return {}
+    turns = rollout.info["turns"]
+    rates = env_rates(rollout.info)
+    return {"rollout/turns_mean": sum(turns) / max(len(turns), 1),
+            "rollout/tool_call_rate": rates.get("tool_call_rate", 0.0),
+            "rollout/tool_error_rate": rates.get("tool_error_rate", 0.0),
+            "rollout/env_tokens_mean": (rollout.context_mask - rollout.response_mask).sum(1).mean().item()}
 
 
 def shuffled_rows(n_rows: int, generator: torch.Generator, group_size: int = 1,
