@@ -337,3 +337,53 @@ def test_trpo_api_is_exported_with_stable_signatures(name):
     fn = getattr(algos, name)
     assert name in algos.__all__ and fn.__doc__ and len(fn.__doc__) > 40
     assert list(inspect.signature(fn).parameters)[: len(SIGNATURES[name])] == SIGNATURES[name]
+
+
+# ---------------------------------------------------------------- Gauss-Newton FVP and the Fisher subsample
+
+
+@pytest.mark.parametrize("temperature", [1.0, 2.0])
+def test_gauss_newton_fvp_equals_explicit_fisher_on_a_tiny_module(temperature):
+    from rlhfkit.algos.trpo import gauss_newton_fvp
+
+    policy = TinyPolicy().double()
+    params = list(policy.parameters())
+    tokens = torch.tensor([[0, 1, 2], [3, 4, 0]])
+    mask = torch.tensor([[1, 1, 1], [1, 1, 0]])
+    fisher = explicit_fisher(lambda: policy(tokens), params, mask, temperature)
+    v = torch.randn(31, dtype=torch.float64, generator=torch.Generator().manual_seed(1))
+    term = lambda: (policy(tokens) / temperature, mask.double() / mask.sum())  # noqa: E731
+    assert close(gauss_newton_fvp([term], params, damping=0.0)(v), fisher @ v, 1e-10)
+    assert close(gauss_newton_fvp([term], params, damping=0.3)(v), fisher @ v + 0.3 * v, 1e-10)
+
+
+@pytest.mark.parametrize("lora", [True, False], ids=["lora", "full"])
+def test_gauss_newton_fvp_equals_the_double_backward_fvp_on_a_tiny_llama(lora):
+    from rlhfkit.algos.trpo import gauss_newton_fvp
+
+    model, params, r = tiny_rollout(lora)
+    n = r["mask"].sum()
+    v = torch.randn(sum(p.numel() for p in params), dtype=torch.float64, generator=torch.Generator().manual_seed(4))
+    kl_terms = [micro_terms(model, r, rows, n)[1] for rows in (torch.arange(0, 1), torch.arange(1, 4))]
+    logit_terms = [lambda rows=rows: (response_logits(model, r["ids"][rows], 3), r["mask"][rows].double() / n)
+                   for rows in (torch.arange(0, 3), torch.arange(3, 4))]  # another split: sums over micro-batches
+    db, gn = fisher_vector_product(kl_terms, params, 0.01), gauss_newton_fvp(logit_terms, params, 0.01)
+    for _ in range(2):  # the cached graphs serve every product
+        assert close(gn(v), db(v), 1e-9)
+
+
+def test_fisher_rows_draws_a_seeded_sorted_subsample():
+    from rlhfkit.algos.trpo import fisher_rows
+
+    g = torch.Generator().manual_seed(7)
+    state = g.get_state()
+    assert fisher_rows(5, 1.0, g).tolist() == [0, 1, 2, 3, 4] and g.get_state().equal(state)  # no draw
+    a = fisher_rows(16, 0.25, torch.Generator().manual_seed(7))
+    assert a.equal(fisher_rows(16, 0.25, torch.Generator().manual_seed(7)))  # same seed, same rows
+    assert len(a) == 4 and a.tolist() == sorted(set(a.tolist())) and 0 <= int(a.min()) and int(a.max()) < 16
+    assert len(fisher_rows(10, 0.3, g)) == 3  # ceil(0.3 x 10) = 3, not 4 (0.3 x 10 = 3.0000000000000004)
+    assert len(fisher_rows(3, 0.01, g)) == 1  # at least one row
+    draws = {tuple(fisher_rows(16, 0.25, torch.Generator().manual_seed(s)).tolist()) for s in range(5)}
+    assert len(draws) > 1  # the seed matters
+    with pytest.raises(ValueError, match="fraction"):
+        fisher_rows(4, 0.0, g)

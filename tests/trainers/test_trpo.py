@@ -4,6 +4,7 @@ natural-gradient step does not depend on the micro-batch split, and a run logs P
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 import pytest
 import torch
@@ -103,3 +104,73 @@ def test_trpo_config_checks():
         build_config(TRPOConfig, {"max_kl": 0})
     with pytest.raises(Exception, match="vf_mini_batch_size"):
         build_config(TRPOConfig, {"rollout_batch_size": 16, "vf_mini_batch_size": 6, "micro_batch_size": 2})
+
+
+def _fvp_setup(fraction: float, micro: int, mode: str = "double-backward", seed: int = 0):
+    from rlhfkit.trainers.trpo import fisher_product
+
+    actor, ro = rollout_on_tiny_lora()
+    cfg = TRPOConfig(micro_batch_size=micro, rollout_batch_size=8, vf_mini_batch_size=8, dtype="fp32",
+                     temperature=1.0, fvp_fraction=fraction, fvp_mode=mode, seed=seed)
+    compute_advantages(ro, cfg, 0.0)
+    params = [p for p in actor.policy.parameters() if p.requires_grad]
+    v = torch.randn(sum(p.numel() for p in params), generator=torch.Generator().manual_seed(5))
+    return actor, ro, cfg, params, v, fisher_product
+
+
+def test_fisher_product_at_fraction_one_is_the_plain_fvp_over_the_whole_rollout():
+    from rlhfkit.algos.trpo import fisher_vector_product, token_kl
+    from rlhfkit.trainers.trpo import response_logits
+
+    actor, ro, cfg, params, v, fisher_product = _fvp_setup(1.0, micro=4)
+    got = fisher_product(actor, params, ro, cfg, torch.device("cpu"))(v)
+    mask = ro.response_mask  # the whole rollout as one micro-batch, divided by its own token count
+    with torch.no_grad():
+        old = response_logits(actor, ro, 1.0)
+    plain = fisher_vector_product([lambda: token_kl(old, response_logits(actor, ro, 1.0), mask)[0]], params,
+                                  cfg.damping)(v)
+    assert (got - plain).norm() <= 1e-4 * plain.norm()  # plain.norm() >= damping |v| > 0
+
+
+def test_subsampled_fisher_product_is_the_fvp_of_the_drawn_rows_and_split_invariant():
+    from rlhfkit.algos.trpo import fisher_rows
+    from rlhfkit.rollout.core import trim_rows
+
+    actor, ro, cfg, params, v, fisher_product = _fvp_setup(0.5, micro=4)
+    cpu = torch.device("cpu")
+    got = fisher_product(actor, params, ro, cfg, cpu, torch.Generator().manual_seed(3))(v)
+    rows = fisher_rows(8, 0.5, torch.Generator().manual_seed(3))
+    assert len(rows) == 4
+    only = fisher_product(actor, params, trim_rows(ro, rows), replace(cfg, fvp_fraction=1.0),
+                          cpu)(v)
+    assert (got - only).norm() <= 1e-4 * only.norm()
+    split = fisher_product(actor, params, ro, replace(cfg, micro_batch_size=1), cpu,
+                           torch.Generator().manual_seed(3))(v)
+    assert (got - split).norm() <= 1e-4 * got.norm()
+
+
+def test_gauss_newton_mode_gives_the_double_backward_step():
+    actor, ro = rollout_on_tiny_lora()
+    results = {}
+    for mode in ("double-backward", "gauss-newton"):
+        cfg = TRPOConfig(micro_batch_size=4, rollout_batch_size=8, vf_mini_batch_size=8, max_kl=0.01, dtype="fp32",
+                         temperature=1.0, fvp_mode=mode)
+        compute_advantages(ro, cfg, 0.0)
+        params = [p for p in actor.policy.parameters() if p.requires_grad]
+        before = flat_params(params)
+        m = policy_step(actor, params, ro, cfg, torch.device("cpu"))
+        results[mode] = (flat_params(params) - before, m)
+        with torch.no_grad():
+            for p, old in zip(params, torch.split(before, [p.numel() for p in params])):
+                p.copy_(old.view_as(p))
+    (db, m_db), (gn, m_gn) = results["double-backward"], results["gauss-newton"]
+    assert m_db["trpo/step_accepted"] == m_gn["trpo/step_accepted"] == 1.0
+    assert m_gn["trpo/kl_after_step"] <= 0.01
+    assert (db - gn).norm() <= 1e-3 * db.norm()  # float32: CG amplifies rounding, hence 1e-3
+
+
+def test_fvp_fraction_is_checked():
+    with pytest.raises(Exception, match="fvp_fraction"):
+        build_config(TRPOConfig, {"fvp_fraction": 0})
+    with pytest.raises(Exception, match="fvp_fraction"):
+        build_config(TRPOConfig, {"fvp_fraction": 1.5})

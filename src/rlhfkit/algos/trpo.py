@@ -15,7 +15,9 @@ One update (paper section 6 and Appendix C):
   1. g = grad L(theta_old)                                         `surrogate_advantage`, `summed_flat_grad`
   2. x ~= (F + lambda I)^-1 g by conjugate gradients; F, the Hessian of KL at theta_old, is the
      Fisher information of the token distributions, used only through products F v
-     (double backward, no explicit matrix)                        `conjugate_gradient`, `fisher_vector_product`
+     (double backward, or the Gauss-Newton form J^T (diag p - p p^T) J v; no explicit matrix),
+     optionally estimated on a subsample of the rollout's sequences    `conjugate_gradient`,
+                                                  `fisher_vector_product`, `gauss_newton_fvp`, `fisher_rows`
   3. s = sqrt(2 delta / x^T (F + lambda I) x) x: the step whose quadratic KL model
      1/2 s^T (F + lambda I) s equals delta                         `scale_step`
   4. theta_old + b^k s for k = 0, 1, ...: the first that raises L and keeps the measured KL
@@ -46,6 +48,8 @@ __all__ = [
     "surrogate_advantage",
     "token_kl",
     "fisher_vector_product",
+    "gauss_newton_fvp",
+    "fisher_rows",
     "conjugate_gradient",
     "scale_step",
     "backtracking_line_search",
@@ -54,6 +58,8 @@ __all__ = [
 ]
 
 Term = Callable[[], torch.Tensor]  # one micro-batch's share of a batch quantity (a scalar with graph)
+# one micro-batch's tempered logits z (B, T, V) with graph, and each token's weight in the mean (B, T): mask / N
+LogitTerm = Callable[[], tuple[torch.Tensor, torch.Tensor]]
 Evaluate = Callable[[torch.Tensor], tuple[float, float]]  # step (P,) -> (surrogate, KL) at theta_old + step
 
 
@@ -61,10 +67,11 @@ Evaluate = Callable[[torch.Tensor], tuple[float, float]]  # step (P,) -> (surrog
 
 
 def flat_grad(output: torch.Tensor, params: Sequence[torch.Tensor], create_graph: bool = False,
-              retain_graph: bool | None = None) -> torch.Tensor:
-    """d output / d params as one flat vector (P,); zeros for parameters ``output`` does not use."""
-    grads = torch.autograd.grad(output, list(params), create_graph=create_graph, retain_graph=retain_graph,
-                                allow_unused=True)
+              retain_graph: bool | None = None, grad_outputs: torch.Tensor | None = None) -> torch.Tensor:
+    """d output / d params as one flat vector (P,); zeros for parameters ``output`` does not use.
+    With ``grad_outputs`` u (shaped like a non-scalar ``output``): the vector-Jacobian product u^T J."""
+    grads = torch.autograd.grad(output, list(params), grad_outputs=grad_outputs, create_graph=create_graph,
+                                retain_graph=retain_graph, allow_unused=True)
     return torch.cat([(g if g is not None else torch.zeros_like(p)).reshape(-1) for g, p in zip(grads, params)])
 
 
@@ -184,6 +191,58 @@ def fisher_vector_product(kl_terms: Sequence[Term], params: Sequence[torch.Tenso
         return out
 
     return fvp
+
+
+def gauss_newton_fvp(logit_terms: Sequence[LogitTerm], params: Sequence[torch.Tensor], damping: float = 0.1,
+                     ) -> Callable[[torch.Tensor], torch.Tensor]:
+    """The same v (P,) -> (F + damping I) v as `fisher_vector_product`, from the Fisher's closed form.
+
+    With z_t = logits / T of token t (V,), p_t = softmax(z_t) and J_t = dz_t / dtheta (V x P),
+
+        F v = sum_t w_t J_t^T (diag(p_t) - p_t p_t^T) J_t v,     w_t = m_t / N
+
+    (the Hessian of the token KL at theta_old, where the KL's gradient in z, and with it every
+    second derivative of the network, drops out). Per micro-batch the forward runs once, keeping
+    z's graph and, for J v, the graph of one vector-Jacobian product J^T u with a placeholder u
+    (linear in u, so d(J^T u . v)/du = J v); each product is then one pass back to u and one
+    ordinary backward, instead of differentiating the KL twice. Memory: both graphs of every
+    micro-batch. Each term returns (z (B, T, V) with graph, weights w (B, T)); fused attention has
+    no double backward, so the forward runs under the math kernel.
+    """
+    params = list(params)
+    parts = []
+    for term in logit_terms:
+        with sdpa_kernel([SDPBackend.MATH]):
+            z, w = term()
+        p = torch.softmax(z.detach(), dim=-1)
+        u = torch.zeros_like(z, requires_grad=True)
+        jtu = flat_grad(z, params, create_graph=True, grad_outputs=u)  # (P,), linear in u
+        parts.append((z, w.to(z.dtype).unsqueeze(-1), p, u, jtu))
+
+    def fvp(v: torch.Tensor) -> torch.Tensor:
+        out = damping * v
+        for z, w, p, u, jtu in parts:
+            jv = torch.autograd.grad(jtu, u, grad_outputs=v, retain_graph=True)[0]  # J v: (B, T, V)
+            h = w * p * (jv - (p * jv).sum(-1, keepdim=True))  # w (diag p - p p^T) J v
+            out = out + flat_grad(z, params, retain_graph=True, grad_outputs=h)
+        return out
+
+    return fvp
+
+
+def fisher_rows(batch_size: int, fraction: float, generator: torch.Generator) -> torch.Tensor:
+    """The rows (sorted, int64) of a batch that estimate the Fisher: ceil(fraction x B) of them drawn
+    without replacement, all of them (and no draw) for fraction >= 1.
+
+    F is an expectation over the rollout's states; a subsample estimates it unbiasedly, while the
+    gradient and the line search (which enforces the KL bound) still see the whole batch.
+    """
+    if not 0 < fraction <= 1:
+        raise ValueError(f"fraction must be in (0, 1], got {fraction}")
+    if fraction >= 1:
+        return torch.arange(batch_size)
+    k = max(1, math.ceil(fraction * batch_size - 1e-9))  # 0.3 x 10 is 3.0000000000000004
+    return torch.randperm(batch_size, generator=generator)[:k].sort().values
 
 
 def conjugate_gradient(fvp: Callable[[torch.Tensor], torch.Tensor], b: torch.Tensor, iters: int = 10,

@@ -7,8 +7,9 @@ One iteration, as numbered steps in `train`:
   4. shape+GAE per-token reward = -beta * KL_t + score on the last token; GAE; returns; whitening
                (PPO's `compute_advantages`, unchanged)
   5. policy    one natural-gradient step: g = grad of the surrogate advantage, x = (F + lambda I)^-1 g by
-               conjugate gradients with Fisher-vector products, the step scaled to the KL bound max_kl,
-               then a backtracking line search on the rollout (algos/trpo.py)
+               conjugate gradients with Fisher-vector products (F estimated on fvp_fraction of the rows),
+               the step scaled to the KL bound max_kl, then a backtracking line search on the whole
+               rollout (algos/trpo.py)
   6. critic    vf_epochs x mini-batches of the (clipped) value loss on the returns, value head only
   7. log       PPO's metric names + trpo/* (docs/algorithms.md)
 
@@ -32,8 +33,10 @@ from rlhfkit.algos import (
     ppo_value_loss,
 )
 from rlhfkit.algos.trpo import (
+    fisher_rows,
     fisher_vector_product,
     flat_params,
+    gauss_newton_fvp,
     line_search_evaluator,
     set_flat_params_,
     summed_flat_grad,
@@ -53,7 +56,7 @@ from rlhfkit.trainers.rl import RLRun
 from rlhfkit.trainers.rl_update import rollout_metrics, shuffled_rows
 from rlhfkit.trainers.trpo_config import TRPOConfig
 
-__all__ = ["TRPOConfig", "policy_step", "critic_update", "train"]
+__all__ = ["TRPOConfig", "policy_step", "fisher_product", "critic_update", "train"]
 
 
 # ----------------------------------------------------------------------------- the policy step
@@ -74,14 +77,23 @@ def token_logprobs(logits: torch.Tensor, response_ids: torch.Tensor) -> torch.Te
     return F.log_softmax(logits, dim=-1).gather(-1, response_ids.unsqueeze(-1)).squeeze(-1)
 
 
-def policy_step(actor, params: list[torch.Tensor], rollout: Rollout, cfg: TRPOConfig, device) -> dict[str, float]:
+def micro_batches(rollout: Rollout, rows: torch.Tensor, micro: int) -> list[Rollout]:
+    """`rows` of the rollout in consecutive micro-batches of at most `micro` rows (padding trimmed)."""
+    return [trim_rows(rollout, rows[i : i + micro]) for i in range(0, len(rows), micro)]
+
+
+def policy_step(actor, params: list[torch.Tensor], rollout: Rollout, cfg: TRPOConfig, device,
+                generator: torch.Generator | None = None) -> dict[str, float]:
     """Step 5: one TRPO step on the policy parameters `params`, in place. The surrogate's pi_old and
     the KL's p_old are computed here, micro-batch by micro-batch, with the same function the terms
     use, so at theta_old the ratio is exactly 1 and the KL exactly 0 (their gradients: the policy
-    gradient, and no first-order KL term). Every term is divided by the rollout's valid-token count
-    N, so gradient, Fisher-vector products and the step do not depend on the micro-batch split."""
+    gradient, and no first-order KL term). The gradient and the line search use every row, each term
+    divided by the rollout's valid-token count N; the Fisher-vector products use the rows
+    `fisher_rows` draws (`cfg.fvp_fraction`, from `generator`; default: seeded by cfg.seed), each
+    term divided by their own token count. So gradient, Fisher-vector products and the step do not
+    depend on the micro-batch split."""
     B, micro = rollout.response_ids.shape[0], cfg.micro_batch_size
-    mbs = [trim_rows(rollout, torch.arange(i, min(i + micro, B))) for i in range(0, B, micro)]
+    mbs = micro_batches(rollout, torch.arange(B), micro)
     n_tok = float(rollout.response_mask.sum().clamp(min=1))
     amp = partial(autocast, cfg.dtype, device)
     with torch.no_grad(), amp():
@@ -101,9 +113,8 @@ def policy_step(actor, params: list[torch.Tensor], rollout: Rollout, cfg: TRPOCo
         return surrogate, kl
 
     surrogate_terms = [lambda i=i: both(i)[0] for i in range(len(mbs))]
-    kl_terms = [lambda i=i: both(i)[1] for i in range(len(mbs))]
     grad, surrogate_before = summed_flat_grad(surrogate_terms, params)
-    fvp = fisher_vector_product(kl_terms, params, cfg.damping, cfg.fvp_cache_graph)
+    fvp = fisher_product(actor, params, rollout, cfg, device, generator)
     evaluate = line_search_evaluator(params, [lambda i=i: both(i) for i in range(len(mbs))])
     theta_old = flat_params(params)
     step, metrics = trpo_step(grad, fvp, evaluate, surrogate_before, cfg.max_kl, cfg.cg_iters,
@@ -112,6 +123,32 @@ def policy_step(actor, params: list[torch.Tensor], rollout: Rollout, cfg: TRPOCo
     set_flat_params_(params, theta_old + step)
     return {**metrics, "trpo/policy_grad_norm": float(grad.norm()), "ratio_first_microbatch_maxdev": ratio_dev,
             "loss/policy": -(surrogate_before + metrics["trpo/surrogate_improvement"])}
+
+
+def fisher_product(actor, params: list[torch.Tensor], rollout: Rollout, cfg: TRPOConfig, device,
+                   generator: torch.Generator | None = None):
+    """v -> (F + damping I) v, F the Fisher of the token distributions on the rows `fisher_rows`
+    draws (all rows for fvp_fraction = 1), the mean over their N_F valid tokens; by the double
+    backward of the KL (`fisher_vector_product`) or its closed form (`gauss_newton_fvp`)."""
+    if generator is None:
+        generator = torch.Generator().manual_seed(cfg.seed)
+    rows = fisher_rows(rollout.response_ids.shape[0], cfg.fvp_fraction, generator)
+    mbs = micro_batches(rollout, rows, cfg.micro_batch_size)
+    n_fisher = float(sum(float(mb.response_mask.sum()) for mb in mbs)) or 1.0
+    amp = partial(autocast, cfg.dtype, device)
+
+    def logits_of(mb: Rollout) -> torch.Tensor:
+        with amp():
+            return response_logits(actor, mb, cfg.temperature)
+
+    if cfg.fvp_mode == "gauss-newton":
+        terms = [lambda mb=mb: (logits_of(mb), mb.response_mask.to(device) / n_fisher) for mb in mbs]
+        return gauss_newton_fvp(terms, params, cfg.damping)
+    with torch.no_grad():
+        old = [logits_of(mb) for mb in mbs]  # p_old of these micro-batches, by the same forward as the terms
+    terms = [lambda i=i: token_kl(old[i], logits_of(mbs[i]), mbs[i].response_mask.to(device), 1.0, n_fisher)[0]
+             for i in range(len(mbs))]
+    return fisher_vector_product(terms, params, cfg.damping, cfg.fvp_cache_graph)
 
 
 # ----------------------------------------------------------------------------- the critic
@@ -184,7 +221,7 @@ def train(cfg: TRPOConfig) -> dict:
             metrics = compute_advantages(rollout, cfg, kl_ctl.value)  # step 4
             t1 = time.time()
             with rl.run.tracker.phase("update", None):
-                step = policy_step(rl.model, policy_params, rollout, cfg, rl.run.device)  # step 5
+                step = policy_step(rl.model, policy_params, rollout, cfg, rl.run.device, rl.generator)  # step 5
                 critic = critic_update(rl, policy_params, rollout, cfg)  # step 6
             t2 = time.time()
             metrics.update({k: v for k, v in step.items() if k.startswith(("trpo/", "loss/"))})
