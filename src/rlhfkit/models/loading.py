@@ -333,6 +333,27 @@ def load_causal_lm(name_or_path: str, dtype: str = "fp32", trainable: bool = Tru
     except (OSError, ValueError, KeyError, SafetensorError) as e:
         raise UserError(f"{path}: could not load a causal LM ({_first_line(e)})") from e
     disable_dropout(model)
+    contiguous_head_input(model)
     if not trainable:
         model.eval().requires_grad_(False)
     return model
+
+
+def contiguous_head_input(model) -> None:
+    """Make the output layer's input contiguous before it runs (same values, bit for bit).
+
+    generate's prefill calls the output layer on `hidden[:, -1:, :]`, a strided view. torch's
+    bf16 CPU linear on such a 3-D view with a frozen weight falls back to a batched matmul that
+    copies the (V, H) weight once per row: 64 rows of SmolLM2 took 3.5 GB for that one call
+    (issue 24). A contiguous
+    (B, 1, H) input folds into one plain matmul."""
+    head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    if isinstance(head, torch.nn.Linear):
+        head.register_forward_pre_hook(_contiguous_input)
+
+
+def _contiguous_input(module, args):
+    x = args[0] if args else None
+    if isinstance(x, torch.Tensor) and not x.is_contiguous():
+        return (x.contiguous(), *args[1:])
+    return None

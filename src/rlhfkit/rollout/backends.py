@@ -1,4 +1,5 @@
-"""Generation backends for rollouts: HF `generate` (default, runs everywhere) or vLLM (GPU only).
+"""Generation backends for rollouts: HF `generate` (default, runs everywhere), rlhfkit's lean decode
+loop (`lean`, rollout/decode.py: the model's forward per step, finished rows dropped) or vLLM (GPU only).
 
 Either backend returns only the sampled TOKENS as a Rollout. Log-probs, values and reference
 log-probs always come from the trainer's own teacher-forced pass (`logprob_pass`), so the first
@@ -26,7 +27,7 @@ import torch
 
 from rlhfkit.rollout.core import Rollout, SamplingParams, generate, rollout_from_tokens
 
-BACKENDS = ("hf", "vllm")
+BACKENDS = ("hf", "lean", "vllm")
 
 
 def vllm_unavailable_reason() -> str | None:
@@ -62,6 +63,21 @@ class HFBackend:
         torch.manual_seed(seed)
         return generate(policy, tokenizer, texts, params, batch_size=batch_size, share_prompts=share_prompts,
                         share_prefix=share_prefix)
+
+
+class LeanBackend(HFBackend):
+    """The lean decode loop (rollout/decode.py) on the training policy: the model's forward per step,
+    finished rows dropped; HF generate's tokens when greedy, the same distribution when sampling."""
+
+    name = "lean"
+
+    def generate(self, policy, tokenizer, texts: list[str], params: SamplingParams, seed: int,
+                 batch_size: int | None = None, share_prompts: bool = False, share_prefix: bool = False) -> Rollout:
+        from rlhfkit.rollout.decode import lean_generate
+
+        torch.manual_seed(seed)
+        return lean_generate(policy, tokenizer, texts, params, batch_size=batch_size, share_prompts=share_prompts,
+                             share_prefix=share_prefix)
 
 
 class VLLMBackend:
@@ -199,7 +215,7 @@ def make_backend(cfg, model_path, num_processes: int = 1, log=print):
     name, message = select_backend(getattr(cfg, "generation_backend", "hf"))
     if message:
         log(f"[rlhfkit] {message}")
-    if name == "hf":
-        return HFBackend()
+    if name in ("hf", "lean"):
+        return HFBackend() if name == "hf" else LeanBackend()
     return VLLMBackend.create(model_path, cfg.dtype, cfg.vllm_gpu_memory_utilization, cfg.vllm_max_model_len,
                               cfg.seed, num_processes)

@@ -1,0 +1,36 @@
+"""The growth-law fit of bench/growth.py: golden coefficients from exact data, and a least-squares
+case worked by hand."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
+from growth import fit_polynomial  # noqa: E402
+
+
+def test_linear_fit_recovers_an_exact_line():
+    # t = 1.5 + 0.25 x at the batch points 8..128: 3.5, 5.5, 9.5, 17.5, 33.5
+    c = fit_polynomial([8, 16, 32, 64, 128], [3.5, 5.5, 9.5, 17.5, 33.5], 1)
+    assert c == pytest.approx([1.5, 0.25], rel=1e-12)
+
+
+def test_quadratic_fit_recovers_linear_plus_quadratic_growth_at_long_lengths():
+    # t = 2 + 0.01 x + 3e-5 x^2 at 48..1024 tokens: x^2 reaches 1e6, the scaling keeps it exact.
+    xs = [48, 128, 256, 512, 1024]
+    ys = [2 + 0.01 * x + 3e-5 * x * x for x in xs]
+    assert fit_polynomial(xs, ys, 2) == pytest.approx([2, 0.01, 3e-5], rel=1e-9)
+
+
+def test_least_squares_line_through_noisy_points_by_hand():
+    # Points (0, 1), (1, 2), (2, 2): mean x 1, mean y 5/3; slope = sum (x - 1)(y - 5/3) / sum (x - 1)^2
+    # = ((-1)(-2/3) + 0 + (1)(1/3)) / 2 = 1/2; intercept = 5/3 - 1/2 = 7/6.
+    assert fit_polynomial([0, 1, 2], [1, 2, 2], 1) == pytest.approx([7 / 6, 1 / 2], rel=1e-12)
+
+
+def test_too_few_distinct_points_is_an_error():
+    with pytest.raises(ValueError, match="distinct"):
+        fit_polynomial([8, 8, 16], [1, 2, 3], 2)
