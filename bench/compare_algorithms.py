@@ -13,17 +13,26 @@ launch: model load and the evaluation before training are in it, the same for ev
 before the first step is logged) it gets SIGTERM: the harness finishes its step and writes a checkpoint. Then
 `rlhfkit METHOD --resume RUN iterations=N` (max_steps=N for dpo/kto/simpo/orpo), N = the steps done, has no step
 left: it runs the evaluation after training and writes summary.json. Runs go to --out (kept), one log each.
+
+--clock wall (default) counts the budget on the wall clock; --clock cpu counts the CPU time of the run's process
+(user + system, all its threads), which equals the wall clock of a run alone on --threads idle cores and stays fair
+when the machine is shared. --jobs J runs J methods at once, each with --threads T torch threads (J x T <= cores
+keeps every run on its own cores).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import signal
 import subprocess
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+
+import psutil
 
 ROOT = Path(__file__).resolve().parents[1]
 DOC = ROOT / "docs" / "algorithms.md"
@@ -43,19 +52,35 @@ def logged_steps(run_dir: Path) -> int:
     return len(path.read_text().splitlines()) if path.exists() else 0
 
 
-def run_one(method: str, seed: int, budget_s: float, out: Path, extra: list[str]) -> dict:
+def cpu_seconds(proc: psutil.Process) -> float:
+    """User + system CPU time of a process and its children (all threads)."""
+    try:
+        procs = [proc, *proc.children(recursive=True)]
+        return sum(t.user + t.system for t in (p.cpu_times() for p in procs))
+    except psutil.NoSuchProcess:
+        return 0.0
+
+
+def run_one(method: str, seed: int, budget_s: float, out: Path, extra: list[str], clock: str = "wall",
+            threads: int | None = None) -> dict:
     """One budgeted run, then its evaluation; returns the table row."""
     from rlhfkit.runtime.checkpoint import latest_checkpoint
 
     name = f"{method}-s{seed}"
     run_dir = out / name
     cli = [sys.executable, "-m", "rlhfkit.cli", method]
+    env = dict(os.environ)
+    if threads:
+        env.update(OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads))
     log = (out / f"{name}.log").open("w")
     t0 = time.time()
     proc = subprocess.Popen([*cli, f"seed={seed}", f"output_dir={out}", f"run_name={name}", "quiet=true",
-                             *length_args(method), *extra], stdout=log, stderr=subprocess.STDOUT)
+                             *length_args(method), *extra], stdout=log, stderr=subprocess.STDOUT, env=env)
+    watched, cpu_s = psutil.Process(proc.pid), 0.0
     while proc.poll() is None:
-        if time.time() - t0 >= budget_s and logged_steps(run_dir) >= 1:
+        cpu_s = max(cpu_s, cpu_seconds(watched))
+        spent = time.time() - t0 if clock == "wall" else cpu_s
+        if spent >= budget_s and logged_steps(run_dir) >= 1:
             proc.send_signal(signal.SIGTERM)  # the step in progress finishes, then a checkpoint
             proc.wait()
             break
@@ -66,9 +91,9 @@ def run_one(method: str, seed: int, budget_s: float, out: Path, extra: list[str]
     steps = int(latest_checkpoint(run_dir).name.split("-")[1])
     if proc.returncode != 0:  # stopped by the budget: evaluate the checkpoint
         subprocess.run([*cli, "--resume", str(run_dir), *length_args(method, steps)], stdout=log,
-                       stderr=subprocess.STDOUT, check=True)
+                       stderr=subprocess.STDOUT, check=True, env=env)
     summary = json.loads((run_dir / "summary.json").read_text())
-    return {"method": method, "seed": seed, "steps": steps, "train_min": train_s / 60,
+    return {"method": method, "seed": seed, "steps": steps, "train_min": train_s / 60, "train_cpu_min": cpu_s / 60,
             "total_min": (time.time() - t0) / 60, **result(summary)}
 
 
@@ -80,17 +105,20 @@ def result(summary: dict) -> dict:
     return {"before": before, "after": after, "change": after - before}
 
 
-def table(rows: list[dict], family: str, budget_min: float) -> str:
+def table(rows: list[dict], family: str, budget_min: float, clock: str = "wall", threads: int | None = None) -> str:
     """Markdown: one row per run, then the mean of each method over its seeds."""
     head = "accuracy before -> after | change" if family == "rl" else "judged score before -> after | win rate"
     key = "change" if family == "rl" else "win_rate"
-    lines = [f"Budget {budget_min:g} min of wall clock per run from its launch (load and evaluation before "
-             "training included).", "", f"| method | seed | steps | {head} | training min |", "|---|---|---|---|---|---|"]
+    what = "wall clock" if clock == "wall" else "CPU time (user + system of the run's process)"
+    on = f", {threads} torch thread{'s' if threads > 1 else ''} per run" if threads else ""
+    lines = [f"Budget {budget_min:g} min of {what} per run from its launch{on} (load and evaluation before "
+             "training included).", "", f"| method | seed | steps | {head} | training wall min | CPU min |",
+             "|---|---|---|---|---|---|---|"]
     fmt = "{:.1%}" if family == "rl" else "{:.3f}"
     for r in rows:
         figure = f"{r[key]:+.1%}" if family == "rl" else f"{r[key]:.1%}"
         lines.append(f"| `{r['method']}` | {r['seed']} | {r['steps']} | {fmt.format(r['before'])} -> "
-                     f"{fmt.format(r['after'])} | {figure} | {r['train_min']:.1f} |")
+                     f"{fmt.format(r['after'])} | {figure} | {r['train_min']:.1f} | {r.get('train_cpu_min', 0):.1f} |")
     lines += ["", f"| method | runs | mean {key} |", "|---|---|---|"]
     for method in dict.fromkeys(r["method"] for r in rows):
         values = [r[key] for r in rows if r["method"] == method]
@@ -112,7 +140,11 @@ def write_doc(text: str, family: str) -> None:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("family", choices=sorted(FAMILIES))
-    ap.add_argument("--budget-min", type=float, required=True, help="wall-clock minutes per run")
+    ap.add_argument("--budget-min", type=float, required=True, help="minutes per run, on --clock")
+    ap.add_argument("--clock", choices=("wall", "cpu"), default="wall",
+                    help="count the budget in wall-clock time or in the run's CPU time (fair on a shared machine)")
+    ap.add_argument("--jobs", type=int, default=1, help="runs at once")
+    ap.add_argument("--threads", type=int, default=None, help="torch threads per run (OMP_NUM_THREADS)")
     ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1])
     ap.add_argument("--only", default=None, help="comma-separated methods of the family (default: all)")
     ap.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE", help="overrides for every run")
@@ -124,8 +156,11 @@ def main(argv: list[str] | None = None) -> int:
     if unknown:
         ap.error(f"--only: {', '.join(unknown)} not in the {args.family} family ({', '.join(FAMILIES[args.family])})")
     args.out.mkdir(parents=True, exist_ok=True)
-    rows = [run_one(m, s, args.budget_min * 60, args.out, args.set) for s in args.seeds for m in methods]
-    text = table(rows, args.family, args.budget_min)
+    plan = [(m, s) for s in args.seeds for m in methods]
+    with ThreadPoolExecutor(max_workers=max(1, args.jobs)) as pool:
+        rows = list(pool.map(lambda ms: run_one(*ms, args.budget_min * 60, args.out, args.set, args.clock,
+                                                args.threads), plan))
+    text = table(rows, args.family, args.budget_min, args.clock, args.threads)
     print(text)
     (args.out / f"{args.family}.json").write_text(json.dumps(rows, indent=1))
     if args.doc:

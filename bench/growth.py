@@ -9,6 +9,9 @@ setting changed, in its own subprocess (peak RSS per point; the first iteration 
   --axis size     smollm2-135m (the default weights) and randomly initialised 360m and 1.7b models of
                   the same family built from their configurations (no download); --points picks names
 Peak memory is fitted the same way. The full sweep takes hours on a CPU: run it axis by axis.
+Each iteration's CPU time (user + system of the process, all threads) is recorded next to its wall time:
+with --threads 1 it equals the wall time on an idle core and is not inflated when the machine is shared,
+so the CPU column is the one to fit on a busy machine (both are fitted).
 
     python bench/growth.py --axis batch --points 8,16 --iterations 2 --no-write
 """
@@ -17,9 +20,11 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import re
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import benchdoc
@@ -88,6 +93,7 @@ def run_point(axis: str, value: str, iterations: int) -> None:
     from bench_ppo import CONFIGS, STANDARD
 
     from rlhfkit.runtime.config import build_config
+    from rlhfkit.trainers import rl
     from rlhfkit.trainers.ppo import train
     from rlhfkit.trainers.ppo_config import PPOConfig
 
@@ -97,6 +103,7 @@ def run_point(axis: str, value: str, iterations: int) -> None:
     if axis == "batch":  # mini-batches of 8 need a multiple of 8
         over["mini_batch_size"] = min(STANDARD["mini_batch_size"], int(value))
         over["micro_batch_size"] = min(STANDARD["micro_batch_size"], int(value))
+    stamps = cpu_stamps(rl.RLRun)
     out = benchdoc.scratch_dir()
     cfg = build_config(PPOConfig, {**STANDARD, **CONFIGS["lora-top12-fp32"], "dtype": "auto", **over,
                                    "iterations": iterations, "output_dir": out, "run_name": "p"})
@@ -105,21 +112,44 @@ def run_point(axis: str, value: str, iterations: int) -> None:
     rows = rows[1:] or rows
     keys = ("generate_s", "reward_s", "logprobs_s", "update_s")
     s = sum(sum(r[f"timing/{k}"] for k in keys) for r in rows) / len(rows)
-    print("RESULT " + json.dumps({"iteration_s": s, "peak_rss_gb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20}),
-          flush=True)
+    cpu = [b - a for a, b in zip(stamps, stamps[1:])]  # per iteration: sampling entry to the next (or to finish)
+    cpu = cpu[1:] or cpu
+    print("RESULT " + json.dumps({"iteration_s": s, "iteration_cpu_s": sum(cpu) / len(cpu),
+                                  "peak_rss_gb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20}), flush=True)
+
+
+def cpu_stamps(run_cls) -> list[float]:
+    """Wrap run_cls.sample (first draw of an iteration) and run_cls.finish to record the process's CPU time
+    at each iteration's start and at the end of the last one; returns the list they fill."""
+    stamps: list[float] = []
+    sample, finish = run_cls.sample, run_cls.finish
+
+    def stamped_sample(self, records, iteration, *args, **kwargs):
+        if not (args[0] if args else kwargs.get("draw", 0)):
+            stamps.append(time.process_time())
+        return sample(self, records, iteration, *args, **kwargs)
+
+    def stamped_finish(self, *args, **kwargs):
+        stamps.append(time.process_time())
+        return finish(self, *args, **kwargs)
+
+    run_cls.sample, run_cls.finish = stamped_sample, stamped_finish
+    return stamps
 
 
 def render(axis: str, results: dict, header: str) -> str:
     key, _, degree = AXES[axis]
     lines = [f"Machine: {header}.", "", f"PPO standard work (bench/bench_ppo.py, LoRA top 12, dtype=auto), {key} varied:",
-             "", f"| {key} | s / iteration | peak RSS GB |", "| --- | ---: | ---: |"]
+             "", f"| {key} | s / iteration (wall) | CPU s / iteration | peak RSS GB |", "| --- | ---: | ---: | ---: |"]
     ok = {k: v for k, v in results.items() if isinstance(v, dict)}
-    lines += [f"| {k} | {v['iteration_s']:.2f} | {v['peak_rss_gb']:.2f} |" if isinstance(v, dict) else f"| {k} | {v} | |"
-              for k, v in results.items()]
+    lines += [f"| {k} | {v['iteration_s']:.2f} | {v.get('iteration_cpu_s', float('nan')):.2f} | {v['peak_rss_gb']:.2f} |"
+              if isinstance(v, dict) else f"| {k} | {v} | | |" for k, v in results.items()]
     if degree and len(ok) > degree:
         xs = [float(k) for k in ok]
         names = ["a", "b", "c"][: degree + 1]
-        for what, unit in (("iteration_s", "s"), ("peak_rss_gb", "GB")):
+        for what, unit in (("iteration_s", "s"), ("iteration_cpu_s", "CPU s"), ("peak_rss_gb", "GB")):
+            if any(what not in v for v in ok.values()):
+                continue
             c = fit_polynomial(xs, [v[what] for v in ok.values()], degree)
             law = " + ".join(f"{n} x^{k}" if k > 1 else (f"{n} x" if k else n) for k, n in enumerate(names))
             lines += ["", f"{what} = {law}: " + ", ".join(f"{n} = {v:.4g} {unit}" for n, v in zip(names, c))]
@@ -133,23 +163,31 @@ def main() -> None:
     ap.add_argument("--axis", choices=list(AXES), required=True)
     ap.add_argument("--points", default=None, help="comma-separated values (size: 135m,360m,1.7b)")
     ap.add_argument("--iterations", type=int, default=3, help="iterations per point (first is warm-up)")
+    ap.add_argument("--threads", type=int, default=None, help="torch threads per point (OMP_NUM_THREADS; default torch's)")
     ap.add_argument("--no-write", action="store_true", help="print only; leave docs/benchmarks.md alone")
     ap.add_argument("--one", help=argparse.SUPPRESS)
     a = ap.parse_args()
     if a.one:
         run_point(a.axis, a.one, a.iterations)
         return
+    env = dict(os.environ)
+    if a.threads:
+        env.update(OMP_NUM_THREADS=str(a.threads), MKL_NUM_THREADS=str(a.threads))
     from bench_ppo import machine
 
     points = a.points.split(",") if a.points else [str(p) for p in AXES[a.axis][1]]
     if a.axis == "size" and (bad := [p for p in points if p not in SIZES]):
         raise SystemExit(f"--points {','.join(bad)}: expected sizes among {','.join(SIZES)}")
+    if a.threads:
+        import torch
+
+        torch.set_num_threads(a.threads)  # so that machine() reports the points' thread count
     header = machine()
     print(header, flush=True)
     results: dict = {}
     for p in points:
         proc = subprocess.run([sys.executable, __file__, "--axis", a.axis, "--one", p, "--iterations", str(a.iterations)],
-                              capture_output=True, text=True)
+                              capture_output=True, text=True, env=env)
         m = re.search(r"^RESULT (.*)$", proc.stdout, re.M)
         results[p] = json.loads(m.group(1)) if m else f"failed: {proc.stderr.strip().splitlines()[-1:]}"
         print(p, results[p], flush=True)

@@ -14,6 +14,12 @@ machine's measured matmul peak, written to docs/benchmarks.md.
    the compute bound (FLOPs / peak) is the bound that binds.
 
     python bench/utilisation.py [--configs lora-top12,full] [--iterations 3] [--no-write]
+
+Per machine kind: the block is keyed by the instruction set torch and oneDNN use. To see an AVX2-only CPU's
+figures on an AVX-512 one, cap both (the same cores and caches, only the vector instructions change; not a
+substitute for a real AVX2 machine):
+
+    ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2 python bench/utilisation.py
 """
 
 from __future__ import annotations
@@ -21,6 +27,7 @@ from __future__ import annotations
 import argparse
 import functools
 import json
+import os
 import time
 
 import benchdoc
@@ -202,7 +209,9 @@ def main() -> None:
     from rlhfkit.models.loading import resolve_dtype
 
     STANDARD.update(dict(parse_override(kv) for kv in a.set))
-    header = machine() + (f"; overrides {a.set}" if a.set else "")
+    header = machine() + f", torch CPU kernels {torch.backends.cpu.get_cpu_capability()}" + (
+        f", ONEDNN_MAX_CPU_ISA={os.environ['ONEDNN_MAX_CPU_ISA']}" if os.environ.get("ONEDNN_MAX_CPU_ISA") else "") + (
+        f"; overrides {a.set}" if a.set else "")
     print(header, flush=True)
     dtype = resolve_dtype("auto")
     mb, gen = STANDARD["micro_batch_size"], STANDARD.get("generation_batch_size", STANDARD["rollout_batch_size"])
@@ -221,7 +230,19 @@ def main() -> None:
     table = render(header, peak, bw, results, dtype)
     print(table)
     if not a.no_write:
-        benchdoc.write_block("utilisation", "Utilisation per phase (bench/utilisation.py)", table)
+        name, title = machine_kind()
+        benchdoc.write_block(name, title, table)
+
+
+def machine_kind() -> tuple[str, str]:
+    """(doc block name, section title) for the instruction set in use: native, or capped by
+    ATEN_CPU_CAPABILITY / ONEDNN_MAX_CPU_ISA (an emulated narrower machine gets its own block)."""
+    isa = os.environ.get("ONEDNN_MAX_CPU_ISA", "").upper()
+    if not isa or isa == "ALL":
+        return "utilisation", "Utilisation per phase (bench/utilisation.py)"
+    aten = torch.backends.cpu.get_cpu_capability()
+    return (f"utilisation-{isa.lower()}", f"Utilisation per phase with the instruction set capped at {isa} "
+            f"(ONEDNN_MAX_CPU_ISA={isa}, torch kernels {aten}; bench/utilisation.py)")
 
 
 if __name__ == "__main__":

@@ -19,6 +19,20 @@ def test_auto_dtype_follows_fast_bf16(monkeypatch):
     assert loading.resolve_dtype("fp32") == "fp32"  # explicit choices are kept
 
 
+@pytest.mark.parametrize(("isa", "fast"), [(None, True), ("ALL", True), ("AVX512_CORE_BF16", True), ("avx2", False),
+                                           ("AVX512_CORE", False), ("AVX2_VNNI_2", False)])
+def test_fast_bf16_follows_cpu_flags_and_the_onednn_isa_cap(monkeypatch, isa, fast):
+    monkeypatch.setattr(loading.torch.cuda, "is_available", lambda: False)
+    monkeypatch.setattr(loading, "cpu_flags", lambda: {"avx2", "avx512f", "avx512_bf16"})
+    if isa is None:
+        monkeypatch.delenv("ONEDNN_MAX_CPU_ISA", raising=False)
+    else:
+        monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", isa)
+    assert loading.fast_bf16_available() is fast
+    monkeypatch.setattr(loading, "cpu_flags", lambda: {"avx2", "fma"})  # an AVX2-only CPU: never fast
+    assert loading.fast_bf16_available() is False
+
+
 def test_lora_layers_adapts_only_the_top_layers():
     model = build_tiny_model(64)  # 2 layers
     peft_model = add_lora(model, r=2, alpha=4, dropout=0.0, targets=None, top_layers=1)

