@@ -228,6 +228,14 @@ def cli(model_dir: str, out: Path) -> None:
         "rm": [f"data={prefs}", "max_steps=1", "batch_size=4", "micro_batch_size=2", "max_eval_pairs=2",
                "stats_pairs=4", "max_length=64"],
         "dpo": ["max_steps=1", "batch_size=4", "micro_batch_size=2", "num_eval_prompts=0", "max_response_length=16"],
+        # dynamic sampling draws rounds until every process holds enough varied groups: processes must agree
+        # on when to stop, or one waits forever in a collective the other never enters
+        "dapo": ["rollout_batch_size=4", "group_size=2", "mini_batch_size=4", "micro_batch_size=2",
+                 "max_new_tokens=6", "overlong_buffer=2", "num_eval_prompts=0", "iterations=2", "reward=length:3",
+                 "max_sampling_rounds=4"],
+        "kto": ["max_steps=1", "batch_size=4", "micro_batch_size=2", "num_eval_prompts=0", "max_response_length=16"],
+        "online-dpo": ["prompts_per_iteration=2", "iterations=1", "max_new_tokens=6", "micro_batch_size=2",
+                       "generation_batch_size=4", "num_eval_prompts=0", "judge=length:3"],
     }
     for name, args in commands.items():
         code = main([name, *common, f"run_name={name}", *args])

@@ -25,7 +25,8 @@ import torch
 
 WORKER = Path(__file__).with_name("ddp_worker.py")
 STEPS = ("policy-token-mean", "policy-seq-mean", "sft", "rm", "dpo")
-TRAINERS = ("ppo", "grpo", "sft", "rm", "dpo")
+TRAINERS = ("ppo", "grpo", "sft", "rm", "dpo", "dapo", "kto", "online-dpo")
+ITERATIONS = {"dapo": 2}
 
 
 def free_port() -> int:
@@ -122,9 +123,21 @@ def test_each_process_samples_its_own_prompts_with_its_own_seed(outputs):
 def test_every_trainer_cli_runs_one_iteration_on_two_processes(outputs, command):
     run_dir = outputs[0] / "runs" / command
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    assert [r["iteration"] for r in rows] == [0]  # written once, by the main process
+    assert [r["iteration"] for r in rows] == list(range(ITERATIONS.get(command, 1)))  # once, by the main process
     assert (run_dir / "config.yaml").is_file() and (run_dir / "summary.json").is_file()
     assert (run_dir / "final" / "adapter_config.json").is_file()
+
+
+def test_dynamic_sampling_on_two_processes_counts_groups_over_both(outputs):
+    """DAPO on 2 processes x 2 prompts: each iteration keeps at most the 4 groups asked for globally,
+    draws at most max_sampling_rounds rounds, and logs the extra samples those rounds cost."""
+    run_dir = outputs[0] / "runs" / "dapo"
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    for r in rows:
+        rounds, kept = r["rollout/sampling_rounds"], r["rollout/kept_groups"]
+        assert 1 <= rounds <= 4 and rounds == int(rounds)
+        assert 0 <= kept <= 2 and kept == int(kept)  # per process: 4 rows / group size 2
+        assert r["rollout/extra_samples"] == (rounds - 1) * 4
 
 
 def test_processes_share_one_run_folder_without_a_run_name(outputs):
