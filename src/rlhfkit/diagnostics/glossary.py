@@ -169,6 +169,14 @@ METRICS: dict[str, str] = {
     "timing/step_s": "SFT, RM, DPO: seconds of one optimiser step, batch to update.",
     "throughput/tokens_per_s": "Valid generated response tokens per second of wall time over the whole "
     "iteration (rollout + update), summed over processes.",
+    # ---- one-step-off-policy rollouts (GRPO family, one_step_off_policy)
+    "rollout/policy_lag": "GRPO with one_step_off_policy: policy updates between the weights that sampled the "
+    "batch and the trainer's (0: sampled on-policy, the first iteration and the first after a resume; 1: by the "
+    "sampler copy, before the previous update).",
+    "timing/sampler_wait_s": "GRPO with one_step_off_policy: seconds the trainer waited after its update for the "
+    "background sampler to finish the next batch (0 when sampling was fully hidden behind the update).",
+    "timing/sampler_logprobs_s": "GRPO with one_step_off_policy: seconds of the sampler's own teacher-forced pass "
+    "over its tokens (its log-probs for the importance weights), run in the background thread; 0 on-policy.",
 }
 
 GROUP_ORDER = ("rollout", "loss", "params", "rewards", "logps", "rm", "data", "eval", "trpo", "timing", "throughput")

@@ -5,18 +5,42 @@ picks token i with probability p_i. It is the algorithm torch.multinomial uses f
 with E = -log(U) from `torch.rand`: torch's `exponential_` takes about 20 ms per decoding step
 for 16 x 49152 values on 2 CPU cores, rand + log about 4 ms. (Sampling also runs LoRA layers
 merged: models/lora.py `merged_lora`.)
+
+`thread_generator(g)` makes the calling thread's races draw from `g`: a sampler thread beside the
+trainer (rollout/offpolicy.py) then samples a function of its own seed alone.
 """
 
 from __future__ import annotations
 
+import contextlib
+import threading
+
 import torch
 from transformers import LogitsProcessor
+
+_local = threading.local()
+
+
+@contextlib.contextmanager
+def thread_generator(generator: torch.Generator):
+    """Within the block, exponential races run by this thread draw from `generator` (on the
+    device they sample on) instead of torch's global generator, which other threads share."""
+    previous = getattr(_local, "generator", None)
+    _local.generator = generator
+    try:
+        yield generator
+    finally:
+        _local.generator = previous
 
 
 def exponential_race(probs: torch.Tensor) -> torch.Tensor:
     """One token per row of `probs` (B, V) (non-negative, any scale), token i with probability
-    probs[i] / sum(probs). Returns (B,) long. Uses torch's global generator."""
-    exp_noise = torch.rand_like(probs).log_().neg_()  # Exp(1); U = 0 gives +inf, so that token loses
+    probs[i] / sum(probs). Returns (B,) long. Uses torch's global generator, or the calling
+    thread's `thread_generator`."""
+    g = getattr(_local, "generator", None)
+    u = torch.rand_like(probs) if g is None else torch.rand(probs.shape, generator=g, dtype=probs.dtype,
+                                                            device=probs.device)
+    exp_noise = u.log_().neg_()  # Exp(1); U = 0 gives +inf, so that token loses
     return (probs / exp_noise).argmax(dim=-1)
 
 

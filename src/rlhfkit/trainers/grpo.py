@@ -27,6 +27,7 @@ Maths and the aggregation rule: docs/algorithms.md.
 
 from __future__ import annotations
 
+import contextlib
 import time
 
 import torch
@@ -43,6 +44,7 @@ from rlhfkit.algos import (
     truncated_is_weights,
 )
 from rlhfkit.rollout import Rollout, forward_logprobs
+from rlhfkit.rollout.offpolicy import OneStepOffPolicy
 from rlhfkit.runtime.config import config_main
 from rlhfkit.runtime.precision import autocast
 from rlhfkit.trainers.build import build_actor
@@ -155,14 +157,19 @@ def micro_batch_loss(model, mb: Rollout, cfg: GRPOConfig, n_tokens: float, n_seq
 # ----------------------------------------------------------------------------- loop
 
 
-def collect(rl: RLRun, cfg: GRPOConfig, it: int) -> tuple[Rollout, Rollout, dict[str, float]]:
+def collect(rl: RLRun, cfg: GRPOConfig, it: int, prefetch: OneStepOffPolicy | None = None,
+            ) -> tuple[Rollout, Rollout, dict[str, float]]:
     """Steps 1-3: (the batch to train on, everything sampled, metrics). One draw of
-    prompts_per_iteration groups, or dynamic sampling's rounds (grpo_rollout.dynamic_batch)."""
+    prompts_per_iteration groups, or dynamic sampling's rounds (grpo_rollout.dynamic_batch).
+    `prefetch` (one_step_off_policy): the batch its sampler drew one update ago, or on-policy."""
     G = cfg.group_size
 
     def draw(r: int) -> tuple[Rollout, dict[str, float]]:
-        records = [rec for rec in rl.stream.next(cfg.prompts_per_iteration) for _ in range(G)]  # groups of G rows
-        rollout = rl.sample(records, it, r)
+        if prefetch is not None:  # one round only (the config refuses dynamic sampling)
+            rollout, records = prefetch.batch(it)
+        else:
+            records = [rec for rec in rl.stream.next(cfg.prompts_per_iteration) for _ in range(G)]  # groups of G
+            rollout = rl.sample(records, it, r)
         if cfg.advantage == "remax":
             return rollout, compute_advantages(rollout, cfg, greedy_scores(rl, cfg, records[::G]))
         return rollout, compute_advantages(rollout, cfg)
@@ -216,17 +223,23 @@ def train(cfg: GRPOConfig) -> dict:
     def loss_fn(mb: Rollout, n_tokens: float, n_seqs: float):
         return micro_batch_loss(rl.model, mb, cfg, n_tokens, n_seqs, rl.run.device, rl.run.world)
 
-    rl.run.resume()  # when resuming: weights, optimiser, data position, RNG, ... from the checkpoint
-    with rl.evaluating():  # held-out reward before and after
+    prefetch = OneStepOffPolicy(rl, cfg) if cfg.one_step_off_policy else None
+    # when resuming: weights, optimiser, data position, RNG, ... from the checkpoint
+    rl.run.resume(**({"one_step_off_policy": prefetch} if prefetch else {}))
+    with rl.evaluating(), prefetch or contextlib.nullcontext():  # held-out reward before and after
         for it in rl.run.steps():  # checkpoints when due; SIGINT/SIGTERM: checkpoint and stop
             t0 = time.time()
-            batch, sampled, metrics = collect(rl, cfg, it)  # steps 1-3
+            batch, sampled, metrics = collect(rl, cfg, it, prefetch)  # steps 1-3 (+ start sampling batch it+1)
             metrics.update(rollout_metrics(sampled))
             rows = informative_rows(batch, cfg, rl.run.world)
             metrics["rollout/update_fraction"] = len(rows) / len(sampled.scores)
             t1 = t2 = time.time()
             if len(rows):
                 t1, t2 = update_on(rl, cfg, batch, rows, loss_fn, metrics)  # steps 4-5
+            if prefetch is not None:  # wait for batch it+1, then the sampler takes the updated weights
+                lag, wait_s, pass_s = prefetch.after_update()
+                metrics.update({"rollout/policy_lag": float(lag), "timing/sampler_wait_s": wait_s,
+                                "timing/sampler_logprobs_s": pass_s})
             metrics["params/beta"] = cfg.beta
             extra = {}
             if sampled is batch or cfg.advantage not in REINFORCE_PP:  # else the sampled rows have none

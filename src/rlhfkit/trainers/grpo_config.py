@@ -26,6 +26,7 @@ ADVANTAGES = ("group", "rloo", "reinforce++", "reinforce++-baseline", "remax")
 GROUPLESS = ("reinforce++", "remax")  # advantages that need no group of G >= 2 samples
 REINFORCE_PP = ("reinforce++", "reinforce++-baseline")
 IMPORTANCE_LEVELS = ("token", "sequence", "sequence-token")
+OFF_POLICY_TIS_CAP = 2.0  # one_step_off_policy's cap when tis_cap is unset (Yao et al. 2025 use C = 2)
 
 
 @dataclass
@@ -91,7 +92,17 @@ class GRPOConfig(EnvArgs, GenerationArgs, ReferenceArgs, SamplingArgs, ModelArgs
                                    "GSPO-token (the sequence ratio's value, each token's gradient)", IMPORTANCE_LEVELS)
     tis_cap: float | None = option(None, "truncated importance sampling: weight each token's loss by min(pi_train / "
                                    "pi_sampler, tis_cap) when the sampler reports its own log-probs (vLLM); HF "
-                                   "sampling is the trainer itself, so the weight is exactly 1 (None = off)")
+                                   "sampling is the trainer itself, so the weight is exactly 1 (None = off; "
+                                   f"{OFF_POLICY_TIS_CAP:g} with one_step_off_policy)")
+    one_step_off_policy: bool = option(False, "sample batch n+1 in a background thread, with a copy of the policy "
+                                       "as it was before update n, while update n runs: iteration n trains on a "
+                                       "batch one update stale, weighted by min(pi_train / pi_sampler, tis_cap) "
+                                       f"(tis_cap None becomes {OFF_POLICY_TIS_CAP:g}). Pays where sampling and "
+                                       "the update can run at once (a GPU with spare capacity); on a few CPU cores "
+                                       "they share the cores. The first iteration, and the first after a resume, "
+                                       "sample on-policy. LoRA copies only the adapters; full fine-tuning a whole "
+                                       "model. Not with dynamic_sampling, env, generation_backend=vllm, top_k/top_p "
+                                       "or FSDP/DeepSpeed")
     # outputs and checks
     ratio_check_tol: float = option(1e-3, "max |ratio-1| allowed on the first micro-batch of each rollout (it repeats "
                                     "the scoring pass exactly, so anything above float noise means broken log-probs)")
@@ -147,6 +158,19 @@ class GRPOConfig(EnvArgs, GenerationArgs, ReferenceArgs, SamplingArgs, ModelArgs
               f"overlong_buffer ({self.overlong_buffer}) must be in [0, max_new_tokens={self.max_new_tokens}]")
         check(self.overlong_penalty >= 0, f"overlong_penalty ({self.overlong_penalty}) must be >= 0")
         check(self.tis_cap is None or self.tis_cap >= 1, f"tis_cap ({self.tis_cap}) must be >= 1 or None")
+        if self.one_step_off_policy:
+            self.validate_off_policy()
+
+    def validate_off_policy(self) -> None:
+        """The combinations one_step_off_policy refuses, and its default truncation cap."""
+        refused = [("dynamic_sampling=true", self.dynamic_sampling), (f"env={self.env}", bool(self.env)),
+                   (f"generation_backend={self.generation_backend}", self.generation_backend not in ("hf", "lean")),
+                   (f"top_k={self.top_k}", self.top_k not in (0, None)), (f"top_p={self.top_p}", self.top_p < 1)]
+        for what, bad in refused:
+            check(not bad, f"one_step_off_policy: not supported with {what} (the sampler thread draws full-"
+                  "vocabulary single-turn batches of one round with HF generate or the lean loop)")
+        if self.tis_cap is None:  # stale batches need the correction
+            self.tis_cap = OFF_POLICY_TIS_CAP
 
     @property
     def uses_reference(self) -> bool:
