@@ -9,6 +9,8 @@ glibc's view too (mallinfo2): bytes in use, free but kept in the heap, and mmapp
     python bench/memory_phases.py grpo iterations=1 num_eval_prompts=64
     python bench/memory_phases.py dpo max_steps=2
     python bench/memory_phases.py grpo --wrap rlhfkit.rollout.core:generate_ids:generate ...
+
+bench/demo_memory.py runs every trainer's demo under this script (the table of docs/benchmarks.md).
 """
 
 from __future__ import annotations
@@ -33,6 +35,20 @@ PHASES = [  # module, attribute (dotted under the module), label
     ("rlhfkit.trainers.dpo", "reference_tables", "ref_tables"),
     ("rlhfkit.trainers.dpo", "train_step", "step"),
     ("rlhfkit.trainers.dpo", "held_out_metrics", "held_out"),
+    ("rlhfkit.trainers.rl", "evaluate_episodes", "eval"),  # multi-turn (env=) held-out episodes
+    ("rlhfkit.trainers.judged", "judged_samples", "judged_eval"),  # DPO family: samples for the win rate
+    ("rlhfkit.trainers.dpo", "judged_samples", "judged_eval"),  # imported by name there
+    ("rlhfkit.trainers.kto", "judged_samples", "judged_eval"),
+    ("rlhfkit.trainers.kto", "train_step", "step"),
+    ("rlhfkit.trainers.kto", "held_out_metrics", "held_out"),
+    ("rlhfkit.trainers.online_dpo", "dpo_step", "dpo_step"),
+    ("rlhfkit.trainers.sft", "sft_step", "step"),
+    ("rlhfkit.trainers.sft", "eval_stats", "eval"),
+    ("rlhfkit.trainers.rm", "rm_step", "step"),
+    ("rlhfkit.trainers.rm", "evaluate_pairs", "eval"),
+    ("rlhfkit.trainers.trpo", "policy_step", "policy_step"),
+    ("rlhfkit.trainers.trpo", "critic_update", "critic_update"),
+    ("rlhfkit.pipeline", "run_stage", "stage"),
 ]
 
 

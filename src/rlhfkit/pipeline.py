@@ -23,6 +23,7 @@ an interrupted stage reruns because it never wrote its marker.
 from __future__ import annotations
 
 import copy
+import gc
 import hashlib
 import json
 import shutil
@@ -34,6 +35,7 @@ from typing import Any
 import yaml
 
 from rlhfkit.errors import ConfigError, UserError
+from rlhfkit.runtime.allocator import trim_heap
 from rlhfkit.runtime.config import build_config, coerce, read_yaml, to_dict
 
 STAGES = ("sft", "prefs", "rm", "ppo", "eval")
@@ -246,6 +248,8 @@ def run_pipeline(cfg: dict) -> dict:
         print(f"[pipeline] {stage}: running -> {folder}", flush=True)
         t0 = time.time()
         summary = run_stage(stage, c)
+        gc.collect()  # the stage's model, optimiser and data are garbage now:
+        trim_heap()  # hand their freed heap back, so the next stage starts low (runtime/allocator.py)
         secs = time.time() - t0
         folder.mkdir(parents=True, exist_ok=True)
         (folder / MARKER).write_text(json.dumps({"stage": stage, "fingerprint": fp, "seconds": secs,

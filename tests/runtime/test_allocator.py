@@ -64,3 +64,30 @@ def test_a_value_that_does_not_fit_a_c_int_is_refused():
     with pytest.raises(ValueError, match="C int"):
         allocator._c_int(8 * 2**30)
     assert allocator._c_int(2**31 - 1).value == 2**31 - 1
+
+
+def test_trim_heap_gives_freed_heap_blocks_back(tmp_path):
+    """After the tuning, freed blocks below the mmap threshold stay in the heap (RSS keeps them);
+    trim_heap hands their pages back. In a fresh process: the tuning is once per process."""
+    import subprocess
+    import sys
+
+    script = tmp_path / "trim.py"
+    script.write_text(
+        "import torch\n"
+        "from rlhfkit.runtime.allocator import trim_heap, tune_malloc\n"
+        "def rss():\n"
+        "    return next(int(l.split()[1]) for l in open('/proc/self/status') if l.startswith('VmRSS')) * 1024\n"
+        "assert trim_heap() is False  # not tuned: nothing to undo\n"
+        "if tune_malloc() is None:\n"
+        "    print('skip'); raise SystemExit\n"
+        "blocks = [torch.ones(2**18) for _ in range(400)]  # 400 x 1 MiB, below the 32 MiB mmap threshold\n"
+        "keep = torch.ones(16)  # allocated above them: the heap's top cannot shrink by itself\n"
+        "del blocks\n"
+        "before = rss()\n"
+        "assert trim_heap() is True\n"
+        "print(before - rss())\n")
+    out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, check=True).stdout.split()[-1]
+    if out == "skip":
+        return  # not glibc, or opted out in this environment
+    assert int(out) > 300 * 2**20  # most of the 400 MiB went back

@@ -58,8 +58,8 @@ def test_cpu_lora_sampling_counts_a_merged_copy_of_the_adapted_weights():
     cpu = estimate(build_config(MemoryArgs, {**base, "device": "cpu"}))
     per_layer = 576 * 576 * 2 + 576 * 192 * 2 + 576 * 1536 * 3  # q, o; k, v; gate, up, down
     assert cpu["merged LoRA"] == 30 * per_layer * 4 == 424_673_280
-    assert cpu["generation phase"] == cpu["policy weights"] + cpu["optimiser"] + cpu["value head"] \
-        + cpu["KV cache"] + cpu["merged LoRA"]
+    assert cpu["generation phase"] == cpu["process baseline"] + cpu["policy weights"] + cpu["optimiser"] \
+        + cpu["value head"] + cpu["KV cache"] + cpu["merged LoRA"]
     top = estimate(build_config(MemoryArgs, {**base, "device": "cpu", "lora_layers": 12}))
     assert top["merged LoRA"] == 12 * per_layer * 4
     for other in ({}, {"lora": False}, {"num_devices": 2}, {"method": "dpo"}):  # GPU, no LoRA, 2 processes, no sampling
@@ -109,3 +109,53 @@ def test_the_worked_table_in_docs_is_what_the_function_computes():
 
     doc = (Path(__file__).parents[2] / "docs" / "scale.md").read_text()
     assert worked_table() in doc, "docs/scale.md's worked table is stale: paste rlhfkit.runtime.memory.worked_table()"
+
+
+def test_cpu_terms_by_hand_for_the_multi_turn_grpo_demo():
+    """device=cpu adds the process baseline, runs long micro-batches in row chunks of CHUNK_POSITIONS
+    response positions and takes the activation bytes measured on the CPU (bench/demo_memory.py)."""
+    from rlhfkit.runtime.memory import CPU_ACTIVATION_BYTES, PROCESS_BASELINE
+
+    args = build_config(MemoryArgs, dict(model="smollm2-135m", device="cpu", dtype="bf16", method="grpo",
+                                         micro_batch_size=16, prompt_length=260, max_new_tokens=128,
+                                         generation_batch_size=64, group_size=8))
+    est = estimate(args)
+    assert est["process baseline"] == PROCESS_BASELINE == 0.26e9
+    rows = 512 // 128  # 16 rows of 128 response tokens run as chunks of 4 rows (512 positions)
+    assert rows == 4
+    # a chunk's 4 rows share one prompt (group of 8): 4 x 128 response + 1 x 260 prompt positions;
+    # 30 layers x 772 positions x 576 hidden x 85 bytes (measured on the CPU, bf16 and fp32 alike)
+    assert CPU_ACTIVATION_BYTES == 85
+    assert est["activations"] == 30 * (4 * 128 + 260) * 576 * 85 == 1_133_913_600
+    assert est["logits"] == 4 * 128 * 49152 * 8  # the head's two fp32 buffers for one chunk
+    weights = 134_515_008 * 2 + 4_884_480 * 4  # bf16 base, fp32 adapters
+    assert est["policy weights"] == weights
+    # glibc's kept blocks: half the transient (CPU_HEAP_RETENTION)
+    assert est["heap retention"] == 0.5 * (est["activations"] + est["logits"])
+    assert est["training phase"] == 0.26e9 + weights + 4_884_480 * 8 + 4_884_480 * 4 \
+        + 1.5 * (est["activations"] + est["logits"])
+    assert est["peak"] == est["training phase"] > est["generation phase"]
+    # the GPU path is unchanged: no baseline, the whole micro-batch, Korthikanti's 34 / 2 x b_c
+    gpu = estimate(build_config(MemoryArgs, dict(model="smollm2-135m", dtype="bf16", method="grpo",
+                                                 micro_batch_size=16, prompt_length=260, max_new_tokens=128)))
+    assert gpu["process baseline"] == gpu["heap retention"] == 0
+    assert gpu["activations"] == 30 * 16 * 388 * 576 * 34 and gpu["logits"] == 16 * 128 * 49152 * 8
+    # group_size on the GPU: 16 x 128 response + 2 x 260 prompt positions
+    shared = estimate(build_config(MemoryArgs, dict(model="smollm2-135m", dtype="bf16", method="grpo",
+                                                    micro_batch_size=16, prompt_length=260, max_new_tokens=128,
+                                                    group_size=8)))
+    assert shared["activations"] == 30 * (16 * 128 + 2 * 260) * 576 * 34
+    # methods without chunks (sft, rm) keep the whole micro-batch on the CPU too
+    sft = estimate(build_config(MemoryArgs, dict(model="smollm2-135m", device="cpu", method="sft",
+                                                 micro_batch_size=16, prompt_length=260, max_new_tokens=128)))
+    assert sft["activations"] == 30 * 16 * 388 * 576 * 85
+    fp32 = estimate(build_config(MemoryArgs, dict(model="smollm2-135m", device="cpu", method="sft", dtype="fp32",
+                                                  micro_batch_size=16, prompt_length=260, max_new_tokens=128)))
+    assert fp32["activations"] == sft["activations"]  # the CPU factor was measured alike in both dtypes
+
+
+def test_chunk_size_matches_the_trainers():
+    from rlhfkit.rollout.logprobs import CHUNK_POSITIONS
+    from rlhfkit.runtime.memory import CHUNK_POSITIONS as ESTIMATED
+
+    assert ESTIMATED == CHUNK_POSITIONS

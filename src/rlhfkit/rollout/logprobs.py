@@ -12,6 +12,43 @@ import torch
 
 from rlhfkit.rollout.core import Rollout, trim_rows
 
+# Response positions (rows x response width) one forward/backward runs at most on the CPU: a
+# micro-batch with more runs in row chunks (`row_chunks`). Activations grow with the positions (about
+# 1.5 MB each for SmolLM2-135M with LoRA in bf16: 16 rows of 128 tokens held 3 GB), while the matmuls
+# of a 512-position chunk are still large enough to run at full speed. GPUs run whole micro-batches.
+CHUNK_POSITIONS = 512
+
+
+def chunk_positions(device: torch.device) -> int | None:
+    """CHUNK_POSITIONS on the CPU, None (no chunks) elsewhere."""
+    return CHUNK_POSITIONS if torch.device(device).type == "cpu" else None
+
+
+def row_chunks(rows: torch.Tensor, real_mask: torch.Tensor, max_positions: int | None) -> list[torch.Tensor]:
+    """`rows` (one micro-batch's row indices, in order) cut into the fewest contiguous, near-equal
+    chunks of at most `max_positions` // width rows (at least one; None: no cut), width = the
+    micro-batch's response width (the last real column over `rows`, as `trim` cuts). real_mask: (B, R) of the whole rollout.
+    Pure in its inputs, so the scoring pass and the update cut a micro-batch alike (the first update
+    chunk repeats the scoring pass exactly). Contiguous chunks keep a group's rows together."""
+    if max_positions is None or len(rows) < 2:
+        return [rows]
+    used = real_mask[rows].any(0).nonzero()
+    width = int(used.max()) + 1 if len(used) else 1
+    per_chunk = max(1, max_positions // width)  # a row wider than the budget still runs, alone
+    k = -(-len(rows) // per_chunk)  # ceil: near-equal chunks of at most per_chunk rows
+    return [c for c in torch.tensor_split(rows, k) if len(c)]
+
+
+def rows_of(rollout: Rollout, rows: torch.Tensor, columns: torch.Tensor | None = None) -> Rollout:
+    """Rows `rows` of `rollout`, trimmed to their own columns (`trim_rows`), or to those of `columns`
+    (the rows of the micro-batch the chunk `rows` comes from): then every chunk of a micro-batch has
+    the micro-batch's shape and glibc reuses one chunk's freed blocks for the next, where chunks of
+    other widths each grew the heap anew."""
+    if columns is None:
+        return trim_rows(rollout, rows)
+    where = {int(r): i for i, r in enumerate(columns)}
+    return trim_rows(rollout, columns).select(torch.tensor([where[int(r)] for r in rows], dtype=torch.long))
+
 
 def forward_logprobs(
     actor,
@@ -44,7 +81,8 @@ def logprob_pass(actor, reference, rollout: Rollout, temperature: float, micro_b
     `order` (B,) groups rows into micro-batches exactly as the first update epoch will, so the
     first update micro-batch repeats this computation bit for bit and its ratio must be 1
     (docs/pitfalls.md#off-by-one); other groupings change padding widths, which moves bf16 results by
-    ~1e-2.
+    ~1e-2. A micro-batch of more than CHUNK_POSITIONS response positions runs in row chunks
+    (`row_chunks`), as the update runs it.
 
     When the actor has frozen bottom layers (`actor.trunk_depth`, models/trunk.py) they run once per
     micro-batch for the policy and the adapter-disabled reference, and their output is kept in
@@ -62,9 +100,10 @@ def logprob_pass(actor, reference, rollout: Rollout, temperature: float, micro_b
     keep = depth and B * (P + R) * H * 4 <= keep_trunk_mb * 2**20  # (B, L, H) at 4 bytes
     loaded = getattr(reference, "loaded", None)  # an offloaded reference comes in once per pass
     with loaded(device) if callable(loaded) else contextlib.nullcontext():
-        for i in range(0, B, micro_batch_size):
-            rows = order[i : i + micro_batch_size]
-            mb = trim_rows(rollout, rows)
+        chunks = [(c, micro) for i in range(0, B, micro_batch_size) for micro in [order[i : i + micro_batch_size]]
+                  for c in row_chunks(micro, rollout.real_mask, chunk_positions(device))]
+        for rows, micro in chunks:
+            mb = rows_of(rollout, rows, micro)  # the micro-batch's columns, as the update runs the chunk
             ids, mask = mb.input_ids.to(device), mb.attention_mask.to(device)
             mb.trunk = actor.trunk(ids, mask) if depth else None  # shared by the policy and the reference
             lp, v, ent = forward_logprobs(actor, mb, temperature, with_values=True, with_entropy=True)

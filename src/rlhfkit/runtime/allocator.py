@@ -48,6 +48,20 @@ def tune_malloc() -> dict[str, int] | None:
     return _applied
 
 
+def trim_heap() -> bool:
+    """Give the heap's free pages back to the kernel (glibc malloc_trim) where `tune_malloc` applied
+    its settings; returns whether it did. For the boundaries between phases (sampling, the update,
+    evaluation): the tuning keeps freed blocks for the next micro-batch of the same phase, but a
+    phase of other shapes does not reuse them and grows the heap anew, so without a trim RSS sums
+    the phases' peaks instead of taking the largest (issue 24: bench/demo_memory.py)."""
+    if _applied is None:
+        return False
+    try:
+        return bool(ctypes.CDLL(ctypes.util.find_library("c")).malloc_trim(ctypes.c_size_t(0)))
+    except (OSError, AttributeError, TypeError):
+        return False
+
+
 def _c_int(value: int) -> ctypes.c_int:
     """`value` as a C int; ctypes would silently wrap a larger one (8 GiB -> 0)."""
     if not 0 <= value < 2**31:

@@ -20,9 +20,20 @@ b_c = bytes of the compute dtype (2 for bf16, 4 for fp32), N devices.
   logits           m * R * V * 8 (the fused head's fp32 buffers: log-softmax and probabilities; kept for
                    the backward only when the output layer trains, i.e. full fine-tuning; a frozen
                    one's stay allocated on the CPU as a reused workspace)
+  process baseline CPU only: the resident memory of an rlhfkit process before its model loads
+                   (Python, torch, transformers, tokenizer), measured once (PROCESS_BASELINE)
+  heap retention   CPU only: CPU_HEAP_RETENTION * (activations + logits), freed blocks glibc keeps
+                   that micro-batches of other widths do not reuse (training phase)
+
+On the CPU a long micro-batch runs in row chunks of at most CHUNK_POSITIONS response positions
+(rollout/logprobs.py; PPO, the GRPO family and DPO/SimPO/ORPO), so activations and logits count
+m_c = ceil(m / k) sequences instead of m, with k = ceil(m / max(1, CHUNK_POSITIONS // R)) chunks;
+activations take the factor measured there (CPU_ACTIVATION_BYTES per position, layer and hidden
+unit, bf16 and fp32 alike: LoRA with dropout, fp32 norms) instead of 34 / 2 * b_c.
 
 m = sequences per micro-batch (2 per pair for DPO and the reward model, which has no logits),
-S = prompt + response tokens, R = response tokens, L_bw = layers the backward pass
+g = sequences sharing a prompt that runs once (group_size: activations count m * R + ceil(m / g) * P
+positions, m * S for g = 1), P prompt tokens, S = P + R, R = response tokens, L_bw = layers the backward pass
 goes through (the top `lora_layers` with LoRA on them, else L). ZeRO-2 divides gradients and
 optimiser by N; ZeRO-3 / FSDP full shard also the policy weights. The reference is not sharded.
 Activation figures are rough (within ~2x); weights, gradients, optimiser and KV cache are exact
@@ -39,6 +50,25 @@ from pathlib import Path
 from rlhfkit.runtime.config import check, config_main, option
 
 GIB = 2**30
+# Resident memory of an rlhfkit process before its model loads (Python, torch, transformers, the
+# tokenizer): the RSS at the first phase of bench/memory_phases.py (the DPO demo's `build` entry),
+# Linux x86-64, torch 2.13, transformers 5.
+PROCESS_BASELINE = 0.26e9
+# rollout/logprobs.py CHUNK_POSITIONS (tests/runtime/test_memory.py keeps the two equal; this module
+# does not import torch).
+CHUNK_POSITIONS = 512
+CHUNKED_METHODS = ("ppo", "grpo", "dpo")
+# Activation bytes per position, layer and hidden unit on the CPU (SmolLM2-135M, LoRA with dropout
+# 0.05): bf16 autocast, 3.27 GiB for 16 rows x 128 response + 8 x 40 shared prompt positions through
+# 30 layers of H = 576 (one micro-batch's forward, its head workspace apart); fp32, 0.10 GB per row of
+# 70 positions (docs/benchmarks.md, bench_knobs: micro-batch 4 / 8 / 16). The same in both dtypes:
+# norms, LoRA inputs and their dropout copies stay fp32 under autocast. The GPU formula: 34 / 2 x b_c.
+CPU_ACTIVATION_BYTES = 85
+# glibc keeps freed blocks in the heap (runtime/allocator.py), and micro-batches or chunks of other
+# widths do not reuse all of them: on the CPU RSS holds this share of the training phase's transient
+# (activations + logits) on top. Fitted to the default demos (docs/benchmarks.md, "Peak memory of the
+# default demos": measured 0.15 for GRPO, 0.3 multi-turn GRPO, 0.5 PPO, 1.2 DPO).
+CPU_HEAP_RETENTION = 0.5
 LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 
 
@@ -147,8 +177,9 @@ class MemoryArgs:
     lora_r: int = option(16, "LoRA rank")
     lora_layers: int | None = option(None, "adapt only the top N layers (None: all)")
     dtype: str = option("bf16", "compute dtype", ("bf16", "fp32"))
-    device: str = option("gpu", "where the run computes: on the CPU, LoRA sampling holds a merged copy of the "
-                         "adapted weights", ("gpu", "cpu"))
+    device: str = option("gpu", "where the run computes: on the CPU the process's own memory counts (imports), "
+                         "LoRA sampling holds a merged copy of the adapted weights and long micro-batches run "
+                         "in row chunks", ("gpu", "cpu"))
     num_devices: int = option(1, "data-parallel devices (GPUs, or processes)")
     sharding: str = option("none", "none = DDP (full copy per device); zero2 = gradients+optimiser sharded; "
                            "zero3 = also weights (DeepSpeed ZeRO-3 or FSDP full shard)", ("none", "zero2", "zero3"))
@@ -158,10 +189,12 @@ class MemoryArgs:
     prompt_length: int = option(128, "prompt tokens (padded width)")
     max_new_tokens: int = option(128, "response tokens")
     generation_batch_size: int = option(16, "prompts per generate() call (the KV cache is for this many)")
+    group_size: int = option(1, "sequences of a micro-batch that share one prompt, run once (share_prompts: "
+                             "GRPO's group_size, 2 for a DPO pair); 1 = every sequence runs its prompt")
 
     def validate(self) -> None:
         for k in ("lora_r", "num_devices", "micro_batch_size", "prompt_length", "max_new_tokens",
-                  "generation_batch_size"):
+                  "generation_batch_size", "group_size"):
             check(getattr(self, k) >= 1, f"{k} ({getattr(self, k)}) must be >= 1")
 
 
@@ -181,9 +214,15 @@ def estimate(args: MemoryArgs, shape: ModelShape | None = None) -> dict[str, flo
     merged_sampling = sampling and args.lora and args.device == "cpu" and N == 1
     S, R = args.prompt_length + args.max_new_tokens, args.max_new_tokens
     m = args.micro_batch_size * (2 if args.method in ("dpo", "rm") else 1)  # a pair is two sequences
-    layer_acts = m * S * s.hidden * 34 * bc / 2
+    cpu = args.device == "cpu"
+    if cpu and args.method in CHUNKED_METHODS:  # long micro-batches run in near-equal row chunks on the CPU
+        k = -(-m // max(1, CHUNK_POSITIONS // R))  # chunks of at most CHUNK_POSITIONS // R rows
+        m = -(-m // k)
+    per_position = CPU_ACTIVATION_BYTES if cpu else 34 * bc / 2  # bytes per layer and hidden unit
+    positions = m * R + -(-m // args.group_size) * args.prompt_length  # a shared prompt runs once per group
+    layer_acts = positions * s.hidden * per_position
     bw_layers = min(args.lora_layers, s.layers) if (args.lora and args.lora_layers) else s.layers
-    acts = (bw_layers * m * S * s.hidden * bc + layer_acts) if args.gradient_checkpointing else bw_layers * layer_acts
+    acts = (bw_layers * positions * s.hidden * bc + layer_acts) if args.gradient_checkpointing else bw_layers * layer_acts
     out = {
         "policy weights": weights,
         "gradients": grads,
@@ -196,10 +235,14 @@ def estimate(args: MemoryArgs, shape: ModelShape | None = None) -> dict[str, flo
         "merged LoRA": s.adapted_count(args.lora_layers) * bc if merged_sampling else 0,
         "activations": acts,
         "logits": 0 if args.method == "rm" else m * R * s.vocab * 8,  # response positions only
+        "process baseline": PROCESS_BASELINE if cpu else 0,  # the GPU's own memory holds no imports
     }
-    persistent = out["policy weights"] + out["optimiser"] + out["reference"] + out["value head"]
+    out["heap retention"] = CPU_HEAP_RETENTION * (acts + out["logits"]) if cpu else 0
+    persistent = (out["policy weights"] + out["optimiser"] + out["reference"] + out["value head"]
+                  + out["process baseline"])
     out["generation phase"] = persistent + out["KV cache"] + out["generation gather"] + out["merged LoRA"]
-    out["training phase"] = persistent + out["gradients"] + out["activations"] + out["logits"]
+    out["training phase"] = (persistent + out["gradients"] + out["activations"] + out["logits"]
+                             + out["heap retention"])
     out["peak"] = max(out["generation phase"], out["training phase"])
     out["parameters"], out["trainable"] = P, T
     return out
@@ -210,11 +253,11 @@ def render(args: MemoryArgs, est: dict[str, float]) -> str:
     head = (f"{args.model}: {est['parameters'] / 1e9:.3g}B parameters, {est['trainable'] / 1e6:.3g}M trainable "
             f"({'LoRA r=' + str(args.lora_r) if args.lora else 'full fine-tuning'}, {args.dtype}, {args.method}, "
             f"{args.num_devices} {args.device} device(s), sharding={args.sharding})")
-    rows = [f"| {k} | {est[k] / GIB:.3f} |" for k in ("policy weights", "gradients", "optimiser", "reference",
-                                                    "value head", "KV cache", "generation gather", "merged LoRA",
-                                                    "activations", "logits",
-                                                    "generation phase", "training phase", "peak")]
-    return "\n".join([head, "", "| component | GiB per device |", "| --- | ---: |", *rows])
+    rows = [f"| {k} | {est[k] / GIB:.3f} | {est[k] / 1e9:.3f} |"
+            for k in ("process baseline", "policy weights", "gradients", "optimiser", "reference", "value head",
+                      "KV cache", "generation gather", "merged LoRA", "activations", "logits", "heap retention",
+                      "generation phase", "training phase", "peak")]
+    return "\n".join([head, "", "| component | GiB per device | GB |", "| --- | ---: | ---: |", *rows])
 
 
 # The worked table of docs/scale.md (tests/scale/test_memory_estimate.py keeps the two identical).
@@ -235,8 +278,8 @@ WORKED = [
     ("... and offload_reference", "model=llama-2-7b lora=false num_devices=8 sharding=zero3 micro_batch_size=4 "
      "prompt_length=512 max_new_tokens=512 generation_batch_size=32 gradient_checkpointing=true offload_reference=true"),
 ]
-WORKED_COLUMNS = ("policy weights", "gradients", "optimiser", "reference", "KV cache", "generation gather",
-                  "merged LoRA", "activations", "logits", "peak")
+WORKED_COLUMNS = ("process baseline", "policy weights", "gradients", "optimiser", "reference", "KV cache", "generation gather",
+                  "merged LoRA", "activations", "logits", "heap retention", "peak")
 
 
 def worked_table() -> str:

@@ -28,7 +28,7 @@ from rlhfkit.algos import dpo_loss, orpo_loss, simpo_loss
 from rlhfkit.data.chat import format_prompts
 from rlhfkit.errors import DataError
 from rlhfkit.rollout import Rollout, forward_logprobs
-from rlhfkit.rollout.core import trim_rows
+from rlhfkit.rollout.logprobs import chunk_positions, row_chunks, rows_of
 from rlhfkit.runtime.config import check, config_main
 from rlhfkit.runtime.distributed import accumulate_backward, sum_over_processes
 from rlhfkit.runtime.faults import guarded_step
@@ -115,21 +115,37 @@ def pair_rows(idx: torch.Tensor, n_pairs: int) -> torch.Tensor:
     return torch.cat([idx, idx + n_pairs])
 
 
+def pair_chunks(idx: torch.Tensor, data: Rollout, device) -> list[torch.Tensor]:
+    """One micro-batch's pairs `idx` in contiguous chunks of at most CHUNK_POSITIONS response
+    positions (two rows per pair) on the CPU (rollout/logprobs.py `row_chunks`): the loss is a sum
+    over pairs, so chunks add up to the micro-batch's gradient while their activations stay bounded.
+    Pure in its inputs: the reference table, the steps and the held-out pass cut alike."""
+    n = data.response_ids.shape[0] // 2
+    real = data.real_mask
+    either = torch.maximum(real[:n], real[n:])  # (N, R) a column is in the pair's width if either row reaches it
+    limit = chunk_positions(device)
+    return row_chunks(idx, either, None if limit is None else max(1, limit // 2))
+
+
 # ----------------------------------------------------------------------------- log-probs and loss
 
 
-def sequence_logps(model, data: Rollout, rows: torch.Tensor, cfg: DPOConfig, device) -> tuple[torch.Tensor, torch.Tensor]:
-    """(sum of response-token log-probs, response lengths), one per row; with grad."""
-    mb = trim_rows(data, rows)
+def sequence_logps(model, data: Rollout, rows: torch.Tensor, cfg: DPOConfig, device,
+                   columns: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """(sum of response-token log-probs, response lengths), one per row; with grad. `columns`: the
+    micro-batch's rows, whose trimmed columns a chunk keeps (rollout/logprobs.py `rows_of`)."""
+    mb = rows_of(data, rows, columns)
     with autocast(cfg.dtype, device):
         lp, _, _ = forward_logprobs(model, mb, 1.0, with_values=False)
     return lp.sum(1), mb.response_mask.sum(1).to(device)
 
 
 @torch.no_grad()
-def reference_logps(reference, data: Rollout, rows: torch.Tensor, cfg: DPOConfig, device) -> torch.Tensor:
-    """Sum of response-token log-probs under the reference, one per row (on `device`)."""
-    mb = trim_rows(data, rows)
+def reference_logps(reference, data: Rollout, rows: torch.Tensor, cfg: DPOConfig, device,
+                    columns: torch.Tensor | None = None) -> torch.Tensor:
+    """Sum of response-token log-probs under the reference, one per row (on `device`). `columns`: as
+    in sequence_logps."""
+    mb = rows_of(data, rows, columns)
     with autocast(cfg.dtype, device):
         lp = reference.logprobs(mb.input_ids.to(device), mb.attention_mask.to(device), mb.response_ids.to(device),
                                 mb.response_mask.to(device))
@@ -210,8 +226,10 @@ def precompute_reference(reference, data: Rollout, batches: list[torch.Tensor], 
     def fill(pairs: torch.Tensor) -> None:
         pairs = pairs[~done[pairs]]
         for m0 in range(0, len(pairs), cfg.micro_batch_size):
-            rows = pair_rows(pairs[m0 : m0 + cfg.micro_batch_size], n)
-            table[rows] = reference_logps(reference, data, rows, cfg, device).cpu()
+            micro = pairs[m0 : m0 + cfg.micro_batch_size]
+            for chunk in pair_chunks(micro, data, device):
+                rows = pair_rows(chunk, n)
+                table[rows] = reference_logps(reference, data, rows, cfg, device, pair_rows(micro, n)).cpu()
         done[pairs] = True
 
     for batch in batches[: -(-n // cfg.batch_size)]:  # the first epoch, each process's share in turn
@@ -226,13 +244,14 @@ def train_step(model, data: Rollout, batch: torch.Tensor, ref_table, reference, 
     device, world, n = accelerator.device, accelerator.num_processes, data.response_ids.shape[0] // 2
     local = batch[accelerator.process_index :: world]
     sums: dict[str, float] = defaultdict(float)
-    for m0 in range(0, len(local), cfg.micro_batch_size):
-        idx = local[m0 : m0 + cfg.micro_batch_size]
+    chunks = [(c, pair_rows(micro, n)) for m0 in range(0, len(local), cfg.micro_batch_size)
+              for micro in [local[m0 : m0 + cfg.micro_batch_size]] for c in pair_chunks(micro, data, device)]
+    for i, (idx, columns) in enumerate(chunks):
         rows = pair_rows(idx, n)
-        logps, lengths = sequence_logps(model, data, rows, cfg, device)
-        ref = batch_reference(ref_table, reference, data, rows, cfg, device)
+        logps, lengths = sequence_logps(model, data, rows, cfg, device, columns)
+        ref = batch_reference(ref_table, reference, data, rows, cfg, device, columns)
         loss, st = dpo_batch_loss(logps, ref, lengths, cfg, float(len(batch)))  # / all processes' pairs
-        accumulate_backward(accelerator, model, loss, sync=m0 + cfg.micro_batch_size >= len(local))
+        accumulate_backward(accelerator, model, loss, sync=i == len(chunks) - 1)
         sums["loss/dpo"] += loss.item()
         for k, v in st.items():
             sums[k] += v * len(idx) / len(local)
@@ -240,18 +259,27 @@ def train_step(model, data: Rollout, batch: torch.Tensor, ref_table, reference, 
     return {k: v if k == "loss/dpo" else v / world for k, v in sums.items()}
 
 
-def batch_reference(ref_table, reference, data: Rollout, rows: torch.Tensor, cfg: DPOConfig, device):
+def batch_reference(ref_table, reference, data: Rollout, rows: torch.Tensor, cfg: DPOConfig, device,
+                    columns: torch.Tensor | None = None):
     """Reference log-probs of `rows`: from the precomputed table, computed now, or None (reference-free)."""
     if ref_table is not None:
         return ref_table[rows].to(device)
-    return None if reference is None else reference_logps(reference, data, rows, cfg, device)
+    return None if reference is None else reference_logps(reference, data, rows, cfg, device, columns)
 
 
 def held_out_metrics(model, held: Rollout, held_ref: torch.Tensor | None, cfg: DPOConfig, device) -> dict[str, float]:
     """rewards/* and logps/* of the held-out pairs under the current policy."""
     n = held.response_ids.shape[0] // 2
-    with torch.no_grad():
-        logps, lengths = sequence_logps(model, held, pair_rows(torch.arange(n), n), cfg, device)
+    chosen, rejected = [], []  # (log-prob sums, lengths) of each chunk's chosen and rejected rows
+    with torch.no_grad():  # in micro-batches and chunks, as training runs them (not all pairs at once)
+        for m0 in range(0, n, cfg.micro_batch_size):
+            micro = torch.arange(n)[m0 : m0 + cfg.micro_batch_size]
+            for idx in pair_chunks(micro, held, device):
+                logps, lengths = sequence_logps(model, held, pair_rows(idx, n), cfg, device, pair_rows(micro, n))
+                chosen.append((logps[: len(idx)], lengths[: len(idx)]))
+                rejected.append((logps[len(idx) :], lengths[len(idx) :]))
+        logps = torch.cat([lp for lp, _ in chosen + rejected])
+        lengths = torch.cat([ln for _, ln in chosen + rejected])
         return dpo_batch_loss(logps, None if held_ref is None else held_ref.to(device), lengths, cfg, float(n))[1]
 
 
@@ -329,8 +357,13 @@ def reference_tables(run: Run, reference, data: Rollout, held: Rollout | None,
         return None, None
     if held is not None:
         n = held.response_ids.shape[0] // 2
-        with reference.loaded(device):
-            held_ref = reference_logps(reference, held, pair_rows(torch.arange(n), n), cfg, device).cpu()
+        held_ref = torch.zeros(2 * n)
+        with reference.loaded(device):  # in micro-batches and chunks, as held_out_metrics runs the policy
+            for m0 in range(0, n, cfg.micro_batch_size):
+                micro = torch.arange(n)[m0 : m0 + cfg.micro_batch_size]
+                for idx in pair_chunks(micro, held, device):
+                    rows = pair_rows(idx, n)
+                    held_ref[rows] = reference_logps(reference, held, rows, cfg, device, pair_rows(micro, n)).cpu()
     ref_table = None
     if should_precompute(cfg, data.response_ids.shape[0] // 2, len(batches)):
         with run.tracker.phase("reference log-probs", None), reference.loaded(device):

@@ -30,6 +30,7 @@ from rlhfkit.errors import UserError
 from rlhfkit.rewards.scoring import mean_std
 from rlhfkit.rollout import Rollout, SamplingParams, generate
 from rlhfkit.rollout.logprobs import logprob_pass as teacher_forced_pass
+from rlhfkit.runtime.allocator import trim_heap
 from rlhfkit.runtime.distributed import generation_weights, mean_over_processes
 from rlhfkit.runtime.precision import autocast
 from rlhfkit.runtime.run import Run
@@ -242,7 +243,9 @@ class RLRun:
     def update(self, rollout: Rollout, loss_fn: LossFn, epochs: int, mini_batch_size: int,
                first_perm: torch.Tensor, group_size: int = 1) -> dict[str, float]:
         cfg, run = self.cfg, self.run
-        with run.tracker.phase("update", None):
+        trim_heap()  # sampling's freed blocks: the update's shapes would not reuse them (runtime/allocator.py)
+        with run.tracker.phase("update", None), contextlib.ExitStack() as after:
+            after.callback(trim_heap)  # and the update's, before the next sampling or evaluation
             return update_policy(self.model, run.optimizer, run.scheduler, run.accelerator, rollout, loss_fn,
                                  epochs=epochs, mini_batch_size=mini_batch_size,
                                  micro_batch_size=cfg.micro_batch_size, max_grad_norm=cfg.max_grad_norm,

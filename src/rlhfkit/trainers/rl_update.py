@@ -16,7 +16,7 @@ import torch
 from rlhfkit.algos import masked_mean
 from rlhfkit.errors import UserError
 from rlhfkit.rollout import Rollout
-from rlhfkit.rollout.core import trim_rows
+from rlhfkit.rollout.logprobs import chunk_positions, row_chunks, rows_of
 from rlhfkit.runtime.distributed import accumulate_backward, max_over_processes, sum_over_processes
 from rlhfkit.runtime.faults import NonFiniteGuard, guarded_step
 
@@ -115,8 +115,12 @@ def update_policy(model, optimizer, scheduler, accelerator, rollout: Rollout, lo
             counts = torch.tensor([rollout.response_mask[mini].sum().item(), float(len(mini))], device=device)
             n_tok, n_seq = (max(float(c), 1.0) for c in accelerator.reduce(counts, "sum"))
             mini_loss = 0.0
-            for m0 in range(0, len(mini), micro_batch_size):
-                mb = trim_rows(rollout, mini[m0 : m0 + micro_batch_size])
+            # a long micro-batch runs in row chunks, cut as the scoring pass cut it (bounded activations)
+            chunks = [(c, micro) for m0 in range(0, len(mini), micro_batch_size)
+                      for micro in [mini[m0 : m0 + micro_batch_size]]
+                      for c in row_chunks(micro, rollout.real_mask, chunk_positions(device))]
+            for i, (rows, micro) in enumerate(chunks):
+                mb = rows_of(rollout, rows, micro)
                 loss, st = loss_fn(mb, n_tok, n_seq)
                 mini_loss += loss.item()
                 if first_dev is None:  # the largest of all processes, so they all raise or none does
@@ -126,7 +130,7 @@ def update_policy(model, optimizer, scheduler, accelerator, rollout: Rollout, lo
                             f"max |ratio - 1| = {first_dev:.3g} on the first micro-batch (tolerance "
                             f"{ratio_check_tol}): log-prob reconstruction is broken (check padding, position "
                             "ids, temperature, dropout)")
-                accumulate_backward(accelerator, model, loss, sync=m0 + micro_batch_size >= len(mini))
+                accumulate_backward(accelerator, model, loss, sync=i == len(chunks) - 1)
                 w = mb.response_mask.sum().item() / n_tok
                 for k, v in st.items():
                     sums[k] += v if k.startswith("loss/") else v * w
