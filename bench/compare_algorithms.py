@@ -12,7 +12,9 @@ Each run is `rlhfkit METHOD seed=S` with a length no budget reaches; when the bu
 launch: model load and the evaluation before training are in it, the same for every method of a family; never
 before the first step is logged) it gets SIGTERM: the harness finishes its step and writes a checkpoint. Then
 `rlhfkit METHOD --resume RUN iterations=N` (max_steps=N for dpo/kto/simpo/orpo), N = the steps done, has no step
-left: it runs the evaluation after training and writes summary.json. Runs go to --out (kept), one log each.
+left: it runs the evaluation after training and writes summary.json. Runs go to --out (kept), one log and one
+row file (NAME.row.json) each; --reuse takes the rows already there, so an interrupted series goes on where it
+stopped (delete the run directory of a run that was cut off).
 
 --clock wall (default) counts the budget on the wall clock; --clock cpu counts the CPU time of the run's process
 (user + system, all its threads), which equals the wall clock of a run alone on --threads idle cores and stays fair
@@ -93,8 +95,10 @@ def run_one(method: str, seed: int, budget_s: float, out: Path, extra: list[str]
         subprocess.run([*cli, "--resume", str(run_dir), *length_args(method, steps)], stdout=log,
                        stderr=subprocess.STDOUT, check=True, env=env)
     summary = json.loads((run_dir / "summary.json").read_text())
-    return {"method": method, "seed": seed, "steps": steps, "train_min": train_s / 60, "train_cpu_min": cpu_s / 60,
-            "total_min": (time.time() - t0) / 60, **result(summary)}
+    row = {"method": method, "seed": seed, "steps": steps, "train_min": train_s / 60, "train_cpu_min": cpu_s / 60,
+           "total_min": (time.time() - t0) / 60, **result(summary)}
+    (out / f"{name}.row.json").write_text(json.dumps(row))
+    return row
 
 
 def result(summary: dict) -> dict:
@@ -117,8 +121,9 @@ def table(rows: list[dict], family: str, budget_min: float, clock: str = "wall",
     fmt = "{:.1%}" if family == "rl" else "{:.3f}"
     for r in rows:
         figure = f"{r[key]:+.1%}" if family == "rl" else f"{r[key]:.1%}"
+        wall, cpu = ("n/a" if r.get(k) is None else f"{r[k]:.1f}" for k in ("train_min", "train_cpu_min"))
         lines.append(f"| `{r['method']}` | {r['seed']} | {r['steps']} | {fmt.format(r['before'])} -> "
-                     f"{fmt.format(r['after'])} | {figure} | {r['train_min']:.1f} | {r.get('train_cpu_min', 0):.1f} |")
+                     f"{fmt.format(r['after'])} | {figure} | {wall} | {cpu} |")
     lines += ["", f"| method | runs | mean {key} |", "|---|---|---|"]
     for method in dict.fromkeys(r["method"] for r in rows):
         values = [r[key] for r in rows if r["method"] == method]
@@ -150,6 +155,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE", help="overrides for every run")
     ap.add_argument("--out", type=Path, default=ROOT / "runs" / "compare")
     ap.add_argument("--doc", action="store_true", help="write the table into docs/algorithms.md")
+    ap.add_argument("--reuse", action="store_true", help="take the rows of runs already in --out (NAME.row.json)")
     args = ap.parse_args(argv)
     methods = args.only.split(",") if args.only else FAMILIES[args.family]
     unknown = [m for m in methods if m not in FAMILIES[args.family]]
@@ -157,9 +163,15 @@ def main(argv: list[str] | None = None) -> int:
         ap.error(f"--only: {', '.join(unknown)} not in the {args.family} family ({', '.join(FAMILIES[args.family])})")
     args.out.mkdir(parents=True, exist_ok=True)
     plan = [(m, s) for s in args.seeds for m in methods]
+
+    def row(method: str, seed: int) -> dict:
+        done = args.out / f"{method}-s{seed}.row.json"
+        if args.reuse and done.exists():
+            return json.loads(done.read_text())
+        return run_one(method, seed, args.budget_min * 60, args.out, args.set, args.clock, args.threads)
+
     with ThreadPoolExecutor(max_workers=max(1, args.jobs)) as pool:
-        rows = list(pool.map(lambda ms: run_one(*ms, args.budget_min * 60, args.out, args.set, args.clock,
-                                                args.threads), plan))
+        rows = list(pool.map(lambda ms: row(*ms), plan))
     text = table(rows, args.family, args.budget_min, args.clock, args.threads)
     print(text)
     (args.out / f"{args.family}.json").write_text(json.dumps(rows, indent=1))
