@@ -71,7 +71,7 @@ ESTIMATES = {
 COMMON_ESTIMATE = "model=smollm2-135m device=cpu dtype=bf16"
 # Demos whose code path the changes of issue 24 (row chunks, micro-batch columns, heap trims around
 # the RL update) left as it was: their peak before is the peak after.
-UNCHANGED = {"sft", "rm", "kto", "online-dpo"}
+UNCHANGED = {"sft", "rm"}
 
 
 def measure(name: str, out_dir: str, pythonpath: str | None) -> dict:
@@ -123,7 +123,7 @@ def estimate_gb(name: str) -> float:
 FINDINGS = """
 Where the peaks went (bench/memory_phases.py per phase, with glibc's view): in the multi-turn demo the
 policy update's forward (16 rows of up to 128 response tokens and two ~260-token prompts per micro-batch:
-about 1.4 MB of activations per position through 30 layers with LoRA dropout copies and fp32 norm
+about 1.4 MB of activations per position through 30 layers, fp32 norm
 inputs); in DPO the training step (+1.1 GiB over its entry) and the fused head's CPU workspace
 (0.55 GiB, sized by the held-out pass over every pair at once). And in both, glibc's heap: with the
 trainers' malloc tuning (runtime/allocator.py) freed blocks stay in the heap, but a phase of other
@@ -141,9 +141,21 @@ grows as the model learns to call the tool: measured here at iteration 1. Cost o
 micro-batch of the demo (8 pairs, 2 chunks) took 18.6 CPU-s whole and 18.6 CPU-s chunked over 3
 alternating repeats in one process (ratio 1.00).
 
-Not yet under 2.5 GB: the pipeline, whose SFT stage leaves 1.8 GiB of freed heap that the later
-stages (prefs, rm, PPO with the reward model) run on top of (its peak is in the PPO stage's scoring
-pass); DPO-family steps sit at about 2.5 GB because each micro-batch width of a step grows the heap.
+Added 2026-11-24: online DPO's step and KTO's reference table, z_0 pass, steps and held-out pass run in
+the same row chunks (tests/trainers/test_chunked_passes.py: equal to whole micro-batches), KTO trims the
+heap after each step, and the pipeline after each stage. Online DPO 3.49 -> 2.17 GB (its 8-pair
+micro-batches of 64-token samples had run whole); KTO 4.06 -> 3.41 GB (the trims; its held-out pass,
+which had run every row at once, fell from 3.78 to 1.45 GiB); the pipeline 3.11 -> 2.60 GB (its later
+stages now start at 0.6-1.0 GiB; the peak moved to the SFT stage's steps). The same per-step trim in DPO
+left its peak where it was (2.67 against 2.66 GB, max RSS of `rlhfkit dpo max_steps=5`) and cost up to
+1 s a step, so DPO, SFT and the reward model have none.
+
+Not yet under 2.5 GB: KTO (3.41), REINFORCE++ (3.07) and the pipeline (2.60). In each, glibc's heap
+holds about 2 GiB of free blocks while 0.6-0.8 GiB is in use: micro-batches and chunks of other widths
+(REINFORCE++ updates all 64 rows of 64 distinct prompts, four micro-batches of different prompt widths)
+do not reuse the freed blocks and the heap grows anew. Seen, not yet adopted: KTO with chunks of 256
+response positions instead of 512 peaked at 2.08 GiB (2.13 GB, max RSS of `kto max_steps=3`, one run);
+the chunk budget counts response positions, while activations grow with prompt + response.
 """
 
 
@@ -172,7 +184,7 @@ def table(results: dict) -> str:
             "bench/memory_phases.py whose exact peak was highest (eval = held-out sampling, update/backward = "
             "the policy update, step = a DPO-family optimiser step). Estimate: `rlhfkit estimate-memory "
             f"{COMMON_ESTIMATE} ...` with the demo's shapes (bench/demo_memory.py ESTIMATES). Before = the code "
-            "without row chunks and heap trims; \"= after\": a demo whose code path they do not change (`UNCHANGED`); "
+            "before the row chunks and heap trims reached the demo's path (pipeline: before its stage trims); \"= after\": a demo whose code path they do not change (`UNCHANGED`); "
             "\"-\": not measured before.")
     return "\n".join(rows) + "\n" + note + "\n" + FINDINGS
 

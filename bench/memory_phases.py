@@ -148,10 +148,11 @@ def main() -> None:
     from rlhfkit.cli import main as cli
 
     try:
-        cli(argv)
-    except SystemExit:
-        pass
+        code = cli(argv)
+    except SystemExit as stop:
+        code = stop.code
     print(probe.summary())
+    sys.exit(code)  # the command's own exit status: a failed demo is not a measurement
 
 
 if __name__ == "__main__":

@@ -136,3 +136,56 @@ def test_dpo_with_chunks_equals_dpo_without(tmp_path, tiny_model_dir, monkeypatc
     assert held_whole.keys() == held_chunked.keys()
     for key, value in held_whole.items():
         assert abs(held_chunked[key] - value) <= 1e-4 * max(abs(value), 1e-3), key
+
+
+def test_online_dpo_with_chunks_equals_online_dpo_without(tmp_path, tiny_model_dir, monkeypatch):
+    """Online DPO's step cuts its micro-batches of sampled pairs as DPO does: one-pair chunks give the same
+    loss, gradient norm and implicit rewards as whole micro-batches, and the first step stays at log 2."""
+    from test_online_dpo import tiny_cfg
+
+    import rlhfkit.trainers.dpo as dpo
+    from rlhfkit.trainers.online_dpo import train
+
+    cuts = spy_chunks(monkeypatch, dpo)  # online DPO cuts with dpo.pair_chunks
+    runs = {}
+    for name, positions in (("whole", 10**9), ("chunked", 4)):
+        monkeypatch.setattr(logprobs_mod, "CHUNK_POSITIONS", positions)
+        train(tiny_cfg(tmp_path, tiny_model_dir, run_name=name, lr=1e-2, seed=5))
+        runs[name] = _metrics(tmp_path / "runs" / name / "metrics.jsonl")
+    assert max(cuts["whole"]) == 1 and max(cuts["chunked"]) > 1
+    assert runs["chunked"][0]["loss/dpo"] == pytest.approx(math.log(2), abs=1e-6)
+    assert len(runs["whole"]) == len(runs["chunked"]) == 2
+    for a, b in zip(runs["whole"], runs["chunked"]):
+        assert a["rollout/pairs"] == b["rollout/pairs"] > 0  # the same samples and judged pairs
+        for key in ("loss/dpo", "params/grad_norm", "rewards/margin"):
+            scale = max(abs(a[key]), 1e-3)
+            assert abs(b[key] - a[key]) <= 1e-4 * scale, (key, a[key], b[key])
+
+
+@pytest.mark.parametrize("precompute", [True, False])
+def test_kto_with_chunks_equals_kto_without(tmp_path, tiny_model_dir, monkeypatch, precompute):
+    """KTO cuts its micro-batches (reference table, z_0 rows, steps, held-out pass) into chunks: one-row
+    chunks give the same losses, reference points, gradient norms and held-out rewards as whole
+    micro-batches, and the first step stays at 0.5 (beta r = 0 against z_0 = 0)."""
+    from test_kto import tiny_cfg
+
+    import rlhfkit.trainers.kto as kto
+    from rlhfkit.trainers.kto import train
+
+    cuts = spy_chunks(monkeypatch, kto)
+    runs = {}
+    for name, positions in (("whole", 10**9), ("chunked", 2)):
+        monkeypatch.setattr(logprobs_mod, "CHUNK_POSITIONS", positions)
+        out = train(tiny_cfg(tmp_path, tiny_model_dir, run_name=name, lr=1e-2, max_steps=3,
+                             precompute_ref_logps=precompute))
+        runs[name] = (_metrics(tmp_path / "runs" / name / "metrics.jsonl"), out)
+    (whole, whole_summary), (chunked, chunked_summary) = runs["whole"], runs["chunked"]
+    assert max(cuts["whole"]) == 1 and max(cuts["chunked"]) > 1
+    assert chunked[0]["loss/kto"] == pytest.approx(0.5, abs=1e-6)
+    for a, b in zip(whole, chunked):
+        for key in ("loss/kto", "params/grad_norm", "params/kl_reference_point", "rewards/chosen"):
+            scale = max(abs(a[key]), 1e-3)
+            assert abs(b[key] - a[key]) <= 1e-4 * scale, (key, a[key], b[key])
+    held_whole, held_chunked = whole_summary["held_out"], chunked_summary["held_out"]
+    for key, value in held_whole.items():
+        assert abs(held_chunked[key] - value) <= 1e-4 * max(abs(value), 1e-3), key

@@ -208,3 +208,19 @@ def test_errors_and_help(tmp_path, capsys):
     out = capsys.readouterr().out
     for f in dataclasses.fields(RMConfig):
         assert f"  {f.name} (" in out, f.name
+
+
+def test_builtin_prefs_reviews_is_accepted_with_its_own_splits(tmp_path, tiny_model_dir):
+    """`rlhfkit rm data=builtin:prefs_reviews` trains on the pairs DPO's demo uses, split by their split field."""
+    from rlhfkit.trainers.dpo import resolve_prefs
+
+    rows = [json.loads(line) for line in open(resolve_prefs("builtin:prefs_reviews"))]
+    n_test = sum(r.get("split") == "test" for r in rows)
+    assert 0 < n_test < len(rows)
+    cfg = build_config(RMConfig, dict(
+        model=str(tiny_model_dir), data="builtin:prefs_reviews", dtype="fp32", lora=False, max_steps=1, batch_size=4,
+        micro_batch_size=4, max_eval_pairs=8, output_dir=str(tmp_path / "runs"), run_name="rm", quiet=True,
+        tensorboard=False))
+    summary = train(cfg)
+    assert summary["train_pairs"] == len(rows) - n_test
+    assert summary["eval_pairs"] == min(8, n_test)

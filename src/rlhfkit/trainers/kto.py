@@ -29,6 +29,8 @@ import torch
 from rlhfkit.algos import kto_loss, kto_reference_point
 from rlhfkit.errors import DataError
 from rlhfkit.rollout import Rollout
+from rlhfkit.rollout.logprobs import chunk_positions, row_chunks
+from rlhfkit.runtime.allocator import trim_heap
 from rlhfkit.runtime.config import check, config_main
 from rlhfkit.runtime.distributed import accumulate_backward, sum_over_processes
 from rlhfkit.runtime.faults import guarded_step
@@ -126,20 +128,29 @@ def encode_examples(tok, examples: list[dict], cfg: KTOConfig, seed: int) -> Rol
 # ----------------------------------------------------------------------------- loss
 
 
+def micro_chunks(rows: torch.Tensor, data: Rollout, cfg: KTOConfig, device) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """(chunk, micro-batch) pairs: `rows` in micro-batches of cfg.micro_batch_size, each cut on the CPU
+    into chunks of at most CHUNK_POSITIONS response positions (rollout/logprobs.py `row_chunks`), so
+    activations stay bounded; a chunk keeps its micro-batch's columns. The loss is a sum over rows."""
+    micros = [rows[i : i + cfg.micro_batch_size] for i in range(0, len(rows), cfg.micro_batch_size)]
+    return [(c, m) for m in micros for c in row_chunks(m, data.real_mask, chunk_positions(device))]
+
+
 @torch.no_grad()
 def reference_table(reference, data: Rollout, cfg: KTOConfig, device) -> torch.Tensor:
-    """Reference log-probs of every row of `data` (on the CPU), in micro-batches."""
+    """Reference log-probs of every row of `data` (on the CPU), in micro-batches and chunks."""
     rows = torch.arange(data.response_ids.shape[0])
-    return torch.cat([reference_logps(reference, data, rows[i : i + cfg.micro_batch_size], cfg, device).cpu()
-                      for i in range(0, len(rows), cfg.micro_batch_size)])
+    return torch.cat([reference_logps(reference, data, c, cfg, device, m).cpu()
+                      for c, m in micro_chunks(rows, data, cfg, device)])
 
 
 def reference_rows(reference, data: Rollout, cfg: KTOConfig, device,
-                   table: torch.Tensor | None) -> Callable[[torch.Tensor], torch.Tensor]:
-    """rows -> their reference log-probs (on the CPU): from the precomputed `table`, else computed now."""
+                   table: torch.Tensor | None) -> Callable[..., torch.Tensor]:
+    """(rows, columns=None) -> the rows' reference log-probs (on the CPU): from the precomputed `table`,
+    else computed now with the micro-batch `columns` (as sequence_logps is)."""
     if table is not None:
-        return lambda rows: table[rows]
-    return lambda rows: reference_logps(reference, data, rows, cfg, device).cpu()
+        return lambda rows, columns=None: table[rows]
+    return lambda rows, columns=None: reference_logps(reference, data, rows, cfg, device, columns).cpu()
 
 
 def reference_point(model, data: Rollout, local: torch.Tensor, ref: Callable, cfg: KTOConfig, accelerator) -> float:
@@ -147,10 +158,9 @@ def reference_point(model, data: Rollout, local: torch.Tensor, ref: Callable, cf
     n = data.response_ids.shape[0] // 2
     total = 0.0
     with torch.no_grad():
-        for m0 in range(0, len(local), cfg.micro_batch_size):
-            rows = local[m0 : m0 + cfg.micro_batch_size] + n
-            logps, _ = sequence_logps(model, data, rows, cfg, accelerator.device)
-            total += (logps.cpu() - ref(rows)).sum().item()
+        for rows, columns in micro_chunks(local + n, data, cfg, accelerator.device):
+            logps, _ = sequence_logps(model, data, rows, cfg, accelerator.device, columns)
+            total += (logps.cpu() - ref(rows, columns)).sum().item()
     sums = sum_over_processes(accelerator, {"kl_sum": total, "count": float(len(local))})
     return kto_reference_point(sums["kl_sum"], sums["count"])
 
@@ -172,13 +182,13 @@ def train_step(model, data: Rollout, batch: torch.Tensor, ref: Callable, desirab
     local = batch[accelerator.process_index :: world]
     z0 = reference_point(model, data, local, ref, cfg, accelerator)
     sums: dict[str, float] = defaultdict(float)
-    for m0 in range(0, len(local), cfg.micro_batch_size):
-        idx = local[m0 : m0 + cfg.micro_batch_size]
-        logps, _ = sequence_logps(model, data, idx, cfg, device)
-        losses, st = kto_loss(logps, ref(idx).to(device), desirable[idx].to(device), z0, cfg.beta,
+    chunks = micro_chunks(local, data, cfg, device)
+    for i, (idx, columns) in enumerate(chunks):
+        logps, _ = sequence_logps(model, data, idx, cfg, device, columns)
+        losses, st = kto_loss(logps, ref(idx, columns).to(device), desirable[idx].to(device), z0, cfg.beta,
                               cfg.desirable_weight, cfg.undesirable_weight)
-        loss = losses.sum() / len(batch)  # / all processes' examples: micro-batch losses add up to the batch mean
-        accumulate_backward(accelerator, model, loss, sync=m0 + cfg.micro_batch_size >= len(local))
+        loss = losses.sum() / len(batch)  # / all processes' examples: chunk losses add up to the batch mean
+        accumulate_backward(accelerator, model, loss, sync=i == len(chunks) - 1)
         sums["loss/kto"] += loss.item()
         for k in ("rewards/chosen", "rewards/rejected", "count/chosen", "count/rejected"):
             sums[k] += st[k]
@@ -188,9 +198,10 @@ def train_step(model, data: Rollout, batch: torch.Tensor, ref: Callable, desirab
 def held_out_metrics(model, held: Rollout, held_ref: torch.Tensor, desirable: torch.Tensor, cfg: KTOConfig,
                      device) -> dict[str, float]:
     """Mean implicit rewards beta * log(pi / pi_ref) of the held-out desirable and undesirable examples."""
-    with torch.no_grad():
-        logps, _ = sequence_logps(model, held, torch.arange(held.response_ids.shape[0]), cfg, device)
-        _, st = kto_loss(logps.cpu(), held_ref, desirable, 0.0, cfg.beta)
+    with torch.no_grad():  # in micro-batches and chunks, as training runs them (not every row at once)
+        chunks = micro_chunks(torch.arange(held.response_ids.shape[0]), held, cfg, device)
+        logps = torch.cat([sequence_logps(model, held, c, cfg, device, m)[0].cpu() for c, m in chunks])
+        _, st = kto_loss(logps, held_ref, desirable, 0.0, cfg.beta)
     return kto_batch_metrics(st, 0.0)
 
 
@@ -241,6 +252,7 @@ def train(cfg: KTOConfig) -> dict:
         grad_norm, skipped = guarded_step(wrapped.parameters(), run.optimizer, run.scheduler, run.accelerator,
                                           cfg.max_grad_norm, loss=metrics["loss/kto"], guard=run.guard,
                                           where=f"step {step}")
+        trim_heap()  # the next step's widths differ: its chunks would not reuse these blocks (3.93 -> 3.41 GB, runtime/allocator.py)
         metrics.update({"params/grad_norm": grad_norm, "params/lr": run.scheduler.get_last_lr()[0],
                         "params/skipped_steps": float(skipped),
                         "params/epoch": (step + 1) * cfg.batch_size / N, "timing/step_s": time.time() - t0})

@@ -22,11 +22,12 @@ import torch
 
 from rlhfkit.algos import shape_rewards
 from rlhfkit.rollout import Rollout
+from rlhfkit.runtime.allocator import trim_heap
 from rlhfkit.runtime.config import config_main
 from rlhfkit.runtime.distributed import accumulate_backward, sum_over_processes
 from rlhfkit.runtime.faults import guarded_step
 from rlhfkit.trainers.build import build_actor
-from rlhfkit.trainers.dpo import dpo_batch_loss, pair_rows, reference_logps, sequence_logps
+from rlhfkit.trainers.dpo import dpo_batch_loss, pair_chunks, pair_rows, reference_logps, sequence_logps
 from rlhfkit.trainers.grpo_rollout import keep_rows
 from rlhfkit.trainers.judged import judged_after, judged_samples
 from rlhfkit.trainers.online_dpo_config import OnlineDPOConfig
@@ -66,21 +67,25 @@ def dpo_step(rl: RLRun, cfg: OnlineDPOConfig, rollout: Rollout, chosen: torch.Te
     sums: dict[str, float] = defaultdict(float)
     with rl.reference.loaded(device):
         for m0 in range(0, n, cfg.micro_batch_size):
-            rows = pair_rows(torch.arange(m0, min(m0 + cfg.micro_batch_size, n)), n)
-            logps, lengths = sequence_logps(rl.model, table, rows, cfg, device)
-            ref = reference_logps(rl.reference, table, rows, cfg, device)
-            loss, st = dpo_batch_loss(logps, ref, lengths, cfg, total)
-            loss = loss * float(k > 0)
-            accumulate_backward(acc, rl.model, loss, sync=m0 + cfg.micro_batch_size >= n)
-            sums["loss/dpo"] += loss.item()
-            for name, v in st.items():  # pair-weighted: summed over processes, divided by all pairs
-                sums[name] += v * len(rows) / 2 * float(k > 0)
+            micro = torch.arange(m0, min(m0 + cfg.micro_batch_size, n))
+            chunks = pair_chunks(micro, table, device)  # CPU: bounded activations, as in DPO (trainers/dpo.py)
+            for j, idx in enumerate(chunks):
+                rows, columns = pair_rows(idx, n), pair_rows(micro, n)
+                logps, lengths = sequence_logps(rl.model, table, rows, cfg, device, columns)
+                ref = reference_logps(rl.reference, table, rows, cfg, device, columns)
+                loss, st = dpo_batch_loss(logps, ref, lengths, cfg, total)
+                loss = loss * float(k > 0)
+                accumulate_backward(acc, rl.model, loss, sync=m0 + cfg.micro_batch_size >= n and j == len(chunks) - 1)
+                sums["loss/dpo"] += loss.item()
+                for name, v in st.items():  # pair-weighted: summed over processes, divided by all pairs
+                    sums[name] += v * len(idx) * float(k > 0)
     sums = sum_over_processes(acc, dict(sums))
     metrics = {name: v if name == "loss/dpo" else v / total for name, v in sums.items()}
     grad_norm, skipped = guarded_step(rl.model.parameters(), rl.run.optimizer, rl.run.scheduler, acc,
                                       cfg.max_grad_norm, loss=metrics["loss/dpo"], guard=rl.run.guard,
                                       where=f"iteration {it}")
     metrics.update({"params/grad_norm": grad_norm, "params/skipped_steps": float(skipped)})
+    trim_heap()  # the step's blocks: sampling's shapes would not reuse them (runtime/allocator.py)
     return metrics
 
 

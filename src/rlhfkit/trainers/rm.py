@@ -165,7 +165,11 @@ def train(cfg: RMConfig) -> dict:
 
     run = Run(cfg, "rm")
     # Data and model are checked before the run folder exists: bad input leaves nothing behind.
-    train_pairs, eval_pairs = train_eval_split(load_preferences, cfg.data, cfg.eval_data, cfg.eval_fraction, cfg.seed)
+    from rlhfkit.trainers.dpo import resolve_prefs
+
+    eval_spec = resolve_prefs(cfg.eval_data) if cfg.eval_data else None
+    train_pairs, eval_pairs = train_eval_split(load_preferences, resolve_prefs(cfg.data), eval_spec, cfg.eval_fraction,
+                                               cfg.seed)
     eval_pairs = subset(eval_pairs, cfg.max_eval_pairs, cfg.seed + 1)
     model, tok, info = build_reward_model(cfg)
     check(cfg.batch_size % run.world == 0, f"batch_size ({cfg.batch_size}) must be divisible by the {run.world} processes")

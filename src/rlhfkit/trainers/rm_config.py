@@ -13,7 +13,7 @@ class RMConfig(ModelArgs, OptimizerArgs, RunArgs):
     """Reward model: backbone + scalar head trained with the Bradley-Terry loss on preference pairs."""
 
     data: str = option("", "preference pairs: a JSONL/CSV/Parquet file or saved `datasets` folder with prompt, "
-                       "chosen, rejected (e.g. from `rlhfkit prefs make`)")
+                       "chosen, rejected (e.g. from `rlhfkit prefs make`), or builtin:prefs_reviews (the pairs DPO's demo uses)")
     eval_data: str | None = option(None, "held-out pairs (default: records with split=test, else eval_fraction of data)")
     eval_fraction: float = option(0.1, "share of `data` held out when it has no split field and no eval_data")
     max_eval_pairs: int = option(256, "held-out pairs used for evaluation (a seeded subset)")
