@@ -5,7 +5,9 @@ Each point runs bench/bench_ppo.py's standard work (LoRA on the top 12 layers, d
 setting changed, in its own subprocess (peak RSS per point; the first iteration is a warm-up):
   --axis batch    rollout_batch_size in --points (default 8,16,32,64,128); fit t = a + b x
   --axis length   max_new_tokens in --points (default 48,128,256,512,1024); fit t = a + b x + c x^2
-                  (attention and the KV cache grow with the square of the length)
+                  (attention and the KV cache grow with the square of the length). Responses run to the
+                  limit: the stop token is one a reply never holds (NEVER_STOP), so the cost is the length's
+                  and not where the model happens to stop; the table shows the mean response length
   --axis size     smollm2-135m (the default weights) and randomly initialised 360m and 1.7b models of
                   the same family built from their configurations (no download); --points picks names
 Peak memory is fitted the same way. The full sweep takes hours on a CPU: run it axis by axis.
@@ -37,6 +39,7 @@ SIZES = {
     "1.7b": {"hidden_size": 2048, "intermediate_size": 8192, "num_hidden_layers": 24, "num_attention_heads": 32,
              "num_key_value_heads": 32},
 }
+NEVER_STOP = 16  # `<empty_output>` in the SmolLM2 vocabulary: a special token a chat reply never holds
 AXES = {"batch": ("rollout_batch_size", [8, 16, 32, 64, 128], 1),
         "length": ("max_new_tokens", [48, 128, 256, 512, 1024], 2),
         "size": ("model", list(SIZES), 0)}
@@ -100,6 +103,8 @@ def run_point(axis: str, value: str, iterations: int) -> None:
     key = AXES[axis][0]
     setting = model_folder(value) if axis == "size" else int(value)
     over = {key: setting}
+    if axis == "length":
+        over["stop_ids"] = [NEVER_STOP]
     if axis == "batch":  # mini-batches of 8 need a multiple of 8
         over["mini_batch_size"] = min(STANDARD["mini_batch_size"], int(value))
         over["micro_batch_size"] = min(STANDARD["micro_batch_size"], int(value))
@@ -114,7 +119,8 @@ def run_point(axis: str, value: str, iterations: int) -> None:
     s = sum(sum(r[f"timing/{k}"] for k in keys) for r in rows) / len(rows)
     cpu = [b - a for a, b in zip(stamps, stamps[1:])]  # per iteration: sampling entry to the next (or to finish)
     cpu = cpu[1:] or cpu
-    print("RESULT " + json.dumps({"iteration_s": s, "iteration_cpu_s": sum(cpu) / len(cpu),
+    length = sum(r["rollout/response_length"] for r in rows) / len(rows)
+    print("RESULT " + json.dumps({"iteration_s": s, "iteration_cpu_s": sum(cpu) / len(cpu), "response_length": length,
                                   "peak_rss_gb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20}), flush=True)
 
 
@@ -140,10 +146,12 @@ def cpu_stamps(run_cls) -> list[float]:
 def render(axis: str, results: dict, header: str) -> str:
     key, _, degree = AXES[axis]
     lines = [f"Machine: {header}.", "", f"PPO standard work (bench/bench_ppo.py, LoRA top 12, dtype=auto), {key} varied:",
-             "", f"| {key} | s / iteration (wall) | CPU s / iteration | peak RSS GB |", "| --- | ---: | ---: | ---: |"]
+             "", f"| {key} | s / iteration (wall) | CPU s / iteration | peak RSS GB | mean response tokens |",
+             "| --- | ---: | ---: | ---: | ---: |"]
     ok = {k: v for k, v in results.items() if isinstance(v, dict)}
-    lines += [f"| {k} | {v['iteration_s']:.2f} | {v.get('iteration_cpu_s', float('nan')):.2f} | {v['peak_rss_gb']:.2f} |"
-              if isinstance(v, dict) else f"| {k} | {v} | | |" for k, v in results.items()]
+    lines += [f"| {k} | {v['iteration_s']:.2f} | {v.get('iteration_cpu_s', float('nan')):.2f} | {v['peak_rss_gb']:.2f} | "
+              f"{v.get('response_length', float('nan')):.1f} |" if isinstance(v, dict) else f"| {k} | {v} | | | |"
+              for k, v in results.items()]
     if degree and len(ok) > degree:
         xs = [float(k) for k in ok]
         names = ["a", "b", "c"][: degree + 1]

@@ -60,3 +60,22 @@ def test_cpu_stamps_mark_each_iteration_start_and_the_end(monkeypatch):
     assert run.finish() == "done"
     assert stamps == [1.0, 3.5, 7.0, 7.25]
     assert [b - a for a, b in zip(stamps, stamps[1:])] == [2.5, 3.5, 0.25]
+
+
+def test_render_states_the_fitted_law_and_the_response_length():
+    """Length axis: t = 1 + 2 x + 3 x^2 at x = 100, 200, 400 fits back to a = 1, b = 2, c = 3; a point
+    without a response length (older results) shows nan rather than failing."""
+    import growth
+
+    def t(x):
+        return 1 + 2 * x + 3 * x * x
+
+    results = {str(x): {"iteration_s": t(x), "iteration_cpu_s": t(x), "peak_rss_gb": 1.5, "response_length": float(x)}
+               for x in (100, 200, 400)}
+    results["800"] = {"iteration_s": t(800), "iteration_cpu_s": t(800), "peak_rss_gb": 1.5}
+    text = growth.render("length", results, "test machine")
+    assert "| 200 | 120401.00 | 120401.00 | 1.50 | 200.0 |" in text  # 1 + 400 + 120000
+    assert "| 800 | 1921601.00 | 1921601.00 | 1.50 | nan |" in text
+    law = next(line for line in text.splitlines() if line.startswith("iteration_cpu_s"))
+    coef = dict(part.split(" = ") for part in law.split(": ", 1)[1].replace(" CPU s", "").split(", "))
+    assert abs(float(coef["a"]) - 1) < 1e-3 and abs(float(coef["b"]) - 2) < 1e-6 and abs(float(coef["c"]) - 3) < 1e-9
