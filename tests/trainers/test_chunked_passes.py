@@ -68,6 +68,22 @@ def _metrics(path):
     return [json.loads(line) for line in path.read_text().splitlines()]
 
 
+def whole_then_chunked(monkeypatch, chunk: int, run):
+    """run(name) once with chunks off ("whole") and once with CHUNK_POSITIONS = chunk ("chunked")."""
+    out = []
+    for name, positions in (("whole", 10**9), ("chunked", chunk)):
+        monkeypatch.setattr(logprobs_mod, "CHUNK_POSITIONS", positions)
+        out.append(run(name))
+    return out
+
+
+def assert_same(whole: dict, chunked: dict, keys) -> None:
+    """Equal up to float rounding: within 1e-4 of the value's size, a size of at least 1e-3 (never zero)."""
+    for key in keys:
+        scale = max(abs(whole[key]), 1e-3)
+        assert abs(chunked[key] - whole[key]) <= 1e-4 * scale, (key, whole[key], chunked[key])
+
+
 @pytest.mark.parametrize("trainer", ["grpo", "ppo"])
 def test_rl_runs_with_chunks_equal_runs_without(tmp_path, tiny_model_dir, monkeypatch, trainer):
     """GRPO and PPO on a tiny model: micro-batches cut into chunks of 1-2 rows give the same losses,
@@ -84,9 +100,7 @@ def test_rl_runs_with_chunks_equal_runs_without(tmp_path, tiny_model_dir, monkey
     rw = tmp_path / "vowels.py"
     rw.write_text("def reward(prompts, completions, **kw):\n"
                   "    return [sum(ch in 'aeiou' for ch in c) / max(1, len(c)) for c in completions]\n")
-    import rlhfkit.trainers.rl_update as rl_update
-
-    cuts = spy_chunks(monkeypatch, rl_update)
+    cuts = spy_chunks(monkeypatch, logprobs_mod)  # the scoring pass and the update cut with micro_batch_chunks
     runs = {}
     for name, positions in (("whole", 10**9), ("chunked", 6)):
         monkeypatch.setattr(logprobs_mod, "CHUNK_POSITIONS", positions)
@@ -103,9 +117,7 @@ def test_rl_runs_with_chunks_equal_runs_without(tmp_path, tiny_model_dir, monkey
     assert max(cuts["whole"]) == 1 and max(cuts["chunked"]) > 1  # the second run did run in chunks
     for whole, chunked in zip(runs["whole"], runs["chunked"]):
         assert chunked["params/ratio_first_microbatch_maxdev"] == 0.0
-        for key in ("loss/policy", "params/grad_norm", "params/approx_kl", "rollout/entropy"):
-            scale = max(abs(whole[key]), 1e-3)
-            assert abs(chunked[key] - whole[key]) <= 1e-4 * scale, (key, whole[key], chunked[key])
+        assert_same(whole, chunked, ("loss/policy", "params/grad_norm", "params/approx_kl", "rollout/entropy"))
 
 
 @pytest.mark.parametrize("precompute", [True, False])
@@ -119,23 +131,20 @@ def test_dpo_with_chunks_equals_dpo_without(tmp_path, tiny_model_dir, monkeypatc
     from rlhfkit.trainers.dpo import train
 
     cuts = spy_chunks(monkeypatch, dpo)
-    runs = {}
-    for name, positions in (("whole", 10**9), ("chunked", 4)):
-        monkeypatch.setattr(logprobs_mod, "CHUNK_POSITIONS", positions)
+
+    def run(name):
         out = train(tiny_cfg(tmp_path, tiny_model_dir, precompute_ref_logps=precompute, lr=1e-2, max_steps=3,
                              run_name=name))
-        runs[name] = (_metrics(tmp_path / "runs" / name / "metrics.jsonl"), out)
-    (whole, whole_summary), (chunked, chunked_summary) = runs["whole"], runs["chunked"]
+        return _metrics(tmp_path / "runs" / name / "metrics.jsonl"), out
+
+    (whole, whole_summary), (chunked, chunked_summary) = whole_then_chunked(monkeypatch, 4, run)
     assert max(cuts["whole"]) == 1 and max(cuts["chunked"]) > 1  # the second run did run in chunks
     assert chunked[0]["loss/dpo"] == math.log(2) or chunked[0]["loss/dpo"] == pytest.approx(math.log(2), abs=1e-7)
     for a, b in zip(whole, chunked):
-        for key in ("loss/dpo", "params/grad_norm", "rewards/margin", "logps/chosen"):
-            scale = max(abs(a[key]), 1e-3)
-            assert abs(b[key] - a[key]) <= 1e-4 * scale, (key, a[key], b[key])
+        assert_same(a, b, ("loss/dpo", "params/grad_norm", "rewards/margin", "logps/chosen"))
     held_whole, held_chunked = whole_summary.get("held_out", {}), chunked_summary.get("held_out", {})
     assert held_whole.keys() == held_chunked.keys()
-    for key, value in held_whole.items():
-        assert abs(held_chunked[key] - value) <= 1e-4 * max(abs(value), 1e-3), key
+    assert_same(held_whole, held_chunked, held_whole)
 
 
 def test_online_dpo_with_chunks_equals_online_dpo_without(tmp_path, tiny_model_dir, monkeypatch):
@@ -147,19 +156,18 @@ def test_online_dpo_with_chunks_equals_online_dpo_without(tmp_path, tiny_model_d
     from rlhfkit.trainers.online_dpo import train
 
     cuts = spy_chunks(monkeypatch, dpo)  # online DPO cuts with dpo.pair_chunks
-    runs = {}
-    for name, positions in (("whole", 10**9), ("chunked", 4)):
-        monkeypatch.setattr(logprobs_mod, "CHUNK_POSITIONS", positions)
+
+    def run(name):
         train(tiny_cfg(tmp_path, tiny_model_dir, run_name=name, lr=1e-2, seed=5))
-        runs[name] = _metrics(tmp_path / "runs" / name / "metrics.jsonl")
+        return _metrics(tmp_path / "runs" / name / "metrics.jsonl")
+
+    whole, chunked = whole_then_chunked(monkeypatch, 4, run)
     assert max(cuts["whole"]) == 1 and max(cuts["chunked"]) > 1
-    assert runs["chunked"][0]["loss/dpo"] == pytest.approx(math.log(2), abs=1e-6)
-    assert len(runs["whole"]) == len(runs["chunked"]) == 2
-    for a, b in zip(runs["whole"], runs["chunked"]):
+    assert chunked[0]["loss/dpo"] == pytest.approx(math.log(2), abs=1e-6)
+    assert len(whole) == len(chunked) == 2
+    for a, b in zip(whole, chunked):
         assert a["rollout/pairs"] == b["rollout/pairs"] > 0  # the same samples and judged pairs
-        for key in ("loss/dpo", "params/grad_norm", "rewards/margin"):
-            scale = max(abs(a[key]), 1e-3)
-            assert abs(b[key] - a[key]) <= 1e-4 * scale, (key, a[key], b[key])
+        assert_same(a, b, ("loss/dpo", "params/grad_norm", "rewards/margin"))
 
 
 @pytest.mark.parametrize("precompute", [True, False])
@@ -169,23 +177,18 @@ def test_kto_with_chunks_equals_kto_without(tmp_path, tiny_model_dir, monkeypatc
     micro-batches, and the first step stays at 0.5 (beta r = 0 against z_0 = 0)."""
     from test_kto import tiny_cfg
 
-    import rlhfkit.trainers.kto as kto
     from rlhfkit.trainers.kto import train
 
-    cuts = spy_chunks(monkeypatch, kto)
-    runs = {}
-    for name, positions in (("whole", 10**9), ("chunked", 2)):
-        monkeypatch.setattr(logprobs_mod, "CHUNK_POSITIONS", positions)
+    cuts = spy_chunks(monkeypatch, logprobs_mod)  # KTO cuts with micro_batch_chunks
+
+    def run(name):
         out = train(tiny_cfg(tmp_path, tiny_model_dir, run_name=name, lr=1e-2, max_steps=3,
                              precompute_ref_logps=precompute))
-        runs[name] = (_metrics(tmp_path / "runs" / name / "metrics.jsonl"), out)
-    (whole, whole_summary), (chunked, chunked_summary) = runs["whole"], runs["chunked"]
+        return _metrics(tmp_path / "runs" / name / "metrics.jsonl"), out
+
+    (whole, whole_summary), (chunked, chunked_summary) = whole_then_chunked(monkeypatch, 2, run)
     assert max(cuts["whole"]) == 1 and max(cuts["chunked"]) > 1
     assert chunked[0]["loss/kto"] == pytest.approx(0.5, abs=1e-6)
     for a, b in zip(whole, chunked):
-        for key in ("loss/kto", "params/grad_norm", "params/kl_reference_point", "rewards/chosen"):
-            scale = max(abs(a[key]), 1e-3)
-            assert abs(b[key] - a[key]) <= 1e-4 * scale, (key, a[key], b[key])
-    held_whole, held_chunked = whole_summary["held_out"], chunked_summary["held_out"]
-    for key, value in held_whole.items():
-        assert abs(held_chunked[key] - value) <= 1e-4 * max(abs(value), 1e-3), key
+        assert_same(a, b, ("loss/kto", "params/grad_norm", "params/kl_reference_point", "rewards/chosen"))
+    assert_same(whole_summary["held_out"], chunked_summary["held_out"], whole_summary["held_out"])

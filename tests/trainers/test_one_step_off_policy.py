@@ -15,6 +15,7 @@ import threading
 import pytest
 import torch
 import yaml
+from test_grpo import tiny_cfg as grpo_tiny_cfg
 
 from rlhfkit.errors import ConfigError
 from rlhfkit.models.lora import merged_lora
@@ -36,23 +37,13 @@ from rlhfkit.trainers.rl import RLRun
 
 from tiny_lm import build_tiny_lora_model
 
-PROMPTS = [f"Write a review of thing number {i}." for i in range(32)]
-VOWELS = ("def reward(prompts, completions, **kw):\n"
-          "    return [sum(ch in 'aeiou' for ch in c) / max(1, len(c)) for c in completions]\n")
-
 
 def tiny_cfg(tmp_path, tiny_model_dir, cls=GRPOConfig, **kw):
-    prompts = tmp_path / "prompts.txt"
-    prompts.write_text("\n".join(PROMPTS))
-    rw = tmp_path / "vowels.py"
-    rw.write_text(VOWELS)
-    # one optimiser step per epoch: the logged importance-weight stats are then token means over the batch
-    base = dict(model=str(tiny_model_dir), prompts=str(prompts), reward=f"python:{rw}:reward", iterations=3,
-                rollout_batch_size=8, group_size=4, mini_batch_size=8, micro_batch_size=4, max_new_tokens=6,
-                num_eval_prompts=0, dtype="fp32", output_dir=str(tmp_path / "runs"), run_name="t", quiet=True,
-                tensorboard=False, one_step_off_policy=True, lr=3e-2, drop_zero_std_groups=False, save_every=0)
-    base.update(kw)
-    return build_config(cls, base)
+    """test_grpo's tiny run, with one optimiser step per epoch (the logged importance-weight stats are then
+    token means over the batch) and the sampler one step behind."""
+    base = dict(iterations=3, mini_batch_size=8, micro_batch_size=4, max_new_tokens=6, one_step_off_policy=True,
+                lr=3e-2, drop_zero_std_groups=False, save_every=0)
+    return grpo_tiny_cfg(tmp_path, tiny_model_dir, cls, **{**base, **kw})
 
 
 def metrics_rows(run_dir):

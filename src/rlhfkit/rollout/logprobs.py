@@ -39,6 +39,14 @@ def row_chunks(rows: torch.Tensor, real_mask: torch.Tensor, max_positions: int |
     return [c for c in torch.tensor_split(rows, k) if len(c)]
 
 
+def micro_batch_chunks(order: torch.Tensor, micro_batch_size: int, real_mask: torch.Tensor,
+                       device) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """(chunk, micro-batch) pairs: `order` in micro-batches of micro_batch_size rows, each cut by
+    `row_chunks` on the CPU (whole elsewhere). A chunk runs with its micro-batch's columns (`rows_of`)."""
+    micros = [order[i : i + micro_batch_size] for i in range(0, len(order), micro_batch_size)]
+    return [(c, m) for m in micros for c in row_chunks(m, real_mask, chunk_positions(device))]
+
+
 def rows_of(rollout: Rollout, rows: torch.Tensor, columns: torch.Tensor | None = None) -> Rollout:
     """Rows `rows` of `rollout`, trimmed to their own columns (`trim_rows`), or to those of `columns`
     (the rows of the micro-batch the chunk `rows` comes from): then every chunk of a micro-batch has
@@ -100,9 +108,7 @@ def logprob_pass(actor, reference, rollout: Rollout, temperature: float, micro_b
     keep = depth and B * (P + R) * H * 4 <= keep_trunk_mb * 2**20  # (B, L, H) at 4 bytes
     loaded = getattr(reference, "loaded", None)  # an offloaded reference comes in once per pass
     with loaded(device) if callable(loaded) else contextlib.nullcontext():
-        chunks = [(c, micro) for i in range(0, B, micro_batch_size) for micro in [order[i : i + micro_batch_size]]
-                  for c in row_chunks(micro, rollout.real_mask, chunk_positions(device))]
-        for rows, micro in chunks:
+        for rows, micro in micro_batch_chunks(order, micro_batch_size, rollout.real_mask, device):
             mb = rows_of(rollout, rows, micro)  # the micro-batch's columns, as the update runs the chunk
             ids, mask = mb.input_ids.to(device), mb.attention_mask.to(device)
             mb.trunk = actor.trunk(ids, mask) if depth else None  # shared by the policy and the reference

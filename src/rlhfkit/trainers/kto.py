@@ -29,7 +29,7 @@ import torch
 from rlhfkit.algos import kto_loss, kto_reference_point
 from rlhfkit.errors import DataError
 from rlhfkit.rollout import Rollout
-from rlhfkit.rollout.logprobs import chunk_positions, row_chunks
+from rlhfkit.rollout.logprobs import micro_batch_chunks
 from rlhfkit.runtime.allocator import trim_heap
 from rlhfkit.runtime.config import check, config_main
 from rlhfkit.runtime.distributed import accumulate_backward, sum_over_processes
@@ -129,11 +129,9 @@ def encode_examples(tok, examples: list[dict], cfg: KTOConfig, seed: int) -> Rol
 
 
 def micro_chunks(rows: torch.Tensor, data: Rollout, cfg: KTOConfig, device) -> list[tuple[torch.Tensor, torch.Tensor]]:
-    """(chunk, micro-batch) pairs: `rows` in micro-batches of cfg.micro_batch_size, each cut on the CPU
-    into chunks of at most CHUNK_POSITIONS response positions (rollout/logprobs.py `row_chunks`), so
-    activations stay bounded; a chunk keeps its micro-batch's columns. The loss is a sum over rows."""
-    micros = [rows[i : i + cfg.micro_batch_size] for i in range(0, len(rows), cfg.micro_batch_size)]
-    return [(c, m) for m in micros for c in row_chunks(m, data.real_mask, chunk_positions(device))]
+    """(chunk, micro-batch) pairs of `rows` (rollout/logprobs.py `micro_batch_chunks`): bounded activations
+    on the CPU; the loss is a sum over rows, so chunks add up to the micro-batch."""
+    return micro_batch_chunks(rows, cfg.micro_batch_size, data.real_mask, device)
 
 
 @torch.no_grad()

@@ -16,7 +16,7 @@ import torch
 from rlhfkit.algos import masked_mean
 from rlhfkit.errors import UserError
 from rlhfkit.rollout import Rollout
-from rlhfkit.rollout.logprobs import chunk_positions, row_chunks, rows_of
+from rlhfkit.rollout.logprobs import micro_batch_chunks, rows_of
 from rlhfkit.runtime.distributed import accumulate_backward, max_over_processes, sum_over_processes
 from rlhfkit.runtime.faults import NonFiniteGuard, guarded_step
 
@@ -116,9 +116,7 @@ def update_policy(model, optimizer, scheduler, accelerator, rollout: Rollout, lo
             n_tok, n_seq = (max(float(c), 1.0) for c in accelerator.reduce(counts, "sum"))
             mini_loss = 0.0
             # a long micro-batch runs in row chunks, cut as the scoring pass cut it (bounded activations)
-            chunks = [(c, micro) for m0 in range(0, len(mini), micro_batch_size)
-                      for micro in [mini[m0 : m0 + micro_batch_size]]
-                      for c in row_chunks(micro, rollout.real_mask, chunk_positions(device))]
+            chunks = micro_batch_chunks(mini, micro_batch_size, rollout.real_mask, device)
             for i, (rows, micro) in enumerate(chunks):
                 mb = rows_of(rollout, rows, micro)
                 loss, st = loss_fn(mb, n_tok, n_seq)
