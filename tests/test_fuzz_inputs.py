@@ -9,7 +9,7 @@ import uuid
 
 import pytest
 import yaml
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from rlhfkit.data.prefs import load_preferences
@@ -219,6 +219,7 @@ def test_fuzz_plain_text_prompts(lines, fresh):
 @given(spec=st.one_of(st.text(max_size=30), st.sampled_from(["builtin:", "builtin:nope", "builtin:review", "",
                                                               "\x00", "a" * 5000, "builtin:reviews"])),
        split=st.sampled_from([None, "train", "test", "validation"]))
+@example(spec="?\n", split=None)  # found by this test: the spec echoed with its newline split the message
 def test_fuzz_data_specs_give_rows_or_user_error(spec, split):
     for load in (load_prompts, load_sft_examples, load_preferences):
         try:

@@ -60,18 +60,18 @@ def parse_spec(text: str) -> DataSpec:
     source, opts = _split_options(text)
     if source.startswith(BUILTIN_PREFIX):
         if opts:
-            raise DataError(f"{text}: built-in data sets take no '?' options")
+            raise DataError(f"{_show(text)}: built-in data sets take no '?' options")
         return DataSpec(text, "builtin", source[len(BUILTIN_PREFIX):].strip())
     if source.startswith(HUB_PREFIX):
         kind, name = "hub", source[len(HUB_PREFIX):].strip()
         if not _HUB_ID.match(name):
-            raise DataError(f"{text}: {name!r} is not a Hub dataset id (expected ORG/NAME)")
+            raise DataError(f"{_show(text)}: {name!r} is not a Hub dataset id (expected ORG/NAME)")
     else:
         kind, name = ("hub" if looks_like_hub_id(source) else "file"), source
     if kind == "file":
         hub_only = [k for k in HUB_ONLY if k in opts]
         if hub_only:
-            raise DataError(f"{text}: option {hub_only[0]!r} applies to Hub datasets only (hf:ORG/NAME)")
+            raise DataError(f"{_show(text)}: option {hub_only[0]!r} applies to Hub datasets only (hf:ORG/NAME)")
     return DataSpec(text, kind, name, config=opts.get("config"), split=opts.get("split"),
                     revision=opts.get("revision"), columns=_columns(opts.get("columns"), text),
                     streaming=_flag(opts.get("streaming"), "streaming", text),
@@ -89,6 +89,12 @@ def looks_like_hub_id(source: str) -> bool:
         return False
 
 
+def _show(text: str) -> str:
+    """The spec as an error message quotes it: as typed, or repr() where it holds control characters
+    (a newline would break the one-line message)."""
+    return text if text.isprintable() else repr(text)
+
+
 def _split_options(text: str) -> tuple[str, dict[str, str]]:
     """(source, options). A '?' is part of the path when the whole text names an existing file."""
     if "?" not in text or _exists(text):
@@ -101,11 +107,11 @@ def _split_options(text: str) -> tuple[str, dict[str, str]]:
         if key not in OPTIONS:
             close = difflib.get_close_matches(key, OPTIONS, n=1)
             hint = f" (did you mean {close[0]!r}?)" if close else ""
-            raise DataError(f"{text}: unknown option {key!r}{hint}; expected one of: {', '.join(OPTIONS)}")
+            raise DataError(f"{_show(text)}: unknown option {key!r}{hint}; expected one of: {', '.join(OPTIONS)}")
         if not eq or not value.strip():
-            raise DataError(f"{text}: option {key!r} needs a value ({key}=...)")
+            raise DataError(f"{_show(text)}: option {key!r} needs a value ({key}=...)")
         if key in opts:
-            raise DataError(f"{text}: option {key!r} is given twice")
+            raise DataError(f"{_show(text)}: option {key!r} is given twice")
         opts[key] = value.strip()
     return source.strip(), opts
 
@@ -125,13 +131,13 @@ def _columns(value: str | None, text: str) -> tuple[tuple[str, str], ...]:
     for item in value.split(","):
         to, sep, src = item.partition(":")
         if not sep or not to.strip() or not src.strip():
-            raise DataError(f"{text}: columns expects FIELD:COLUMN pairs separated by commas "
+            raise DataError(f"{_show(text)}: columns expects FIELD:COLUMN pairs separated by commas "
                             f"(e.g. columns=prompt:question), got {item!r}")
         pairs.append((to.strip(), src.strip()))
     targets = [t for t, _ in pairs]
     dupes = sorted({t for t in targets if targets.count(t) > 1})
     if dupes:
-        raise DataError(f"{text}: columns maps field {dupes[0]!r} twice")
+        raise DataError(f"{_show(text)}: columns maps field {dupes[0]!r} twice")
     return tuple(pairs)
 
 
@@ -140,7 +146,7 @@ def _flag(value: str | None, key: str, text: str) -> bool:
         return False
     v = value.lower()
     if v not in ("true", "false", "1", "0", "yes", "no"):
-        raise DataError(f"{text}: option {key!r} must be true or false, got {value!r}")
+        raise DataError(f"{_show(text)}: option {key!r} must be true or false, got {value!r}")
     return v in ("true", "1", "yes")
 
 
@@ -148,5 +154,5 @@ def _count(value: str | None, key: str, text: str) -> int | None:
     if value is None:
         return None
     if not value.isdigit() or int(value) < 1:
-        raise DataError(f"{text}: option {key!r} must be a positive integer, got {value!r}")
+        raise DataError(f"{_show(text)}: option {key!r} must be a positive integer, got {value!r}")
     return int(value)
