@@ -58,8 +58,14 @@ PPO = "method=ppo lora_layers=12 micro_batch_size=8 prompt_length=54 max_new_tok
 GRPO = "method=grpo micro_batch_size=16 group_size=8 prompt_length=62 max_new_tokens=16 generation_batch_size=64"
 DPO = "method=dpo micro_batch_size=8 group_size=2 prompt_length=54 max_new_tokens=37"
 ESTIMATES = {
-    "ppo": PPO, "trpo": PPO, "pipeline": PPO,
-    "grpo": GRPO, "rloo": GRPO, "dapo": GRPO, "gspo": GRPO, "reinforce_pp": GRPO,
+    "ppo": PPO, "trpo": PPO,
+    # the pipeline's peak is its largest stage's (src/rlhfkit/configs/pipeline.yaml): SFT (8-example
+    # micro-batches of instructions), the reward model (8 pairs, top 4 layers), PPO (40 new tokens)
+    "pipeline": ["method=sft micro_batch_size=8 prompt_length=60 max_new_tokens=53",
+                 "method=rm lora_layers=4 micro_batch_size=8 prompt_length=54 max_new_tokens=37",
+                 PPO.replace("max_new_tokens=48", "max_new_tokens=40")],
+    "grpo": GRPO, "rloo": GRPO, "dapo": GRPO, "gspo": GRPO,
+    "reinforce_pp": GRPO.replace("group_size=8", "group_size=1"),  # a prompt per row
     "grpo multi-turn": "method=grpo micro_batch_size=16 group_size=8 prompt_length=260 max_new_tokens=128 "
                        "generation_batch_size=64",
     "dpo": DPO, "simpo": DPO, "orpo": DPO,
@@ -72,6 +78,7 @@ COMMON_ESTIMATE = "model=smollm2-135m device=cpu dtype=bf16"
 # Demos whose code path the changes of issue 24 (row chunks, micro-batch columns, heap trims around
 # the RL update) left as it was: their peak before is the peak after.
 UNCHANGED = {"sft", "rm"}
+MIDDLE = "after_v3_session11"  # the results label of session 11's figures (the table's middle column)
 
 
 def measure(name: str, out_dir: str, pythonpath: str | None) -> dict:
@@ -116,8 +123,9 @@ def estimate_gb(name: str) -> float:
     from rlhfkit.runtime.config import parse_args
     from rlhfkit.runtime.memory import MemoryArgs, estimate
 
-    args = parse_args(MemoryArgs, f"{COMMON_ESTIMATE} {ESTIMATES[name]}".split(), "rlhfkit estimate-memory")
-    return estimate(args)["peak"] / GB
+    shapes = ESTIMATES[name] if isinstance(ESTIMATES[name], list) else [ESTIMATES[name]]
+    return max(estimate(parse_args(MemoryArgs, f"{COMMON_ESTIMATE} {one}".split(), "rlhfkit estimate-memory"))["peak"]
+               for one in shapes) / GB
 
 
 FINDINGS = """
@@ -131,7 +139,8 @@ shapes (sampling after the update, an evaluation after training, a micro-batch o
 not reuse them and grows the heap anew, so RSS summed the phases' peaks.
 
 Cuts (the same results up to float rounding, tests/trainers/test_chunked_passes.py): on the CPU a
-micro-batch of more than 512 response positions runs in near-equal row chunks with the micro-batch's
+micro-batch of more than 512 response positions ran (since session 12: more than 640 positions run,
+below) in near-equal row chunks with the micro-batch's
 columns (rollout/logprobs.py `row_chunks`, `rows_of`: the scoring pass, the update, DPO's reference
 table, steps and held-out pass cut alike, so the first update chunk still repeats the scoring pass
 bit for bit); DPO's held-out passes run in micro-batches; the heap's free pages go back to the kernel
@@ -150,17 +159,26 @@ stages now start at 0.6-1.0 GiB; the peak moved to the SFT stage's steps). The s
 left its peak where it was (2.67 against 2.66 GB, max RSS of `rlhfkit dpo max_steps=5`) and cost up to
 1 s a step, so DPO, SFT and the reward model have none.
 
-Not yet under 2.5 GB: KTO (3.41), REINFORCE++ (3.07) and the pipeline (2.60). In each, glibc's heap
-holds about 2 GiB of free blocks while 0.6-0.8 GiB is in use: micro-batches and chunks of other widths
-(REINFORCE++ updates all 64 rows of 64 distinct prompts, four micro-batches of different prompt widths)
-do not reuse the freed blocks and the heap grows anew. Seen, not yet adopted: KTO with chunks of 256
-response positions instead of 512 peaked at 2.08 GiB (2.13 GB, max RSS of `kto max_steps=3`, one run);
-the chunk budget counts response positions, while activations grow with prompt + response. Tried on
-`rlhfkit reinforce_pp iterations=1 num_eval_prompts=0` (max RSS, one run each): glibc's mmap threshold at
-1 MiB instead of the tuning's 32 MiB (MALLOC_MMAP_THRESHOLD_=1048576) cut the peak from 3.01 to 2.18 GB, so
-the blocks of 1-32 MiB are the ones left unused, but system time rose from 8.4 to 34.6 s and the update from
-50.5 to 72.9 s (page faults): not adopted. Widths rounded up to a few fixed sizes, so that a freed block fits
-the next micro-batch, are the candidate left to try.
+Added 2026-11-24 (session 12): the chunk budget counts the positions a forward runs, prompt and
+response (R per row, P per distinct prompt, since a shared prompt runs once), at most 640
+(`cpu_chunk_positions`), where it had counted response positions only (512), and SFT's steps cut
+their micro-batches the same way. Before, KTO (3.41 GB), REINFORCE++ (3.07) and the pipeline (2.60)
+were over 2.5 GB: REINFORCE++ ran 16 rows of 62 + 16 tokens whole (256 response positions), KTO 8 rows
+of ~91 tokens per chunk, the pipeline's SFT stage 8 examples at once; with glibc keeping the freed
+blocks of every width, RSS reached 1.6-1.8x the bytes in use. Now: REINFORCE++ 2.01 GB (chunks of 8
+rows), KTO 1.92 (3 chunks of 5-6 rows), the pipeline 2.34 (its SFT stage's first step; two chunks of 4
+examples), PPO 1.52 -> 1.20 (chunks of 4 rows of 102 tokens), DPO 2.49 -> 1.88 (micro-batches whose
+responses were at most 32 tokens wide had run 8 pairs whole; now every one runs as 2 chunks of 4
+pairs), multi-turn GRPO 2.31 -> 1.92. Every demo is under 2.5 GB. Cost, measured before/after in one
+run each (two processes at once, one torch thread each, docs/benchmarks.md "Row chunks by positions
+run"): REINFORCE++ and PPO updates unchanged (ratios 0.98-1.01), KTO steps 0.96x the time, and the
+multi-turn GRPO update 1.28x at its second iteration (chunks of 2 rows instead of 4, so the 260-token
+shared prompt runs 8 times per micro-batch instead of 4): there `cpu_chunk_positions=800` gives the
+old cut back (4 x 128 + 260 = 772 positions).
+Estimate: `rlhfkit estimate-memory` now counts at most max(cpu_chunk_positions, one row) positions
+per chunk whatever the widths (an upper bound for the chunk); the pipeline's estimate is the largest
+of its stages'. TRPO's policy step is not modelled (its Fisher-vector products hold (B, R, V) fp32
+logits): its estimate is the PPO one.
 """
 
 
@@ -171,8 +189,10 @@ def cell(r: dict | None) -> str:
 
 def table(results: dict) -> str:
     before, after = results.get("before", {}), results.get("after", {})
-    rows = ["| trainer | demo command (shortened to) | peak before, GB | peak after, GB | phase of the peak | "
-            "estimate, GB | estimate / measured |", "| --- | --- | ---: | ---: | --- | ---: | ---: |"]
+    middle = results.get(MIDDLE, {})
+    rows = ["| trainer | demo command (shortened to) | peak before, GB | session 11, GB | peak after, GB | "
+            "phase of the peak | estimate, GB | estimate / measured |",
+            "| --- | --- | ---: | ---: | ---: | --- | ---: | ---: |"]
     for name in DEMOS:
         b, a = before.get(name), after.get(name)
         if not (a or b):
@@ -181,8 +201,8 @@ def table(results: dict) -> str:
         est = estimate_gb(name)
         ratio = f"{est / last['peak_gb']:.2f}" if last["rc"] == 0 else "-"
         before_cell = cell(b) if b or name not in UNCHANGED else "= after"
-        rows.append(f"| {name} | `{last['command']}` ({last['shortened']}) | {before_cell} | {cell(a)} | "
-                    f"{last['phase']} | {est:.2f} | {ratio} |")
+        rows.append(f"| {name} | `{last['command']}` ({last['shortened']}) | {before_cell} | "
+                    f"{cell(middle.get(name))} | {cell(a)} | {last['phase']} | {est:.2f} | {ratio} |")
     note = (f"\nPeak resident set size of the whole process (kernel's figure, decimal GB; 2.5 GB = 2.33 GiB), "
             f"one torch thread, {platform.processor() or platform.machine()}, {os.cpu_count()} cores shared with "
             "other jobs (memory figures do not depend on load). Phase: the wrapped phase of "
@@ -190,7 +210,9 @@ def table(results: dict) -> str:
             "the policy update, step = a DPO-family optimiser step). Estimate: `rlhfkit estimate-memory "
             f"{COMMON_ESTIMATE} ...` with the demo's shapes (bench/demo_memory.py ESTIMATES). Before = the code "
             "before the row chunks and heap trims reached the demo's path (pipeline: before its stage trims); \"= after\": a demo whose code path they do not change (`UNCHANGED`); "
-            "\"-\": not measured before.")
+            "\"-\": not measured before. Session 11: the figures of 2026-11-24 before the chunk budget counted "
+            "prompt positions (sft and rm were not measured again: their demos' micro-batches run whole under "
+            "both budgets).")
     return "\n".join(rows) + "\n" + note + "\n" + FINDINGS
 
 

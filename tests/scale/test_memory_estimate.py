@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from rlhfkit.errors import ConfigError
 from rlhfkit.models.policy import add_lora
 from rlhfkit.runtime.config import build_config
 from rlhfkit.runtime.memory import PRESETS, MemoryArgs, ModelShape, estimate, main
@@ -112,22 +113,22 @@ def test_the_worked_table_in_docs_is_what_the_function_computes():
 
 
 def test_cpu_terms_by_hand_for_the_multi_turn_grpo_demo():
-    """device=cpu adds the process baseline, runs long micro-batches in row chunks of CHUNK_POSITIONS
-    response positions and takes the activation bytes measured on the CPU (bench/demo_memory.py)."""
-    from rlhfkit.runtime.memory import CPU_ACTIVATION_BYTES, PROCESS_BASELINE
+    """device=cpu adds the process baseline, runs long micro-batches in row chunks of at most
+    CHUNK_POSITIONS positions and takes the activation bytes measured on the CPU (bench/demo_memory.py)."""
+    from rlhfkit.runtime.memory import CHUNK_POSITIONS, CPU_ACTIVATION_BYTES, PROCESS_BASELINE
 
     args = build_config(MemoryArgs, dict(model="smollm2-135m", device="cpu", dtype="bf16", method="grpo",
                                          micro_batch_size=16, prompt_length=260, max_new_tokens=128,
                                          generation_batch_size=64, group_size=8))
     est = estimate(args)
     assert est["process baseline"] == PROCESS_BASELINE == 0.26e9
-    rows = 512 // 128  # 16 rows of 128 response tokens run as chunks of 4 rows (512 positions)
-    assert rows == 4
-    # a chunk's 4 rows share one prompt (group of 8): 4 x 128 response + 1 x 260 prompt positions;
-    # 30 layers x 772 positions x 576 hidden x 85 bytes (measured on the CPU, bf16 and fp32 alike)
+    # 16 rows of 128 response tokens in groups of 8 sharing a 260-token prompt run 16 x 128 + 2 x 260
+    # = 2568 positions whole; a chunk runs at most 640 (CHUNK_POSITIONS)
+    assert CHUNK_POSITIONS == 640
+    # 30 layers x 640 positions x 576 hidden x 85 bytes (measured on the CPU, bf16 and fp32 alike)
     assert CPU_ACTIVATION_BYTES == 85
-    assert est["activations"] == 30 * (4 * 128 + 260) * 576 * 85 == 1_133_913_600
-    assert est["logits"] == 4 * 128 * 49152 * 8  # the head's two fp32 buffers for one chunk
+    assert est["activations"] == 30 * 640 * 576 * 85 == 940_032_000
+    assert est["logits"] == 16 * 640 / 2568 * 128 * 49152 * 8  # the head's two fp32 buffers for a chunk's share
     weights = 134_515_008 * 2 + 4_884_480 * 4  # bf16 base, fp32 adapters
     assert est["policy weights"] == weights
     # glibc's kept blocks: half the transient (CPU_HEAP_RETENTION)
@@ -145,13 +146,31 @@ def test_cpu_terms_by_hand_for_the_multi_turn_grpo_demo():
                                                     micro_batch_size=16, prompt_length=260, max_new_tokens=128,
                                                     group_size=8)))
     assert shared["activations"] == 30 * (16 * 128 + 2 * 260) * 576 * 34
-    # methods without chunks (sft, rm) keep the whole micro-batch on the CPU too
+    # SFT's chunks: at most 640 of the 16 x 388 positions; the reward model has none
     sft = estimate(build_config(MemoryArgs, dict(model="smollm2-135m", device="cpu", method="sft",
                                                  micro_batch_size=16, prompt_length=260, max_new_tokens=128)))
-    assert sft["activations"] == 30 * 16 * 388 * 576 * 85
+    assert sft["activations"] == 30 * 640 * 576 * 85
+    rm = estimate(build_config(MemoryArgs, dict(model="smollm2-135m", device="cpu", method="rm",
+                                                micro_batch_size=8, prompt_length=260, max_new_tokens=128)))
+    assert rm["activations"] == 30 * 16 * 388 * 576 * 85  # 8 pairs = 16 sequences, whole
     fp32 = estimate(build_config(MemoryArgs, dict(model="smollm2-135m", device="cpu", method="sft", dtype="fp32",
                                                   micro_batch_size=16, prompt_length=260, max_new_tokens=128)))
     assert fp32["activations"] == sft["activations"]  # the CPU factor was measured alike in both dtypes
+
+
+def test_chunked_positions_are_at_most_the_budget():
+    """On the CPU a chunk runs at most cpu_chunk_positions positions, or one row alone: activations
+    count min(the micro-batch's positions, max(budget, one row's)); on the GPU the whole micro-batch."""
+    def acts(device, **kw):
+        args = dict(model="smollm2-135m", device=device, dtype="bf16", method="ppo", micro_batch_size=8,
+                    prompt_length=54, max_new_tokens=48)
+        return estimate(build_config(MemoryArgs, {**args, **kw}))["activations"]
+
+    assert acts("cpu") == 30 * 640 * 576 * 85  # PPO: 8 x 102 = 816 positions > 640
+    assert acts("cpu", micro_batch_size=4) == 30 * 408 * 576 * 85  # 4 x 102 = 408 fit whole
+    assert acts("cpu", prompt_length=900) == 30 * 948 * 576 * 85  # one row of 948 runs alone
+    assert acts("cpu", cpu_chunk_positions=10**6) == 30 * 816 * 576 * 85  # no chunks
+    assert acts("gpu") == 30 * 816 * 576 * 34  # GPUs run whole micro-batches (17 x b_c per position)
 
 
 def test_chunk_size_matches_the_trainers():
@@ -159,3 +178,17 @@ def test_chunk_size_matches_the_trainers():
     from rlhfkit.runtime.memory import CHUNK_POSITIONS as ESTIMATED
 
     assert ESTIMATED == CHUNK_POSITIONS
+    from dataclasses import fields
+
+    from rlhfkit.trainers.grpo_config import GRPOConfig
+    from rlhfkit.trainers.options import ModelArgs
+
+    (default,) = [f.default for f in fields(ModelArgs) if f.name == "cpu_chunk_positions"]
+    assert default == CHUNK_POSITIONS  # the trainers' option starts at the module's budget
+    with pytest.raises(ConfigError, match="cpu_chunk_positions"):
+        build_config(GRPOConfig, {"cpu_chunk_positions": 0})
+    # the estimate follows the option
+    wide = estimate(build_config(MemoryArgs, dict(model="smollm2-135m", device="cpu", method="grpo", micro_batch_size=16,
+                                                  prompt_length=260, max_new_tokens=128, group_size=8,
+                                                  cpu_chunk_positions=800)))
+    assert wide["activations"] == 30 * 800 * 576 * 85

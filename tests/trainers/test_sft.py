@@ -79,10 +79,17 @@ class _Acc:
         return torch.nn.utils.clip_grad_norm_(list(params), max_norm)
 
 
-@pytest.mark.parametrize("micro", [1, 2])
-def test_microbatch_split_gives_the_same_gradient(micro):
+@pytest.mark.parametrize("micro, chunk", [(1, None), (2, None), (4, 1)])
+def test_microbatch_split_gives_the_same_gradient(micro, chunk, monkeypatch):
     """One step with SGD(lr=1): the parameter change is -gradient. Examples have very different
-    response lengths, so a per-micro-batch token mean would give a different gradient."""
+    response lengths, so a per-micro-batch token mean would give a different gradient. chunk=1:
+    the CPU's row chunks (`example_chunks`) cut the micro-batch of 4 into one example per chunk."""
+    import rlhfkit.rollout.logprobs as logprobs_mod
+    import rlhfkit.trainers.sft as sft_mod
+
+    cuts = []
+    real = sft_mod.example_chunks
+    monkeypatch.setattr(sft_mod, "example_chunks", lambda m, d: cuts.append(len(real(m, d))) or real(m, d))
     tok = build_tokenizer()
     ex, _ = tokenize_examples(tok, EXAMPLES, _cfg(), 512)
     assert len({sum(x != IGNORE_INDEX for x in e["labels"]) for e in ex}) > 2
@@ -98,7 +105,11 @@ def test_microbatch_split_gives_the_same_gradient(micro):
         return m, {n: before[n] - p.detach() for n, p in model.named_parameters()}
 
     m_full, g_full = step(4)
+    assert cuts == [1]  # a whole micro-batch: 4 short examples fit CHUNK_POSITIONS
+    if chunk is not None:
+        monkeypatch.setattr(logprobs_mod, "CHUNK_POSITIONS", chunk)
     m_split, g_split = step(micro)
+    assert cuts[1:] == ([4] if chunk else [1] * (4 // micro))
     assert m_split["tokens"] == m_full["tokens"]
     assert math.isclose(m_split["loss/sft"], m_full["loss/sft"], rel_tol=1e-5)
     for n in g_full:

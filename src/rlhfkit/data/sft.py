@@ -119,9 +119,10 @@ def tokenize_examples(tok, examples: list[dict], cfg: Any, max_length: int) -> t
     return out, dropped
 
 
-def collate(examples: list[dict], pad_id: int) -> dict[str, torch.Tensor]:
-    """Right-padded input_ids / attention_mask / labels (-100 on padding). (B, L)"""
-    L = max(len(e["input_ids"]) for e in examples)
+def collate(examples: list[dict], pad_id: int, width: int | None = None) -> dict[str, torch.Tensor]:
+    """Right-padded input_ids / attention_mask / labels (-100 on padding). (B, L), L = the longest
+    example, or `width` (at least that long: the chunks of one micro-batch share its shape)."""
+    L = max(len(e["input_ids"]) for e in examples) if width is None else width
     B = len(examples)
     ids = torch.full((B, L), pad_id, dtype=torch.long)
     mask = torch.zeros((B, L), dtype=torch.long)

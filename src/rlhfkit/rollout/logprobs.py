@@ -7,16 +7,25 @@ update runs with gradients. Sampling itself is rollout/core.py's `generate`.
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Callable
 
 import torch
 
 from rlhfkit.rollout.core import Rollout, trim_rows
 
-# Response positions (rows x response width) one forward/backward runs at most on the CPU: a
-# micro-batch with more runs in row chunks (`row_chunks`). Activations grow with the positions (about
-# 1.5 MB each for SmolLM2-135M with LoRA in bf16: 16 rows of 128 tokens held 3 GB), while the matmuls
-# of a 512-position chunk are still large enough to run at full speed. GPUs run whole micro-batches.
-CHUNK_POSITIONS = 512
+# Positions one forward/backward runs at most on the CPU: a micro-batch that runs more runs in row
+# chunks (`row_chunks`). Activations grow with the positions the forward runs, prompt and response
+# alike (about 49 KB per position and layer for SmolLM2-135M with LoRA in bf16: runtime/memory.py
+# CPU_ACTIVATION_BYTES), while the matmuls of a 640-position chunk still run at full speed
+# (docs/benchmarks.md). GPUs run whole micro-batches. A process setting: `Run` sets it from the
+# config's cpu_chunk_positions (trainers/options.py), so every pass of the run cuts alike.
+CHUNK_POSITIONS = 640
+
+
+def set_chunk_positions(positions: int) -> None:
+    """Set the CPU chunk budget of this process (`Run` does, from cpu_chunk_positions)."""
+    global CHUNK_POSITIONS
+    CHUNK_POSITIONS = int(positions)
 
 
 def chunk_positions(device: torch.device) -> int | None:
@@ -24,27 +33,50 @@ def chunk_positions(device: torch.device) -> int | None:
     return CHUNK_POSITIONS if torch.device(device).type == "cpu" else None
 
 
-def row_chunks(rows: torch.Tensor, real_mask: torch.Tensor, max_positions: int | None) -> list[torch.Tensor]:
-    """`rows` (one micro-batch's row indices, in order) cut into the fewest contiguous, near-equal
-    chunks of at most `max_positions` // width rows (at least one; None: no cut), width = the
-    micro-batch's response width (the last real column over `rows`, as `trim` cuts). real_mask: (B, R) of the whole rollout.
+def trimmed_widths(data: Rollout, rows: torch.Tensor) -> tuple[int, int]:
+    """(prompt, response) widths of `rows` once `trim` drops their all-padding columns."""
+    used_prompt = data.query_mask[rows].any(0).nonzero()
+    used_response = data.real_mask[rows].any(0).nonzero()
+    P = data.query_mask.shape[1] - int(used_prompt.min()) if len(used_prompt) else 0
+    return P, int(used_response.max()) + 1 if len(used_response) else 1
+
+
+def positions_run(data: Rollout, rows: torch.Tensor, widths: tuple[int, int]) -> int:
+    """Positions a forward over `rows` runs at `widths` (prompt P, response R): R per row and P per
+    distinct prompt, since a prompt several rows share runs once (models/shared_prompts.py; every
+    trainer that samples or reads several rows per prompt shares them by default)."""
+    prompts = len(torch.unique(data.query_ids[rows], dim=0)) if len(rows) > 1 else len(rows)
+    return len(rows) * widths[1] + prompts * widths[0]
+
+
+def row_chunks(items: torch.Tensor, data: Rollout, max_positions: int | None,
+               to_rows: Callable[[torch.Tensor], torch.Tensor] | None = None) -> list[torch.Tensor]:
+    """`items` (one micro-batch, in order) cut into the fewest contiguous near-equal chunks whose
+    forward runs at most `max_positions` positions each (`positions_run`, at the micro-batch's
+    trimmed widths, which every chunk keeps: `rows_of`); a row over the budget runs alone; None: no cut.
+    `to_rows` maps items to rows of `data` (DPO: a pair is its chosen and its rejected row).
     Pure in its inputs, so the scoring pass and the update cut a micro-batch alike (the first update
     chunk repeats the scoring pass exactly). Contiguous chunks keep a group's rows together."""
-    if max_positions is None or len(rows) < 2:
-        return [rows]
-    used = real_mask[rows].any(0).nonzero()
-    width = int(used.max()) + 1 if len(used) else 1
-    per_chunk = max(1, max_positions // width)  # a row wider than the budget still runs, alone
-    k = -(-len(rows) // per_chunk)  # ceil: near-equal chunks of at most per_chunk rows
-    return [c for c in torch.tensor_split(rows, k) if len(c)]
+    if max_positions is None or len(items) < 2:
+        return [items]
+    to_rows = to_rows or (lambda c: c)
+    widths = trimmed_widths(data, to_rows(items))
+    # chunks' positions add up to at least the whole micro-batch's (a split group's prompt runs twice)
+    k = -(-positions_run(data, to_rows(items), widths) // max_positions)
+    while k < len(items):
+        chunks = torch.tensor_split(items, k)
+        if all(positions_run(data, to_rows(c), widths) <= max_positions for c in chunks):
+            return list(chunks)
+        k += 1
+    return list(torch.tensor_split(items, len(items)))
 
 
-def micro_batch_chunks(order: torch.Tensor, micro_batch_size: int, real_mask: torch.Tensor,
+def micro_batch_chunks(order: torch.Tensor, micro_batch_size: int, data: Rollout,
                        device) -> list[tuple[torch.Tensor, torch.Tensor]]:
-    """(chunk, micro-batch) pairs: `order` in micro-batches of micro_batch_size rows, each cut by
-    `row_chunks` on the CPU (whole elsewhere). A chunk runs with its micro-batch's columns (`rows_of`)."""
+    """(chunk, micro-batch) pairs: `order` in micro-batches of micro_batch_size rows of `data`, each
+    cut by `row_chunks` on the CPU (whole elsewhere). A chunk runs with its micro-batch's columns (`rows_of`)."""
     micros = [order[i : i + micro_batch_size] for i in range(0, len(order), micro_batch_size)]
-    return [(c, m) for m in micros for c in row_chunks(m, real_mask, chunk_positions(device))]
+    return [(c, m) for m in micros for c in row_chunks(m, data, chunk_positions(device))]
 
 
 def rows_of(rollout: Rollout, rows: torch.Tensor, columns: torch.Tensor | None = None) -> Rollout:
@@ -89,7 +121,7 @@ def logprob_pass(actor, reference, rollout: Rollout, temperature: float, micro_b
     `order` (B,) groups rows into micro-batches exactly as the first update epoch will, so the
     first update micro-batch repeats this computation bit for bit and its ratio must be 1
     (docs/pitfalls.md#off-by-one); other groupings change padding widths, which moves bf16 results by
-    ~1e-2. A micro-batch of more than CHUNK_POSITIONS response positions runs in row chunks
+    ~1e-2. A micro-batch that runs more than CHUNK_POSITIONS positions runs in row chunks
     (`row_chunks`), as the update runs it.
 
     When the actor has frozen bottom layers (`actor.trunk_depth`, models/trunk.py) they run once per
@@ -108,7 +140,7 @@ def logprob_pass(actor, reference, rollout: Rollout, temperature: float, micro_b
     keep = depth and B * (P + R) * H * 4 <= keep_trunk_mb * 2**20  # (B, L, H) at 4 bytes
     loaded = getattr(reference, "loaded", None)  # an offloaded reference comes in once per pass
     with loaded(device) if callable(loaded) else contextlib.nullcontext():
-        for rows, micro in micro_batch_chunks(order, micro_batch_size, rollout.real_mask, device):
+        for rows, micro in micro_batch_chunks(order, micro_batch_size, rollout, device):
             mb = rows_of(rollout, rows, micro)  # the micro-batch's columns, as the update runs the chunk
             ids, mask = mb.input_ids.to(device), mb.attention_mask.to(device)
             mb.trunk = actor.trunk(ids, mask) if depth else None  # shared by the policy and the reference

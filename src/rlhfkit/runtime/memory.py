@@ -25,9 +25,10 @@ b_c = bytes of the compute dtype (2 for bf16, 4 for fp32), N devices.
   heap retention   CPU only: CPU_HEAP_RETENTION * (activations + logits), freed blocks glibc keeps
                    that micro-batches of other widths do not reuse (training phase)
 
-On the CPU a long micro-batch runs in row chunks of at most CHUNK_POSITIONS response positions
-(rollout/logprobs.py; PPO, the GRPO family and DPO/SimPO/ORPO), so activations and logits count
-m_c = ceil(m / k) sequences instead of m, with k = ceil(m / max(1, CHUNK_POSITIONS // R)) chunks;
+On the CPU a micro-batch that runs more than CHUNK_POSITIONS positions runs in row chunks
+(rollout/logprobs.py; PPO, the GRPO family, DPO/SimPO/ORPO, KTO and SFT), so activations count at
+most min(m * R + ceil(m / g) * P, max(CHUNK_POSITIONS, S)) positions (a chunk holds at most the
+budget, or one row alone, whatever the widths up to P and R), and logits that share of the m rows;
 activations take the factor measured there (CPU_ACTIVATION_BYTES per position, layer and hidden
 unit, bf16 and fp32 alike: LoRA with dropout, fp32 norms) instead of 34 / 2 * b_c.
 
@@ -54,10 +55,10 @@ GIB = 2**30
 # tokenizer): the RSS at the first phase of bench/memory_phases.py (the DPO demo's `build` entry),
 # Linux x86-64, torch 2.13, transformers 5.
 PROCESS_BASELINE = 0.26e9
-# rollout/logprobs.py CHUNK_POSITIONS (tests/runtime/test_memory.py keeps the two equal; this module
-# does not import torch).
-CHUNK_POSITIONS = 512
-CHUNKED_METHODS = ("ppo", "grpo", "dpo")
+# rollout/logprobs.py CHUNK_POSITIONS (tests/scale/test_memory_estimate.py keeps the two equal; this
+# module does not import torch).
+CHUNK_POSITIONS = 640
+CHUNKED_METHODS = ("ppo", "grpo", "dpo", "sft")
 # Activation bytes per position, layer and hidden unit on the CPU (SmolLM2-135M, LoRA with dropout
 # 0.05): bf16 autocast, 3.27 GiB for 16 rows x 128 response + 8 x 40 shared prompt positions through
 # 30 layers of H = 576 (one micro-batch's forward, its head workspace apart); fp32, 0.10 GB per row of
@@ -191,10 +192,12 @@ class MemoryArgs:
     generation_batch_size: int = option(16, "prompts per generate() call (the KV cache is for this many)")
     group_size: int = option(1, "sequences of a micro-batch that share one prompt, run once (share_prompts: "
                              "GRPO's group_size, 2 for a DPO pair); 1 = every sequence runs its prompt")
+    cpu_chunk_positions: int = option(CHUNK_POSITIONS, "device=cpu: the trainers' row-chunk budget (their "
+                                      "cpu_chunk_positions): positions one forward runs at most")
 
     def validate(self) -> None:
         for k in ("lora_r", "num_devices", "micro_batch_size", "prompt_length", "max_new_tokens",
-                  "generation_batch_size", "group_size"):
+                  "generation_batch_size", "group_size", "cpu_chunk_positions"):
             check(getattr(self, k) >= 1, f"{k} ({getattr(self, k)}) must be >= 1")
 
 
@@ -215,11 +218,12 @@ def estimate(args: MemoryArgs, shape: ModelShape | None = None) -> dict[str, flo
     S, R = args.prompt_length + args.max_new_tokens, args.max_new_tokens
     m = args.micro_batch_size * (2 if args.method in ("dpo", "rm") else 1)  # a pair is two sequences
     cpu = args.device == "cpu"
-    if cpu and args.method in CHUNKED_METHODS:  # long micro-batches run in near-equal row chunks on the CPU
-        k = -(-m // max(1, CHUNK_POSITIONS // R))  # chunks of at most CHUNK_POSITIONS // R rows
-        m = -(-m // k)
     per_position = CPU_ACTIVATION_BYTES if cpu else 34 * bc / 2  # bytes per layer and hidden unit
     positions = m * R + -(-m // args.group_size) * args.prompt_length  # a shared prompt runs once per group
+    logit_rows = m
+    if cpu and args.method in CHUNKED_METHODS:  # long micro-batches run in row chunks on the CPU:
+        chunk = min(positions, max(args.cpu_chunk_positions, S))  # at most the budget, or one row alone
+        logit_rows, positions = m * chunk / positions, chunk  # at any widths up to P and R
     layer_acts = positions * s.hidden * per_position
     bw_layers = min(args.lora_layers, s.layers) if (args.lora and args.lora_layers) else s.layers
     acts = (bw_layers * positions * s.hidden * bc + layer_acts) if args.gradient_checkpointing else bw_layers * layer_acts
@@ -234,7 +238,7 @@ def estimate(args: MemoryArgs, shape: ModelShape | None = None) -> dict[str, flo
         "generation gather": P * bc if sampling and args.sharding == "zero3" else 0,
         "merged LoRA": s.adapted_count(args.lora_layers) * bc if merged_sampling else 0,
         "activations": acts,
-        "logits": 0 if args.method == "rm" else m * R * s.vocab * 8,  # response positions only
+        "logits": 0 if args.method == "rm" else logit_rows * R * s.vocab * 8,  # response positions only
         "process baseline": PROCESS_BASELINE if cpu else 0,  # the GPU's own memory holds no imports
     }
     out["heap retention"] = CPU_HEAP_RETENTION * (acts + out["logits"]) if cpu else 0

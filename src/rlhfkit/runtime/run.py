@@ -34,6 +34,7 @@ class Run:
         from accelerate import Accelerator
 
         from rlhfkit.models.loading import resolve_dtype
+        from rlhfkit.rollout.logprobs import set_chunk_positions
         from rlhfkit.runtime.allocator import tune_malloc
         from rlhfkit.runtime.seeding import seed_everything
 
@@ -41,6 +42,8 @@ class Run:
         self.accelerator = Accelerator(cpu=not torch.cuda.is_available())
         seed_everything(cfg.seed)
         tune_malloc()  # freed CPU tensors stay in the process for reuse (runtime/allocator.py)
+        if hasattr(cfg, "cpu_chunk_positions"):  # the row-chunk budget every pass of this run cuts by
+            set_chunk_positions(cfg.cpu_chunk_positions)
         cfg.dtype = resolve_dtype(cfg.dtype)  # 'auto' -> bf16 where bf16 matmuls are fast; config.yaml records it
         self.run_dir: Path | None = None
         self.tracker: Any = None

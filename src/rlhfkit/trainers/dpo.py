@@ -116,15 +116,13 @@ def pair_rows(idx: torch.Tensor, n_pairs: int) -> torch.Tensor:
 
 
 def pair_chunks(idx: torch.Tensor, data: Rollout, device) -> list[torch.Tensor]:
-    """One micro-batch's pairs `idx` in contiguous chunks of at most CHUNK_POSITIONS response
-    positions (two rows per pair) on the CPU (rollout/logprobs.py `row_chunks`): the loss is a sum
-    over pairs, so chunks add up to the micro-batch's gradient while their activations stay bounded.
-    Pure in its inputs: the reference table, the steps and the held-out pass cut alike."""
+    """One micro-batch's pairs `idx` in contiguous chunks of at most CHUNK_POSITIONS positions (a
+    pair runs its chosen and rejected row, its prompt once) on the CPU (rollout/logprobs.py
+    `row_chunks`): the loss is a sum over pairs, so chunks add up to the micro-batch's gradient while
+    their activations stay bounded. Pure in its inputs: the reference table, the steps and the
+    held-out pass cut alike."""
     n = data.response_ids.shape[0] // 2
-    real = data.real_mask
-    either = torch.maximum(real[:n], real[n:])  # (N, R) a column is in the pair's width if either row reaches it
-    limit = chunk_positions(device)
-    return row_chunks(idx, either, None if limit is None else max(1, limit // 2))
+    return row_chunks(idx, data, chunk_positions(device), to_rows=lambda pairs: pair_rows(pairs, n))
 
 
 # ----------------------------------------------------------------------------- log-probs and loss

@@ -103,11 +103,17 @@ class ModelArgs(PromptFormatArgs):
         check(self.lora_alpha > 0, f"lora_alpha ({self.lora_alpha}) must be > 0")
         check(0 <= self.lora_dropout < 1, f"lora_dropout ({self.lora_dropout}) must be in [0, 1)")
         check(self.lora_layers is None or self.lora_layers >= 1, f"lora_layers ({self.lora_layers}) must be >= 1")
+        check(self.cpu_chunk_positions >= 1, f"cpu_chunk_positions ({self.cpu_chunk_positions}) must be >= 1")
         check(self.lora_target_modules is None or len(self.lora_target_modules) > 0,
               "lora_target_modules ([]) must name at least one module, or be None to choose them")
     gradient_checkpointing: bool = option(False, "recompute each transformer layer's activations in the backward pass "
                                           "instead of storing them: training activation memory drops from ~all "
                                           "layers to ~one layer, for ~30% more compute (same gradients)")
+    cpu_chunk_positions: int = option(640, "CPU only: a micro-batch whose forward runs more positions than this "
+                                      "(response tokens per row + prompt tokens per distinct prompt) runs in row "
+                                      "chunks, with the same gradients: activations stay bounded (~49 KB per "
+                                      "position and layer on SmolLM2-135M). Raise it where memory is plentiful: "
+                                      "a long prompt shared by a group then runs fewer times (docs/benchmarks.md)")
 
 
 @dataclass

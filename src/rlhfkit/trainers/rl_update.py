@@ -116,7 +116,7 @@ def update_policy(model, optimizer, scheduler, accelerator, rollout: Rollout, lo
             n_tok, n_seq = (max(float(c), 1.0) for c in accelerator.reduce(counts, "sum"))
             mini_loss = 0.0
             # a long micro-batch runs in row chunks, cut as the scoring pass cut it (bounded activations)
-            chunks = micro_batch_chunks(mini, micro_batch_size, rollout.real_mask, device)
+            chunks = micro_batch_chunks(mini, micro_batch_size, rollout, device)
             for i, (rows, micro) in enumerate(chunks):
                 mb = rows_of(rollout, rows, micro)
                 loss, st = loss_fn(mb, n_tok, n_seq)

@@ -27,6 +27,7 @@ from rlhfkit.algos import aggregate_loss, logprobs_from_logits
 from rlhfkit.data.chat import IGNORE_INDEX
 from rlhfkit.data.sft import collate
 from rlhfkit.errors import UserError
+from rlhfkit.rollout.logprobs import chunk_positions
 from rlhfkit.runtime.config import check, config_main
 from rlhfkit.runtime.distributed import accumulate_backward
 from rlhfkit.runtime.faults import guarded_step
@@ -110,6 +111,17 @@ def eval_stats(module, examples, pad_id, cfg, device) -> dict:
 # ----------------------------------------------------------------------------- loop
 
 
+def example_chunks(micro: list[dict], device) -> list[tuple[list[dict], int]]:
+    """(chunk, width) pairs: a micro-batch's examples in the fewest near-equal contiguous chunks of at
+    most CHUNK_POSITIONS tokens (rows x the micro-batch's longest example, `width`) on the CPU, as the
+    RL and preference trainers cut theirs (rollout/logprobs.py); whole elsewhere. The loss is a sum
+    over tokens divided by the step's count, so the chunks' gradients add up to the micro-batch's."""
+    width = max(len(e["input_ids"]) for e in micro)
+    limit = chunk_positions(device)
+    k = 1 if limit is None else min(len(micro), -(-len(micro) * width // limit))
+    return [(micro[int(i[0]) : int(i[-1]) + 1], width) for i in torch.arange(len(micro)).tensor_split(max(k, 1))]
+
+
 def sft_step(module, optimizer, scheduler, accelerator, batch: list[dict], pad_id: int, cfg: SFTConfig, *,
              guard=None, where: str = "") -> dict:
     """Steps 2-5 for one mini-batch (this process's share); returns loss and grad norm. A non-finite
@@ -118,12 +130,14 @@ def sft_step(module, optimizer, scheduler, accelerator, batch: list[dict], pad_i
     n_tok = accelerator.reduce(torch.tensor(sum(sum(x != IGNORE_INDEX for x in e["labels"][1:]) for e in batch),
                                             device=device, dtype=torch.float32), "sum").item()
     loss_sum = 0.0
-    for m0 in range(0, len(batch), cfg.micro_batch_size):
-        b = {k: v.to(device) for k, v in collate(batch[m0 : m0 + cfg.micro_batch_size], pad_id).items()}
+    micros = [batch[m0 : m0 + cfg.micro_batch_size] for m0 in range(0, len(batch), cfg.micro_batch_size)]
+    chunks = [(c, width) for micro in micros for c, width in example_chunks(micro, device)]
+    for i, (chunk, width) in enumerate(chunks):
+        b = {k: v.to(device) for k, v in collate(chunk, pad_id, width).items()}
         with autocast(cfg.dtype, device):
             nll, mask = module(**b)
         loss = aggregate_loss(nll, mask, num_tokens=max(n_tok, 1.0))  # / all processes' tokens
-        accumulate_backward(accelerator, module, loss, sync=m0 + cfg.micro_batch_size >= len(batch))
+        accumulate_backward(accelerator, module, loss, sync=i == len(chunks) - 1)
         loss_sum += loss.item()
     grad_norm, skipped = guarded_step(module.parameters(), optimizer, scheduler, accelerator, cfg.max_grad_norm,
                                       loss=loss_sum, guard=guard, where=where)
