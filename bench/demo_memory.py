@@ -185,7 +185,10 @@ first iteration: in bf16 glibc's bytes in use grow by about 30 MiB per iteration
 update, 0.96 after the twelfth) while Python objects and live tensors stay constant, and not in fp32 (flat
 at 0.29 GiB over the same run, `grpo iterations=8 rollout_batch_size=32 num_eval_prompts=0`);
 ONEDNN_PRIMITIVE_CACHE_CAPACITY=0 halves the growth, so part of it is oneDNN's cache of bf16 kernels for
-each new shape. The rest is not found yet: longer bf16 runs will pass 2.5 GB until it is.
+each new shape. Neither the merged LoRA copy used for sampling nor autocast's weight-cast cache is the
+cause (each turned off in `grpo iterations=8 rollout_batch_size=32`: the same +30 MiB per iteration).
+The rest is not found yet (a candidate: oneDNN kernels generated for every new matmul shape, as every
+micro-batch's width differs): longer bf16 runs will pass 2.5 GB until it is.
 """
 
 
