@@ -187,8 +187,13 @@ at 0.29 GiB over the same run, `grpo iterations=8 rollout_batch_size=32 num_eval
 ONEDNN_PRIMITIVE_CACHE_CAPACITY=0 halves the growth, so part of it is oneDNN's cache of bf16 kernels for
 each new shape. Neither the merged LoRA copy used for sampling nor autocast's weight-cast cache is the
 cause (each turned off in `grpo iterations=8 rollout_batch_size=32`: the same +30 MiB per iteration).
-The rest is not found yet (a candidate: oneDNN kernels generated for every new matmul shape, as every
-micro-batch's width differs): longer bf16 runs will pass 2.5 GB until it is.
+The mechanism, isolated by bench/shape_cache.py (two bf16 linears of the MLP's shape, forward and
+backward): with the row count M drawn from 300-1199 each step, bytes in use rise ~2 MiB per new M and
+level off near 690 MiB after ~300 steps; with M fixed they stay at 97 MiB, and fp32 stays flat. So
+bf16 kernels are kept per matmul shape (oneDNN's primitive cache and a second cache it does not
+control: with ONEDNN_PRIMITIVE_CACHE_CAPACITY=0 or 64 the level is ~370-390 MiB), and every
+micro-batch width is a new shape. Bounded, but the whole grpo demo reached 2.44 GB, next to the 2.5 GB
+target, where its first iteration peaked at 1.43; the fix to try is fewer distinct widths (rounded up to a few bucket sizes).
 """
 
 
