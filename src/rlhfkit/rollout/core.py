@@ -88,12 +88,19 @@ class Rollout:
         return torch.cat([self.query_mask, self.real_mask.to(self.query_mask.dtype)], dim=1)
 
 
+def trim_bounds(query_mask: torch.Tensor, real_mask: torch.Tensor) -> tuple[int, int]:
+    """(first kept prompt column, response columns kept) of the rows of these masks, as `trim` cuts:
+    prompt columns that are padding in every row go, and response columns after the longest response."""
+    first = int(query_mask.any(0).float().argmax()) if query_mask.any() else 0
+    last = int(real_mask.any(0).nonzero().max()) + 1 if real_mask.any() else 1
+    return first, last
+
+
 def trim(rollout: Rollout) -> Rollout:
     """Drop prompt columns that are padding in every row and response columns after the longest
-    response. Causal attention makes both invisible to the kept positions, so this only saves time."""
-    first = int(rollout.query_mask.any(0).float().argmax()) if rollout.query_mask.any() else 0
-    real = rollout.real_mask  # environment tokens count: they are context the kept tokens attend to
-    last = int(real.any(0).nonzero().max()) + 1 if real.any() else 1
+    response. Causal attention makes both invisible to the kept positions, so this only saves time.
+    Environment tokens count as real: they are context the kept tokens attend to."""
+    first, last = trim_bounds(rollout.query_mask, rollout.real_mask)
     P = rollout.query_ids.shape[1]
     kw = {}
     for f in fields(rollout):

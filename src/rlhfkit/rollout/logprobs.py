@@ -11,7 +11,7 @@ from collections.abc import Callable
 
 import torch
 
-from rlhfkit.rollout.core import Rollout, trim_rows
+from rlhfkit.rollout.core import Rollout, trim_bounds, trim_rows
 
 # Positions one forward/backward runs at most on the CPU: a micro-batch that runs more runs in row
 # chunks (`row_chunks`). Activations grow with the positions the forward runs, prompt and response
@@ -35,10 +35,8 @@ def chunk_positions(device: torch.device) -> int | None:
 
 def trimmed_widths(data: Rollout, rows: torch.Tensor) -> tuple[int, int]:
     """(prompt, response) widths of `rows` once `trim` drops their all-padding columns."""
-    used_prompt = data.query_mask[rows].any(0).nonzero()
-    used_response = data.real_mask[rows].any(0).nonzero()
-    P = data.query_mask.shape[1] - int(used_prompt.min()) if len(used_prompt) else 0
-    return P, int(used_response.max()) + 1 if len(used_response) else 1
+    first, last = trim_bounds(data.query_mask[rows], data.real_mask[rows])
+    return data.query_mask.shape[1] - first, last
 
 
 def positions_run(data: Rollout, rows: torch.Tensor, widths: tuple[int, int]) -> int:
