@@ -91,3 +91,53 @@ def test_trim_heap_gives_freed_heap_blocks_back(tmp_path):
     if out == "skip":
         return  # not glibc, or opted out in this environment
     assert int(out) > 300 * 2**20  # most of the 400 MiB went back
+
+
+def test_kernel_caches_are_capped_unless_the_user_chose():
+    env = {"LRU_CACHE_CAPACITY": "8"}
+    assert allocator.cap_kernel_caches(env) == {"ONEDNN_PRIMITIVE_CACHE_CAPACITY": "64"}
+    assert env == {"LRU_CACHE_CAPACITY": "8", "ONEDNN_PRIMITIVE_CACHE_CAPACITY": "64"}
+    assert allocator.cap_kernel_caches(env) == {}  # both set now: nothing to do
+
+
+_SHAPES_SCRIPT = """
+import ctypes, sys
+import torch
+from rlhfkit.runtime.allocator import cap_kernel_caches
+if sys.argv[1] == 'capped':
+    cap_kernel_caches()  # after importing torch, before the first matmul: as Run does
+class MallInfo2(ctypes.Structure):
+    _fields_ = [(n, ctypes.c_size_t) for n in 'arena ordblks smblks hblks hblkhd usmblks fsmblks uordblks fordblks keepcost'.split()]
+libc = ctypes.CDLL('libc.so.6'); libc.mallinfo2.restype = MallInfo2
+def in_use():
+    m = libc.mallinfo2(); return m.uordblks + m.hblkhd
+torch.set_num_threads(1)
+w = torch.randn(576, 1536).bfloat16()
+def step(rows):
+    x = torch.randn(rows, 576, requires_grad=True)
+    (x.bfloat16() @ w).float().sum().backward()
+for rows in range(100, 110):
+    step(rows)  # warm-up: first-use allocations of torch and oneDNN
+start = in_use()
+for rows in range(110, 250):
+    step(rows)  # 140 new row counts: 140 new matmul shapes forward and backward
+print(in_use() - start)
+"""
+
+
+@pytest.mark.skipif(not GLIBC, reason="mallinfo2 is glibc's")
+def test_capped_kernel_caches_stop_growing_with_new_shapes(tmp_path):
+    """bf16 matmuls of a new row count each leave kernels cached (~0.5 MiB, bench/shape_cache.py);
+    with the caps the bytes in use stop growing once 64 shapes are cached. Checks that oneDNN still
+    reads the capacities when they are set after `import torch` (a torch upgrade could move that)."""
+    import subprocess
+    import sys
+
+    script = tmp_path / "shapes.py"
+    script.write_text(_SHAPES_SCRIPT)
+    env = {k: v for k, v in __import__("os").environ.items() if k not in allocator.KERNEL_CACHE_VARIABLES}
+    grown = {mode: int(subprocess.run([sys.executable, str(script), mode], capture_output=True, text=True,
+                                      check=True, env=env).stdout.split()[-1]) for mode in ("uncapped", "capped")}
+    if grown["uncapped"] < 40 * 2**20:
+        pytest.skip(f"no per-shape kernel cache to bound here (uncapped growth {grown['uncapped'] / 2**20:.0f} MiB)")
+    assert grown["capped"] < grown["uncapped"] / 2, grown

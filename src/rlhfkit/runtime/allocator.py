@@ -1,4 +1,5 @@
-"""glibc malloc settings for CPU training: keep freed tensor memory in the process for reuse.
+"""CPU memory settings for training: glibc malloc keeps freed tensor memory in the process for
+reuse; oneDNN's per-shape kernel caches are bounded (`cap_kernel_caches`).
 
 PyTorch's CPU allocator is plain malloc. glibc serves blocks above its mmap threshold (128 KiB at
 start, raised only as mmapped blocks are freed) with fresh mmaps that go back to the kernel on free,
@@ -27,6 +28,16 @@ MMAP_THRESHOLD = 32 * 2**20  # glibc's largest accepted value on 64-bit (HEAP_MA
 TRIM_THRESHOLD = 2**30  # mallopt takes a C int: at most 2**31 - 1
 
 _applied: dict[str, int] | None = None
+
+# oneDNN keeps compiled kernels for each matmul shape it has seen in two LRU caches: its primitive
+# cache and ideep's computation cache (1024 entries each by default). In bf16 an entry holds ~0.5 MiB
+# of malloc'd memory, and every new row count (a micro-batch width, a number of unfinished rows
+# while sampling) is a new shape, so a run's bytes in use grew ~30 MiB per iteration up to ~0.6 GiB
+# (bench/shape_cache.py). 64 entries still hold every shape of one forward and backward (about 20:
+# the model's distinct (in, out) pairs, plus LoRA's, each in forward, input-gradient and
+# weight-gradient form), so a micro-batch reuses its kernels.
+KERNEL_CACHE_ENTRIES = 64
+KERNEL_CACHE_VARIABLES = ("ONEDNN_PRIMITIVE_CACHE_CAPACITY", "LRU_CACHE_CAPACITY")
 
 
 def tune_malloc() -> dict[str, int] | None:
@@ -60,6 +71,15 @@ def trim_heap() -> bool:
         return bool(ctypes.CDLL(ctypes.util.find_library("c")).malloc_trim(ctypes.c_size_t(0)))
     except (OSError, AttributeError, TypeError):
         return False
+
+
+def cap_kernel_caches(env=os.environ) -> dict[str, str]:
+    """Bound oneDNN's per-shape kernel caches (see KERNEL_CACHE_ENTRIES) unless the user set them;
+    returns the variables it set. Both caches read their capacity on first use, so this must run
+    before the process's first oneDNN matmul (Run calls it first thing; importing torch is fine)."""
+    chosen = {name: str(KERNEL_CACHE_ENTRIES) for name in KERNEL_CACHE_VARIABLES if name not in env}
+    env.update(chosen)
+    return chosen
 
 
 def _c_int(value: int) -> ctypes.c_int:

@@ -35,9 +35,10 @@ class Run:
 
         from rlhfkit.models.loading import resolve_dtype
         from rlhfkit.rollout.logprobs import set_chunk_positions
-        from rlhfkit.runtime.allocator import tune_malloc
+        from rlhfkit.runtime.allocator import cap_kernel_caches, tune_malloc
         from rlhfkit.runtime.seeding import seed_everything
 
+        cap_kernel_caches()  # before any matmul: each new shape's kernels stay cached (runtime/allocator.py)
         self.cfg, self.command = cfg, command
         self.accelerator = Accelerator(cpu=not torch.cuda.is_available())
         seed_everything(cfg.seed)
