@@ -2,7 +2,8 @@
 
 Both run side by side, one torch thread each (one per core of a 2-core machine, so neither waits on
 the other), in fresh processes. Prints each side's peak RSS (the kernel's ru_maxrss), CPU time, and
-the sum of every `timing/*` metric over the run's metrics.jsonl, with after / before ratios. The old
+the sum of every `timing/*` metric over the run's metrics.jsonl, with after / before ratios, and each
+side's held-out outcome (its `[eval]` change and accuracy lines). The old
 tree is a `git worktree` of REV under the scratch folder, put first on PYTHONPATH.
 
     python bench/ab_demo.py --before 82233b2 -- kto max_steps=3 num_eval_prompts=0
@@ -74,6 +75,10 @@ def main() -> None:
         if b["timings"][key] > 0:
             print(f"  {key:24s} before {b['timings'][key]:8.2f}  after {f['timings'][key]:8.2f}  "
                   f"after/before {f['timings'][key] / b['timings'][key]:.2f}")
+    for side in ("before", "after"):  # the held-out outcome: the change must not cost learning
+        for line in (scratch / f"{side}.log").read_text(errors="replace").splitlines():
+            if line.startswith("[eval]") and ("change:" in line or "accuracy" in line):
+                print(f"  {side:6s} {line}")
     if b["rc"] or f["rc"]:
         sys.exit(f"exit status: before {b['rc']}, after {f['rc']} (logs under {scratch})")
 

@@ -76,13 +76,23 @@ def metrics_rows(tmp_path):
 # ----------------------------------------------------------------------------- the commands
 
 
-@pytest.mark.parametrize("cls", [PPOConfig, GRPOConfig, RLOOConfig])
-def test_trainers_run_on_multi_turn_rollouts_with_the_ratio_check(tmp_path, tiny_model_dir, tool_env, cls, capsys):
+@pytest.mark.parametrize(("cls", "backend"), [(PPOConfig, "hf"), (GRPOConfig, "hf"), (RLOOConfig, "hf"),
+                                              (GRPOConfig, "lean")])
+def test_trainers_run_on_multi_turn_rollouts_with_the_ratio_check(tmp_path, tiny_model_dir, tool_env, cls, backend,
+                                                                  capsys, monkeypatch):
     """One iteration with two update epochs (PPO, GRPO): the first micro-batch's ratio is 1 (else
-    RatioCheckError), the env metrics are logged, held-out evaluation reports the tool-call rate."""
+    RatioCheckError), the env metrics are logged, held-out evaluation reports the tool-call rate.
+    generation_backend=lean: the lean loop samples every turn of the rollout."""
+    from rlhfkit.rollout import backends
+
+    lean_turns = []
+    real = backends.LeanBackend.generate_ids
+    monkeypatch.setattr(backends.LeanBackend, "generate_ids",
+                        staticmethod(lambda *a, **kw: lean_turns.append(len(a[2])) or real(*a, **kw)))
     train = ppo_train if cls is PPOConfig else grpo_train
     extra = {"eval_samples_per_prompt": 1} if cls is PPOConfig else {"drop_zero_std_groups": False}
-    train(cfg_for(cls, tmp_path, tiny_model_dir, num_eval_prompts=4, quiet=False, **extra))
+    train(cfg_for(cls, tmp_path, tiny_model_dir, num_eval_prompts=4, quiet=False, generation_backend=backend, **extra))
+    assert (len(lean_turns) >= 1) == (backend == "lean")  # one call per turn, its rows still running
     assert tool_env == ["scripted-tool"]
     (row,) = metrics_rows(tmp_path)
     assert row["params/ratio_first_microbatch_maxdev"] < 1e-4
@@ -112,8 +122,10 @@ def test_env_option_errors():
         build_config(GRPOConfig, {"max_turns": 0})
     with pytest.raises(ConfigError, match=r"max_total_tokens \(0\) must be >= 1"):
         build_config(PPOConfig, {"max_total_tokens": 0})
-    with pytest.raises(ConfigError, match="env .* set generation_backend=hf"):
+    with pytest.raises(ConfigError, match="env .* set generation_backend=hf or lean"):
         build_config(GRPOConfig, {"env": "arithmetic-tool", "generation_backend": "vllm"})
+    for backend in ("lean", "hf"):  # both samplers run an env's turns
+        assert build_config(GRPOConfig, {"env": "arithmetic-tool", "generation_backend": backend}).env
 
 
 def test_an_env_brings_its_problems_when_prompts_is_left_at_its_default():

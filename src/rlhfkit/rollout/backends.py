@@ -25,7 +25,8 @@ from pathlib import Path
 
 import torch
 
-from rlhfkit.rollout.core import Rollout, SamplingParams, generate, rollout_from_tokens
+from rlhfkit.rollout.core import Rollout, SamplingParams, generate, generate_ids, rollout_from_tokens
+from rlhfkit.rollout.decode import lean_generate, lean_generate_ids
 
 BACKENDS = ("hf", "lean", "vllm")
 
@@ -54,6 +55,7 @@ class HFBackend:
     """KV-cached HF `generate` on the training policy itself (no weight copy, nothing to sync)."""
 
     name = "hf"
+    generate_ids = staticmethod(generate_ids)  # context ids -> sampled ids (multi-turn episodes' turns)
 
     def sync(self, policy) -> None:
         pass
@@ -70,11 +72,10 @@ class LeanBackend(HFBackend):
     finished rows dropped; HF generate's tokens when greedy, the same distribution when sampling."""
 
     name = "lean"
+    generate_ids = staticmethod(lean_generate_ids)
 
     def generate(self, policy, tokenizer, texts: list[str], params: SamplingParams, seed: int,
                  batch_size: int | None = None, share_prompts: bool = False, share_prefix: bool = False) -> Rollout:
-        from rlhfkit.rollout.decode import lean_generate
-
         torch.manual_seed(seed)
         return lean_generate(policy, tokenizer, texts, params, batch_size=batch_size, share_prompts=share_prompts,
                              share_prefix=share_prefix)

@@ -140,12 +140,15 @@ def generate_episodes(
     share_prompts: bool = False,
     share_prefix: bool = False,
     fmt=None,
+    sample_ids: Callable = generate_ids,
 ) -> Rollout:
     """One episode per record, `make_env()` once per row; see the module docstring.
 
     `params.max_new_tokens` limits each model turn, `max_total_tokens` each row's response region
     (model and environment tokens), `max_turns` its model turns. `seed`: torch's global seed, set
     once before the first turn. `fmt`: prompt-format options (chat_template, system_prompt).
+    `sample_ids`: samples each turn, `generate_ids`' signature (HF generate; or the lean loop's
+    `lean_generate_ids`, rollout/decode.py).
     Returns the Rollout with query/response ids and masks, context_mask, turn_rewards, scores,
     stopped, `completions` = each episode's last model turn, and `info` lists per row: turns,
     tool_calls, tool_errors, env_errors.
@@ -177,7 +180,7 @@ def generate_episodes(
                                   for i in active], pad)
         with warnings.catch_warnings():  # replace() re-runs SamplingParams' top-k/top-p warning
             warnings.simplefilter("ignore")
-            rows = generate_ids(model, tokenizer, ids, mask, turn_params, batch_size, share_prompts, share_prefix)
+            rows = sample_ids(model, tokenizer, ids, mask, turn_params, batch_size, share_prompts, share_prefix)
         first = False
         for i, row, r in zip(active, rows, room):
             take_turn(episodes[i], row[:r], r < params.max_new_tokens, stop_ids, tokenizer, max_turns,

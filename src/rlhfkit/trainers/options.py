@@ -142,7 +142,7 @@ class ReferenceArgs:
 class GenerationArgs:
     generation_backend: str = option("hf", "who samples rollouts: hf = HF generate on the training policy; lean = "
                                      "rlhfkit's own decode loop on the training policy (rollout/decode.py: same "
-                                     "distribution, finished rows dropped); vllm = a "
+                                     "distribution, finished rows dropped; also for env's turns); vllm = a "
                                      "vLLM engine on this GPU, its weights synced from the policy every iteration "
                                      "(extra `vllm`, CUDA only, untested by the project; falls back to hf with a "
                                      "message when unavailable). Log-probs always come from the trainer",
@@ -200,6 +200,6 @@ class EnvArgs:
     def validate(self) -> None:
         check(self.max_turns >= 1, f"max_turns ({self.max_turns}) must be >= 1")
         check(self.max_total_tokens >= 1, f"max_total_tokens ({self.max_total_tokens}) must be >= 1")
-        if self.env and getattr(self, "generation_backend", "hf") != "hf":
-            check(False, f"env ({self.env}) samples with HF generate; set generation_backend=hf "
-                  f"(got {self.generation_backend})")
+        if self.env and getattr(self, "generation_backend", "hf") == "vllm":
+            check(False, f"env ({self.env}) samples its turns on the training policy; set generation_backend=hf "
+                  f"or lean (got {self.generation_backend})")

@@ -93,7 +93,7 @@ def sample_rollout(actor, tok, records, cfg, params: SamplingParams, seed: int, 
     from rlhfkit.rewards import score_batch
 
     if make_env is not None:
-        return sample_episodes(actor, tok, records, cfg, params, seed, device, make_env)
+        return sample_episodes(actor, tok, records, cfg, params, seed, device, make_env, backend)
     t0 = time.perf_counter()
     formatted = format_prompts(tok, [r["prompt"] for r in records], cfg)
     with autocast(cfg.dtype, device):
@@ -113,15 +113,19 @@ def sample_rollout(actor, tok, records, cfg, params: SamplingParams, seed: int, 
     return rollout
 
 
-def sample_episodes(actor, tok, records, cfg, params: SamplingParams, seed: int, device, make_env) -> Rollout:
-    """One multi-turn episode per record (rollout/multiturn.py); scores = each episode's summed rewards."""
+def sample_episodes(actor, tok, records, cfg, params: SamplingParams, seed: int, device, make_env,
+                    backend=None) -> Rollout:
+    """One multi-turn episode per record (rollout/multiturn.py); scores = each episode's summed rewards.
+    Each turn is sampled by `backend`'s `generate_ids` (HF generate or the lean loop; None: HF)."""
+    from rlhfkit.rollout.core import generate_ids
     from rlhfkit.rollout.multiturn import generate_episodes
 
     t0 = time.perf_counter()
     with autocast(cfg.dtype, device):
         rollout = generate_episodes(actor.policy, tok, make_env, records, params, cfg.max_turns, cfg.max_total_tokens,
                                     seed=seed, batch_size=cfg.generation_batch_size,
-                                    share_prompts=actor.share_prompts, share_prefix=actor.share_prefix, fmt=cfg)
+                                    share_prompts=actor.share_prompts, share_prefix=actor.share_prefix, fmt=cfg,
+                                    sample_ids=getattr(backend, "generate_ids", generate_ids))
     rollout.prompts = [str(r["prompt"]) for r in records]
     rollout.info = {**info_lists(records), **rollout.info}
     rollout.timings = {"timing/generate_s": time.perf_counter() - t0, "timing/reward_s": 0.0}
