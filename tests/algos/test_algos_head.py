@@ -222,3 +222,28 @@ def test_frozen_and_trained_heads_give_equal_bits_and_the_workspace_is_reused():
     lin.requires_grad_(True)
     head_logprobs(hidden, lin, tokens)  # a trained head lets the workspace go (it runs at the memory peak)
     assert torch.device("cpu") not in head_module._workspace.spaces
+
+
+def test_entropy_is_float32_under_bf16_autocast():
+    """The trainers run the head under bf16 autocast. The entropy must be the float32 sum of
+    p log p over the bf16 logits, not a matmul autocast would round to bf16 (a batched matmul had
+    done that: ~1e-3 relative error, and both operands copied)."""
+    torch.manual_seed(0)
+    lin = nn.Linear(64, 4096, bias=False).requires_grad_(False).to(torch.bfloat16)
+    hidden = torch.randn(3, 5, 64).to(torch.bfloat16)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        _, ent = head_logprobs(hidden, lin, torch.randint(0, 4096, (3, 5)), with_entropy=True)
+    z = nn.functional.linear(hidden, lin.weight).double()  # the bf16 logits the head computes
+    p = torch.softmax(z, dim=-1)
+    expected = -(p * torch.log_softmax(z, dim=-1)).sum(-1)  # float64; entropy ~ 8 nats here, never ~0
+    assert ent.dtype == torch.float32
+    torch.testing.assert_close(ent.double(), expected, rtol=1e-6, atol=0)
+
+
+def test_row_dots_golden_and_in_row_chunks():
+    a = torch.tensor([[1.0, 2.0, 3.0], [0.5, -1.0, 4.0]])
+    b = torch.tensor([[4.0, 5.0, 6.0], [2.0, 3.0, 0.25]])
+    torch.testing.assert_close(head_mod._row_dots(a, b), torch.tensor([1 * 4 + 2 * 5 + 3 * 6, 0.5 * 2 - 3 + 1.0]))
+    torch.manual_seed(1)
+    a, b = torch.rand(20, 2**17), torch.rand(20, 2**17)  # 8 rows per chunk: chunks of 8, 8 and 4 rows
+    torch.testing.assert_close(head_mod._row_dots(a, b), (a.double() * b.double()).sum(1).float(), rtol=1e-5, atol=0)

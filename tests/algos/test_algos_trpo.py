@@ -61,6 +61,20 @@ def test_cg_solves_spd_systems_in_n_iterations():
     assert m["trpo/cg_iterations"] == 3 and m["trpo/cg_residual"] < 1e-10
 
 
+def test_cg_and_the_step_keep_float32_under_bf16_autocast():
+    """`@` of two vectors runs in bf16 under autocast; CG's dot products must not (the trainers
+    call trpo_step outside autocast, a user's code may not)."""
+    torch.manual_seed(0)
+    m = torch.randn(50, 50)
+    a = m @ m.t() + 50 * torch.eye(50)
+    b = torch.randn(50)
+    expected = trpo_step(b, lambda v: a @ v, lambda s: (float(b @ s), 0.0), 0.0, max_kl=0.01)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        got = trpo_step(b, lambda v: torch.mv(a, v), lambda s: (float(torch.dot(b, s)), 0.0), 0.0, max_kl=0.01)
+    torch.testing.assert_close(got[0], expected[0], rtol=1e-5, atol=0)
+    assert got[1]["trpo/cg_residual"] == pytest.approx(expected[1]["trpo/cg_residual"], rel=1e-3)
+
+
 def test_cg_zero_rhs_and_non_positive_curvature_stop_at_zero():
     calls = []
     x, m = conjugate_gradient(lambda v: calls.append(v) or v, torch.zeros(3), iters=5)

@@ -107,13 +107,14 @@ def discounted_reverse_cumsum(x: torch.Tensor, discount: float, chunk_size: int 
     idx = torch.arange(C, **kw)
     lag = idx[None, :] - idx[:, None]  # lag[t, k] = k - t
     w = torch.where(lag >= 0, c ** lag.clamp(min=0), torch.zeros((), **kw)).to(x.dtype)  # (C, C)
-    local = xp @ w.T  # (B, n, C): the in-chunk part of y
-    if n == 1:
-        return local.view(B, C)[:, :T]
-    jdx = torch.arange(n, **kw)
-    jlag = jdx[None, :] - jdx[:, None]
-    wn = torch.where(jlag >= 0, c ** (C * jlag.clamp(min=0)), torch.zeros((), **kw)).to(x.dtype)  # (n, n)
-    start = local[:, :, 0] @ wn.T  # (B, n): y at each chunk's first step
+    with torch.autocast(x.device.type, enabled=False):  # autocast would round these matmuls to bf16
+        local = xp @ w.T  # (B, n, C): the in-chunk part of y
+        if n == 1:
+            return local.view(B, C)[:, :T]
+        jdx = torch.arange(n, **kw)
+        jlag = jdx[None, :] - jdx[:, None]
+        wn = torch.where(jlag >= 0, c ** (C * jlag.clamp(min=0)), torch.zeros((), **kw)).to(x.dtype)  # (n, n)
+        start = local[:, :, 0] @ wn.T  # (B, n): y at each chunk's first step
     start_next = F.pad(start[:, 1:], (0, 1))  # (B, n): y at the next chunk's first step (0 past the end)
     tail = (c ** (C - idx)).to(x.dtype)  # (C,): discount from step t to the next chunk's start
     y = local + start_next[:, :, None] * tail

@@ -256,21 +256,21 @@ def conjugate_gradient(fvp: Callable[[torch.Tensor], torch.Tensor], b: torch.Ten
     ``trpo/cg_iterations``.
     """
     x = torch.zeros_like(b)
-    r, p = b.clone(), b.clone()
-    rr = float(r @ r)
+    r, p = b.clone(), b.clone()  # dot products by torch.dot: under autocast `@` would round them to bf16
+    rr = float(torch.dot(r, r))
     b_norm = math.sqrt(rr)
     done = 0
     for _ in range(iters):
         if math.sqrt(rr) <= tol * b_norm:  # also b = 0
             break
         ap = fvp(p)
-        p_ap = float(p @ ap)
+        p_ap = float(torch.dot(p, ap))
         if not p_ap > 0:
             break
         alpha = rr / p_ap
         x = x + alpha * p
         r = r - alpha * ap
-        rr_new = float(r @ r)
+        rr_new = float(torch.dot(r, r))
         p = r + (rr_new / rr) * p
         rr = rr_new
         done += 1
@@ -285,7 +285,7 @@ def scale_step(x: torch.Tensor, fx: torch.Tensor, max_kl: float) -> tuple[torch.
     KL sits exactly on the trust-region boundary. A zero, negative or non-finite x^T F x gives a
     zero step. Metrics: ``trpo/step_scale`` (the factor), ``trpo/step_norm`` (||s||).
     """
-    xfx = float(x @ fx)
+    xfx = float(torch.dot(x, fx))
     if not (xfx > 0 and math.isfinite(xfx)):
         return torch.zeros_like(x), {"trpo/step_scale": 0.0, "trpo/step_norm": 0.0}
     scale = math.sqrt(2.0 * max_kl / xfx)
@@ -368,7 +368,7 @@ def trpo_step(grad: torch.Tensor, fvp: Callable[[torch.Tensor], torch.Tensor], e
     """
     x, metrics = conjugate_gradient(fvp, grad, cg_iters, cg_tol)
     full_step, scale_metrics = scale_step(x, fvp(x), max_kl)
-    expected = float(grad @ full_step)
+    expected = float(torch.dot(grad, full_step))
     step, search_metrics = backtracking_line_search(evaluate, full_step, surrogate_before, max_kl, expected,
                                                     backtrack_coef, max_backtracks, accept_ratio)
     return step, {**metrics, **scale_metrics, "trpo/expected_improvement": expected, **search_metrics}
