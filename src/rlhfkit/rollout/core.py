@@ -14,6 +14,7 @@ from dataclasses import dataclass, field, fields
 import torch
 
 from rlhfkit.algos import response_mask
+from rlhfkit.models.attention import native_attention
 from rlhfkit.models.lora import merged_lora
 from rlhfkit.models.shared_prompts import shared_prefix_prompts, shared_prompt_cache
 from rlhfkit.rollout.sampling import ExponentialRaceSampler
@@ -176,7 +177,7 @@ def generate_ids(
     device = next(model.parameters()).device
     step = batch_size or len(ids)
     outs = []
-    with merged_lora(model), settings:
+    with merged_lora(model), settings, native_attention():  # no backward here (models/attention.py)
         for i in range(0, len(ids), step):
             chunk_ids = ids[i : i + step].to(device)
             chunk_mask = mask[i : i + step].to(device)

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import torch
 
+from rlhfkit.models.attention import native_attention
 from rlhfkit.models.lora import merged_lora
 from rlhfkit.models.policy import position_ids_from_mask
 from rlhfkit.models.shared_prompts import shared_prefix_prompts, shared_prompt_cache
@@ -121,7 +122,7 @@ def lean_generate_ids(model: torch.nn.Module, tokenizer, ids: torch.Tensor, mask
     device = next(model.parameters()).device
     step = batch_size or len(ids)
     rows: list[torch.Tensor] = []
-    with merged_lora(model):
+    with merged_lora(model), native_attention():  # no backward here (models/attention.py)
         for i in range(0, len(ids), step):
             chunk_ids, chunk_mask = ids[i : i + step].to(device), mask[i : i + step].to(device)
             cache = shared_prompt_cache(model, chunk_ids, chunk_mask) if share_prompts else None
