@@ -273,22 +273,27 @@ def test_max_turns_and_max_total_tokens_end_episodes(tiny):
     assert ro.response_ids.shape[1] <= 30
 
 
-def test_one_turn_env_reproduces_the_single_turn_rollout(tiny):
+@pytest.mark.parametrize("loop", ["hf", "lean"])
+def test_one_turn_env_reproduces_the_single_turn_rollout(tiny, loop):
+    """Sampled (T = 1): the episode's one turn draws the same tokens as single-turn sampling with the
+    seed, through HF generate or the lean loop (`sample_ids`, generation_backend=lean)."""
+    from rlhfkit.data.chat import format_prompt
+    from rlhfkit.rollout.decode import lean_generate, lean_generate_ids
+
+    single_turn, sample_ids = (generate, generate_ids) if loop == "hf" else (lean_generate, lean_generate_ids)
     model, tok = tiny
     params = SamplingParams(max_new_tokens=8)
-    from rlhfkit.data.chat import format_prompt
-
     torch.manual_seed(3)
-    single = generate(model, tok, [format_prompt(tok, r["prompt"]) for r in RECORDS], params, batch_size=3)
+    single = single_turn(model, tok, [format_prompt(tok, r["prompt"]) for r in RECORDS], params, batch_size=3)
     multi = generate_episodes(model, tok, planned([1] * 4), RECORDS, params, max_turns=4, max_total_tokens=64,
-                              seed=3, batch_size=3)
+                              seed=3, batch_size=3, sample_ids=sample_ids)
     for k in ("query_ids", "query_mask", "response_ids", "response_mask", "stopped"):
         assert torch.equal(getattr(multi, k), getattr(single, k)), k
     assert torch.equal(multi.context_mask, single.response_mask) and multi.completions == single.completions
 
 
 def test_lean_turns_give_the_hf_episodes_when_greedy(tiny):
-    """`sample_ids=lean_generate_ids` (generation_backend=lean/auto) runs each turn through the lean
+    """`sample_ids=lean_generate_ids` (generation_backend=lean) runs each turn through the lean
     loop: greedy, the same episodes as HF generate's turns, rows finishing at different turns."""
     from rlhfkit.rollout.decode import lean_generate_ids
 
@@ -300,21 +305,6 @@ def test_lean_turns_give_the_hf_episodes_when_greedy(tiny):
     for k in ("query_ids", "response_ids", "response_mask", "context_mask", "turn_rewards", "stopped"):
         assert torch.equal(getattr(lean, k), getattr(hf, k)), k
     assert lean.info["turns"] == [1, 3, 2, 3] and lean.completions == hf.completions
-
-
-def test_one_turn_env_with_the_lean_loop_reproduces_its_single_turn_rollout(tiny):
-    """Sampled (T = 1): the episode's one turn draws the same tokens as lean_generate with the seed."""
-    from rlhfkit.data.chat import format_prompt
-    from rlhfkit.rollout.decode import lean_generate, lean_generate_ids
-
-    model, tok = tiny
-    params = SamplingParams(max_new_tokens=8)
-    torch.manual_seed(3)
-    single = lean_generate(model, tok, [format_prompt(tok, r["prompt"]) for r in RECORDS], params, batch_size=3)
-    multi = generate_episodes(model, tok, planned([1] * 4), RECORDS, params, max_turns=4, max_total_tokens=64,
-                              seed=3, batch_size=3, sample_ids=lean_generate_ids)
-    for k in ("query_ids", "response_ids", "response_mask", "stopped"):
-        assert torch.equal(getattr(multi, k), getattr(single, k)), k
 
 
 def test_environment_and_tool_errors_become_observations(tiny):
