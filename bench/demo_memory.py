@@ -193,7 +193,26 @@ level off near 690 MiB after ~300 steps; with M fixed they stay at 97 MiB, and f
 bf16 kernels are kept per matmul shape (oneDNN's primitive cache and a second cache it does not
 control: with ONEDNN_PRIMITIVE_CACHE_CAPACITY=0 or 64 the level is ~370-390 MiB), and every
 micro-batch width is a new shape. Bounded, but the whole grpo demo reached 2.44 GB, next to the 2.5 GB
-target, where its first iteration peaked at 1.43; the fix to try is fewer distinct widths (rounded up to a few bucket sizes).
+target, where its first iteration peaked at 1.43.
+
+Fixed (session 13): the trainers cap both caches at 64 entries (runtime/allocator.py `cap_kernel_caches`:
+ONEDNN_PRIMITIVE_CACHE_CAPACITY and ideep's LRU_CACHE_CAPACITY, unless the user set them; both are read at
+the first oneDNN matmul, so `Run` sets them first). bench/shape_cache.py over 300 steps of new row counts:
+685 MiB in use uncapped, 418 with LRU_CACHE_CAPACITY=16 alone, 105 with both (flat; fixed M: 97). A whole
+PPO iteration creates 53 distinct oneDNN primitives (`ONEDNN_VERBOSE=profile_create rlhfkit ppo
+iterations=1 num_eval_prompts=0`: 53 cache misses and 59,054 hits with a capacity of 64 and the same with
+1024), so 64 keeps every kernel an iteration reuses. `python bench/ab_demo.py --before 6e57ecd -- grpo`
+(the whole 30-iteration demo, both at once, one thread each): peak 2.44 -> **1.92 GB**, generate 155.4 ->
+149.7 s, log-prob pass 51.7 -> 49.4 s, update 271.8 -> 260.6 s (0.96), CPU 514 -> 494 s, 5% -> 36%
+held-out accuracy on both sides. The same with `iterations=8 rollout_batch_size=32 num_eval_prompts=0`:
+1.67 -> 1.57 GB, update 1.00, generate 1.00. With the caps glibc's bytes in use stay at 0.57-0.60 GiB
+through the 30 iterations (bench/memory_phases.py grpo); what still moves the peak is free space in the
+heap (0.77 -> 0.94 GiB) after a micro-batch of a new, longer width. The whole multi-turn demo (10
+iterations) peaked at 2.27 GB.
+
+The "peak after" column is the session-13 code (the kernel caps, and bf16 attention in float32 up to 256
+keys: rlhfkit/models/attention.py). Against session 12: DPO, SimPO, ORPO and KTO 0.07-0.12 GB lower, DAPO,
+REINFORCE++ and online DPO 0.03-0.07 higher, TRPO 2.30 -> 2.25, the pipeline 2.34 -> 2.38; all under 2.5 GB.
 """
 
 
