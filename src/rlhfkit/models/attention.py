@@ -3,18 +3,18 @@
 torch's CPU flash-attention kernel is slow to differentiate in bf16 at the sequence lengths of
 RLHF on a CPU. Forward + backward of one layer's attention, one thread, 9 heads of 64 (SmolLM2),
 bf16 against q, k, v cast to float32 first (casts included; bench/attention_dtype.py, medians):
-4 rows x 98 tokens 13.9 -> 9.1 ms, 16 x 78 41.4 -> 21.6 ms, 16 x 144 82.5 -> 58.0 ms, 4 x 260 39.3 ->
-37.0 ms, 4 x 512 113 -> 119 ms, 2 x 1024 195 -> 236 ms. The forward alone costs about the same (the casts add a
-quarter at 4 x 98), and
-float32 computes softmax(q k^T) more exactly. So `cpu_fp32_sdpa` runs transformers' own sdpa
-attention on float32 q, k, v (autocast off, which would cast them back) and returns the output in
-the input's dtype, wherever the queries are bf16/fp16 on the CPU, more than one, and attend to at
-most MAX_FP32_KEYS keys. Sampling
-(`native_attention()`, around rlhfkit's generate loops) and any decoding step (one query against the
-whole KV cache) stay in the model's dtype: nothing is differentiated there, and casting the cache or a
-long prompt costs more than it saves. Otherwise the choice depends on shapes and dtypes only, so the
-scoring pass and the update's first micro-batch, which run the same shapes, take the same path (PPO's
-ratio check). CUDA and float32 models go to transformers' sdpa unchanged.
+4 rows x 98 tokens 13.9 -> 9.1 ms, 16 x 78 41.4 -> 21.6 ms, 16 x 144 82.5 -> 58.0 ms,
+4 x 260 39.3 -> 37.0 ms, 4 x 512 113 -> 119 ms, 2 x 1024 195 -> 236 ms. The forward alone costs
+about the same (the casts add a quarter at 4 x 98), and float32 computes softmax(q k^T) more exactly.
+
+So `cpu_fp32_sdpa` runs transformers' own sdpa attention on float32 q, k, v (autocast off, which
+would cast them back) and returns the output in the input's dtype, wherever the queries are
+bf16/fp16 on the CPU, more than one, and attend to at most MAX_FP32_KEYS keys. Sampling
+(`native_attention()`, around rlhfkit's generate loops) and any decoding step (one query against
+the whole KV cache) stay in the model's dtype: nothing is differentiated there, and casting the
+cache or a long prompt costs more than it saves. Otherwise the choice depends on shapes and dtypes
+only, so the scoring pass and the update's first micro-batch, which run the same shapes, take the
+same path (PPO's ratio check). CUDA and float32 models go to transformers' sdpa unchanged.
 """
 
 from __future__ import annotations

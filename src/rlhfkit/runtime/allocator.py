@@ -33,9 +33,9 @@ _applied: dict[str, int] | None = None
 # cache and ideep's computation cache (1024 entries each by default). In bf16 an entry holds ~0.5 MiB
 # of malloc'd memory, and every new row count (a micro-batch width, a number of unfinished rows
 # while sampling) is a new shape, so a run's bytes in use grew ~30 MiB per iteration up to ~0.6 GiB
-# (bench/shape_cache.py). 64 entries still hold every shape of one forward and backward (about 20:
-# the model's distinct (in, out) pairs, plus LoRA's, each in forward, input-gradient and
-# weight-gradient form), so a micro-batch reuses its kernels.
+# (bench/shape_cache.py). 64 entries hold every kernel a whole PPO iteration creates (53 distinct
+# primitives, ONEDNN_VERBOSE=profile_create: the same misses with 64 entries as with 1024), so
+# nothing an iteration reuses is evicted.
 KERNEL_CACHE_ENTRIES = 64
 KERNEL_CACHE_VARIABLES = ("ONEDNN_PRIMITIVE_CACHE_CAPACITY", "LRU_CACHE_CAPACITY")
 
