@@ -58,7 +58,7 @@ PPO = "method=ppo lora_layers=12 micro_batch_size=8 prompt_length=54 max_new_tok
 GRPO = "method=grpo micro_batch_size=16 group_size=8 prompt_length=62 max_new_tokens=16 generation_batch_size=64"
 DPO = "method=dpo micro_batch_size=8 group_size=2 prompt_length=54 max_new_tokens=37"
 ESTIMATES = {
-    "ppo": PPO, "trpo": PPO,
+    "ppo": PPO, "trpo": PPO.replace("method=ppo", "method=trpo"),  # rollout_batch_size 16, fvp_fraction 0.25
     # the pipeline's peak is its largest stage's (src/rlhfkit/configs/pipeline.yaml): SFT (8-example
     # micro-batches of instructions), the reward model (8 pairs, top 4 layers), PPO (40 new tokens)
     "pipeline": ["method=sft micro_batch_size=8 prompt_length=60 max_new_tokens=53",
@@ -177,8 +177,8 @@ shared prompt runs 8 times per micro-batch instead of 4): there `cpu_chunk_posit
 old cut back (4 x 128 + 260 = 772 positions).
 Estimate: `rlhfkit estimate-memory` now counts at most max(cpu_chunk_positions, one row) positions
 per chunk whatever the widths (an upper bound for the chunk); the pipeline's estimate is the largest
-of its stages'. TRPO's policy step is not modelled (its Fisher-vector products hold (B, R, V) fp32
-logits): its estimate is the PPO one.
+of its stages'. TRPO's policy step was not modelled then (its estimate was the PPO one, 0.58 of the
+measured peak); since session 14 it is (below).
 The table's demos are shortened (first iteration or first steps). The whole `rlhfkit grpo` demo (30
 iterations, one thread) peaked at 2.44 GB (max RSS; 5% -> 36% held-out accuracy), against 1.43 for its
 first iteration: in bf16 glibc's bytes in use grow by about 30 MiB per iteration (0.64 GiB after the first
@@ -213,6 +213,18 @@ iterations) peaked at 2.27 GB.
 The "peak after" column is the session-13 code (the kernel caps, and bf16 attention in float32 up to 256
 keys: rlhfkit/models/attention.py). Against session 12: DPO, SimPO, ORPO and KTO 0.07-0.12 GB lower, DAPO,
 REINFORCE++ and online DPO 0.03-0.07 higher, TRPO 2.30 -> 2.25, the pipeline 2.34 -> 2.38; all under 2.5 GB.
+
+TRPO (session 14). Its policy step was the one pass that ran 8-row micro-batches whole on the CPU, and its
+gradient terms computed the token KL too (whose gradient is 0 at theta_old): bench/memory_phases.py with the
+step's parts wrapped (`trpo iterations=1 num_eval_prompts=0 --wrap rlhfkit.trainers.trpo:summed_flat_grad:grad
+--wrap rlhfkit.trainers.trpo:gauss_newton_fvp:fisher_build --wrap rlhfkit.trainers.trpo:trpo_step:cg_and_search`)
+put the gradient pass at 1.95 GiB and the conjugate gradients at 2.04. Now the gradient, Fisher and
+line-search terms and the critic's passes run in the row chunks every trainer cuts (equal steps:
+tests/trainers/test_trpo.py), the gradient terms leave the KL out, and the float32 logits skip the division at
+T = 1: gradient pass 1.29 GiB; the peak is now the conjugate gradients (1.83 GiB), which hold the rollout's
+float32 logits (16 x 48 x V x 4 = 0.15 GB) and the Fisher graphs of its 4 drawn rows (0.51 GiB of bytes in use).
+The demo: 2.25 -> 2.00 GB. `estimate-memory method=trpo` now models the step (the rollout's logits, the Fisher
+graphs and one product's transient, docs/scale.md): 1.87 GB, 0.94 of the measured peak (was 0.58).
 """
 
 

@@ -192,3 +192,33 @@ def test_chunk_size_matches_the_trainers():
                                                   prompt_length=260, max_new_tokens=128, group_size=8,
                                                   cpu_chunk_positions=800)))
     assert wide["activations"] == 30 * 800 * 576 * 85
+
+
+def test_trpo_terms_by_hand_for_its_cpu_demo():
+    """TRPO's policy step keeps the rollout's float32 logits and the Fisher graphs of ceil(0.25 x 16) = 4
+    rows through its conjugate gradients; no AdamW moments, 7 flat vectors instead."""
+    from rlhfkit.runtime.memory import CPU_ACTIVATION_BYTES as A
+
+    args = dict(model="smollm2-135m", device="cpu", dtype="bf16", lora_layers=12, micro_batch_size=8,
+                prompt_length=54, max_new_tokens=48, generation_batch_size=48)
+    trpo = estimate(build_config(MemoryArgs, {**args, "method": "trpo"}))
+    ppo = estimate(build_config(MemoryArgs, {**args, "method": "ppo"}))
+    T = 12 * 162_816  # LoRA r=16 on the top 12 layers
+    assert trpo["optimiser"] == 7 * T * 4 and ppo["optimiser"] == T * 8
+    assert trpo["old logits"] == 16 * 48 * 49152 * 4 and ppo["old logits"] == 0
+    # 8 rows x 102 = 816 positions > 640: a chunk runs at most 640, i.e. 8 x 640 / 816 rows
+    rows = 8 * 640 / 816
+    assert trpo["activations"] == ppo["activations"] == 12 * 640 * 576 * A
+    assert trpo["logits"] == rows * 48 * 49152 * 16 == 2 * ppo["logits"]  # four float32 copies, not two
+    # 4 Fisher rows of 102 positions: two graphs through 12 layers, and z, p, u (4, 48, V) float32
+    assert trpo["Fisher graphs"] == 2 * 4 * 102 * 12 * 576 * A + 3 * 4 * 48 * 49152 * 4
+    # one product backs through one chunk of them (4 rows < the chunk's 6.3) with 3 more (4, 48, V) tensors
+    assert trpo["Fisher product"] == 4 * (640 / rows) * 12 * 576 * A + 3 * 4 * 48 * 49152 * 4
+    persistent = trpo["process baseline"] + trpo["policy weights"] + trpo["optimiser"] + trpo["value head"]
+    gradient_pass = 1.5 * (trpo["activations"] + trpo["logits"])
+    products = trpo["Fisher graphs"] + 1.5 * trpo["Fisher product"]
+    assert products > gradient_pass  # the demo's peak is in the conjugate gradients
+    assert trpo["training phase"] == pytest.approx(persistent + trpo["gradients"] + trpo["old logits"] + products,
+                                                   rel=1e-12)
+    with pytest.raises(ConfigError, match="fvp_fraction"):
+        build_config(MemoryArgs, {**args, "method": "trpo", "fvp_fraction": 0})

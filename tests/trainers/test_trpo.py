@@ -85,6 +85,29 @@ def test_the_step_does_not_depend_on_the_micro_batch_split():
     assert (whole - split).norm() <= 1e-4 * scale
 
 
+def test_the_step_in_row_chunks_is_the_step_of_whole_micro_batches(monkeypatch):
+    """On the CPU the gradient, Fisher and line-search terms run in the row chunks every trainer cuts
+    (rollout/logprobs.py): a budget of 40 positions (2-3 rows of ~16) gives the whole micro-batches' step."""
+    import rlhfkit.rollout.logprobs as logprobs_mod
+
+    actor, ro = rollout_on_tiny_lora()
+    whole, _ = _step(actor, ro, micro=8)
+    cuts, real = [], logprobs_mod.row_chunks
+
+    def spy(*args, **kwargs):
+        out = real(*args, **kwargs)
+        cuts.append(len(out))
+        return out
+
+    monkeypatch.setattr(logprobs_mod, "row_chunks", spy)
+    monkeypatch.setattr(logprobs_mod, "CHUNK_POSITIONS", 40)
+    chunked, _ = _step(actor, ro, micro=8)
+    assert max(cuts) > 1  # the terms did run in chunks
+    scale = whole.norm()
+    assert scale > 0
+    assert (whole - chunked).norm() <= 1e-4 * scale
+
+
 def test_a_run_logs_the_seed_metrics_and_trpo_metrics(tmp_path, tiny_model_dir):
     summary = train(tiny_cfg(tmp_path, tiny_model_dir))
     rows = [json.loads(line) for line in (tmp_path / "runs" / "t" / "metrics.jsonl").read_text().splitlines()]

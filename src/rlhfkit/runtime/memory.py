@@ -24,6 +24,13 @@ b_c = bytes of the compute dtype (2 for bf16, 4 for fp32), N devices.
                    (Python, torch, transformers, tokenizer), measured once (PROCESS_BASELINE)
   heap retention   CPU only: CPU_HEAP_RETENTION * (activations + logits), freed blocks glibc keeps
                    that micro-batches of other widths do not reuse (training phase)
+  TRPO's policy step (method=trpo; trainers/trpo.py): no AdamW moments for the policy, instead ~7 flat
+  vectors of T (conjugate gradients, the step, theta_old: "optimiser"); the rollout's float32 logits,
+  B * R * V * 4 ("old logits", the KL's p_old); the Fisher graphs of F = ceil(fvp_fraction * B) rows,
+  all kept through the conjugate gradients: 2 * L_bw * F * S * H activations (the forward's and the
+  J^T u graph's) and 3 * F * R * V * 4 (z, p, u); each product then backs through one chunk (its
+  activations and 3 more (rows, R, V) float32 tensors). The step's peak is the larger of the gradient
+  pass (a micro-batch chunk, as PPO) and the products.
 
 On the CPU a micro-batch that runs more than CHUNK_POSITIONS positions runs in row chunks
 (rollout/logprobs.py; PPO, the GRPO family, DPO/SimPO/ORPO, KTO and SFT), so activations count at
@@ -44,6 +51,7 @@ counts of what the tensors hold (allocator overhead and CUDA context, ~0.5-1 GiB
 from __future__ import annotations
 
 import json
+import math
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -58,7 +66,8 @@ PROCESS_BASELINE = 0.26e9
 # rollout/logprobs.py CHUNK_POSITIONS (tests/scale/test_memory_estimate.py keeps the two equal; this
 # module does not import torch).
 CHUNK_POSITIONS = 640
-CHUNKED_METHODS = ("ppo", "grpo", "dpo", "sft")
+CHUNKED_METHODS = ("ppo", "trpo", "grpo", "dpo", "sft")
+TRPO_FLAT_VECTORS = 7  # algos/trpo.py: CG's x, r, p, A p; F x; the step; theta_old (+ the gradient)
 # Activation bytes per position, layer and hidden unit on the CPU (SmolLM2-135M, LoRA with dropout
 # 0.05): bf16 autocast, 3.27 GiB for 16 rows x 128 response + 8 x 40 shared prompt positions through
 # 30 layers of H = 576 (one micro-batch's forward, its head workspace apart); fp32, 0.10 GB per row of
@@ -172,8 +181,9 @@ class MemoryArgs:
 
     model: str = option("smollm2-135m", f"a preset ({', '.join(PRESETS)}), a local model folder (config.json) "
                                          "or a Hub id (org/name[@revision], its config.json only)")
-    method: str = option("ppo", "trainer: ppo has a value head; ppo/grpo/dpo a reference; sft/rm neither",
-                         ("ppo", "grpo", "dpo", "sft", "rm"))
+    method: str = option("ppo", "trainer: ppo and trpo have a value head; ppo/trpo/grpo/dpo a reference; sft/rm "
+                         "neither; trpo keeps the rollout's logits and Fisher graphs through its policy step",
+                         ("ppo", "trpo", "grpo", "dpo", "sft", "rm"))
     lora: bool = option(True, "LoRA adapters (frozen base, no reference copy) or full fine-tuning")
     lora_r: int = option(16, "LoRA rank")
     lora_layers: int | None = option(None, "adapt only the top N layers (None: all)")
@@ -192,13 +202,16 @@ class MemoryArgs:
     generation_batch_size: int = option(16, "prompts per generate() call (the KV cache is for this many)")
     group_size: int = option(1, "sequences of a micro-batch that share one prompt, run once (share_prompts: "
                              "GRPO's group_size, 2 for a DPO pair); 1 = every sequence runs its prompt")
+    rollout_batch_size: int = option(16, "method=trpo: sequences per rollout (the policy step keeps their logits)")
+    fvp_fraction: float = option(0.25, "method=trpo: share of the rollout's sequences in the Fisher-vector products")
     cpu_chunk_positions: int = option(CHUNK_POSITIONS, "device=cpu: the trainers' row-chunk budget (their "
                                       "cpu_chunk_positions): positions one forward runs at most")
 
     def validate(self) -> None:
         for k in ("lora_r", "num_devices", "micro_batch_size", "prompt_length", "max_new_tokens",
-                  "generation_batch_size", "group_size", "cpu_chunk_positions"):
+                  "generation_batch_size", "group_size", "rollout_batch_size", "cpu_chunk_positions"):
             check(getattr(self, k) >= 1, f"{k} ({getattr(self, k)}) must be >= 1")
+        check(0 < self.fvp_fraction <= 1, f"fvp_fraction ({self.fvp_fraction}) must be in (0, 1]")
 
 
 def estimate(args: MemoryArgs, shape: ModelShape | None = None) -> dict[str, float]:
@@ -212,18 +225,16 @@ def estimate(args: MemoryArgs, shape: ModelShape | None = None) -> dict[str, flo
         grads, optim = grads / N, optim / N
     if args.sharding == "zero3":
         weights = weights / N
-    has_ref = args.method in ("ppo", "grpo", "dpo") and not args.lora and not args.offload_reference
-    sampling = args.method in ("ppo", "grpo")
+    trpo = args.method == "trpo"
+    if trpo:  # no AdamW moments: the natural-gradient step's flat vectors
+        optim = TRPO_FLAT_VECTORS * T * 4
+    has_ref = args.method in ("ppo", "trpo", "grpo", "dpo") and not args.lora and not args.offload_reference
+    sampling = args.method in ("ppo", "trpo", "grpo")
     merged_sampling = sampling and args.lora and args.device == "cpu" and N == 1
     S, R = args.prompt_length + args.max_new_tokens, args.max_new_tokens
-    m = args.micro_batch_size * (2 if args.method in ("dpo", "rm") else 1)  # a pair is two sequences
     cpu = args.device == "cpu"
     per_position = CPU_ACTIVATION_BYTES if cpu else 34 * bc / 2  # bytes per layer and hidden unit
-    positions = m * R + -(-m // args.group_size) * args.prompt_length  # a shared prompt runs once per group
-    logit_rows = m
-    if cpu and args.method in CHUNKED_METHODS:  # long micro-batches run in row chunks on the CPU:
-        chunk = min(positions, max(args.cpu_chunk_positions, S))  # at most the budget, or one row alone
-        logit_rows, positions = m * chunk / positions, chunk  # at any widths up to P and R
+    logit_rows, positions = forward_size(args)
     layer_acts = positions * s.hidden * per_position
     bw_layers = min(args.lora_layers, s.layers) if (args.lora and args.lora_layers) else s.layers
     acts = (bw_layers * positions * s.hidden * bc + layer_acts) if args.gradient_checkpointing else bw_layers * layer_acts
@@ -233,23 +244,59 @@ def estimate(args: MemoryArgs, shape: ModelShape | None = None) -> dict[str, flo
         "optimiser": optim,
         # the frozen copy keeps its linear layers in b_c, embeddings, norms and head in fp32 (models/policy.py)
         "reference": ((P - s.kept_fp32_in_reference()) * bc + s.kept_fp32_in_reference() * 4) if has_ref else 0,
-        "value head": (s.hidden + 1) * 16 if args.method == "ppo" else 0,
+        "value head": (s.hidden + 1) * 16 if args.method in ("ppo", "trpo") else 0,
         "KV cache": 2 * s.layers * s.kv_heads * s.d * args.generation_batch_size * S * bc if sampling else 0,
         "generation gather": P * bc if sampling and args.sharding == "zero3" else 0,
         "merged LoRA": s.adapted_count(args.lora_layers) * bc if merged_sampling else 0,
         "activations": acts,
-        "logits": 0 if args.method == "rm" else logit_rows * R * s.vocab * 8,  # response positions only
+        # response positions only: the fused head's two float32 buffers; TRPO's full logits four
+        # (the head's output, its float32 copy, the log-softmax and its gradient)
+        "logits": 0 if args.method == "rm" else logit_rows * R * s.vocab * (16 if trpo else 8),
         "process baseline": PROCESS_BASELINE if cpu else 0,  # the GPU's own memory holds no imports
+        **trpo_terms(args, s, bw_layers * s.hidden * per_position, logit_rows, positions),
     }
-    out["heap retention"] = CPU_HEAP_RETENTION * (acts + out["logits"]) if cpu else 0
+    retain = CPU_HEAP_RETENTION if cpu else 0.0
+    out["heap retention"] = retain * (acts + out["logits"])
     persistent = (out["policy weights"] + out["optimiser"] + out["reference"] + out["value head"]
                   + out["process baseline"])
     out["generation phase"] = persistent + out["KV cache"] + out["generation gather"] + out["merged LoRA"]
-    out["training phase"] = (persistent + out["gradients"] + out["activations"] + out["logits"]
-                             + out["heap retention"])
+    transient = out["activations"] + out["logits"] + out["heap retention"]
+    if trpo:  # the gradient pass, or the Fisher graphs with one product running through them
+        transient = max(transient, out["Fisher graphs"] + (1 + retain) * out["Fisher product"])
+    out["training phase"] = persistent + out["gradients"] + out["old logits"] + transient
     out["peak"] = max(out["generation phase"], out["training phase"])
     out["parameters"], out["trainable"] = P, T
     return out
+
+
+def forward_size(args: MemoryArgs) -> tuple[float, float]:
+    """(sequences, positions) of the largest forward the training phase runs: a micro-batch of m
+    sequences (2 per DPO / reward-model pair), a prompt shared by group_size of them running once;
+    on the CPU at most the row-chunk budget, or one row alone, at any widths up to P and R (a chunk
+    of the budget is a share m x chunk / positions of the rows)."""
+    S, R = args.prompt_length + args.max_new_tokens, args.max_new_tokens
+    m = args.micro_batch_size * (2 if args.method in ("dpo", "rm") else 1)
+    positions = m * R + -(-m // args.group_size) * args.prompt_length
+    if args.device == "cpu" and args.method in CHUNKED_METHODS:
+        chunk = min(positions, max(args.cpu_chunk_positions, S))
+        return m * chunk / positions, chunk
+    return m, positions
+
+
+def trpo_terms(args: MemoryArgs, s: ModelShape, bytes_per_position: float, chunk_rows: float,
+               chunk_positions: float) -> dict[str, float]:
+    """TRPO's policy step (module doc): the rollout's float32 logits, the Fisher graphs of its
+    F = ceil(fvp_fraction x B) rows, and one Fisher-vector product's transient (one chunk of them).
+    `bytes_per_position`: activation bytes of one position through the layers the backward reaches."""
+    if args.method != "trpo":
+        return {"old logits": 0, "Fisher graphs": 0, "Fisher product": 0}
+    S, R, V = args.prompt_length + args.max_new_tokens, args.max_new_tokens, s.vocab
+    rows = math.ceil(args.rollout_batch_size * args.fvp_fraction)  # as algos/trpo.py fisher_rows draws
+    per_row = chunk_positions / chunk_rows  # positions per row as the chunks run them
+    return {"old logits": args.rollout_batch_size * R * V * 4,
+            "Fisher graphs": 2 * rows * S * bytes_per_position + 3 * rows * R * V * 4,
+            "Fisher product": (min(rows, chunk_rows) * per_row * bytes_per_position
+                               + 3 * min(rows, chunk_rows) * R * V * 4)}
 
 
 def render(args: MemoryArgs, est: dict[str, float]) -> str:
@@ -260,7 +307,8 @@ def render(args: MemoryArgs, est: dict[str, float]) -> str:
     rows = [f"| {k} | {est[k] / GIB:.3f} | {est[k] / 1e9:.3f} |"
             for k in ("process baseline", "policy weights", "gradients", "optimiser", "reference", "value head",
                       "KV cache", "generation gather", "merged LoRA", "activations", "logits", "heap retention",
-                      "generation phase", "training phase", "peak")]
+                      "old logits", "Fisher graphs", "Fisher product", "generation phase", "training phase", "peak")
+            if est[k] or k not in ("old logits", "Fisher graphs", "Fisher product")]
     return "\n".join([head, "", "| component | GiB per device | GB |", "| --- | ---: | ---: |", *rows])
 
 

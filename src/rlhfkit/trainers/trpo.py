@@ -46,7 +46,7 @@ from rlhfkit.algos.trpo import (
 )
 from rlhfkit.errors import UserError
 from rlhfkit.rollout import Rollout, forward_logprobs
-from rlhfkit.rollout.core import trim_rows
+from rlhfkit.rollout.logprobs import micro_batch_chunks, rows_of
 from rlhfkit.runtime.config import config_main
 from rlhfkit.runtime.faults import guarded_step
 from rlhfkit.runtime.precision import autocast
@@ -69,7 +69,8 @@ def response_logits(actor, mb: Rollout, temperature: float) -> torch.Tensor:
     trunk = mb.trunk.to(device) if mb.trunk is not None else None
     logits, _ = actor.logits(mb.input_ids.to(device), mb.attention_mask.to(device), mb.response_ids.shape[1],
                              trunk=trunk)
-    return logits.float() / temperature
+    logits = logits.float()
+    return logits if temperature == 1.0 else logits / temperature  # one (B, R, V) copy fewer at T = 1
 
 
 def token_logprobs(logits: torch.Tensor, response_ids: torch.Tensor) -> torch.Tensor:
@@ -77,9 +78,11 @@ def token_logprobs(logits: torch.Tensor, response_ids: torch.Tensor) -> torch.Te
     return F.log_softmax(logits, dim=-1).gather(-1, response_ids.unsqueeze(-1)).squeeze(-1)
 
 
-def micro_batches(rollout: Rollout, rows: torch.Tensor, micro: int) -> list[Rollout]:
-    """`rows` of the rollout in consecutive micro-batches of at most `micro` rows (padding trimmed)."""
-    return [trim_rows(rollout, rows[i : i + micro]) for i in range(0, len(rows), micro)]
+def micro_batches(rollout: Rollout, rows: torch.Tensor, micro: int, device) -> list[Rollout]:
+    """`rows` of the rollout in consecutive micro-batches of at most `micro` rows (padding trimmed),
+    on the CPU each cut into the row chunks every trainer runs (rollout/logprobs.py): every term is a
+    sum over tokens divided by a count fixed beforehand, so chunks add up to their micro-batch."""
+    return [rows_of(rollout, chunk, micro_rows) for chunk, micro_rows in micro_batch_chunks(rows, micro, rollout, device)]
 
 
 def policy_step(actor, params: list[torch.Tensor], rollout: Rollout, cfg: TRPOConfig, device,
@@ -93,7 +96,7 @@ def policy_step(actor, params: list[torch.Tensor], rollout: Rollout, cfg: TRPOCo
     term divided by their own token count. So gradient, Fisher-vector products and the step do not
     depend on the micro-batch split."""
     B, micro = rollout.response_ids.shape[0], cfg.micro_batch_size
-    mbs = micro_batches(rollout, torch.arange(B), micro)
+    mbs = micro_batches(rollout, torch.arange(B), micro, device)
     n_tok = float(rollout.response_mask.sum().clamp(min=1))
     amp = partial(autocast, cfg.dtype, device)
     with torch.no_grad(), amp():
@@ -102,17 +105,21 @@ def policy_step(actor, params: list[torch.Tensor], rollout: Rollout, cfg: TRPOCo
     m0 = mbs[0].response_mask.to(device) != 0
     ratio_dev = ((old_logp[0] - mbs[0].logprobs.to(device)).exp() - 1).abs().masked_fill(~m0, 0).max().item()
 
-    def both(i: int) -> tuple[torch.Tensor, torch.Tensor]:  # one forward: (surrogate share, KL share)
+    def both(i: int, with_kl: bool = True) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """One forward: (surrogate share, KL share or None). The gradient needs no KL (its gradient
+        is 0 at theta_old): leaving it out keeps ~6 (B, R, V) float32 tensors out of that backward."""
         mb = mbs[i]
         mask = mb.response_mask.to(device)
         with amp():
             logits = response_logits(actor, mb, cfg.temperature)
         logp = token_logprobs(logits, mb.response_ids.to(device))
         surrogate, _ = surrogate_advantage(logp, old_logp[i], mb.advantages.to(device), mask, n_tok)
+        if not with_kl:
+            return surrogate, None
         kl, _ = token_kl(old_logits[i], logits, mask, 1.0, n_tok)  # logits are already / T
         return surrogate, kl
 
-    surrogate_terms = [lambda i=i: both(i)[0] for i in range(len(mbs))]
+    surrogate_terms = [lambda i=i: both(i, with_kl=False)[0] for i in range(len(mbs))]
     grad, surrogate_before = summed_flat_grad(surrogate_terms, params)
     fvp = fisher_product(actor, params, rollout, cfg, device, generator)
     evaluate = line_search_evaluator(params, [lambda i=i: both(i) for i in range(len(mbs))])
@@ -133,7 +140,7 @@ def fisher_product(actor, params: list[torch.Tensor], rollout: Rollout, cfg: TRP
     if generator is None:
         generator = torch.Generator().manual_seed(cfg.seed)
     rows = fisher_rows(rollout.response_ids.shape[0], cfg.fvp_fraction, generator)
-    mbs = micro_batches(rollout, rows, cfg.micro_batch_size)
+    mbs = micro_batches(rollout, rows, cfg.micro_batch_size, device)
     n_fisher = float(sum(float(mb.response_mask.sum()) for mb in mbs)) or 1.0
     amp = partial(autocast, cfg.dtype, device)
 
@@ -181,8 +188,7 @@ def critic_update(rl: RLRun, policy_params: list[torch.Tensor], rollout: Rollout
                 mini = perm[start : start + cfg.vf_mini_batch_size]
                 n_tok = max(float(rollout.response_mask[mini].sum()), 1.0)
                 loss_sum, clip = 0.0, 0.0
-                for m0 in range(0, len(mini), cfg.micro_batch_size):
-                    mb = trim_rows(rollout, mini[m0 : m0 + cfg.micro_batch_size])
+                for mb in micro_batches(rollout, mini, cfg.micro_batch_size, device):
                     mask = mb.response_mask.to(device)
                     with autocast(cfg.dtype, device):
                         _, values, _ = forward_logprobs(rl.model, mb, cfg.temperature, with_values=True)
