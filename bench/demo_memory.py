@@ -225,6 +225,9 @@ T = 1: gradient pass 1.29 GiB; the peak is now the conjugate gradients (1.83 GiB
 float32 logits (16 x 48 x V x 4 = 0.15 GB) and the Fisher graphs of its 4 drawn rows (0.51 GiB of bytes in use).
 The demo: 2.25 -> 2.00 GB. `estimate-memory method=trpo` now models the step (the rollout's logits, the Fisher
 graphs and one product's transient, docs/scale.md): 1.87 GB, 0.94 of the measured peak (was 0.58).
+`python bench/ab_demo.py --before 2a0973f -- trpo iterations=3 num_eval_prompts=0` (both at once, one thread
+each, the machine shared with two benchmarks): peak 2.51 -> 1.99 GB (0.79), update 135.3 -> 129.1 s (0.95),
+CPU 105.7 -> 101.4 s (0.96), generate and log-prob pass 0.97-0.99.
 """
 
 
