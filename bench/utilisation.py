@@ -5,7 +5,7 @@ machine's measured matmul peak, written to docs/benchmarks.md.
    1536, vocabulary 49152) with the token counts the phases use (decode: the generation batch's
    rows; prefill and the teacher-forced passes: micro-batch x tokens). The peak of a dtype is the
    best of its shapes. Memory bandwidth: a large tensor copy (bytes read + written / time).
-2. The standard work of bench/bench_ppo.py (its STANDARD settings, dtype=auto), run in this process
+2. The standard work of bench/bench_ppo.py (its STANDARD settings, dtype=auto or --dtype), run in this process
    with timers around sampling, the log-prob pass and the update; the rollout's shapes give the model
    FLOPs of each phase by rlhfkit.runtime.flops (the counting rules are in its docstring; padded
    widths as computed, attention causal, LoRA base weights 1x in the backward, the frozen trunk none).
@@ -35,7 +35,7 @@ import torch
 from bench_ppo import CONFIGS, STANDARD, machine
 
 HIDDEN, INTER, VOCAB = 576, 1536, 49152
-RUNS = {"lora-top12": "lora-top12-fp32", "full": "full-fp32"}  # bench_ppo configurations, dtype set to auto
+RUNS = {"lora-top12": "lora-top12-fp32", "lora-all": "lora-fp32", "full": "full-fp32"}  # bench_ppo configurations, dtype set by --dtype
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 
 
@@ -78,8 +78,8 @@ def _timed(fn) -> float:
     return time.perf_counter() - t0
 
 
-def run_standard(name: str, iterations: int) -> list[dict]:
-    """Run the standard PPO work for `name`; per iteration: phase seconds and the rollout's shapes."""
+def run_standard(name: str, iterations: int, dtype: str = "auto") -> list[dict]:
+    """Run the standard PPO work for `name` in `dtype`; per iteration: phase seconds and the rollout's shapes."""
     import rlhfkit.trainers.rl as rl
     from rlhfkit.runtime.config import build_config
     from rlhfkit.trainers.ppo import train
@@ -106,7 +106,7 @@ def run_standard(name: str, iterations: int) -> list[dict]:
     for key in orig:
         setattr(rl.RLRun, key, timed(key))
     try:
-        cfg = build_config(PPOConfig, {**STANDARD, **CONFIGS[RUNS[name]], "dtype": "auto", "iterations": iterations,
+        cfg = build_config(PPOConfig, {**STANDARD, **CONFIGS[RUNS[name]], "dtype": dtype, "iterations": iterations,
                                        "output_dir": benchdoc.scratch_dir(), "run_name": name})
         train(cfg)
     finally:
@@ -150,7 +150,7 @@ def render(header: str, peak: dict, bw: float, results: dict, dtype: str) -> str
     shape = PRESETS["smollm2-135m"]
     lines = [f"Machine: {header}.", "",
              f"Matmul peak (best torch.mm over the shapes below): fp32 {peak['peak']['fp32']:.1f} GFLOP/s, bf16 "
-             f"{peak['peak']['bf16']:.1f} GFLOP/s; copy bandwidth {bw:.1f} GB/s. `dtype=auto` picks {dtype} here, "
+             f"{peak['peak']['bf16']:.1f} GFLOP/s; copy bandwidth {bw:.1f} GB/s. The runs' dtype is {dtype}, "
              f"so shares are of the {dtype} peak.", "",
              "| shape (phase, n x k x m) | fp32 GFLOP/s | bf16 GFLOP/s |", "| --- | ---: | ---: |"]
     lines += [f"| {ph}: {n} x {k} x {m} | {g['fp32']:.1f} | {g['bf16']:.1f} |" for ph, n, k, m, g in peak["shapes"]]
@@ -202,6 +202,9 @@ def main() -> None:
     ap.add_argument("--iterations", type=int, default=3, help="PPO iterations per configuration (first is warm-up)")
     ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                     help="override a STANDARD setting (e.g. rollout_batch_size=4 for a quick check); use with --no-write")
+    ap.add_argument("--dtype", default="auto", choices=("auto", "fp32", "bf16"),
+                    help="the runs' dtype (auto: what rlhfkit picks here); shares are of this dtype's peak; a "
+                         "dtype other than auto prints only")
     ap.add_argument("--no-write", action="store_true", help="print only; leave docs/benchmarks.md alone")
     a = ap.parse_args()
     from bench_ppo import parse_override
@@ -213,7 +216,7 @@ def main() -> None:
         f", ONEDNN_MAX_CPU_ISA={os.environ['ONEDNN_MAX_CPU_ISA']}" if os.environ.get("ONEDNN_MAX_CPU_ISA") else "") + (
         f"; overrides {a.set}" if a.set else "")
     print(header, flush=True)
-    dtype = resolve_dtype("auto")
+    dtype = resolve_dtype(a.dtype)
     mb, gen = STANDARD["micro_batch_size"], STANDARD.get("generation_batch_size", STANDARD["rollout_batch_size"])
     counts = {"decode": min(gen, STANDARD["rollout_batch_size"]), "teacher-forced": mb * 100,
               "head": mb * STANDARD["max_new_tokens"]}
@@ -223,13 +226,13 @@ def main() -> None:
     results: dict = {}
     for name in a.configs.split(","):
         try:
-            results[name] = run_standard(name, a.iterations)
+            results[name] = run_standard(name, a.iterations, a.dtype)
         except Exception as e:  # one failing configuration should not lose the others' figures
             results[name] = f"failed: {type(e).__name__}: {e}"
         print(name, results[name], flush=True)
     table = render(header, peak, bw, results, dtype)
     print(table)
-    if not a.no_write:
+    if not a.no_write and a.dtype == "auto":
         name, title = machine_kind()
         benchdoc.write_block(name, title, table)
 
