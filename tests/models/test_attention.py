@@ -99,3 +99,40 @@ def test_loading_a_model_routes_its_sdpa_attention_through_the_float32_path(tiny
     with torch.no_grad():
         model(input_ids=ids, attention_mask=torch.tensor([[0, 1, 1, 1], [1, 1, 1, 1]]))
     assert seen and all(s == (torch.bfloat16, 4) for s in seen)  # every layer, bf16 queries: the float32 path
+
+
+def test_grouped_heads_reach_the_cpu_kernel_without_copies_and_give_the_same_output(monkeypatch):
+    """Several queries on the CPU outside sampling: the kernel gets the 2 key/value heads themselves with
+    enable_gqa (no repeat_kv copies) and returns exactly what it returns on copied heads; one query
+    (decoding), sampling and CUDA-style decisions outside are left to transformers."""
+    from transformers.integrations import sdpa_attention
+
+    attention._patch_grouped_heads()
+    attention._patch_grouped_heads()  # idempotent: one wrapper, not two
+    assert sdpa_attention.use_gqa_in_sdpa.rlhfkit_grouped
+    calls = []
+    real = torch.nn.functional.scaled_dot_product_attention
+    monkeypatch.setattr(torch.nn.functional, "scaled_dot_product_attention",
+                        lambda q, k, *a, **kw: calls.append((k.shape[1], kw.get("enable_gqa", False))) or real(q, k, *a, **kw))
+    cases = {"bf16": _qkv(5, 5), "fp32": _qkv(5, 5, torch.float32),
+             "long bf16": _qkv(3, attention.MAX_FP32_KEYS + 1), "decode": _qkv(1, 7)}
+    for name, (q, k, v, mask) in cases.items():
+        calls.clear()
+        out, _ = cpu_fp32_sdpa(_Module(), q, k, v, mask, scaling=8**-0.5)
+        if name == "decode":  # transformers packs the query heads itself there
+            assert [grouped for _, grouped in calls] == [False], calls
+        else:
+            assert calls == [(2, True)], (name, calls)
+        # the same kernel on heads copied per query head (transformers' own path): the same bits
+        kq, kv_ = (t.repeat_interleave(2, dim=1) for t in (k, v))
+        copied = _Module()
+        copied.num_key_value_groups = 1
+        if name == "bf16":
+            q, kq, kv_, mask = q.float(), kq.float(), kv_.float(), mask.float()
+        ref, _ = sdpa_attention.sdpa_attention_forward(copied, q, kq, kv_, mask, scaling=8**-0.5)
+        assert torch.equal(out, ref.to(out.dtype)), name
+    assert not getattr(attention._state, "grouped", False)  # restored afterwards
+    calls.clear()
+    with attention.native_attention():  # sampling: transformers decides (copies, with a mask)
+        cpu_fp32_sdpa(_Module(), *_qkv(5, 5), scaling=8**-0.5)
+    assert calls == [(4, False)]

@@ -14,7 +14,16 @@ bf16/fp16 on the CPU, more than one, and attend to at most MAX_FP32_KEYS keys. S
 the whole KV cache) stay in the model's dtype: nothing is differentiated there, and casting the
 cache or a long prompt costs more than it saves. Otherwise the choice depends on shapes and dtypes
 only, so the scoring pass and the update's first micro-batch, which run the same shapes, take the
-same path (PPO's ratio check). CUDA and float32 models go to transformers' sdpa unchanged.
+same path (PPO's ratio check). CUDA and float32 models go to transformers' sdpa unchanged, but for
+the kernel's grouped heads below.
+
+Grouped-query attention (SmolLM2: 3 key/value heads for 9 query heads): transformers hands masked
+attention the key/value heads copied to every query head (`repeat_kv`), since the efficient CUDA
+kernels take no mask with grouped heads. torch's CPU flash kernel does (`enable_gqa`), with the same
+output bit for bit and none of the copies, nor the sums of their gradients in the backward: forward +
+backward of 16 rows x 16 queries over 79 keys (GRPO's shared prompts, float32) 6.7 -> 3.5 ms, 8 x 35
+over 82 (a DPO pair) 5.2 -> 3.6, 4 x 98 (PPO) 5.9 -> 5.7. So wherever several queries run on the CPU
+outside sampling, `cpu_fp32_sdpa` has transformers pass the grouped heads to the kernel (`_grouped_heads`).
 """
 
 from __future__ import annotations
@@ -44,19 +53,51 @@ def native_attention():
 
 def cpu_fp32_sdpa(module, query, key, value, attention_mask, **kwargs):
     """transformers' sdpa attention (its signature: query (B, heads, q, d), key/value (B, kv heads,
-    k, d)) on float32 q, k, v where the module docstring says, else unchanged."""
+    k, d)) on float32 q, k, v and with grouped heads in the kernel where the module docstring says,
+    else unchanged."""
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
-    if (query.device.type != "cpu" or query.dtype == torch.float32 or query.shape[2] == 1
-            or key.shape[2] > MAX_FP32_KEYS or getattr(_state, "native", False)):
+    if query.device.type != "cpu" or query.shape[2] == 1 or getattr(_state, "native", False):
         return sdpa_attention_forward(module, query, key, value, attention_mask, **kwargs)
-    dtype = query.dtype
-    if attention_mask is not None and attention_mask.is_floating_point():
-        attention_mask = attention_mask.float()
-    with torch.autocast("cpu", enabled=False):  # autocast would run the kernel in bf16 again
-        out, weights = sdpa_attention_forward(module, query.float(), key.float(), value.float(), attention_mask,
-                                              **kwargs)
-    return out.to(dtype), weights
+    with _grouped_heads():
+        if query.dtype == torch.float32 or key.shape[2] > MAX_FP32_KEYS:
+            return sdpa_attention_forward(module, query, key, value, attention_mask, **kwargs)
+        dtype = query.dtype
+        if attention_mask is not None and attention_mask.is_floating_point():
+            attention_mask = attention_mask.float()
+        with torch.autocast("cpu", enabled=False):  # autocast would run the kernel in bf16 again
+            out, weights = sdpa_attention_forward(module, query.float(), key.float(), value.float(), attention_mask,
+                                                  **kwargs)
+        return out.to(dtype), weights
+
+
+@contextlib.contextmanager
+def _grouped_heads():
+    """Inside, in this thread, transformers' sdpa passes grouped key/value heads to the kernel
+    (`enable_gqa`) instead of copying them per query head (`_patch_grouped_heads`)."""
+    before = getattr(_state, "grouped", False)
+    _state.grouped = True
+    try:
+        yield
+    finally:
+        _state.grouped = before
+
+
+def _patch_grouped_heads() -> None:
+    """transformers decides per call whether the kernel gets grouped heads (`use_gqa_in_sdpa`: on
+    CUDA only without a mask); make it say yes inside `_grouped_heads`. Idempotent; a transformers
+    without that function keeps copying the heads (the same results, a little slower)."""
+    from transformers.integrations import sdpa_attention
+
+    decide = getattr(sdpa_attention, "use_gqa_in_sdpa", None)
+    if decide is None or getattr(decide, "rlhfkit_grouped", False):
+        return
+
+    def use_gqa_in_sdpa(*args, **kwargs) -> bool:
+        return getattr(_state, "grouped", False) or decide(*args, **kwargs)
+
+    use_gqa_in_sdpa.rlhfkit_grouped = True
+    sdpa_attention.use_gqa_in_sdpa = use_gqa_in_sdpa
 
 
 def use_cpu_fp32_attention() -> None:
@@ -66,3 +107,4 @@ def use_cpu_fp32_attention() -> None:
     from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
     ALL_ATTENTION_FUNCTIONS["sdpa"] = cpu_fp32_sdpa  # the shared instance every model file reads at call time
+    _patch_grouped_heads()
