@@ -143,14 +143,15 @@ def phase_flops(shape, r: dict) -> dict[str, float]:
     return {"sampling": sample, "log-prob pass": logprobs, "update": upd}
 
 
-def render(header: str, peak: dict, bw: float, results: dict, dtype: str) -> str:
+def render(header: str, peak: dict, bw: float, results: dict, dtype: str,
+           chosen_by: str = "`dtype=auto` picks it here") -> str:
     from rlhfkit.runtime.flops import decode_step_bytes
     from rlhfkit.runtime.memory import PRESETS
 
     shape = PRESETS["smollm2-135m"]
     lines = [f"Machine: {header}.", "",
              f"Matmul peak (best torch.mm over the shapes below): fp32 {peak['peak']['fp32']:.1f} GFLOP/s, bf16 "
-             f"{peak['peak']['bf16']:.1f} GFLOP/s; copy bandwidth {bw:.1f} GB/s. The runs' dtype is {dtype}, "
+             f"{peak['peak']['bf16']:.1f} GFLOP/s; copy bandwidth {bw:.1f} GB/s. The runs' dtype is {dtype} ({chosen_by}), "
              f"so shares are of the {dtype} peak.", "",
              "| shape (phase, n x k x m) | fp32 GFLOP/s | bf16 GFLOP/s |", "| --- | ---: | ---: |"]
     lines += [f"| {ph}: {n} x {k} x {m} | {g['fp32']:.1f} | {g['bf16']:.1f} |" for ph, n, k, m, g in peak["shapes"]]
@@ -230,7 +231,8 @@ def main() -> None:
         except Exception as e:  # one failing configuration should not lose the others' figures
             results[name] = f"failed: {type(e).__name__}: {e}"
         print(name, results[name], flush=True)
-    table = render(header, peak, bw, results, dtype)
+    table = render(header, peak, bw, results, dtype,
+                   "`dtype=auto` picks it here" if a.dtype == "auto" else f"--dtype {a.dtype}")
     print(table)
     if not a.no_write and a.dtype == "auto":
         name, title = machine_kind()
