@@ -61,7 +61,7 @@ ESTIMATES = {
     "ppo": PPO, "trpo": PPO.replace("method=ppo", "method=trpo"),  # rollout_batch_size 16, fvp_fraction 0.25
     # the pipeline's peak is its largest stage's (src/rlhfkit/configs/pipeline.yaml): SFT (8-example
     # micro-batches of instructions), the reward model (8 pairs, top 4 layers), PPO (40 new tokens)
-    "pipeline": ["method=sft micro_batch_size=8 prompt_length=60 max_new_tokens=53",
+    "pipeline": ["method=sft micro_batch_size=8 prompt_length=60 max_new_tokens=53 lora_dropout=0.05",
                  "method=rm lora_layers=4 micro_batch_size=8 prompt_length=54 max_new_tokens=37",
                  PPO.replace("max_new_tokens=48", "max_new_tokens=40")],
     "grpo": GRPO, "rloo": GRPO, "dapo": GRPO, "gspo": GRPO,
@@ -71,7 +71,7 @@ ESTIMATES = {
     "dpo": DPO, "simpo": DPO, "orpo": DPO,
     "kto": "method=dpo micro_batch_size=8 prompt_length=54 max_new_tokens=37",  # 16 unpaired rows
     "online-dpo": "method=dpo micro_batch_size=8 group_size=2 prompt_length=54 max_new_tokens=64",
-    "sft": "method=sft micro_batch_size=4 prompt_length=60 max_new_tokens=53",
+    "sft": "method=sft micro_batch_size=4 prompt_length=60 max_new_tokens=53 lora_dropout=0.05",  # SFT's default
     "rm": "method=rm lora_layers=4 micro_batch_size=8 prompt_length=54 max_new_tokens=37",
 }
 COMMON_ESTIMATE = "model=smollm2-135m device=cpu dtype=bf16"

@@ -114,26 +114,26 @@ def test_the_worked_table_in_docs_is_what_the_function_computes():
 
 def test_cpu_terms_by_hand_for_the_multi_turn_grpo_demo():
     """device=cpu adds the process baseline, runs long micro-batches in row chunks of at most
-    CHUNK_POSITIONS positions and takes the activation bytes measured on the CPU (bench/demo_memory.py)."""
+    CHUNK_POSITIONS positions and takes the activation bytes measured on the CPU (bench/activation_bytes.py)."""
     from rlhfkit.runtime.memory import CHUNK_POSITIONS, CPU_ACTIVATION_BYTES, PROCESS_BASELINE
 
     args = build_config(MemoryArgs, dict(model="smollm2-135m", device="cpu", dtype="bf16", method="grpo",
                                          micro_batch_size=16, prompt_length=260, max_new_tokens=128,
                                          generation_batch_size=64, group_size=8))
     est = estimate(args)
-    assert est["process baseline"] == PROCESS_BASELINE == 0.26e9
+    assert est["process baseline"] == PROCESS_BASELINE == 0.41e9
     # 16 rows of 128 response tokens in groups of 8 sharing a 260-token prompt run 16 x 128 + 2 x 260
     # = 2568 positions whole; a chunk runs at most 640 (CHUNK_POSITIONS)
     assert CHUNK_POSITIONS == 640
-    # 30 layers x 640 positions x 576 hidden x 85 bytes (measured on the CPU, bf16 and fp32 alike)
-    assert CPU_ACTIVATION_BYTES == 85
-    assert est["activations"] == 30 * 640 * 576 * 85 == 940_032_000
+    # 30 layers x 640 positions x 576 hidden x 54 bytes (measured on the CPU: bf16, LoRA without dropout)
+    assert CPU_ACTIVATION_BYTES[("bf16", "lora")] == 54
+    assert est["activations"] == 30 * 640 * 576 * 54 == 597_196_800
     assert est["logits"] == 16 * 640 / 2568 * 128 * 49152 * 8  # the head's two fp32 buffers for a chunk's share
     weights = 134_515_008 * 2 + 4_884_480 * 4  # bf16 base, fp32 adapters
     assert est["policy weights"] == weights
     # glibc's kept blocks: half the transient (CPU_HEAP_RETENTION)
     assert est["heap retention"] == 0.5 * (est["activations"] + est["logits"])
-    assert est["training phase"] == 0.26e9 + weights + 4_884_480 * 8 + 4_884_480 * 4 \
+    assert est["training phase"] == 0.41e9 + weights + 4_884_480 * 8 + 4_884_480 * 4 \
         + 1.5 * (est["activations"] + est["logits"])
     assert est["peak"] == est["training phase"] > est["generation phase"]
     # the GPU path is unchanged: no baseline, the whole micro-batch, Korthikanti's 34 / 2 x b_c
@@ -149,13 +149,29 @@ def test_cpu_terms_by_hand_for_the_multi_turn_grpo_demo():
     # SFT's chunks: at most 640 of the 16 x 388 positions; the reward model has none
     sft = estimate(build_config(MemoryArgs, dict(model="smollm2-135m", device="cpu", method="sft",
                                                  micro_batch_size=16, prompt_length=260, max_new_tokens=128)))
-    assert sft["activations"] == 30 * 640 * 576 * 85
+    assert sft["activations"] == 30 * 640 * 576 * 54
     rm = estimate(build_config(MemoryArgs, dict(model="smollm2-135m", device="cpu", method="rm",
                                                 micro_batch_size=8, prompt_length=260, max_new_tokens=128)))
-    assert rm["activations"] == 30 * 16 * 388 * 576 * 85  # 8 pairs = 16 sequences, whole
-    fp32 = estimate(build_config(MemoryArgs, dict(model="smollm2-135m", device="cpu", method="sft", dtype="fp32",
-                                                  micro_batch_size=16, prompt_length=260, max_new_tokens=128)))
-    assert fp32["activations"] == sft["activations"]  # the CPU factor was measured alike in both dtypes
+    assert rm["activations"] == 30 * 16 * 388 * 576 * 54  # 8 pairs = 16 sequences, whole
+
+
+def test_cpu_activation_bytes_follow_dtype_dropout_and_full_fine_tuning():
+    """The measured factor per position, layer and hidden unit (bench/activation_bytes.py): a dropout
+    layer keeps a copy of its input, so LoRA dropout costs more than the dtype; full fine-tuning has its own."""
+    def acts(**kw):
+        args = dict(model="smollm2-135m", device="cpu", method="sft", micro_batch_size=4, prompt_length=60,
+                    max_new_tokens=53)  # 4 x 113 = 452 positions: one chunk
+        return estimate(build_config(MemoryArgs, {**args, **kw}))["activations"] / (30 * 452 * 576)
+
+    assert acts() == 54 and acts(lora_dropout=0.05) == acts(lora_dropout=0.3) == 88
+    assert acts(dtype="fp32") == 71 and acts(dtype="fp32", lora_dropout=0.05) == 121
+    assert acts(lora=False) == 69 and acts(lora=False, dtype="fp32") == 78
+    assert acts(lora=False, lora_dropout=0.05) == 69  # no adapters, no adapter dropout
+    gpu = estimate(build_config(MemoryArgs, dict(model="smollm2-135m", method="sft", micro_batch_size=4,
+                                                 prompt_length=60, max_new_tokens=53, lora_dropout=0.05)))
+    assert gpu["activations"] == 30 * 452 * 576 * 34  # the GPU formula: 17 x b_c whatever the dropout
+    with pytest.raises(ConfigError, match="lora_dropout"):
+        build_config(MemoryArgs, {"lora_dropout": 1.0})
 
 
 def test_chunked_positions_are_at_most_the_budget():
@@ -166,10 +182,10 @@ def test_chunked_positions_are_at_most_the_budget():
                     prompt_length=54, max_new_tokens=48)
         return estimate(build_config(MemoryArgs, {**args, **kw}))["activations"]
 
-    assert acts("cpu") == 30 * 640 * 576 * 85  # PPO: 8 x 102 = 816 positions > 640
-    assert acts("cpu", micro_batch_size=4) == 30 * 408 * 576 * 85  # 4 x 102 = 408 fit whole
-    assert acts("cpu", prompt_length=900) == 30 * 948 * 576 * 85  # one row of 948 runs alone
-    assert acts("cpu", cpu_chunk_positions=10**6) == 30 * 816 * 576 * 85  # no chunks
+    assert acts("cpu") == 30 * 640 * 576 * 54  # PPO: 8 x 102 = 816 positions > 640
+    assert acts("cpu", micro_batch_size=4) == 30 * 408 * 576 * 54  # 4 x 102 = 408 fit whole
+    assert acts("cpu", prompt_length=900) == 30 * 948 * 576 * 54  # one row of 948 runs alone
+    assert acts("cpu", cpu_chunk_positions=10**6) == 30 * 816 * 576 * 54  # no chunks
     assert acts("gpu") == 30 * 816 * 576 * 34  # GPUs run whole micro-batches (17 x b_c per position)
 
 
@@ -191,13 +207,13 @@ def test_chunk_size_matches_the_trainers():
     wide = estimate(build_config(MemoryArgs, dict(model="smollm2-135m", device="cpu", method="grpo", micro_batch_size=16,
                                                   prompt_length=260, max_new_tokens=128, group_size=8,
                                                   cpu_chunk_positions=800)))
-    assert wide["activations"] == 30 * 800 * 576 * 85
+    assert wide["activations"] == 30 * 800 * 576 * 54
 
 
 def test_trpo_terms_by_hand_for_its_cpu_demo():
     """TRPO's policy step keeps the rollout's float32 logits and the Fisher graphs of ceil(0.25 x 16) = 4
     rows through its conjugate gradients; no AdamW moments, 7 flat vectors instead."""
-    from rlhfkit.runtime.memory import CPU_ACTIVATION_BYTES as A
+    A = 54  # CPU activation bytes: bf16, LoRA without dropout
 
     args = dict(model="smollm2-135m", device="cpu", dtype="bf16", lora_layers=12, micro_batch_size=8,
                 prompt_length=54, max_new_tokens=48, generation_batch_size=48)

@@ -20,8 +20,9 @@ b_c = bytes of the compute dtype (2 for bf16, 4 for fp32), N devices.
   logits           m * R * V * 8 (the fused head's fp32 buffers: log-softmax and probabilities; kept for
                    the backward only when the output layer trains, i.e. full fine-tuning; a frozen
                    one's stay allocated on the CPU as a reused workspace)
-  process baseline CPU only: the resident memory of an rlhfkit process before its model loads
-                   (Python, torch, transformers, tokenizer), measured once (PROCESS_BASELINE)
+  process baseline CPU only: the resident memory of an rlhfkit process with its model and tokenizer
+                   loaded, less the weights (Python, torch, transformers, the tokenizer and what
+                   loading leaves in the heap), measured once (PROCESS_BASELINE)
   heap retention   CPU only: CPU_HEAP_RETENTION * (activations + logits), freed blocks glibc keeps
                    that micro-batches of other widths do not reuse (training phase)
   TRPO's policy step (method=trpo; trainers/trpo.py): no AdamW moments for the policy, instead ~7 flat
@@ -36,8 +37,9 @@ On the CPU a micro-batch that runs more than CHUNK_POSITIONS positions runs in r
 (rollout/logprobs.py; PPO, the GRPO family, DPO/SimPO/ORPO, KTO and SFT), so activations count at
 most min(m * R + ceil(m / g) * P, max(CHUNK_POSITIONS, S)) positions (a chunk holds at most the
 budget, or one row alone, whatever the widths up to P and R), and logits that share of the m rows;
-activations take the factor measured there (CPU_ACTIVATION_BYTES per position, layer and hidden
-unit, bf16 and fp32 alike: LoRA with dropout, fp32 norms) instead of 34 / 2 * b_c.
+activations take the factor measured there (`cpu_activation_bytes` per position, layer and hidden
+unit: by dtype, LoRA dropout or not, and full fine-tuning; bench/activation_bytes.py) instead of
+34 / 2 * b_c.
 
 m = sequences per micro-batch (2 per pair for DPO and the reward model, which has no logits),
 g = sequences sharing a prompt that runs once (group_size: activations count m * R + ceil(m / g) * P
@@ -59,25 +61,29 @@ from pathlib import Path
 from rlhfkit.runtime.config import check, config_main, option
 
 GIB = 2**30
-# Resident memory of an rlhfkit process before its model loads (Python, torch, transformers, the
-# tokenizer): the RSS at the first phase of bench/memory_phases.py (the DPO demo's `build` entry),
-# Linux x86-64, torch 2.13, transformers 5.
-PROCESS_BASELINE = 0.26e9
+# Resident memory of an rlhfkit process with the default model (bf16) and its tokenizer loaded, less
+# the weights' own 0.269 GB (Python, torch, transformers, the tokenizer, and what loading the model
+# leaves in the heap): 0.681 GB resident, bench/activation_bytes.py, Linux x86-64, torch 2.13,
+# transformers 5 (the demos' first phase starts at 0.65-0.66 GiB alike, bench/memory_phases.py).
+PROCESS_BASELINE = 0.41e9
 # rollout/logprobs.py CHUNK_POSITIONS (tests/scale/test_memory_estimate.py keeps the two equal; this
 # module does not import torch).
 CHUNK_POSITIONS = 640
 CHUNKED_METHODS = ("ppo", "trpo", "grpo", "dpo", "sft")
 TRPO_FLAT_VECTORS = 7  # algos/trpo.py: CG's x, r, p, A p; F x; the step; theta_old (+ the gradient)
-# Activation bytes per position, layer and hidden unit on the CPU (SmolLM2-135M, LoRA with dropout
-# 0.05): bf16 autocast, 3.27 GiB for 16 rows x 128 response + 8 x 40 shared prompt positions through
-# 30 layers of H = 576 (one micro-batch's forward, its head workspace apart); fp32, 0.10 GB per row of
-# 70 positions (docs/benchmarks.md, bench_knobs: micro-batch 4 / 8 / 16). The same in both dtypes:
-# norms, LoRA inputs and their dropout copies stay fp32 under autocast. The GPU formula: 34 / 2 x b_c.
-CPU_ACTIVATION_BYTES = 85
+# Activation bytes per position, layer and hidden unit on the CPU: what autograd keeps after a
+# forward of SmolLM2-135M's decoder (bench/activation_bytes.py, 8 rows x 100 tokens, LoRA r=16 on every
+# layer), keyed by (dtype, kind): "lora" without dropout (the RL and preference trainers), "dropout"
+# (LoRA dropout > 0, SFT's 0.05: each dropout layer keeps its own copy of its projection's input),
+# "full" fine-tuning (bf16: float32 weights under autocast, whose bf16 copies held during the forward
+# are in the figure). The GPU formula: 34 / 2 x b_c.
+CPU_ACTIVATION_BYTES = {("bf16", "lora"): 54, ("bf16", "dropout"): 88, ("bf16", "full"): 69,
+                        ("fp32", "lora"): 71, ("fp32", "dropout"): 121, ("fp32", "full"): 78}
 # glibc keeps freed blocks in the heap (runtime/allocator.py), and micro-batches or chunks of other
 # widths do not reuse all of them: on the CPU RSS holds this share of the training phase's transient
 # (activations + logits) on top. Fitted to the default demos (docs/benchmarks.md, "Peak memory of the
-# default demos": measured 0.15 for GRPO, 0.3 multi-turn GRPO, 0.5 PPO, 1.2 DPO).
+# default demos": with the activation bytes and baseline above, the demos' peaks imply 0.4-0.6 for
+# most; DAPO, whose update runs more micro-batch widths, 1.7).
 CPU_HEAP_RETENTION = 0.5
 LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 
@@ -196,6 +202,8 @@ class MemoryArgs:
                            "zero3 = also weights (DeepSpeed ZeRO-3 or FSDP full shard)", ("none", "zero2", "zero3"))
     offload_reference: bool = option(False, "frozen reference kept in CPU memory between scoring passes")
     gradient_checkpointing: bool = option(False, "store one tensor per layer and recompute the rest in backward")
+    lora_dropout: float = option(0.0, "LoRA dropout (the RL and preference trainers' default 0; SFT's 0.05): on the "
+                                 "CPU each dropout layer keeps a copy of its input for the backward")
     micro_batch_size: int = option(8, "sequences per forward/backward")
     prompt_length: int = option(128, "prompt tokens (padded width)")
     max_new_tokens: int = option(128, "response tokens")
@@ -212,6 +220,7 @@ class MemoryArgs:
                   "generation_batch_size", "group_size", "rollout_batch_size", "cpu_chunk_positions"):
             check(getattr(self, k) >= 1, f"{k} ({getattr(self, k)}) must be >= 1")
         check(0 < self.fvp_fraction <= 1, f"fvp_fraction ({self.fvp_fraction}) must be in (0, 1]")
+        check(0 <= self.lora_dropout < 1, f"lora_dropout ({self.lora_dropout}) must be in [0, 1)")
 
 
 def estimate(args: MemoryArgs, shape: ModelShape | None = None) -> dict[str, float]:
@@ -233,7 +242,7 @@ def estimate(args: MemoryArgs, shape: ModelShape | None = None) -> dict[str, flo
     merged_sampling = sampling and args.lora and args.device == "cpu" and N == 1
     S, R = args.prompt_length + args.max_new_tokens, args.max_new_tokens
     cpu = args.device == "cpu"
-    per_position = CPU_ACTIVATION_BYTES if cpu else 34 * bc / 2  # bytes per layer and hidden unit
+    per_position = cpu_activation_bytes(args) if cpu else 34 * bc / 2  # bytes per layer and hidden unit
     logit_rows, positions = forward_size(args)
     layer_acts = positions * s.hidden * per_position
     bw_layers = min(args.lora_layers, s.layers) if (args.lora and args.lora_layers) else s.layers
@@ -267,6 +276,12 @@ def estimate(args: MemoryArgs, shape: ModelShape | None = None) -> dict[str, flo
     out["peak"] = max(out["generation phase"], out["training phase"])
     out["parameters"], out["trainable"] = P, T
     return out
+
+
+def cpu_activation_bytes(args: MemoryArgs) -> float:
+    """CPU_ACTIVATION_BYTES for the run's dtype and kind (LoRA with or without dropout, full)."""
+    kind = "full" if not args.lora else ("dropout" if args.lora_dropout > 0 else "lora")
+    return CPU_ACTIVATION_BYTES[(args.dtype, kind)]
 
 
 def forward_size(args: MemoryArgs) -> tuple[float, float]:
