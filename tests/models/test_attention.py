@@ -48,6 +48,24 @@ def test_bf16_queries_are_computed_in_float32_and_returned_in_bf16(monkeypatch):
     torch.testing.assert_close(out.float(), want, rtol=2**-8, atol=1e-6 * float(scale))  # one bf16 rounding
 
 
+def test_float64_attention_stays_float64(monkeypatch):
+    """Only bf16 / fp16 queries are cast: a float64 model (the TRPO tests' exact comparisons) keeps
+    float64 attention, where the float32 cast had rounded it to ~1e-7."""
+    from transformers.integrations import sdpa_attention
+
+    kernel_dtypes = []
+    real = sdpa_attention.sdpa_attention_forward
+    monkeypatch.setattr(sdpa_attention, "sdpa_attention_forward",
+                        lambda m, q, k, v, *a, **kw: kernel_dtypes.append(q.dtype) or real(m, q, k, v, *a, **kw))
+    q, k, v, mask = _qkv(5, 5, torch.float64)
+    out, _ = cpu_fp32_sdpa(_Module(), q, k, v, mask, scaling=8**-0.5)
+    assert kernel_dtypes == [torch.float64] and out.dtype == torch.float64
+    kr, vr = (t.repeat_interleave(2, dim=1) for t in (k, v))  # by hand, in float64
+    want = (torch.softmax(q @ kr.transpose(-1, -2) / 8**0.5 + mask, dim=-1) @ vr).transpose(1, 2)
+    scale = float(want.abs().max())  # > 0: random values
+    assert (out - want).abs().max() <= 1e-12 * scale  # float32 would be ~1e-7 off
+
+
 def test_decoding_steps_and_float32_go_to_transformers_sdpa_unchanged():
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
 

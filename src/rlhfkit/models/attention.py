@@ -60,7 +60,7 @@ def cpu_fp32_sdpa(module, query, key, value, attention_mask, **kwargs):
     if query.device.type != "cpu" or query.shape[2] == 1 or getattr(_state, "native", False):
         return sdpa_attention_forward(module, query, key, value, attention_mask, **kwargs)
     with _grouped_heads():
-        if query.dtype == torch.float32 or key.shape[2] > MAX_FP32_KEYS:
+        if query.dtype not in (torch.bfloat16, torch.float16) or key.shape[2] > MAX_FP32_KEYS:  # float64 stays
             return sdpa_attention_forward(module, query, key, value, attention_mask, **kwargs)
         dtype = query.dtype
         if attention_mask is not None and attention_mask.is_floating_point():
