@@ -210,9 +210,21 @@ through the 30 iterations (bench/memory_phases.py grpo); what still moves the pe
 heap (0.77 -> 0.94 GiB) after a micro-batch of a new, longer width. The whole multi-turn demo (10
 iterations) peaked at 2.27 GB.
 
-The "peak after" column is the session-13 code (the kernel caps, and bf16 attention in float32 up to 256
-keys: rlhfkit/models/attention.py). Against session 12: DPO, SimPO, ORPO and KTO 0.07-0.12 GB lower, DAPO,
-REINFORCE++ and online DPO 0.03-0.07 higher, TRPO 2.30 -> 2.25, the pipeline 2.34 -> 2.38; all under 2.5 GB.
+In session 13 (the kernel caps, and bf16 attention in float32 up to 256 keys: rlhfkit/models/attention.py),
+against session 12: DPO, SimPO, ORPO and KTO 0.07-0.12 GB lower, DAPO, REINFORCE++ and online DPO 0.03-0.07
+higher, TRPO 2.30 -> 2.25, the pipeline 2.34 -> 2.38; all under 2.5 GB.
+
+The "peak after" column is the session-14 code (e9cde13: TRPO's step in row chunks, grouped
+key/value heads in the CPU attention kernel), every demo measured again. Against session 13: TRPO 2.25 ->
+1.95, DAPO 2.00 -> 1.81, REINFORCE++ 2.04 -> 1.94, DPO / SimPO / ORPO 1.79-1.80 -> 1.68-1.71, KTO 1.85 -> 1.78,
+online DPO 2.00 -> 1.92, the pipeline 2.38 -> 2.31; PPO, GRPO, multi-turn GRPO, GSPO, SFT and the reward model
+within 0.03; RLOO 1.37 -> 1.48 (its peak is in held-out sampling, which neither change touches; not
+investigated further). The
+estimate column is `estimate-memory` with the activation bytes of bench/activation_bytes.py (section above)
+and the process baseline measured with the model loaded: 15 of the 16 demos within 20% of the measured peak,
+9 of them within 5%; DAPO is under by 21% (its update runs 64 rows in 8 micro-batches of different widths,
+and the heap keeps more of them than the 0.5 share the other demos imply; the GRPO default demo skips
+all-equal-reward groups and runs far fewer).
 
 TRPO (session 14). Its policy step was the one pass that ran 8-row micro-batches whole on the CPU, and its
 gradient terms computed the token KL too (whose gradient is 0 at theta_old): bench/memory_phases.py with the
