@@ -218,8 +218,9 @@ The "peak after" column is the session-14 code (e9cde13: TRPO's step in row chun
 key/value heads in the CPU attention kernel), every demo measured again. Against session 13: TRPO 2.25 ->
 1.95, DAPO 2.00 -> 1.81, REINFORCE++ 2.04 -> 1.94, DPO / SimPO / ORPO 1.79-1.80 -> 1.68-1.71, KTO 1.85 -> 1.78,
 online DPO 2.00 -> 1.92, the pipeline 2.38 -> 2.31; PPO, GRPO, multi-turn GRPO, GSPO, SFT and the reward model
-within 0.03; RLOO 1.37 -> 1.48 (its peak is in held-out sampling, which neither change touches; not
-investigated further). The
+within 0.03; RLOO 1.37 -> 1.48 (its second held-out evaluation, after one update: bytes in use 0.53 GiB in
+both runs, free heap 0.53 -> 0.63 GiB; the update differs by float rounding, so the evaluation samples
+other responses). The
 estimate column is `estimate-memory` with the activation bytes of bench/activation_bytes.py (section above)
 and the process baseline measured with the model loaded: 15 of the 16 demos within 20% of the measured peak,
 9 of them within 5%; DAPO is under by 21% (its update runs 64 rows in 8 micro-batches of different widths,
