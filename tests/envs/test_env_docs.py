@@ -77,7 +77,8 @@ def test_the_example_tool_refuses_what_the_shop_does_not_sell(shop):
 
 
 def test_the_json_format_example_calls_the_calculator():
-    from rlhfkit.envs.tools import CALCULATOR, JSON, TAG, call_tool, parse_tool_call
+    from rlhfkit.envs.calculator import CALCULATOR
+    from rlhfkit.envs.tools import JSON, TAG, call_tool, parse_tool_call
 
     tag, json_call = (b.strip() for b in blocks("text") if b.strip().startswith("<"))
     for text, fmt in ((tag, TAG), (json_call, JSON)):

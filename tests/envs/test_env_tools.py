@@ -11,19 +11,16 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from rlhfkit.envs.calculator import CALCULATOR, calculator, evaluate_arithmetic, make_lookup_tool
 from rlhfkit.envs.tools import (
-    CALCULATOR,
     JSON,
     TAG,
     Tool,
     ToolCall,
     ToolError,
-    calculator,
     call_tool,
     describe_tools,
-    evaluate_arithmetic,
     format_call,
-    make_lookup_tool,
     observation_message,
     observation_role,
     parse_tool_call,

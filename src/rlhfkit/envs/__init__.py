@@ -2,9 +2,9 @@
 
 from rlhfkit.envs.base import Environment, Message, Step, as_step, check_messages
 from rlhfkit.envs.builtin import ArithmeticToolEnv, SelfCorrectEnv
+from rlhfkit.envs.calculator import CALCULATOR, make_lookup_tool
 from rlhfkit.envs.registry import make_env_factory
 from rlhfkit.envs.tools import (
-    CALCULATOR,
     Tool,
     ToolCall,
     ToolError,
@@ -12,7 +12,6 @@ from rlhfkit.envs.tools import (
     call_tool,
     describe_tools,
     format_call,
-    make_lookup_tool,
     observation_message,
     observation_role,
     parse_tool_call,

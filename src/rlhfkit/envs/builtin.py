@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from rlhfkit.data.arithmetic import INSTRUCTION
 from rlhfkit.envs.base import Message, Step, check_messages
+from rlhfkit.envs.calculator import CALCULATOR
 from rlhfkit.envs.tools import (
-    CALCULATOR,
     TAG,
     Tool,
     ToolCall,
