@@ -149,7 +149,7 @@ def test_cpu_terms_by_hand_for_the_multi_turn_grpo_demo():
     # SFT's chunks: at most 640 of the 16 x 388 positions; the reward model has none
     sft = estimate(build_config(MemoryArgs, dict(model="smollm2-135m", device="cpu", method="sft",
                                                  micro_batch_size=16, prompt_length=260, max_new_tokens=128)))
-    assert sft["activations"] == 30 * 640 * 576 * 54
+    assert sft["activations"] == 30 * 640 * 576 * 88  # SFT's LoRA dropout (0.05) keeps input copies
     rm = estimate(build_config(MemoryArgs, dict(model="smollm2-135m", device="cpu", method="rm",
                                                 micro_batch_size=8, prompt_length=260, max_new_tokens=128)))
     assert rm["activations"] == 30 * 16 * 388 * 576 * 54  # 8 pairs = 16 sequences, whole
@@ -163,8 +163,9 @@ def test_cpu_activation_bytes_follow_dtype_dropout_and_full_fine_tuning():
                     max_new_tokens=53)  # 4 x 113 = 452 positions: one chunk
         return estimate(build_config(MemoryArgs, {**args, **kw}))["activations"] / (30 * 452 * 576)
 
-    assert acts() == 54 and acts(lora_dropout=0.05) == acts(lora_dropout=0.3) == 88
-    assert acts(dtype="fp32") == 71 and acts(dtype="fp32", lora_dropout=0.05) == 121
+    assert acts() == acts(lora_dropout=0.05) == acts(lora_dropout=0.3) == 88  # SFT's default dropout: 0.05
+    assert acts(lora_dropout=0) == 54 and acts(method="grpo", group_size=1) == 54  # the RL trainers': 0
+    assert acts(dtype="fp32", lora_dropout=0) == 71 and acts(dtype="fp32") == 121
     assert acts(lora=False) == 69 and acts(lora=False, dtype="fp32") == 78
     assert acts(lora=False, lora_dropout=0.05) == 69  # no adapters, no adapter dropout
     gpu = estimate(build_config(MemoryArgs, dict(model="smollm2-135m", method="sft", micro_batch_size=4,

@@ -77,6 +77,7 @@ TRPO_FLAT_VECTORS = 7  # algos/trpo.py: CG's x, r, p, A p; F x; the step; theta_
 # (LoRA dropout > 0, SFT's 0.05: each dropout layer keeps its own copy of its projection's input),
 # "full" fine-tuning (bf16: float32 weights under autocast, whose bf16 copies held during the forward
 # are in the figure). The GPU formula: 34 / 2 x b_c.
+TRAINER_LORA_DROPOUT = {"sft": 0.05}  # the trainers' lora_dropout defaults where not 0 (trainers/sft_config.py)
 CPU_ACTIVATION_BYTES = {("bf16", "lora"): 54, ("bf16", "dropout"): 88, ("bf16", "full"): 69,
                         ("fp32", "lora"): 71, ("fp32", "dropout"): 121, ("fp32", "full"): 78}
 # glibc keeps freed blocks in the heap (runtime/allocator.py), and micro-batches or chunks of other
@@ -202,8 +203,8 @@ class MemoryArgs:
                            "zero3 = also weights (DeepSpeed ZeRO-3 or FSDP full shard)", ("none", "zero2", "zero3"))
     offload_reference: bool = option(False, "frozen reference kept in CPU memory between scoring passes")
     gradient_checkpointing: bool = option(False, "store one tensor per layer and recompute the rest in backward")
-    lora_dropout: float = option(0.0, "LoRA dropout (the RL and preference trainers' default 0; SFT's 0.05): on the "
-                                 "CPU each dropout layer keeps a copy of its input for the backward")
+    lora_dropout: float | None = option(None, "LoRA dropout; None: the trainer's default (sft 0.05, the others 0). "
+                                        "On the CPU each dropout layer keeps a copy of its input for the backward")
     micro_batch_size: int = option(8, "sequences per forward/backward")
     prompt_length: int = option(128, "prompt tokens (padded width)")
     max_new_tokens: int = option(128, "response tokens")
@@ -220,7 +221,8 @@ class MemoryArgs:
                   "generation_batch_size", "group_size", "rollout_batch_size", "cpu_chunk_positions"):
             check(getattr(self, k) >= 1, f"{k} ({getattr(self, k)}) must be >= 1")
         check(0 < self.fvp_fraction <= 1, f"fvp_fraction ({self.fvp_fraction}) must be in (0, 1]")
-        check(0 <= self.lora_dropout < 1, f"lora_dropout ({self.lora_dropout}) must be in [0, 1)")
+        check(self.lora_dropout is None or 0 <= self.lora_dropout < 1,
+              f"lora_dropout ({self.lora_dropout}) must be in [0, 1)")
 
 
 def estimate(args: MemoryArgs, shape: ModelShape | None = None) -> dict[str, float]:
@@ -280,7 +282,8 @@ def estimate(args: MemoryArgs, shape: ModelShape | None = None) -> dict[str, flo
 
 def cpu_activation_bytes(args: MemoryArgs) -> float:
     """CPU_ACTIVATION_BYTES for the run's dtype and kind (LoRA with or without dropout, full)."""
-    kind = "full" if not args.lora else ("dropout" if args.lora_dropout > 0 else "lora")
+    dropout = args.lora_dropout if args.lora_dropout is not None else TRAINER_LORA_DROPOUT.get(args.method, 0.0)
+    kind = "full" if not args.lora else ("dropout" if dropout > 0 else "lora")
     return CPU_ACTIVATION_BYTES[(args.dtype, kind)]
 
 
