@@ -41,14 +41,19 @@ _state = threading.local()  # per thread: one_step_off_policy samples in a threa
 
 
 @contextlib.contextmanager
-def native_attention():
-    """Attention in the model's own dtype inside, in this thread (sampling)."""
-    before = getattr(_state, "native", False)
-    _state.native = True
+def _set(flag: str):
+    """`_state.<flag>` is True inside, in this thread, and as before afterwards."""
+    before = getattr(_state, flag, False)
+    setattr(_state, flag, True)
     try:
         yield
     finally:
-        _state.native = before
+        setattr(_state, flag, before)
+
+
+def native_attention():
+    """Attention in the model's own dtype inside, in this thread (sampling)."""
+    return _set("native")
 
 
 def cpu_fp32_sdpa(module, query, key, value, attention_mask, **kwargs):
@@ -71,16 +76,10 @@ def cpu_fp32_sdpa(module, query, key, value, attention_mask, **kwargs):
         return out.to(dtype), weights
 
 
-@contextlib.contextmanager
 def _grouped_heads():
     """Inside, in this thread, transformers' sdpa passes grouped key/value heads to the kernel
     (`enable_gqa`) instead of copying them per query head (`_patch_grouped_heads`)."""
-    before = getattr(_state, "grouped", False)
-    _state.grouped = True
-    try:
-        yield
-    finally:
-        _state.grouped = before
+    return _set("grouped")
 
 
 def _patch_grouped_heads() -> None:
