@@ -60,7 +60,7 @@ def held_bytes() -> int:
 def activation_bytes(dtype: str, dropout: float | None, rows: int, tokens: int) -> float:
     """Bytes autograd keeps per position, layer and hidden unit after one forward."""
     from rlhfkit.models.loading import DEFAULT_MODEL, load_causal_lm
-    from rlhfkit.models.policy import add_lora
+    from rlhfkit.models.lora import add_lora
 
     full = dropout is None
     model = load_causal_lm(DEFAULT_MODEL, dtype="fp32" if full else dtype)  # full: trainable weights stay fp32

@@ -244,7 +244,7 @@ def lora_config(model, cfg):
     """peft LoraConfig like rlhfkit's add_lora, on all layers (the TRL side always adapts every layer)."""
     from peft import LoraConfig
 
-    from rlhfkit.models.policy import check_lora_targets
+    from rlhfkit.models.lora import check_lora_targets
 
     return LoraConfig(r=cfg.lora_r, lora_alpha=cfg.lora_alpha, lora_dropout=cfg.lora_dropout,
                       target_modules=check_lora_targets(model, cfg.lora_target_modules), task_type="CAUSAL_LM",
@@ -641,7 +641,7 @@ def render(header: str, results: dict, grpo_steps: int, dpo_steps: int) -> str:
         "`gradient_checkpointing=True`. All: CPU (`use_cpu=True`), AdamW "
         "with the same lr, warm-up steps (`constant_with_warmup`), weight decay, eps and grad-norm clip; LoRA through "
         f"peft, r={c.lora_r}, alpha={c.lora_alpha}, dropout {c.lora_dropout}, on the modules rlhfkit picks "
-        "(`rlhfkit.models.policy.default_lora_targets`: q/k/v/o/gate/up/down projections) of all layers; "
+        "(`rlhfkit.models.lora.default_lora_targets`: q/k/v/o/gate/up/down projections) of all layers; "
         "`report_to=\"none\"`, `save_strategy=\"no\"`, `logging_steps=1`.",
         f"- GRPOTrainer: `num_generations={c.group_size}`, `generation_batch_size={c.rollout_batch_size}` (so "
         f"`steps_per_generation={c.rollout_batch_size // c.micro_batch_size}`), `per_device_train_batch_size="

@@ -108,7 +108,7 @@ def run_trl(name: str, iterations: int) -> dict:
     from rlhfkit.data.prompts import load_prompts
     from rlhfkit.models import load_tokenizer
     from rlhfkit.models.loading import resolve_model_path
-    from rlhfkit.models.policy import default_lora_targets
+    from rlhfkit.models.lora import default_lora_targets
     from rlhfkit.trainers.options import ModelArgs
 
     torch.manual_seed(0)

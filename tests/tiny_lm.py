@@ -67,7 +67,7 @@ def build_tiny_model(vocab_size: int, seed: int = 0, layers: int = 2):
 
 def build_tiny_lora_model(seed: int = 0, dropout: float = 0.0):
     """A tiny Llama with LoRA on every projection and a trained-looking adapter (B starts at zero)."""
-    from rlhfkit.models.policy import add_lora
+    from rlhfkit.models.lora import add_lora
 
     tok = build_tokenizer()
     model = add_lora(build_tiny_model(len(tok), seed=seed).eval(), r=4, alpha=8, dropout=dropout, targets=None)

@@ -199,7 +199,7 @@ def response_logits(model, ids, prompt_len):
 
 
 def test_fvp_equals_explicit_fisher_on_a_tiny_llama_with_lora():
-    from rlhfkit.models.policy import add_lora
+    from rlhfkit.models.lora import add_lora
 
     model = add_lora(build_tiny_model(16, layers=1).eval(), r=2, alpha=4, dropout=0.0, targets=None).eval()
     params = [p for p in model.parameters() if p.requires_grad]
@@ -224,7 +224,7 @@ def tiny_rollout(lora: bool):
     float64 keeps CG's amplification of rounding errors far below the tolerances of the comparisons."""
     model = build_tiny_model(16, layers=1).eval()
     if lora:
-        from rlhfkit.models.policy import add_lora
+        from rlhfkit.models.lora import add_lora
 
         model = add_lora(model, r=2, alpha=4, dropout=0.0, targets=None).eval()
         with torch.no_grad():

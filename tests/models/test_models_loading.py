@@ -6,7 +6,7 @@ import pytest
 
 from rlhfkit.errors import UserError
 from rlhfkit.models import loading
-from rlhfkit.models.policy import add_lora
+from rlhfkit.models.lora import add_lora
 
 from tiny_lm import build_tiny_model
 

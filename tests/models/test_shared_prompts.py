@@ -87,7 +87,7 @@ def test_the_prompt_pass_runs_once_per_distinct_prompt():
 
 
 def test_lora_gradients_equal_the_plain_ones():
-    from rlhfkit.models.policy import add_lora
+    from rlhfkit.models.lora import add_lora
 
     tok = build_tokenizer()
     model = add_lora(build_tiny_model(len(tok)), r=4, alpha=8, dropout=0.0, targets=None)

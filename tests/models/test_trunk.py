@@ -9,7 +9,8 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from rlhfkit.models.policy import ActorCritic, Reference, ValueHead, add_lora, response_hidden_states
+from rlhfkit.models.lora import add_lora
+from rlhfkit.models.policy import ActorCritic, Reference, ValueHead, response_hidden_states
 from rlhfkit.models.trunk import frozen_depth
 from rlhfkit.rollout import Rollout, forward_logprobs, logprob_pass
 from rlhfkit.rollout.core import trim_rows

@@ -64,7 +64,7 @@ def load(path, lora: bool = False):
     model = load_causal_lm(str(path), trainable=False)
     assert model.generation_config.repetition_penalty == 5.0, "the folder's settings must be loaded"
     if lora:
-        from rlhfkit.models.policy import add_lora
+        from rlhfkit.models.lora import add_lora
 
         model = add_lora(model, r=4, alpha=8, dropout=0.0, targets=None).eval()
         with torch.no_grad():

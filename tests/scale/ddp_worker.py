@@ -93,7 +93,8 @@ def global_rollout(vocab: int):
 def policy_step(model_dir: str, out: Path, agg: str) -> None:
     """One PPO-loss optimiser step through `update_policy` (what PPO and GRPO run)."""
     from rlhfkit.models import load_causal_lm
-    from rlhfkit.models.policy import ActorCritic, ValueHead, add_lora
+    from rlhfkit.models.lora import add_lora
+    from rlhfkit.models.policy import ActorCritic, ValueHead
     from rlhfkit.rollout import logprob_pass
     from rlhfkit.runtime.config import build_config
     from rlhfkit.trainers.ppo import micro_batch_loss

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 import rlhfkit.rollout.backends as backends
-from rlhfkit.models.policy import add_lora
+from rlhfkit.models.lora import add_lora
 from rlhfkit.rollout import SamplingParams
 from rlhfkit.rollout.backends import HFBackend, VLLMBackend, select_backend
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from rlhfkit.errors import ConfigError
-from rlhfkit.models.policy import add_lora
+from rlhfkit.models.lora import add_lora
 from rlhfkit.runtime.config import build_config
 from rlhfkit.runtime.memory import PRESETS, MemoryArgs, ModelShape, estimate, main
 

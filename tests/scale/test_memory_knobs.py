@@ -9,7 +9,8 @@ import pytest
 import torch
 
 from rlhfkit.models.loading import set_gradient_checkpointing
-from rlhfkit.models.policy import ActorCritic, Reference, ValueHead, add_lora
+from rlhfkit.models.lora import add_lora
+from rlhfkit.models.policy import ActorCritic, Reference, ValueHead
 from rlhfkit.rollout import Rollout, logprob_pass
 
 from tiny_lm import build_tiny_model, build_tokenizer

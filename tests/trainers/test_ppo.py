@@ -10,7 +10,8 @@ from transformers import LogitsProcessorList
 
 from rlhfkit.algos import logprobs_from_logits, shape_rewards
 from rlhfkit.errors import ConfigError
-from rlhfkit.models.policy import ActorCritic, Reference, ValueHead, add_lora
+from rlhfkit.models.lora import add_lora
+from rlhfkit.models.policy import ActorCritic, Reference, ValueHead
 from rlhfkit.rollout import SamplingParams, forward_logprobs, generate, logprob_pass
 from rlhfkit.rollout.sampling import ExponentialRaceSampler
 from rlhfkit.runtime.config import build_config, parse_args

@@ -10,7 +10,8 @@ import pytest
 import torch
 
 from rlhfkit.algos.trpo import flat_params
-from rlhfkit.models.policy import ActorCritic, ValueHead, add_lora
+from rlhfkit.models.lora import add_lora
+from rlhfkit.models.policy import ActorCritic, ValueHead
 from rlhfkit.rollout import SamplingParams, generate, logprob_pass
 from rlhfkit.runtime.config import build_config
 from rlhfkit.trainers.ppo import compute_advantages

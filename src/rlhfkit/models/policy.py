@@ -15,7 +15,6 @@ import torch
 from torch import nn
 
 from rlhfkit.algos.head import head_logprobs, softcap_logits
-from rlhfkit.errors import UserError
 from rlhfkit.models.shared_prompts import response_hidden, shared_prefix_hidden
 from rlhfkit.models.trunk import frozen_depth, top_states, trunk_states
 
@@ -299,80 +298,6 @@ def store_linear_weights(model: nn.Module, dtype: torch.dtype) -> nn.Module:
             for p in module.parameters(recurse=False):
                 if id(p) not in keep:  # a weight shared with an embedding (tied) stays
                     p.data = p.data.to(dtype)
-    return model
-
-
-def _linear_types() -> tuple[type, ...]:
-    """Layers LoRA can adapt: nn.Linear, and transformers' Conv1D (GPT-2's projections: a linear
-    layer with its weight stored transposed)."""
-    from transformers.pytorch_utils import Conv1D
-
-    return nn.Linear, Conv1D
-
-
-def _linear_names(model: nn.Module) -> set[str]:
-    return {n.rsplit(".", 1)[-1] for n, m in model.named_modules() if isinstance(m, _linear_types())}
-
-
-def fan_in_fan_out(model: nn.Module, targets: list[str]) -> bool:
-    """The LoRA targets are Conv1D layers (GPT-2), whose weights peft must read transposed."""
-    from transformers.pytorch_utils import Conv1D
-
-    return any(isinstance(m, Conv1D) and n.rsplit(".", 1)[-1] in targets for n, m in model.named_modules())
-
-
-def default_lora_targets(model: nn.Module) -> list[str]:
-    """Attention and MLP projections for common architectures (Llama, Mistral, Qwen, Phi-3, GPT-2, ...)."""
-    names = _linear_names(model)
-    for group in (
-        ["q_proj", "k_proj", "v_proj", "qkv_proj", "o_proj", "gate_proj", "up_proj", "gate_up_proj", "down_proj"],
-        ["c_attn", "c_proj", "c_fc"],
-        ["query_key_value", "dense", "dense_h_to_4h", "dense_4h_to_h"],
-        ["query", "key", "value", "dense"],
-    ):
-        hit = [g for g in group if g in names]
-        if hit:
-            return hit
-    raise UserError("could not choose LoRA target modules for this architecture; set lora_target_modules "
-                    f"(its linear layers: {', '.join(sorted(names)) or 'none'})")
-
-
-def check_lora_targets(model: nn.Module, targets: list[str] | None) -> list[str]:
-    """The LoRA target module names: `targets`, each checked against the model, or the default choice."""
-    if not targets:
-        return default_lora_targets(model)
-    linear = _linear_names(model)
-    missing = [t for t in targets if t not in linear]
-    if missing:
-        raise UserError(f"lora_target_modules: no linear layer named {missing[0]!r} in the model "
-                        f"(expected some of: {', '.join(sorted(linear))})")
-    return list(targets)
-
-
-def add_lora(model: nn.Module, r: int, alpha: int, dropout: float, targets: list[str] | None,
-             top_layers: int | None = None) -> nn.Module:
-    """Wrap `model` with LoRA adapters (peft). `top_layers` adapts only the last N layers."""
-    from peft import LoraConfig, get_peft_model
-
-    from rlhfkit.models.lora import use_lean_forward
-
-    n_layers = getattr(model.config, "num_hidden_layers", None)
-    layers = None
-    if top_layers is not None and n_layers:
-        layers = list(range(max(0, n_layers - top_layers), n_layers))
-    targets = check_lora_targets(model, targets)
-    cfg = LoraConfig(
-        r=r,
-        lora_alpha=alpha,
-        lora_dropout=dropout,
-        target_modules=targets,
-        fan_in_fan_out=fan_in_fan_out(model, targets),
-        task_type="CAUSAL_LM",
-        bias="none",
-        layers_to_transform=layers,
-    )
-    model = get_peft_model(model, cfg)
-    use_lean_forward(model)  # same values, fewer full-size passes (models/lora.py)
     return model
 
 

@@ -34,7 +34,8 @@ from torch import nn
 
 from rlhfkit.algos import last_valid_index
 from rlhfkit.errors import UserError
-from rlhfkit.models.policy import check_lora_targets, fan_in_fan_out, output_width, position_ids_from_mask
+from rlhfkit.models.lora import check_lora_targets, fan_in_fan_out
+from rlhfkit.models.policy import output_width, position_ids_from_mask
 
 META_FILE = "rlhfkit_rm.json"
 HEAD_FILE = "score_head.safetensors"

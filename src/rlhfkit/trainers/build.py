@@ -11,7 +11,7 @@ def build_policy(args: ModelArgs, trainable: bool = True):
     """(model, tokenizer). With LoRA the frozen base is stored in the compute dtype."""
     from rlhfkit.models import load_causal_lm, load_tokenizer
     from rlhfkit.models.loading import resolve_dtype, set_gradient_checkpointing
-    from rlhfkit.models.policy import add_lora
+    from rlhfkit.models.lora import add_lora
 
     args.dtype = resolve_dtype(args.dtype)
     base_dtype = "bf16" if (args.dtype == "bf16" and args.lora) else "fp32"
