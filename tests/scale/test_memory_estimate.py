@@ -211,6 +211,66 @@ def test_chunk_size_matches_the_trainers():
     assert wide["activations"] == 30 * 800 * 576 * 54
 
 
+def _prompts(**kw) -> int:
+    from rlhfkit.runtime.memory import prompts_per_micro_batch
+
+    base = dict(model="smollm2-135m", device="cpu", method="grpo", micro_batch_size=16, group_size=8,
+                rollout_batch_size=64)
+    return prompts_per_micro_batch(build_config(MemoryArgs, {**base, **kw}))
+
+
+def test_prompts_per_micro_batch_by_hand():
+    """Whole groups in order: the most groups any micro-batch window spans; GRPO's shuffled
+    mini-batches of M < B rows: k = g * M / B rows of each prompt per mini-batch, ceil(m / k) + 1."""
+    assert _prompts() == 16 // 8 == 2  # mini-batch = rollout: 2 whole groups per micro-batch
+    assert _prompts(mini_batch_size=64) == _prompts(mini_batch_size=128) == 2
+    # DAPO's demo: M = 32 of B = 64 -> k = 8 * 32 / 64 = 4 rows per prompt -> 16 / 4 + 1 = 5
+    assert _prompts(mini_batch_size=32) == 5
+    assert _prompts(mini_batch_size=16, micro_batch_size=8) == 8 // 2 + 1 == 5  # k = 2
+    assert _prompts(mini_batch_size=8, micro_batch_size=8) == 8  # k = 1: as many prompts as rows
+    assert _prompts(rollout_batch_size=128, mini_batch_size=32) == 16 // 2 + 1 == 9  # k = 2
+    assert _prompts(rollout_batch_size=16, mini_batch_size=8, micro_batch_size=8) == 2  # at most B / g prompts
+    assert _prompts(group_size=1, mini_batch_size=32) == 16  # no sharing: every row its prompt
+    # micro-batches straddling groups (m = 5, g = 3, 15 rows in order): rows 5-9 touch groups 1, 2, 3
+    assert _prompts(micro_batch_size=5, group_size=3, rollout_batch_size=15) == 3
+    # DPO's pairs stay together: 8 pairs -> 16 sequences, 8 prompts, however the rollout is split
+    assert _prompts(method="dpo", micro_batch_size=8, group_size=2, mini_batch_size=4) == 8
+    with pytest.raises(ConfigError, match="mini_batch_size"):
+        _prompts(mini_batch_size=0)
+
+
+@pytest.mark.parametrize("B,M,m,g", [(64, 32, 16, 8), (64, 16, 8, 8), (128, 32, 16, 8), (64, 32, 8, 4),
+                                     (64, 64, 16, 8), (48, 48, 16, 8), (64, 32, 16, 1)])
+def test_prompts_per_micro_batch_follow_the_trainers_shuffle(B, M, m, g):
+    """The count against the update's own shuffle (trainers/rl_update.py shuffled_rows, as update_on
+    calls it): within 0.75 of the mean over draws of the largest micro-batch's distinct prompts, and
+    exactly that largest count when the mini-batch is the whole rollout (rows then in group order)."""
+    import torch
+
+    from rlhfkit.trainers.rl_update import shuffled_rows
+
+    gen = torch.Generator().manual_seed(0)
+    largest = []
+    for _ in range(300):
+        perm = shuffled_rows(B, gen, g, M)
+        largest.append(max(len(set((perm[i : i + m] // g).tolist())) for i in range(0, B, m)))
+    want = _prompts(rollout_batch_size=B, mini_batch_size=M, micro_batch_size=m, group_size=g)
+    if M >= B or g == 1:
+        assert set(largest) == {want}
+    else:
+        assert abs(sum(largest) / len(largest) - want) <= 0.75, (sum(largest) / len(largest), want)
+
+
+def test_dapo_demo_activations_count_the_shuffled_prompts():
+    """DAPO's demo update (64 rows, mini-batches of 32, micro-batches of 16, groups of 8, prompts up to
+    62 tokens, 16 new): 16 x 16 response + 5 x 62 prompt positions = 566, whole (< 640)."""
+    est = estimate(build_config(MemoryArgs, dict(model="smollm2-135m", device="cpu", dtype="bf16", method="grpo",
+                                                 micro_batch_size=16, group_size=8, prompt_length=62,
+                                                 max_new_tokens=16, rollout_batch_size=64, mini_batch_size=32)))
+    assert est["activations"] == 30 * (16 * 16 + 5 * 62) * 576 * 54
+    assert est["logits"] == 16 * 16 * 49152 * 8
+
+
 def test_trpo_terms_by_hand_for_its_cpu_demo():
     """TRPO's policy step keeps the rollout's float32 logits and the Fisher graphs of ceil(0.25 x 16) = 4
     rows through its conjugate gradients; no AdamW moments, 7 flat vectors instead."""

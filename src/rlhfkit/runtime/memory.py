@@ -35,15 +35,17 @@ b_c = bytes of the compute dtype (2 for bf16, 4 for fp32), N devices.
 
 On the CPU a micro-batch that runs more than CHUNK_POSITIONS positions runs in row chunks
 (rollout/logprobs.py; PPO, the GRPO family, DPO/SimPO/ORPO, KTO and SFT), so activations count at
-most min(m * R + ceil(m / g) * P, max(CHUNK_POSITIONS, S)) positions (a chunk holds at most the
+most min(m * R + p * P, max(CHUNK_POSITIONS, S)) positions (a chunk holds at most the
 budget, or one row alone, whatever the widths up to P and R), and logits that share of the m rows;
 activations take the factor measured there (`cpu_activation_bytes` per position, layer and hidden
 unit: by dtype, LoRA dropout or not, and full fine-tuning; bench/activation_bytes.py) instead of
 34 / 2 * b_c.
 
 m = sequences per micro-batch (2 per pair for DPO and the reward model, which has no logits),
-g = sequences sharing a prompt that runs once (group_size: activations count m * R + ceil(m / g) * P
-positions, m * S for g = 1), P prompt tokens, S = P + R, R = response tokens, L_bw = layers the backward pass
+g = sequences sharing a prompt that runs once (group_size: activations count m * R + p * P
+positions, m * S for g = 1; p = the micro-batch's distinct prompts, ceil(m / g) for whole groups in
+order, ceil(m * B / (g * M)) + 1 where GRPO shuffles a rollout of B rows into mini-batches of M < B:
+`prompts_per_micro_batch`), P prompt tokens, S = P + R, R = response tokens, L_bw = layers the backward pass
 goes through (the top `lora_layers` with LoRA on them, else L). ZeRO-2 divides gradients and
 optimiser by N; ZeRO-3 / FSDP full shard also the policy weights. The reference is not sharded.
 Activation figures are rough (within ~2x); weights, gradients, optimiser and KV cache are exact
@@ -211,7 +213,11 @@ class MemoryArgs:
     generation_batch_size: int = option(16, "prompts per generate() call (the KV cache is for this many)")
     group_size: int = option(1, "sequences of a micro-batch that share one prompt, run once (share_prompts: "
                              "GRPO's group_size, 2 for a DPO pair); 1 = every sequence runs its prompt")
-    rollout_batch_size: int = option(16, "method=trpo: sequences per rollout (the policy step keeps their logits)")
+    rollout_batch_size: int = option(16, "sequences per rollout (method=trpo: the policy step keeps their logits; "
+                                     "method=grpo: with mini_batch_size, how many prompts a micro-batch holds)")
+    mini_batch_size: int | None = option(None, "method=grpo: sequences per optimiser step (None = the rollout). Rows "
+                                         "are shuffled into mini-batches, so a micro-batch of a smaller one holds "
+                                         "rows of more prompts (each prompt's tokens run once per micro-batch)")
     fvp_fraction: float = option(0.25, "method=trpo: share of the rollout's sequences in the Fisher-vector products")
     cpu_chunk_positions: int = option(CHUNK_POSITIONS, "device=cpu: the trainers' row-chunk budget (their "
                                       "cpu_chunk_positions): positions one forward runs at most")
@@ -220,6 +226,8 @@ class MemoryArgs:
         for k in ("lora_r", "num_devices", "micro_batch_size", "prompt_length", "max_new_tokens",
                   "generation_batch_size", "group_size", "rollout_batch_size", "cpu_chunk_positions"):
             check(getattr(self, k) >= 1, f"{k} ({getattr(self, k)}) must be >= 1")
+        check(self.mini_batch_size is None or self.mini_batch_size >= 1,
+              f"mini_batch_size ({self.mini_batch_size}) must be >= 1")
         check(0 < self.fvp_fraction <= 1, f"fvp_fraction ({self.fvp_fraction}) must be in (0, 1]")
         check(self.lora_dropout is None or 0 <= self.lora_dropout < 1,
               f"lora_dropout ({self.lora_dropout}) must be in [0, 1)")
@@ -294,11 +302,30 @@ def forward_size(args: MemoryArgs) -> tuple[float, float]:
     of the budget is a share m x chunk / positions of the rows)."""
     S, R = args.prompt_length + args.max_new_tokens, args.max_new_tokens
     m = args.micro_batch_size * (2 if args.method in ("dpo", "rm") else 1)
-    positions = m * R + -(-m // args.group_size) * args.prompt_length
+    positions = m * R + prompts_per_micro_batch(args) * args.prompt_length
     if args.device == "cpu" and args.method in CHUNKED_METHODS:
         chunk = min(positions, max(args.cpu_chunk_positions, S))
         return m * chunk / positions, chunk
     return m, positions
+
+
+def prompts_per_micro_batch(args: MemoryArgs) -> int:
+    """Distinct prompts in a micro-batch of m sequences, g of them per prompt (group_size). DPO's
+    pairs and a rollout updated whole (mini-batch = rollout, rows in group order) hold ceil(m / g),
+    or one more where micro-batches straddle groups. GRPO shuffles a rollout of B rows into
+    mini-batches of M (trainers/rl_update.py shuffled_rows: random rows, then sorted by prompt):
+    with M < B a mini-batch holds about k = g x M / B rows of each prompt, so a micro-batch spans
+    ceil(m / k) + 1 of them (the +1: it starts inside a prompt's rows), at most min(m, B / g).
+    That is the mean over shuffles of the largest micro-batch's count, 4.84 against 5 for
+    B=64, M=32, m=16, g=8 (tests/scale/test_memory_estimate.py draws the shuffles)."""
+    m, g = args.micro_batch_size * (2 if args.method in ("dpo", "rm") else 1), args.group_size
+    if g == 1:
+        return m
+    B = args.rollout_batch_size
+    M = min(args.mini_batch_size or B, B)
+    if args.method != "grpo" or M >= B:  # whole groups in order: the most any micro-batch window spans
+        return max((j * m + m - 1) // g - (j * m) // g + 1 for j in range(max(1, -(-B // m))))
+    return min(m, max(1, B // g), math.ceil(m * B / (g * M)) + 1)
 
 
 def trpo_terms(args: MemoryArgs, s: ModelShape, bytes_per_position: float, chunk_rows: float,
