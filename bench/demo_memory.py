@@ -4,7 +4,8 @@ Each demo runs in a fresh process under bench/memory_phases.py (phases wrapped, 
 peak) with one torch thread; the whole run's peak is the highest of the phases' exact peaks (the
 kernel's VmHWM), so the memory figures do not depend on the machine's load. Runs are
 shortened only where the per-step peak does not change: fewer iterations / optimiser steps, every
-evaluation phase kept (they sample, and can be the peak). The estimate is `estimate-memory` with
+evaluation phase kept (they sample, and can be the peak). The GRPO family runs whole: an update runs
+the rows of the groups whose rewards differ, few at first on the arithmetic task, all later. The estimate is `estimate-memory` with
 the demo's own shapes (`ESTIMATES`).
 
 Results accumulate in a JSON file under a label (`--label before` on the old code, `--label after`
@@ -34,13 +35,14 @@ GB = 1e9
 DEMOS = {
     "ppo": ("ppo", "iterations=1"),
     "trpo": ("trpo", "iterations=1"),
-    "grpo": ("grpo", "iterations=1"),
+    # the GRPO family whole: the rows an update runs grow as fewer groups have all-equal rewards
+    "grpo": ("grpo", ""),
     "grpo multi-turn": ("grpo env=arithmetic-tool max_turns=3 max_total_tokens=128 iterations=10 "
                         "rollout_batch_size=32 num_eval_prompts=50", "iterations=1"),
-    "rloo": ("rloo", "iterations=1"),
-    "dapo": ("dapo", "iterations=1"),
-    "gspo": ("gspo", "iterations=1"),
-    "reinforce_pp": ("reinforce_pp", "iterations=1"),
+    "rloo": ("rloo", ""),
+    "dapo": ("dapo", ""),
+    "gspo": ("gspo", ""),
+    "reinforce_pp": ("reinforce_pp", ""),
     "dpo": ("dpo", "max_steps=3"),
     "simpo": ("simpo", "max_steps=3"),
     "orpo": ("orpo", "max_steps=3"),
@@ -55,7 +57,8 @@ DEMOS = {
 # arithmetic 62, arithmetic-tool with its worked examples ~260 (responses up to max_total_tokens),
 # prefs_reviews pairs 54 + at most 36 (+ stop), instructions at most 113 in all.
 PPO = "method=ppo lora_layers=12 micro_batch_size=8 prompt_length=54 max_new_tokens=48 generation_batch_size=48"
-GRPO = "method=grpo micro_batch_size=16 group_size=8 prompt_length=62 max_new_tokens=16 generation_batch_size=64"
+GRPO = "method=grpo micro_batch_size=16 group_size=8 prompt_length=62 max_new_tokens=16 generation_batch_size=64 rollout_batch_size=64"
+GRPO_MINI = GRPO + " mini_batch_size=32"
 DPO = "method=dpo micro_batch_size=8 group_size=2 prompt_length=54 max_new_tokens=37"
 ESTIMATES = {
     "ppo": PPO, "trpo": PPO.replace("method=ppo", "method=trpo"),  # rollout_batch_size 16, fvp_fraction 0.25
@@ -64,7 +67,8 @@ ESTIMATES = {
     "pipeline": ["method=sft micro_batch_size=8 prompt_length=60 max_new_tokens=53 lora_dropout=0.05",
                  "method=rm lora_layers=4 micro_batch_size=8 prompt_length=54 max_new_tokens=37",
                  PPO.replace("max_new_tokens=48", "max_new_tokens=40")],
-    "grpo": GRPO, "rloo": GRPO, "dapo": GRPO, "gspo": GRPO,
+    # mini-batches of 32 of the 64 rows: a micro-batch holds rows of ~5 prompts (memory.py prompts_per_micro_batch)
+    "grpo": GRPO_MINI, "dapo": GRPO_MINI, "gspo": GRPO_MINI, "rloo": GRPO,  # RLOO updates the rollout whole
     "reinforce_pp": GRPO.replace("group_size=8", "group_size=1"),  # a prompt per row
     "grpo multi-turn": "method=grpo micro_batch_size=16 group_size=8 prompt_length=260 max_new_tokens=128 "
                        "generation_batch_size=64",
@@ -96,16 +100,21 @@ def measure(name: str, out_dir: str, pythonpath: str | None) -> dict:
         out = proc.stdout.read()
         _, status, usage = os.wait4(proc.pid, 0)  # the child's own peak RSS (ru_maxrss, KiB)
         proc.returncode = os.waitstatus_to_exitcode(status)
-    err = log.read_text()
+    return result(name, out, log.read_text(), proc.returncode, usage.ru_maxrss)
+
+
+def result(name: str, out: str, err: str, rc: int, maxrss_kib: int) -> dict:
+    """A demo's record from memory_phases.py's stdout (its phase table) and stderr (the phase lines)."""
+    demo, short = DEMOS[name]
     peaks = dict(re.findall(r"^\| (\S[^|]*?) \| ([0-9.]+) \|$", out, flags=re.M))
     # memory_phases resets the kernel's peak mark at each phase, so ru_maxrss holds only the last
     # phase's peak: the whole run's is the highest phase peak (its summary's "whole run")
-    whole = float(peaks.pop("whole run", usage.ru_maxrss / 2**20))
+    whole = float(peaks.pop("whole run", maxrss_kib / 2**20))
     lines = re.findall(r"\] (\S+): entry ([0-9.]+) peak ([0-9.]+) exit", err)
     phase = peak_phase([(p, float(e), float(k)) for p, e, k in lines])
     return {"command": "rlhfkit " + demo, "shortened": short, "peak_gib": whole, "peak_gb": whole * 2**30 / GB,
             "phase": phase, "phases": [line for line in err.splitlines() if line.startswith("[memory")],
-            "rc": proc.returncode, "error": (err.strip().splitlines() or [""])[-1] if proc.returncode else ""}
+            "rc": rc, "error": (err.strip().splitlines() or [""])[-1] if rc else ""}
 
 
 def peak_phase(phases: list[tuple[str, float, float]]) -> str:
@@ -223,9 +232,24 @@ both runs, free heap 0.53 -> 0.63 GiB; the update differs by float rounding, so 
 other responses). The
 estimate column is `estimate-memory` with the activation bytes of bench/activation_bytes.py (section above)
 and the process baseline measured with the model loaded: 15 of the 16 demos within 20% of the measured peak,
-9 of them within 5%; DAPO is under by 21% (its update runs 64 rows in 8 micro-batches of different widths,
-and the heap keeps more of them than the 0.5 share the other demos imply; the GRPO default demo skips
-all-equal-reward groups and runs far fewer).
+9 of them within 5%; DAPO was under by 21% (session 15 found why: below).
+
+Session 15: the GRPO family (grpo, rloo, dapo, gspo, reinforce_pp) is measured whole, 30 iterations.
+Shortened to its first iteration, `rlhfkit grpo`, `rloo` and `gspo` had updated 8 rows (the one group
+whose rewards differed: the model solves ~5% of the arithmetic at first), so their peak was the held-out
+sampling; later updates run up to all 64 rows. And the estimate counted 2 prompts per 16-row micro-batch
+(ceil(16 / 8)), where an update's mini-batches of 32 of the 64 rows, shuffled and then ordered by prompt,
+hold rows of ~5 (DAPO's update instrumented: micro-batches of 16 rows and 73-77 tokens, 0.41-0.52 GiB of
+bytes in use added by each forward). `estimate-memory` now counts them (runtime/memory.py
+`prompts_per_micro_batch`, option `mini_batch_size`): grpo, dapo and gspo 1.44 -> 1.70 GB; rloo, whose
+update takes the rollout whole, 2 prompts as before (1.44). The table's whole runs against it: grpo 1.91 GB
+(0.89), rloo 1.63 (0.88), dapo 1.83 (0.93), gspo 1.92 (0.88), reinforce_pp 2.07 (0.84, its peak in sampling after an update): all 16
+demos within 20% of their measured peak, all under 2.5 GB. What the estimate's 0.5 heap share stands for,
+seen in DAPO's update: bytes in use peak at 1.0-1.1 GiB after each forward while RSS climbs from 1.41 to
+1.70 GiB over the 8 micro-batches, the heap's free space growing 0.2 -> 0.4 GiB. Tried, each in the same
+instrumented run, none lowered it: every micro-batch at the rollout's full width (so every shape is the
+same: 1.76 GiB), the gradients allocated once in one flat buffer and zeroed in place instead of freed
+(1.72), glibc's own settings instead of the trainers' malloc tuning (`RLHFKIT_TUNE_MALLOC=0`: 1.71).
 
 TRPO (session 14). Its policy step was the one pass that ran 8-row micro-batches whole on the CPU, and its
 gradient terms computed the token KL too (whose gradient is 0 at theta_old): bench/memory_phases.py with the
@@ -263,7 +287,7 @@ def table(results: dict) -> str:
         est = estimate_gb(name)
         ratio = f"{est / last['peak_gb']:.2f}" if last["rc"] == 0 else "-"
         before_cell = cell(b) if b or name not in UNCHANGED else "= after"
-        rows.append(f"| {name} | `{last['command']}` ({last['shortened']}) | {before_cell} | "
+        rows.append(f"| {name} | `{last['command']}` ({last['shortened'] or 'whole'}) | {before_cell} | "
                     f"{cell(middle.get(name))} | {cell(a)} | {last['phase']} | {est:.2f} | {ratio} |")
     note = (f"\nPeak resident set size of the whole process (kernel's figure, decimal GB; 2.5 GB = 2.33 GiB), "
             f"one torch thread, {platform.processor() or platform.machine()}, {os.cpu_count()} cores shared with "
@@ -274,7 +298,8 @@ def table(results: dict) -> str:
             "before the row chunks and heap trims reached the demo's path (pipeline: before its stage trims); \"= after\": a demo whose code path they do not change (`UNCHANGED`); "
             "\"-\": not measured before. Session 11: the figures of 2026-11-24 before the chunk budget counted "
             "prompt positions (sft and rm were not measured again: their demos' micro-batches run whole under "
-            "both budgets).")
+            "both budgets). \"whole\": the demo unshortened (the GRPO family since session 15; its earlier "
+            "columns are of the first iteration).")
     return "\n".join(rows) + "\n" + note + "\n" + FINDINGS
 
 

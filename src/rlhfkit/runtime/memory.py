@@ -86,7 +86,8 @@ CPU_ACTIVATION_BYTES = {("bf16", "lora"): 54, ("bf16", "dropout"): 88, ("bf16", 
 # widths do not reuse all of them: on the CPU RSS holds this share of the training phase's transient
 # (activations + logits) on top. Fitted to the default demos (docs/benchmarks.md, "Peak memory of the
 # default demos": with the activation bytes and baseline above, the demos' peaks imply 0.4-0.6 for
-# most; DAPO, whose update runs more micro-batch widths, 1.7).
+# most, 0.7-0.9 for the GRPO family's whole runs, whose heaps keep more free space after many
+# updates; 0.5 keeps both within 20%).
 CPU_HEAP_RETENTION = 0.5
 LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 
