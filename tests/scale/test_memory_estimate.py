@@ -230,6 +230,7 @@ def test_prompts_per_micro_batch_by_hand():
     assert _prompts(mini_batch_size=8, micro_batch_size=8) == 8  # k = 1: as many prompts as rows
     assert _prompts(rollout_batch_size=128, mini_batch_size=32) == 16 // 2 + 1 == 9  # k = 2
     assert _prompts(rollout_batch_size=16, mini_batch_size=8, micro_batch_size=8) == 2  # at most B / g prompts
+    assert _prompts(rollout_batch_size=8) == 1  # a micro-batch larger than the rollout: its one group
     assert _prompts(group_size=1, mini_batch_size=32) == 16  # no sharing: every row its prompt
     # micro-batches straddling groups (m = 5, g = 3, 15 rows in order): rows 5-9 touch groups 1, 2, 3
     assert _prompts(micro_batch_size=5, group_size=3, rollout_batch_size=15) == 3

@@ -312,21 +312,23 @@ def forward_size(args: MemoryArgs) -> tuple[float, float]:
 
 def prompts_per_micro_batch(args: MemoryArgs) -> int:
     """Distinct prompts in a micro-batch of m sequences, g of them per prompt (group_size). DPO's
-    pairs and a rollout updated whole (mini-batch = rollout, rows in group order) hold ceil(m / g),
-    or one more where micro-batches straddle groups. GRPO shuffles a rollout of B rows into
+    pairs: ceil(m / g). A GRPO rollout of B rows updated whole (mini-batch = rollout, rows in group
+    order): ceil(m / g), or one more where micro-batches straddle groups. GRPO shuffles a rollout of B rows into
     mini-batches of M (trainers/rl_update.py shuffled_rows: random rows, then sorted by prompt):
     with M < B a mini-batch holds about k = g x M / B rows of each prompt, so a micro-batch spans
-    ceil(m / k) + 1 of them (the +1: it starts inside a prompt's rows), at most min(m, B / g).
+    ceil(m / k) + 1 of them (the +1: it starts inside a prompt's rows), at most min(m, ceil(B / g)).
     That is the mean over shuffles of the largest micro-batch's count, 4.84 against 5 for
     B=64, M=32, m=16, g=8 (tests/scale/test_memory_estimate.py draws the shuffles)."""
     m, g = args.micro_batch_size * (2 if args.method in ("dpo", "rm") else 1), args.group_size
     if g == 1:
         return m
+    if args.method != "grpo":  # DPO's pairs: whole pairs per micro-batch
+        return -(-m // g)
     B = args.rollout_batch_size
     M = min(args.mini_batch_size or B, B)
-    if args.method != "grpo" or M >= B:  # whole groups in order: the most any micro-batch window spans
-        return max((j * m + m - 1) // g - (j * m) // g + 1 for j in range(max(1, -(-B // m))))
-    return min(m, max(1, B // g), math.ceil(m * B / (g * M)) + 1)
+    if M >= B:  # whole groups in order: the most groups any micro-batch (the last may be short) spans
+        return max((j * m + min(m, B - j * m) - 1) // g - (j * m) // g + 1 for j in range(-(-B // m)))
+    return min(m, -(-B // g), math.ceil(m * B / (g * M)) + 1)
 
 
 def trpo_terms(args: MemoryArgs, s: ModelShape, bytes_per_position: float, chunk_rows: float,
