@@ -68,12 +68,13 @@ ESTIMATES = {
                  "method=rm lora_layers=4 micro_batch_size=8 prompt_length=54 max_new_tokens=37",
                  PPO.replace("max_new_tokens=48", "max_new_tokens=40")],
     # mini-batches of 32 of the 64 rows: a micro-batch holds rows of ~5 prompts (memory.py prompts_per_micro_batch)
-    "grpo": GRPO_MINI, "dapo": GRPO_MINI, "gspo": GRPO_MINI, "rloo": GRPO,  # RLOO updates the rollout whole
+    "grpo": GRPO_MINI, "dapo": GRPO_MINI, "gspo": GRPO_MINI,
+    "rloo": GRPO + " mini_batch_size=64",  # RLOO updates the rollout whole (its mini_batch_size None)
     "reinforce_pp": GRPO.replace("group_size=8", "group_size=1"),  # a prompt per row
     "grpo multi-turn": "method=grpo micro_batch_size=16 group_size=8 prompt_length=260 max_new_tokens=128 "
-                       "generation_batch_size=64",
+                       "generation_batch_size=64 rollout_batch_size=32 mini_batch_size=32",
     "dpo": DPO, "simpo": DPO, "orpo": DPO,
-    "kto": "method=dpo micro_batch_size=8 prompt_length=54 max_new_tokens=37",  # 16 unpaired rows
+    "kto": "method=dpo micro_batch_size=8 group_size=1 prompt_length=54 max_new_tokens=37",  # 16 unpaired rows
     "online-dpo": "method=dpo micro_batch_size=8 group_size=2 prompt_length=54 max_new_tokens=64",
     "sft": "method=sft micro_batch_size=4 prompt_length=60 max_new_tokens=53 lora_dropout=0.05",  # SFT's default
     "rm": "method=rm lora_layers=4 micro_batch_size=8 prompt_length=54 max_new_tokens=37",
@@ -129,12 +130,12 @@ def peak_phase(phases: list[tuple[str, float, float]]) -> str:
 
 
 def estimate_gb(name: str) -> float:
-    from rlhfkit.runtime.config import parse_args
-    from rlhfkit.runtime.memory import MemoryArgs, estimate
+    from rlhfkit.runtime.config import parse_values
+    from rlhfkit.runtime.memory import PROG, MemoryArgs, estimate, for_method
 
     shapes = ESTIMATES[name] if isinstance(ESTIMATES[name], list) else [ESTIMATES[name]]
-    return max(estimate(parse_args(MemoryArgs, f"{COMMON_ESTIMATE} {one}".split(), "rlhfkit estimate-memory"))["peak"]
-               for one in shapes) / GB
+    return max(estimate(for_method(parse_values(MemoryArgs, f"{COMMON_ESTIMATE} {one}".split(), PROG)[0]))["peak"]
+               for one in shapes) / GB  # as the command line computes it
 
 
 FINDINGS = """

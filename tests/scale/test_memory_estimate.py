@@ -96,6 +96,60 @@ def test_cli_prints_a_table_for_a_model_folder(tiny_model_dir, capsys):
     assert "| peak |" in out and "| KV cache |" in out
 
 
+@pytest.mark.parametrize("method,config", [
+    ("ppo", "rlhfkit.trainers.ppo_config:PPOConfig"), ("trpo", "rlhfkit.trainers.trpo_config:TRPOConfig"),
+    ("grpo", "rlhfkit.trainers.grpo_config:GRPOConfig"), ("dpo", "rlhfkit.trainers.dpo_config:DPOConfig"),
+    ("sft", "rlhfkit.trainers.sft_config:SFTConfig"), ("rm", "rlhfkit.trainers.rm_config:RMConfig")])
+def test_options_not_given_take_the_methods_trainer_defaults(method, config):
+    """`estimate-memory method=M` estimates `rlhfkit M` as it runs by default: every option the two
+    share takes the trainer's value (read from a trainer config built with its defaults), bar DPO's
+    judged-sampling lengths; a given option wins, `null` included."""
+    import importlib
+
+    from rlhfkit.runtime.memory import TRAINER_OPTIONS, for_method
+
+    module, name = config.split(":")
+    required = {"data": "prefs.jsonl"} if method == "rm" else {}  # rm has no default data
+    trainer = build_config(getattr(importlib.import_module(module), name), required)
+    args = for_method({"method": method})
+    shared = [k for k in TRAINER_OPTIONS if hasattr(trainer, k)]
+    assert {"micro_batch_size", "lora_layers", "lora_r", "lora_dropout"} <= set(shared)
+    for k in shared:
+        if method == "dpo" and k in ("max_new_tokens", "generation_batch_size"):
+            assert getattr(args, k) == getattr(MemoryArgs(), k)  # the estimate's own: DPO's are its samples'
+        else:
+            assert getattr(args, k) == getattr(trainer, k), k
+    assert for_method({"method": method, "micro_batch_size": 3}).micro_batch_size == 3
+    assert for_method({"method": method, "lora_layers": None}).lora_layers is None
+
+
+def test_trainer_defaults_by_hand():
+    from rlhfkit.runtime.memory import for_method
+
+    grpo = for_method({"method": "grpo"})
+    assert (grpo.micro_batch_size, grpo.group_size, grpo.rollout_batch_size, grpo.mini_batch_size,
+            grpo.max_new_tokens, grpo.generation_batch_size) == (16, 8, 64, 32, 16, 64)
+    assert for_method({"method": "ppo"}).lora_layers == 12  # rlhfkit ppo adapts the top 12 layers
+    assert for_method({"method": "dpo"}).group_size == 2  # a pair's prompt runs once (share_prompts)
+    assert for_method({"method": "sft"}).lora_dropout == 0.05
+    assert for_method({"method": "trpo"}).fvp_fraction == 0.25
+    with pytest.raises(ConfigError, match="method"):
+        for_method({"method": "no-such-trainer"})
+
+
+def test_cli_method_alone_equals_the_trainers_shapes_written_out(capsys):
+    """The command line takes the same path: `method=grpo device=cpu prompt_length=62` prints the
+    table of the same run with `rlhfkit grpo`'s shapes given one by one."""
+    assert main(["method=grpo", "device=cpu", "prompt_length=62"]) == 0
+    short = capsys.readouterr().out
+    assert main(["method=grpo", "device=cpu", "prompt_length=62", "micro_batch_size=16", "group_size=8",
+                 "rollout_batch_size=64", "mini_batch_size=32", "max_new_tokens=16", "generation_batch_size=64",
+                 "lora_layers=null"]) == 0
+    assert capsys.readouterr().out == short
+    assert main(["method=grpo", "device=cpu", "prompt_length=62", "micro_batch_size=8"]) == 0
+    assert capsys.readouterr().out != short
+
+
 def test_unknown_model_is_a_one_line_error():
     from rlhfkit.errors import ConfigError
 

@@ -183,6 +183,17 @@ def _cli_value(cls: type, key: str, val: str) -> Any:
 
 def parse_args(cls: type[C], argv: list[str], prog: str) -> C | None:
     """Parse ``[CONFIG.yaml] [key=value ...]``; return None after printing --help."""
+    parsed = parse_values(cls, argv, prog)
+    if parsed is None:
+        return None
+    merged, sources = parsed
+    return build_config(cls, _with_resumed_config(cls, merged), sources=sources)
+
+
+def parse_values(cls: type, argv: list[str], prog: str) -> tuple[dict[str, Any], dict[str, str]] | None:
+    """The values ``[CONFIG.yaml] [key=value ...]`` give (unknown keys rejected, not yet coerced),
+    and the YAML file each came from; None after printing --help. For commands whose defaults
+    depend on what was given (`rlhfkit estimate-memory`)."""
     if any(a in ("-h", "--help") for a in argv):
         print(help_text(cls, prog))
         return None
@@ -207,7 +218,7 @@ def parse_args(cls: type[C], argv: list[str], prog: str) -> C | None:
             raise ConfigError(f"unknown option {arg!r}; options are key=value pairs (see '{prog} --help')")
         else:
             raise ConfigError(f"unexpected argument {arg!r}: expected CONFIG.yaml or key=value")
-    return build_config(cls, _with_resumed_config(cls, merged), sources=sources)
+    return merged, sources
 
 
 def _flag_values(argv: list[str]) -> list[str]:

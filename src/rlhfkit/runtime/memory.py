@@ -1,4 +1,5 @@
 """Memory estimate per device for an rlhfkit run: `rlhfkit estimate-memory model=... key=value`.
+Options shared with the method's trainer default to that trainer's defaults (`for_method`).
 
 Formulas (docs/scale.md explains each one). P = parameters of the policy, T = trainable parameters
 (LoRA adapters, or P), H hidden size, L layers, V vocabulary, d head size, kv key/value heads,
@@ -60,9 +61,10 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from rlhfkit.runtime.config import check, config_main, option
+from rlhfkit.runtime.config import build_config, check, option, parse_values
 
 GIB = 2**30
+PROG = "rlhfkit estimate-memory"
 # Resident memory of an rlhfkit process with the default model (bf16) and its tokenizer loaded, less
 # the weights' own 0.269 GB (Python, torch, transformers, the tokenizer, and what loading the model
 # leaves in the heap): 0.681 GB resident, bench/activation_bytes.py, Linux x86-64, torch 2.13,
@@ -80,6 +82,16 @@ TRPO_FLAT_VECTORS = 7  # algos/trpo.py: CG's x, r, p, A p; F x; the step; theta_
 # "full" fine-tuning (bf16: float32 weights under autocast, whose bf16 copies held during the forward
 # are in the figure). The GPU formula: 34 / 2 x b_c.
 TRAINER_LORA_DROPOUT = {"sft": 0.05}  # the trainers' lora_dropout defaults where not 0 (trainers/sft_config.py)
+# The trainer each method describes. Options the estimate shares with it (same name, same meaning) take
+# that trainer's defaults where not given (`for_method`, the command line's path), so `estimate-memory
+# method=grpo` is the memory of `rlhfkit grpo` as it runs by default; prompt_length (the data's) and the
+# device options stay the estimate's own.
+TRAINER_CONFIGS = {"ppo": "rlhfkit.trainers.ppo_config:PPOConfig", "trpo": "rlhfkit.trainers.trpo_config:TRPOConfig",
+                   "grpo": "rlhfkit.trainers.grpo_config:GRPOConfig", "dpo": "rlhfkit.trainers.dpo_config:DPOConfig",
+                   "sft": "rlhfkit.trainers.sft_config:SFTConfig", "rm": "rlhfkit.trainers.rm_config:RMConfig"}
+TRAINER_OPTIONS = ("lora", "lora_r", "lora_layers", "lora_dropout", "gradient_checkpointing", "cpu_chunk_positions",
+                   "micro_batch_size", "max_new_tokens", "generation_batch_size", "rollout_batch_size",
+                   "mini_batch_size", "group_size", "fvp_fraction")
 CPU_ACTIVATION_BYTES = {("bf16", "lora"): 54, ("bf16", "dropout"): 88, ("bf16", "full"): 69,
                         ("fp32", "lora"): 71, ("fp32", "dropout"): 121, ("fp32", "full"): 78}
 # glibc keeps freed blocks in the heap (runtime/allocator.py), and micro-batches or chunks of other
@@ -192,7 +204,10 @@ class MemoryArgs:
     model: str = option("smollm2-135m", f"a preset ({', '.join(PRESETS)}), a local model folder (config.json) "
                                          "or a Hub id (org/name[@revision], its config.json only)")
     method: str = option("ppo", "trainer: ppo and trpo have a value head; ppo/trpo/grpo/dpo a reference; sft/rm "
-                         "neither; trpo keeps the rollout's logits and Fisher graphs through its policy step",
+                         "neither; trpo keeps the rollout's logits and Fisher graphs through its policy step. The "
+                         "options below that the trainer has too (lora_layers, micro_batch_size, group_size, "
+                         "max_new_tokens, ...) default to that trainer's defaults (`rlhfkit grpo --help`), not the "
+                         "defaults listed here",
                          ("ppo", "trpo", "grpo", "dpo", "sft", "rm"))
     lora: bool = option(True, "LoRA adapters (frozen base, no reference copy) or full fine-tuning")
     lora_r: int = option(16, "LoRA rank")
@@ -361,15 +376,15 @@ def render(args: MemoryArgs, est: dict[str, float]) -> str:
 
 
 # The worked table of docs/scale.md (tests/scale/test_memory_estimate.py keeps the two identical).
-WORKED = [
+WORKED = [  # LoRA rows on every layer (lora_layers=null; PPO's own default is the top 12)
     ("135M, LoRA (all layers), fp32, 1 CPU process",
-     "model=smollm2-135m device=cpu dtype=fp32 prompt_length=64 max_new_tokens=48"),
+     "model=smollm2-135m device=cpu dtype=fp32 lora_layers=null prompt_length=64 max_new_tokens=48"),
     ("135M, full fine-tuning, fp32, 1 CPU process",
      "model=smollm2-135m device=cpu lora=false dtype=fp32 prompt_length=64 max_new_tokens=48"),
-    ("1.7B, LoRA, bf16, 1 GPU", "model=smollm2-1.7b prompt_length=256 max_new_tokens=256 generation_batch_size=64"),
-    ("8B, LoRA, bf16, 1 GPU, checkpointing", "model=llama-3-8b micro_batch_size=4 prompt_length=512 max_new_tokens=512 "
+    ("1.7B, LoRA, bf16, 1 GPU", "model=smollm2-1.7b lora_layers=null prompt_length=256 max_new_tokens=256 generation_batch_size=64"),
+    ("8B, LoRA, bf16, 1 GPU, checkpointing", "model=llama-3-8b lora_layers=null micro_batch_size=4 prompt_length=512 max_new_tokens=512 "
      "generation_batch_size=32 gradient_checkpointing=true"),
-    ("7B, LoRA, bf16, 8 GPUs DDP, checkpointing", "model=llama-2-7b num_devices=8 micro_batch_size=4 prompt_length=512 "
+    ("7B, LoRA, bf16, 8 GPUs DDP, checkpointing", "model=llama-2-7b lora_layers=null num_devices=8 micro_batch_size=4 prompt_length=512 "
      "max_new_tokens=512 generation_batch_size=32 gradient_checkpointing=true"),
     ("7B, full, bf16, 8 GPUs DDP", "model=llama-2-7b lora=false num_devices=8 micro_batch_size=4 prompt_length=512 "
      "max_new_tokens=512 generation_batch_size=32"),
@@ -385,17 +400,43 @@ WORKED_COLUMNS = ("process baseline", "policy weights", "gradients", "optimiser"
 def worked_table() -> str:
     """The Markdown worked table of docs/scale.md: one PPO run per row, GiB per device, and the
     command that gives each row."""
-    from rlhfkit.runtime.config import parse_args
-
     lines = ["| PPO run, GiB per device | " + " | ".join(WORKED_COLUMNS) + " |",
              "| --- |" + " ---: |" * len(WORKED_COLUMNS)]
     for i, (label, command) in enumerate(WORKED, 1):
-        est = estimate(parse_args(MemoryArgs, command.split(), "rlhfkit estimate-memory"))
+        est = estimate(for_method(parse_values(MemoryArgs, command.split(), PROG)[0]))
         cells = ["0" if est[k] == 0 else f"{est[k] / GIB:.2f}" for k in WORKED_COLUMNS]
         lines.append(f"| {i}. {label} | " + " | ".join(cells) + " |")
     lines.append("")
     lines += [f"{i}. `rlhfkit estimate-memory {command}`" for i, (_, command) in enumerate(WORKED, 1)]
     return "\n".join(lines)
+
+
+def trainer_defaults(method: str) -> dict:
+    """The defaults of `method`'s trainer for the options the estimate shares with it
+    (TRAINER_OPTIONS). DPO's max_new_tokens and generation_batch_size size its judged samples, not
+    its training, so they are not shared; its pairs share a prompt (group_size 2), as GRPO's groups
+    do, while the trainer's share_prompts is on."""
+    import dataclasses
+    import importlib
+
+    module, name = TRAINER_CONFIGS[method].split(":")
+    fields = dataclasses.fields(getattr(importlib.import_module(module), name))
+    defaults = {f.name: f.default for f in fields if f.default is not dataclasses.MISSING}
+    skip = ("max_new_tokens", "generation_batch_size") if method == "dpo" else ()
+    out = {k: defaults[k] for k in TRAINER_OPTIONS if k in defaults and k not in skip}
+    if method == "dpo":
+        out["group_size"] = 2 if defaults.get("share_prompts") else 1
+    elif "group_size" in out and not defaults.get("share_prompts"):
+        out["group_size"] = 1
+    return out
+
+
+def for_method(values: dict, sources: dict[str, str] | None = None) -> MemoryArgs:
+    """MemoryArgs from the given `values` (as parsed from a command line or YAML), the method's
+    trainer defaults (`trainer_defaults`) under them."""
+    method = values.get("method", "ppo")
+    defaults = trainer_defaults(method) if method in TRAINER_CONFIGS else {}  # else build_config names the choices
+    return build_config(MemoryArgs, {**defaults, **values}, sources=sources)
 
 
 def run(args: MemoryArgs) -> dict:
@@ -405,4 +446,7 @@ def run(args: MemoryArgs) -> dict:
 
 
 def main(argv: list[str]) -> int:
-    return config_main(MemoryArgs, run, argv, "rlhfkit estimate-memory")
+    parsed = parse_values(MemoryArgs, argv, PROG)
+    if parsed is not None:
+        run(for_method(*parsed))
+    return 0
