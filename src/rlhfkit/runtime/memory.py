@@ -81,7 +81,6 @@ TRPO_FLAT_VECTORS = 7  # algos/trpo.py: CG's x, r, p, A p; F x; the step; theta_
 # (LoRA dropout > 0, SFT's 0.05: each dropout layer keeps its own copy of its projection's input),
 # "full" fine-tuning (bf16: float32 weights under autocast, whose bf16 copies held during the forward
 # are in the figure). The GPU formula: 34 / 2 x b_c.
-TRAINER_LORA_DROPOUT = {"sft": 0.05}  # the trainers' lora_dropout defaults where not 0 (trainers/sft_config.py)
 # The trainer each method describes. Options the estimate shares with it (same name, same meaning) take
 # that trainer's defaults where not given (`for_method`, the command line's path), so `estimate-memory
 # method=grpo` is the memory of `rlhfkit grpo` as it runs by default; prompt_length (the data's) and the
@@ -306,7 +305,7 @@ def estimate(args: MemoryArgs, shape: ModelShape | None = None) -> dict[str, flo
 
 def cpu_activation_bytes(args: MemoryArgs) -> float:
     """CPU_ACTIVATION_BYTES for the run's dtype and kind (LoRA with or without dropout, full)."""
-    dropout = args.lora_dropout if args.lora_dropout is not None else TRAINER_LORA_DROPOUT.get(args.method, 0.0)
+    dropout = args.lora_dropout if args.lora_dropout is not None else trainer_defaults(args.method)["lora_dropout"]
     kind = "full" if not args.lora else ("dropout" if dropout > 0 else "lora")
     return CPU_ACTIVATION_BYTES[(args.dtype, kind)]
 
@@ -328,9 +327,9 @@ def forward_size(args: MemoryArgs) -> tuple[float, float]:
 def prompts_per_micro_batch(args: MemoryArgs) -> int:
     """Distinct prompts in a micro-batch of m sequences, g of them per prompt (group_size). DPO's
     pairs: ceil(m / g). A GRPO rollout of B rows updated whole (mini-batch = rollout, rows in group
-    order): ceil(m / g), or one more where micro-batches straddle groups. GRPO shuffles a rollout of B rows into
-    mini-batches of M (trainers/rl_update.py shuffled_rows: random rows, then sorted by prompt):
-    with M < B a mini-batch holds about k = g x M / B rows of each prompt, so a micro-batch spans
+    order): ceil(m / g), or one more where micro-batches straddle groups. GRPO shuffles the rollout
+    into mini-batches of M rows (trainers/rl_update.py shuffled_rows: random rows, then sorted by
+    prompt): with M < B a mini-batch holds about k = g x M / B rows of each prompt, so a micro-batch spans
     ceil(m / k) + 1 of them (the +1: it starts inside a prompt's rows), at most min(m, ceil(B / g)).
     That is the mean over shuffles of the largest micro-batch's count, 4.84 against 5 for
     B=64, M=32, m=16, g=8 (tests/scale/test_memory_estimate.py draws the shuffles)."""
