@@ -146,7 +146,7 @@ def phase_flops(shape, r: dict) -> dict[str, float]:
 def render(header: str, peak: dict, bw: float, results: dict, dtype: str,
            chosen_by: str = "`dtype=auto` picks it here") -> str:
     from rlhfkit.runtime.flops import decode_step_bytes
-    from rlhfkit.runtime.memory import PRESETS
+    from rlhfkit.runtime.model_shape import PRESETS
 
     shape = PRESETS["smollm2-135m"]
     lines = [f"Machine: {header}.", "",

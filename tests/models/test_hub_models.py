@@ -186,7 +186,7 @@ def test_reward_model_and_export_record_a_hub_base_as_its_id(hub_cache, tmp_path
 
 
 def test_estimate_memory_reads_the_config_of_a_cached_hub_id(hub_cache):
-    from rlhfkit.runtime.memory import ModelShape, resolve_shape
+    from rlhfkit.runtime.model_shape import ModelShape, resolve_shape
 
     config = json.loads((hub_cache / ("models--" + REPO.replace("/", "--")) / "snapshots" / MAIN_COMMIT
                          / "config.json").read_text())

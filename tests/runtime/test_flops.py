@@ -16,7 +16,7 @@ from rlhfkit.runtime.flops import (
     shape_of,
     train_flops,
 )
-from rlhfkit.runtime.memory import ModelShape
+from rlhfkit.runtime.model_shape import ModelShape
 
 # H 4, intermediate 8, 2 heads of d 2, 1 kv head, V 10, tied. One layer's projections (in x out):
 # q 4x4=16, k 4x2=8, v 4x2=8, o 4x4=16, gate 4x8=32, up 4x8=32, down 8x4=32: 144 weights.

@@ -7,7 +7,8 @@ import pytest
 from rlhfkit.errors import ConfigError
 from rlhfkit.models.lora import add_lora
 from rlhfkit.runtime.config import build_config
-from rlhfkit.runtime.memory import PRESETS, MemoryArgs, ModelShape, estimate, main
+from rlhfkit.runtime.memory import MemoryArgs, estimate, main
+from rlhfkit.runtime.model_shape import PRESETS, ModelShape
 
 from tiny_lm import build_tiny_model, build_tokenizer
 
