@@ -1,15 +1,24 @@
 """The shared prompt prefix (models/shared_prompts.py): the leading tokens every row's prompt starts
-with (a chat template's header) run once, and hidden states, gradients, sampled tokens and a PPO
-run equal the plain computation."""
+with (a chat template's header) run once, alone or before the distinct prompts of shared-prompt
+rows, and hidden states, gradients, sampled tokens and a PPO run equal the plain computation."""
 
 from __future__ import annotations
+
+from unittest import mock
 
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from rlhfkit.models import shared_prompts
 from rlhfkit.models.policy import position_ids_from_mask, response_hidden_states
-from rlhfkit.models.shared_prompts import MIN_PREFIX, common_prefix_length, prefix_first, shared_prefix_hidden
+from rlhfkit.models.shared_prompts import (
+    MIN_PREFIX,
+    common_prefix_length,
+    prefix_first,
+    response_hidden,
+    shared_prefix_hidden,
+)
 from rlhfkit.rollout import SamplingParams
 from rlhfkit.rollout.core import generate
 
@@ -100,6 +109,58 @@ def test_the_prefix_runs_once_and_the_rest_per_row():
     short = _batch(4, MIN_PREFIX - 1, P=12, R=5, vocab=len(tok), seed=2)
     if common_prefix_length(short[0][:, :12], short[1][:, :12]) < MIN_PREFIX:
         assert shared_prefix_hidden(model.get_decoder(), *short, 5) is None  # too short to pay
+
+
+def _grouped_batch(layout: list[int], prefix: int, P: int, R: int, vocab: int, seed: int):
+    """Rows whose prompts follow `layout` (equal numbers = equal prompts, as a GRPO group or a DPO
+    pair), every prompt starting with the same `prefix` tokens; left padding and response lengths
+    vary. Returns (ids, mask) (B, P + R)."""
+    distinct, _ = _batch(max(layout) + 1, prefix, P, R, vocab, seed)
+    ids, mask = _batch(len(layout), prefix, P, R, vocab, seed + 1)  # responses of their own lengths
+    ids[:, :P] = distinct[layout, :P]
+    mask[:, :P] = (ids[:, :P] != PAD).long()  # random tokens are >= 3: PAD marks the padding only
+    return ids, mask
+
+
+def _hidden_and_grads_both(model, ids, mask, R, share):
+    model.zero_grad()
+    hidden = response_hidden_states(model.get_decoder(), ids, mask, R, share_prompts=share, share_prefix=share)
+    (hidden.sin() * mask[:, -R:, None]).sum().backward()
+    return hidden.detach(), {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+
+
+@settings(max_examples=12, deadline=None)
+@given(layout=st.lists(st.integers(0, 3), min_size=3, max_size=8), prefix=st.integers(MIN_PREFIX, 8),
+       seed=st.integers(0, 10_000))
+def test_prefix_then_distinct_prompts_forward_and_gradients_equal_the_plain_ones(layout, prefix, seed):
+    tok = build_tokenizer()
+    model = build_tiny_model(len(tok))
+    ids, mask = _grouped_batch(layout, prefix, P=12, R=5, vocab=len(tok), seed=seed)
+    with mock.patch.object(shared_prompts, "MIN_PREFIX_SAVING", 0):  # tiny prompts: take the stage regardless
+        shared = _hidden_and_grads_both(model, ids, mask, 5, share=True)
+    assert_same_hidden_and_grads(shared, _hidden_and_grads_both(model, ids, mask, 5, share=False))
+
+
+def test_the_prefix_runs_once_then_each_distinct_prompt_then_every_row():
+    """Guards against a silent fallback: one row of S columns, U rows of the prompts' remaining
+    P - 1 - S columns, then all B rows of the last prompt column and R - 1 response columns."""
+    tok = build_tokenizer()
+    model = build_tiny_model(len(tok))
+    layout = [0, 0, 1, 1, 2, 2, 2]
+    ids, mask = _grouped_batch(layout, 6, P=12, R=5, vocab=len(tok), seed=3)
+    S = common_prefix_length(ids[:, :12], mask[:, :12])
+    assert S >= 6
+    seen = []
+    hook = model.get_decoder().register_forward_pre_hook(
+        lambda mod, args, kw: seen.append(tuple(kw["input_ids"].shape)), with_kwargs=True)
+    pos = position_ids_from_mask(mask)
+    with mock.patch.object(shared_prompts, "MIN_PREFIX_SAVING", 2 * S):  # (U - 1) S = 2 S positions saved
+        response_hidden(model.get_decoder(), ids, mask, pos, 5, share_prefix=True)
+    with mock.patch.object(shared_prompts, "MIN_PREFIX_SAVING", 2 * S + 1):  # one short: the prompts whole
+        response_hidden(model.get_decoder(), ids, mask, pos, 5, share_prefix=True)
+    response_hidden(model.get_decoder(), ids, mask, pos, 5)  # without share_prefix: the prompts whole, as before
+    hook.remove()
+    assert seen == [(1, S), (3, 12 - 1 - S), (7, 5), (3, 11), (7, 5), (3, 11), (7, 5)]
 
 
 def test_gradient_checkpointing_falls_back_to_the_plain_forward():

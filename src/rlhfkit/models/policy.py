@@ -77,7 +77,8 @@ def response_hidden_states(decoder: nn.Module, input_ids: torch.Tensor, attentio
     token i is predicted from position P-1+i (docs/pitfalls.md#off-by-one), so positions
     [L-R-1, L-1) are kept.
     `share_prompts`: rows with the same prompt run it once (equal up to float rounding).
-    `share_prefix`: the prompt prefix every row shares runs once (equal up to float rounding).
+    `share_prefix`: the prompt prefix every row shares runs once (equal up to float rounding); with
+    `share_prompts`, only on top of shared prompts, where it saves enough (shared_prompts.py).
     `trunk`: (depth D, states (B, L, H) after the frozen bottom D layers): only the layers above
     them run (models/trunk.py)."""
     pos = position_ids_from_mask(attention_mask)
@@ -85,10 +86,10 @@ def response_hidden_states(decoder: nn.Module, input_ids: torch.Tensor, attentio
         depth, states = trunk
         return top_states(decoder, depth, states, attention_mask, pos)[:, -num_response - 1 : -1]
     if share_prompts:
-        hidden = response_hidden(decoder, input_ids, attention_mask, pos, num_response)
+        hidden = response_hidden(decoder, input_ids, attention_mask, pos, num_response, share_prefix)
         if hidden is not None:
             return hidden
-    if share_prefix:
+    elif share_prefix:
         hidden = shared_prefix_hidden(decoder, input_ids, attention_mask, num_response)
         if hidden is not None:
             return hidden

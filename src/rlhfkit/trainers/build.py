@@ -56,12 +56,14 @@ def build_actor_critic(cfg):
 
 def build_actor(cfg, with_reference: bool, reference_model: str | None = None):
     """GRPO, RLOO, DPO: (ActorCritic without a value head, Reference | None, tokenizer). A prompt
-    shared by several rows runs once (`share_prompts`; off under gradient checkpointing)."""
+    shared by several rows runs once, and so does the header all prompts of a micro-batch share
+    (`share_prompts`; off under gradient checkpointing)."""
     from rlhfkit.models import load_causal_lm
     from rlhfkit.models.policy import ActorCritic
 
     policy, tok = build_policy(cfg)
-    actor = ActorCritic(policy, value_head=None, share_prompts=cfg.share_prompts and not cfg.gradient_checkpointing)
+    share = cfg.share_prompts and not cfg.gradient_checkpointing
+    actor = ActorCritic(policy, value_head=None, share_prompts=share, share_prefix=share)
     if not with_reference:
         return actor, None, tok
     other = load_causal_lm(reference_model, dtype="fp32", trainable=False) if reference_model else None
