@@ -58,7 +58,8 @@ class DPOConfig(JudgedEvalArgs, ReferenceArgs, ModelArgs, OptimizerArgs, RunArgs
     batch_size: int = option(16, "pairs per optimiser step (all processes together; each takes its share)")
     micro_batch_size: int = option(8, "pairs per forward/backward (2 x this many sequences)")
     share_prompts: bool = option(True, "run a pair's prompt once for its chosen and rejected response (their keys/values "
-                                 "are copied to both rows; equal up to float rounding). Off under gradient_checkpointing")
+                                 "are copied to both rows; equal up to float rounding), and a header all prompts share (a long system "
+                                 "prompt) once per micro-batch. Off under gradient_checkpointing")
     lr: float = option(1e-4, "AdamW learning rate (LoRA default; use ~5e-7..5e-6 for full fine-tuning)")
     # outputs
     save_merged: bool = option(False, "also save merged full weights (LoRA) in final/merged")

@@ -49,7 +49,8 @@ class GRPOConfig(EnvArgs, GenerationArgs, ReferenceArgs, SamplingArgs, ModelArgs
     share_prompts: bool = option(True, "run each prompt once per generate() call and per micro-batch instead of once "
                                  "per completion (its keys/values are copied to the G rows; equal up to float "
                                  "rounding); a mini-batch's rows are ordered by group so its micro-batches hold "
-                                 "few distinct prompts. Off under gradient_checkpointing")
+                                 "few distinct prompts; a header all prompts share (a long system prompt) runs once per "
+                                 "micro-batch. Off under gradient_checkpointing")
     # advantages
     advantage: str = option("group", "baseline: group = GRPO mean (optionally / std); rloo = leave-one-out mean; "
                             "reinforce++ = token returns (score - reward_kl_coef x k1 KL) normalised over the "

@@ -50,8 +50,8 @@ class KTOConfig(JudgedEvalArgs, ReferenceArgs, ModelArgs, OptimizerArgs, RunArgs
     batch_size: int = option(32, "examples per optimiser step (all processes together; each takes its share); "
                              "the KL reference point z_0 is estimated over them")
     micro_batch_size: int = option(16, "examples per forward/backward")
-    share_prompts: bool = option(True, "run a prompt shared by rows of a micro-batch once (off under "
-                                 "gradient_checkpointing)")
+    share_prompts: bool = option(True, "run a prompt shared by rows of a micro-batch once, and a header "
+                                 "those prompts share (a long system prompt) once (off under gradient_checkpointing)")
     lr: float = option(1e-4, "AdamW learning rate (LoRA default; use ~5e-7..5e-6 for full fine-tuning)")
     # outputs
     save_merged: bool = option(False, "also save merged full weights (LoRA) in final/merged")

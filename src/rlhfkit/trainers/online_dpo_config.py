@@ -41,7 +41,8 @@ class OnlineDPOConfig(GenerationArgs, ReferenceArgs, SamplingArgs, ModelArgs, Op
                                         "this pairs per optimiser step)")
     max_new_tokens: int = option(64, "response length limit (training samples and the judged evaluation)")
     generation_batch_size: int = option(32, "completions per generate() call")
-    share_prompts: bool = option(True, "run a pair's prompt once when sampling and in the DPO step (off under "
+    share_prompts: bool = option(True, "run a pair's prompt once when sampling and in the DPO step, and a header all "
+                                 "prompts share (a long system prompt) once per micro-batch (off under "
                                  "gradient_checkpointing)")
     # loss
     loss_type: str = option("sigmoid", "sigmoid = DPO; ipo = IPO on length-averaged log-probs; cdpo = sigmoid with "
