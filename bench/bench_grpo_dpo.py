@@ -39,6 +39,8 @@ DPO 4 pairs per micro-batch (TRL's faster micro-batch here). They are compared w
 from __future__ import annotations
 
 import argparse
+import contextlib
+import functools
 import json
 import os
 import platform
@@ -51,6 +53,7 @@ import time
 from pathlib import Path
 
 import benchdoc
+import work_flops
 
 # rlhfkit configurations: overrides of the command's defaults (run settings come from GRPO_RUN / DPO_RUN).
 GRPO_CONFIGS = {
@@ -158,7 +161,8 @@ def run_rlhfkit_grpo(name: str, steps: int) -> dict:
     out = benchdoc.scratch_dir()
     cfg = grpo_config(name, steps, out)
     stamps = benchdoc.tracker_stamps()
-    train(cfg)
+    with grpo_shapes() as shapes:
+        train(cfg)
     rows = [json.loads(line) for line in open(Path(out) / name / "metrics.jsonl")]
     timed = rows[WARMUP:] or rows
     res = {k: mean([r.get(f"timing/{k}", 0.0) for r in timed])
@@ -174,6 +178,12 @@ def run_rlhfkit_grpo(name: str, steps: int) -> dict:
     res["completion_tokens"] = mean([r["rollout/response_length"] for r in timed])
     res["units_timed"] = len(timed)
     res["lora_layers"] = cfg.lora_layers
+    flops = [work_flops.grpo_rollout(model_shape(cfg.model), s["sampled"], s.get("updated", []), lora_rank(cfg),
+                                     cfg.lora_layers, cfg.update_epochs, s["prefix"],
+                                     -(-s["rows"] // (cfg.generation_batch_size or s["rows"])),
+                                     -(-sum(len(r) for _, r in s.get("updated", [])) // cfg.micro_batch_size))
+             for s in [shapes[it] for it in sorted(shapes)[WARMUP:]]]
+    res["model_gflop"] = {k: mean([f[k] for f in flops]) / 1e9 for k in flops[0]} if flops else None
     res["peak_rss_gb"] = peak_rss_gb()
     shutil.rmtree(out, ignore_errors=True)
     print("RESULT " + json.dumps(res), flush=True)
@@ -204,10 +214,82 @@ def run_rlhfkit_dpo(name: str, steps: int) -> dict:
            "cpu_s": timing["cpu_s"], "dtype": cfg.dtype,
            "precompute_s": sum(precompute) if precompute else None,
            "precomputed": summary.get("precomputed_ref_logps"), "units_timed": len(timed),
+           "model_gflop": {"total": mean([f / 1e9 for f in dpo_step_flops(cfg, dpo)[WARMUP:steps]])},
            "peak_rss_gb": peak_rss_gb()}
     shutil.rmtree(out, ignore_errors=True)
     print("RESULT " + json.dumps(res), flush=True)
     return res
+
+
+def model_shape(model: str):
+    from transformers import AutoConfig
+
+    from rlhfkit.models.loading import resolve_model_path
+    from rlhfkit.runtime.flops import shape_of
+
+    return shape_of(AutoConfig.from_pretrained(resolve_model_path(model)))
+
+
+def lora_rank(cfg) -> int | None:
+    """LoRA rank for rlhfkit.runtime.flops: None = full fine-tuning."""
+    return cfg.lora_r if cfg.lora else None
+
+
+@contextlib.contextmanager
+def grpo_shapes():
+    """{iteration: {'sampled': prompt_groups, 'updated': prompt_groups}} of the rows each GRPO iteration
+    sampled and updated (rlhfkit.trainers.rl.RLRun's sample and logprob_pass, wrapped while inside)."""
+    from rlhfkit.trainers.rl import RLRun
+
+    shapes: dict[int, dict] = {}
+    sample, logprob_pass = RLRun.sample, RLRun.logprob_pass
+
+    def groups(r):
+        return work_flops.prompt_groups(r.query_ids, r.query_mask, r.response_mask)
+
+    @functools.wraps(sample)
+    def sample_(self, *a, **k):
+        out = sample(self, *a, **k)
+        it = shapes.setdefault(self.iteration, {"sampled": [], "rows": 0, "prefix": 0})
+        it["sampled"] += groups(out)
+        it["rows"] += out.query_ids.shape[0]
+        it["prefix"] = work_flops.common_prefix(out.query_ids, out.query_mask)
+        return out
+
+    @functools.wraps(logprob_pass)
+    def logprob_pass_(self, rollout, *a, **k):
+        shapes[self.iteration].setdefault("updated", []).extend(groups(rollout))
+        return logprob_pass(self, rollout, *a, **k)
+
+    RLRun.sample, RLRun.logprob_pass = sample_, logprob_pass_
+    try:
+        yield shapes
+    finally:
+        RLRun.sample, RLRun.logprob_pass = sample, logprob_pass
+
+
+def dpo_step_flops(cfg, dpo) -> list[int]:
+    """Model FLOPs of each planned DPO step (work_flops.dpo_step), planned as rlhfkit.trainers.dpo.train does."""
+    import torch
+    from transformers import AutoTokenizer
+
+    from rlhfkit.models.loading import resolve_model_path
+
+    tok = AutoTokenizer.from_pretrained(resolve_model_path(cfg.model))
+    pairs = dpo.load_pairs(cfg.prefs)[0]
+    data, n = dpo.encode_pairs(tok, pairs, cfg), len(pairs)
+    batches = dpo.plan_batches(n, cfg, torch.Generator().manual_seed(cfg.seed), 1,
+                               dpo.pair_lengths(data, cfg.share_prompts))
+    prompt, response = data.query_mask.sum(1).tolist(), data.response_mask.sum(1).long().tolist()
+    shape = model_shape(cfg.model)
+
+    def micro_batch(pairs: list[int]) -> tuple[int, list[tuple[int, int, int]]]:
+        prefix = work_flops.common_prefix(data.query_ids[pairs], data.query_mask[pairs])
+        return prefix, [(prompt[i], response[i], response[i + n]) for i in pairs]
+
+    m = cfg.micro_batch_size
+    return [work_flops.dpo_step(shape, [micro_batch(b.tolist()[i : i + m]) for i in range(0, len(b), m)],
+                                lora_rank(cfg), cfg.lora_layers) for b in batches]
 
 
 # ----------------------------------------------------------------------------- trl
@@ -459,6 +541,9 @@ def main() -> None:
         ap.error(f"unknown configs {unknown}; choose from {','.join(ALL)}")
     header = machine(a.trl_python, a.threads)
     print(header, flush=True)
+    peak = matmul_peak(a.threads)
+    print(f"matmul peak ({a.threads or 'default'} threads): " + ", ".join(f"{k} {v:.1f} GFLOP/s" for k, v in peak.items()),
+          flush=True)
     results: dict[str, dict | str] = {}
     for name in names:
         python = a.trl_python if name in TRL_CONFIGS else sys.executable
@@ -477,12 +562,23 @@ def main() -> None:
         print(f"{name} ({steps} units, {time.time() - t0:.0f} s in all): {results[name]}", flush=True)
         if not m:
             print(proc.stderr[-4000:], file=sys.stderr)
-    table = render(header, results, grpo_steps, dpo_steps)
+    table = render(header, results, grpo_steps, dpo_steps, peak)
     print(table)
     if smoke:
         print("--smoke: a reduced work, figures meaningless; docs/benchmarks.md left alone")
     elif not a.no_write:
         benchdoc.write_block("bench_grpo_dpo", "GRPO and DPO against TRL (bench/bench_grpo_dpo.py)", table)
+
+
+def matmul_peak(threads: int | None) -> dict[str, float]:
+    """{dtype: GFLOP/s}: this process's best torch.mm at the default model's shapes (bench/utilisation.py),
+    with the threads each configuration gets."""
+    from utilisation import measure_peak
+
+    from rlhfkit.trainers.grpo_config import GRPOConfig
+
+    benchdoc.set_threads(threads)
+    return measure_peak({"decode": GRPOConfig().rollout_batch_size, "teacher-forced": 1024})["peak"]
 
 
 # ----------------------------------------------------------------------------- rendering
@@ -550,7 +646,31 @@ def trl_dtype(r: dict) -> str:
             else "bf16 weights + autocast") + (", grad. ckpt" if r.get("gradient_checkpointing") else "")
 
 
-def render(header: str, results: dict, grpo_steps: int, dpo_steps: int) -> str:
+FLOOR_HEAD = ["| pair | rlhfkit config | dtype | model GFLOP per unit | matmul peak GFLOP/s | floor s | rlhfkit CPU s "
+              "| rlhfkit share of peak | TRL CPU s | highest speed-up possible (TRL CPU s / floor) | target "
+              "| share of peak the target needs |",
+              "| --- | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
+
+
+def floor_rows(results: dict, peak: dict[str, float]) -> list[str]:
+    """Per target pair: rlhfkit's model FLOPs per unit (work_flops: the least work) at the matmul peak of its
+    dtype is a time no trainer beats on this machine, so TRL's CPU s over it bounds the speed-up."""
+    lines = []
+    for label, trl_name, ours_name, speed_target, _ in TARGETS:
+        t, ours = results.get(trl_name), results.get(ours_name)
+        if not isinstance(t, dict) or not isinstance(ours, dict) or not ours.get("model_gflop"):
+            continue
+        dtype = "bf16" if ours.get("dtype") == "bf16" else "fp32"
+        work = ours["model_gflop"]["total"]
+        floor = work / peak[dtype]
+        lines.append(f"| {label} | {ours_name} | {dtype} | {work:.0f} | {peak[dtype]:.1f} | {floor:.2f} "
+                     f"| {ours['cpu_s']:.2f} | {100 * floor / ours['cpu_s']:.0f}% | {t['cpu_s']:.2f} "
+                     f"| **{t['cpu_s'] / floor:.2f}x** | >= {speed_target:g}x "
+                     f"| {100 * floor * speed_target / t['cpu_s']:.0f}% |")
+    return lines
+
+
+def render(header: str, results: dict, grpo_steps: int, dpo_steps: int, peak: dict[str, float] | None = None) -> str:
     c, d, n_pairs = defaults()
     steps_per_rollout = c.update_epochs * (c.rollout_batch_size // c.optimiser_batch)
     accum = c.optimiser_batch // c.micro_batch_size
@@ -623,6 +743,15 @@ def render(header: str, results: dict, grpo_steps: int, dpo_steps: int) -> str:
     if any(k in TRL_CONFIGS for k in results):
         lines += ["", "Against issue 24's targets (speed-up of CPU s per unit):", "",
                   benchdoc.ratio_table([t for t in TARGETS if t[1] in results or t[2] in results], results)]
+    floors = floor_rows(results, peak) if peak else []
+    if floors:
+        lines += ["", "How far each target is from the hardware: rlhfkit's model FLOPs per unit (bench/work_flops.py: "
+                  "unpadded lengths, a shared prompt once, the chat header all prompts share once per forward call, "
+                  "adapters merged while sampling, a row's decode ending at its last token; the mean over the timed "
+                  "units) at this process's best torch.mm rate in the "
+                  "configuration's dtype (bench/utilisation.py's shapes, the same threads) is a floor neither "
+                  "trainer can beat here; TRL's CPU s over that floor is the largest speed-up any trainer could "
+                  "show against it, and a target of k x needs k x floor / TRL CPU s of the peak over the whole unit.", "", *FLOOR_HEAD, *floors]
     if not any(k in TRL_CONFIGS for k in results):
         return "\n".join(lines + ["", "TRL comparison: not run (pass --trl-python with an interpreter that has "
                                         "trl==1.12.0, the `bench` extra)."])
