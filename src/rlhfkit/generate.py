@@ -61,13 +61,20 @@ def load_for_inference(model: str, dtype: str = "fp32"):
 
 
 def sample_texts(model: str, prompts: list[str], num_samples: int, max_new_tokens: int = 64,
-                 temperature: float | None = 1.0, seed: int = 0, use_model_config: bool = False) -> list[list[str]]:
+                 temperature: float | None = 1.0, seed: int = 0, use_model_config: bool = False,
+                 dtype: str = "auto") -> list[list[str]]:
     """`num_samples` completions for each raw prompt (chat-formatted here). Returns [prompt][sample].
     `use_model_config`: sample with the model folder's own generation settings (`temperature`,
-    when not None, still applies); otherwise at `temperature` from the full distribution."""
+    when not None, still applies); otherwise at `temperature` from the full distribution.
+    Every sample of every prompt is drawn in one batch (a prompt's rows share its prefill), so a
+    decoding step reads the weights once for all of them; `dtype` 'auto' is bf16 where bf16 matmuls
+    are fast, else fp32."""
     from rlhfkit.data.chat import format_prompt
+    from rlhfkit.models.loading import resolve_dtype
+    from rlhfkit.runtime.precision import autocast
 
-    lm, tok = load_for_inference(model)
+    dtype = resolve_dtype(dtype)
+    lm, tok = load_for_inference(model, dtype)
     formatted = [format_prompt(tok, p) for p in prompts]
     params = SamplingParams(max_new_tokens=max_new_tokens, temperature=1.0 if temperature is None else temperature)
     gen_cfg = None
@@ -75,11 +82,12 @@ def sample_texts(model: str, prompts: list[str], num_samples: int, max_new_token
         overrides = ({} if temperature is None else {"do_sample": False} if temperature == 0
                      else {"do_sample": True, "temperature": temperature})
         gen_cfg = model_generation_config(lm, tok, max_new_tokens, overrides)
-    out: list[list[str]] = [[] for _ in prompts]
-    for k in range(num_samples):
-        for i, text in enumerate(generate_texts(lm, tok, formatted, params, seed + k, generation_config=gen_cfg)):
-            out[i].append(text)
-    return out
+    rows = [text for text in formatted for _ in range(num_samples)]  # prompt-major: a prompt's samples adjacent
+    torch.manual_seed(seed)
+    with autocast(dtype, next(lm.parameters()).device):
+        texts = generate(lm, tok, rows, params, batch_size=16 * max(num_samples, 1), share_prompts=num_samples > 1,
+                         generation_config=gen_cfg).completions
+    return [texts[i * num_samples : (i + 1) * num_samples] for i in range(len(prompts))]
 
 
 def main(argv: list[str]) -> int:
@@ -92,6 +100,9 @@ def main(argv: list[str]) -> int:
                    help="sampling temperature; 0 = greedy (default: 1, or the model's own with "
                         "--model-generation-config)")
     p.add_argument("--seed", type=int, default=0, help="sampling seed")
+    p.add_argument("--dtype", choices=["auto", "bf16", "fp32"], default="auto",
+                   help="weights and matmuls while sampling: auto = bf16 where bf16 matmuls are fast (AVX-512 BF16, "
+                        "recent GPUs), else fp32")
     p.add_argument("--model-generation-config", action="store_true",
                    help="sample with the model folder's own generation_config.json (its temperature, top-k/top-p, "
                         "repetition penalty, ...); by default only rlhfkit's settings apply: the full distribution "
@@ -100,7 +111,7 @@ def main(argv: list[str]) -> int:
     seed_everything(a.seed)
     temperature = 1.0 if a.temperature is None and not a.model_generation_config else a.temperature
     outs = sample_texts(a.model, a.prompt, a.num_samples, a.max_new_tokens, temperature, a.seed,
-                        use_model_config=a.model_generation_config)
+                        use_model_config=a.model_generation_config, dtype=a.dtype)
     for prompt, samples in zip(a.prompt, outs):
         print(f"### {prompt}")
         for s in samples:

@@ -172,3 +172,30 @@ def test_rlhfkit_generate_offers_the_model_settings_on_request(tmp_path, capsys)
     assert main(args) == 0
     plain = capsys.readouterr().out.splitlines()
     assert plain[0] == "### Hi" and len(plain) == 4 and plain[1:] != with_settings[1:]
+
+
+
+def test_sample_texts_draws_every_sample_in_one_batch_and_returns_them_per_prompt(tmp_path, monkeypatch):
+    """`rlhfkit generate` samples all prompts x samples in one generate() call, a prompt's rows adjacent
+    and sharing its prefill, and hands each prompt back its own samples in order."""
+    import types
+
+    import rlhfkit.generate as gen
+
+    tok = build_tokenizer()
+    build_tiny_model(len(tok)).save_pretrained(tmp_path)
+    tok.save_pretrained(tmp_path)
+    calls = []
+
+    def fake_generate(model, tokenizer, rows, params, batch_size=None, share_prompts=False, **kw):
+        calls.append((list(rows), batch_size, share_prompts))
+        return types.SimpleNamespace(completions=[f"{row[-12:]}|{j}" for j, row in enumerate(rows)])
+
+    monkeypatch.setattr(gen, "generate", fake_generate)
+    prompts = ["first prompt", "second one", "third"]
+    out = gen.sample_texts(str(tmp_path), prompts, 2, max_new_tokens=4, dtype="fp32")
+    (rows, batch_size, shared), = calls  # one call
+    assert len(rows) == 6 and rows[0] == rows[1] != rows[2] == rows[3] != rows[4] == rows[5]
+    assert shared and batch_size >= 6
+    assert out == [[f"{rows[2 * i][-12:]}|{2 * i}", f"{rows[2 * i][-12:]}|{2 * i + 1}"] for i in range(3)]
+    assert [prompts[i] in rows[2 * i] for i in range(3)] == [True] * 3
