@@ -32,7 +32,7 @@ def draw(logits: torch.Tensor, temperature: float) -> torch.Tensor:
     scores = logits.float()
     if temperature == 0:
         return scores.argmax(dim=-1)
-    return exponential_race(torch.softmax(scores / temperature, dim=-1))
+    return exponential_race(torch.softmax(scores if temperature == 1.0 else scores / temperature, dim=-1))
 
 
 def lean_supported(params: SamplingParams) -> bool:

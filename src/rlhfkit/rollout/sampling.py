@@ -41,7 +41,7 @@ def exponential_race(probs: torch.Tensor) -> torch.Tensor:
     u = torch.rand_like(probs) if g is None else torch.rand(probs.shape, generator=g, dtype=probs.dtype,
                                                             device=probs.device)
     exp_noise = u.log_().neg_()  # Exp(1); U = 0 gives +inf, so that token loses
-    return (probs / exp_noise).argmax(dim=-1)
+    return torch.div(probs, exp_noise, out=exp_noise).argmax(dim=-1)  # p / E in the noise's buffer: no new (B, V)
 
 
 class ExponentialRaceSampler(LogitsProcessor):
@@ -55,6 +55,7 @@ class ExponentialRaceSampler(LogitsProcessor):
         self.temperature = temperature
 
     def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
-        probs = torch.softmax(scores.float() / self.temperature, dim=-1)
+        z = scores.float()  # at T = 1 no division: the same values, one (B, V) pass fewer
+        probs = torch.softmax(z if self.temperature == 1.0 else z / self.temperature, dim=-1)
         token = exponential_race(probs)
         return torch.full_like(scores, float("-inf")).scatter_(1, token[:, None], 0.0)
