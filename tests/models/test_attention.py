@@ -154,3 +154,27 @@ def test_grouped_heads_reach_the_cpu_kernel_without_copies_and_give_the_same_out
     with attention.native_attention():  # sampling: transformers decides (copies, with a mask)
         cpu_fp32_sdpa(_Module(), *_qkv(5, 5), scaling=8**-0.5)
     assert calls == [(4, False)]
+
+
+def test_a_decoding_step_without_a_mask_packs_the_grouped_heads(monkeypatch):
+    """One bf16 query per row and no padding mask (one prompt's samples): transformers would pass the
+    grouped heads with enable_gqa, which torch's bf16 CPU kernel runs ~4x slower; the kernel gets them
+    packed as queries of their key/value head instead ((2, 4, 1, 8) -> (2, 2, 2, 8)), and the output is
+    the attention computed by hand in float32 to bf16 rounding. float32 and masked steps are unchanged."""
+    attention._patch_grouped_heads()
+    calls = []
+    real = torch.nn.functional.scaled_dot_product_attention
+    monkeypatch.setattr(torch.nn.functional, "scaled_dot_product_attention",
+                        lambda q, k, *a, **kw: calls.append((tuple(q.shape), kw.get("enable_gqa", False)))
+                        or real(q, k, *a, **kw))
+    q, k, v, _ = _qkv(1, 9)
+    with attention.native_attention():  # as sampling runs it
+        out, _ = cpu_fp32_sdpa(_Module(), q, k, v, None, scaling=8**-0.5)
+    assert calls == [((2, 2, 2, 8), False)]
+    want = _expected(q, k, v, torch.zeros(1, 1, 1, 9))
+    assert out.dtype == torch.bfloat16
+    assert (out.float() - want).abs().max() <= 2**-7 * want.abs().max()  # bf16 keeps 8 significant bits
+    assert not getattr(attention._state, "packed", False)  # restored afterwards
+    calls.clear()
+    cpu_fp32_sdpa(_Module(), *(t.float() for t in (q, k, v)), None, scaling=8**-0.5)  # float32: transformers decides
+    assert calls == [((2, 4, 1, 8), True)]
