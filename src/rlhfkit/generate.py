@@ -11,11 +11,12 @@ from rlhfkit.runtime.seeding import seed_everything
 
 
 def generate_texts(model, tokenizer, formatted: list[str], params: SamplingParams, seed: int,
-                   batch_size: int = 16, generation_config=None) -> list[str]:
+                   batch_size: int = 16, generation_config=None, share_prompts: bool = False) -> list[str]:
     """Completions for chat-formatted prompt texts, reproducible for a given seed. Only `params`
-    decide how tokens are drawn unless `generation_config` (`model_generation_config`) is given."""
+    decide how tokens are drawn unless `generation_config` (`model_generation_config`) is given.
+    `share_prompts`: a prompt repeated in the list is prefilled once."""
     torch.manual_seed(seed)
-    return generate(model, tokenizer, formatted, params, batch_size=batch_size,
+    return generate(model, tokenizer, formatted, params, batch_size=batch_size, share_prompts=share_prompts,
                     generation_config=generation_config).completions
 
 
@@ -83,10 +84,9 @@ def sample_texts(model: str, prompts: list[str], num_samples: int, max_new_token
                      else {"do_sample": True, "temperature": temperature})
         gen_cfg = model_generation_config(lm, tok, max_new_tokens, overrides)
     rows = [text for text in formatted for _ in range(num_samples)]  # prompt-major: a prompt's samples adjacent
-    torch.manual_seed(seed)
     with autocast(dtype, next(lm.parameters()).device):
-        texts = generate(lm, tok, rows, params, batch_size=16 * max(num_samples, 1), share_prompts=num_samples > 1,
-                         generation_config=gen_cfg).completions
+        texts = generate_texts(lm, tok, rows, params, seed, batch_size=16 * max(num_samples, 1),
+                               generation_config=gen_cfg, share_prompts=num_samples > 1)
     return [texts[i * num_samples : (i + 1) * num_samples] for i in range(len(prompts))]
 
 

@@ -68,10 +68,11 @@ def cpu_fp32_sdpa(module, query, key, value, attention_mask, **kwargs):
     else unchanged."""
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
-    if query.device.type != "cpu" or query.shape[2] == 1 or getattr(_state, "native", False):
-        if query.device.type == "cpu" and query.shape[2] == 1 and query.dtype in (torch.bfloat16, torch.float16):
-            with _set("packed"):  # a decoding step: the grouped heads as queries of their key/value head
-                return sdpa_attention_forward(module, query, key, value, attention_mask, **kwargs)
+    cpu, decoding = query.device.type == "cpu", query.shape[2] == 1
+    if cpu and decoding and query.dtype in (torch.bfloat16, torch.float16):
+        with _set("packed"):  # the grouped heads as queries of their key/value head
+            return sdpa_attention_forward(module, query, key, value, attention_mask, **kwargs)
+    if not cpu or decoding or getattr(_state, "native", False):
         return sdpa_attention_forward(module, query, key, value, attention_mask, **kwargs)
     with _grouped_heads():
         if query.dtype not in (torch.bfloat16, torch.float16) or key.shape[2] > MAX_FP32_KEYS:  # float64 stays
