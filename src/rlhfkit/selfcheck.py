@@ -45,11 +45,12 @@ def _gae_table(check: Check, rewards, values, gamma: float, lam: float, want_adv
     import torch
 
     from rlhfkit import algos
+    from rlhfkit.runtime.devices import HOST
 
-    r = torch.tensor([rewards], dtype=torch.float64)
-    v = torch.tensor([values], dtype=torch.float64)
+    r = torch.tensor([rewards], dtype=torch.float64, device=HOST)
+    v = torch.tensor([values], dtype=torch.float64, device=HOST)
     m = torch.ones_like(r, dtype=torch.bool)
-    b = None if boot is None else torch.tensor([boot], dtype=torch.float64)
+    b = None if boot is None else torch.tensor([boot], dtype=torch.float64, device=HOST)
     adv, ret = algos.gae(r, v, m, gamma, lam, bootstrap_value=b)
     adv_loop, _ = algos.gae_reference(r, v, m, gamma, lam, bootstrap_value=b)
     next_v = list(values[1:]) + [0.0 if boot is None else boot]
@@ -98,15 +99,16 @@ def check_clip_gradients() -> Check:
     import torch
 
     from rlhfkit import algos
+    from rlhfkit.runtime.devices import HOST
 
     c = Check("clip", "PPO clip, eps 0.2, token mean over N = 6: d loss / d log pi_t")
     ratio = [1.1, 1.3, 0.7, 0.9, 0.7, 1.3]
     adv = [1.0, 1.0, 1.0, -1.0, -1.0, -1.0]
     # clipped where A > 0 and ratio > 1.2 (t=1) or A < 0 and ratio < 0.8 (t=4): gradient 0 there
     want = [-1.1 / 6, 0.0, -0.7 / 6, 0.9 / 6, 0.0, 1.3 / 6]
-    logp = torch.tensor([ratio], dtype=torch.float64).log().requires_grad_(True)
+    logp = torch.tensor([ratio], dtype=torch.float64, device=HOST).log().requires_grad_(True)
     old = torch.zeros_like(logp)
-    A = torch.tensor([adv], dtype=torch.float64)
+    A = torch.tensor([adv], dtype=torch.float64, device=HOST)
     loss, metrics = algos.ppo_policy_loss(logp, old, A, torch.ones_like(A, dtype=torch.bool), clip_eps=0.2)
     (grad,) = torch.autograd.grad(loss, logp)
     c.lines.append(_row("t", "A_t", "ratio_t", "-A*ratio", "-A*clip(r)", "grad (hand)", "grad", ""))
@@ -128,6 +130,7 @@ def check_kl_estimators() -> Check:
     import torch
 
     from rlhfkit import algos
+    from rlhfkit.runtime.devices import HOST
 
     c = Check("kl", "KL(pi || pi_ref) estimators, exact expectation over actions a ~ pi")
     pi, ref = [0.6, 0.3, 0.1], [0.3, 0.3, 0.4]
@@ -135,9 +138,9 @@ def check_kl_estimators() -> Check:
     d = [math.log(q / p) for p, q in zip(pi, ref)]
     by_hand = {"k1": kl, "k3": kl, "k2": sum(p * 0.5 * x * x for p, x in zip(pi, d)),
                "abs": sum(p * abs(x) for p, x in zip(pi, d))}
-    logp = torch.tensor([[math.log(p) for p in pi]], dtype=torch.float64)
-    ref_logp = torch.tensor([[math.log(q) for q in ref]], dtype=torch.float64)
-    w = torch.tensor([pi], dtype=torch.float64)
+    logp = torch.tensor([[math.log(p) for p in pi]], dtype=torch.float64, device=HOST)
+    ref_logp = torch.tensor([[math.log(q) for q in ref]], dtype=torch.float64, device=HOST)
+    w = torch.tensor([pi], dtype=torch.float64, device=HOST)
     c.lines.append(f"pi = {pi}, pi_ref = {ref}: true KL = 0.6 ln 2 - 0.1 ln 4 = {kl:.6f} nats")
     c.lines.append(_row("estimator", "E[k] (hand)", "E[k] rlhfkit", "bias", "min over a", "std", ""))
     for kind, fn in (("k1", algos.kl_k1), ("k2", algos.kl_k2), ("k3", algos.kl_k3), ("abs", algos.kl_abs)):
@@ -168,12 +171,13 @@ def check_logprob_offset() -> Check:
     import torch
 
     from rlhfkit.models import policy
+    from rlhfkit.runtime.devices import HOST
 
     c = Check("offset", "log-prob offset: logits at position P-1+i predict response token i")
     lm = _tiny_llama()
-    prompt, R = torch.tensor([[5, 17, 9, 30]]), 6
+    prompt, R = torch.tensor([[5, 17, 9, 30]], device=HOST), 6
     P = prompt.shape[1]
-    gen = torch.Generator().manual_seed(0)
+    gen = torch.Generator(device=HOST).manual_seed(0)
     ids, sampled_logp = prompt, []
     with torch.no_grad():
         for _ in range(R):  # the rollout: one forward per new token, as sampling does

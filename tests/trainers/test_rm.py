@@ -166,9 +166,9 @@ def test_margin_enters_the_loss(tmp_path):
     from rlhfkit.trainers.rm import pair_margins
 
     cfg = build_config(RMConfig, {"data": "x.jsonl", "margin": 0.5})
-    assert pair_margins([{"margin": 2.0}, {}], cfg).tolist() == [2.0, 0.5]
+    assert pair_margins([{"margin": 2.0}, {}], cfg, torch.device("cpu")).tolist() == [2.0, 0.5]
     cfg = build_config(RMConfig, {"data": "x.jsonl", "use_data_margin": False})
-    assert pair_margins([{"margin": 2.0}], cfg) is None
+    assert pair_margins([{"margin": 2.0}], cfg, torch.device("cpu")) is None
 
 
 def test_encoder_backbone(tmp_path):

@@ -240,9 +240,9 @@ def fisher_rows(batch_size: int, fraction: float, generator: torch.Generator) ->
     if not 0 < fraction <= 1:
         raise ValueError(f"fraction must be in (0, 1], got {fraction}")
     if fraction >= 1:
-        return torch.arange(batch_size)
+        return torch.arange(batch_size, device=generator.device)
     k = max(1, math.ceil(fraction * batch_size - 1e-9))  # 0.3 x 10 is 3.0000000000000004
-    return torch.randperm(batch_size, generator=generator)[:k].sort().values
+    return torch.randperm(batch_size, generator=generator, device=generator.device)[:k].sort().values
 
 
 def conjugate_gradient(fvp: Callable[[torch.Tensor], torch.Tensor], b: torch.Tensor, iters: int = 10,

@@ -18,6 +18,7 @@ from rlhfkit.data.chat import IGNORE_INDEX, tokenize_sft_example
 from rlhfkit.data.readers import Records, expect_messages, expect_text, message_text, missing_field
 from rlhfkit.data.sets import builtin_name, load_split, sample
 from rlhfkit.errors import DataError
+from rlhfkit.runtime.devices import HOST
 
 RESPONSE_FIELDS = ("response", "completion")
 
@@ -121,17 +122,18 @@ def tokenize_examples(tok, examples: list[dict], cfg: Any, max_length: int) -> t
 
 def collate(examples: list[dict], pad_id: int, width: int | None = None) -> dict[str, torch.Tensor]:
     """Right-padded input_ids / attention_mask / labels (-100 on padding). (B, L), L = the longest
-    example, or `width` (at least that long: the chunks of one micro-batch share its shape)."""
+    example, or `width` (at least that long: the chunks of one micro-batch share its shape). In host
+    memory (HOST): the trainer moves each chunk to its device."""
     L = max(len(e["input_ids"]) for e in examples) if width is None else width
     B = len(examples)
-    ids = torch.full((B, L), pad_id, dtype=torch.long)
-    mask = torch.zeros((B, L), dtype=torch.long)
-    labels = torch.full((B, L), IGNORE_INDEX, dtype=torch.long)
+    ids = torch.full((B, L), pad_id, dtype=torch.long, device=HOST)
+    mask = torch.zeros((B, L), dtype=torch.long, device=HOST)
+    labels = torch.full((B, L), IGNORE_INDEX, dtype=torch.long, device=HOST)
     for i, e in enumerate(examples):
         n = len(e["input_ids"])
-        ids[i, :n] = torch.tensor(e["input_ids"])
+        ids[i, :n] = torch.tensor(e["input_ids"], device=HOST)
         mask[i, :n] = 1
-        labels[i, :n] = torch.tensor(e["labels"])
+        labels[i, :n] = torch.tensor(e["labels"], device=HOST)
     return {"input_ids": ids, "attention_mask": mask, "labels": labels}
 
 

@@ -37,11 +37,11 @@ def distinct_prompts(prompt_ids: torch.Tensor, prompt_mask: torch.Tensor) -> tup
     if int(inverse.max()) + 1 == key.shape[0]:
         return None
     # Renumber in order of first appearance so U is ordered like the batch (deterministic layout).
-    first = torch.full((int(inverse.max()) + 1,), key.shape[0], dtype=torch.long)
-    first.scatter_reduce_(0, inverse, torch.arange(key.shape[0]), reduce="amin")
+    first = torch.full((int(inverse.max()) + 1,), key.shape[0], dtype=torch.long, device=key.device)
+    first.scatter_reduce_(0, inverse, torch.arange(key.shape[0], device=key.device), reduce="amin")
     order = torch.argsort(first)
     rank = torch.empty_like(order)
-    rank[order] = torch.arange(len(order))
+    rank[order] = torch.arange(len(order), device=key.device)
     return first[order], rank[inverse]
 
 
@@ -151,7 +151,7 @@ def common_prefix_length(prompt_ids: torch.Tensor, prompt_mask: torch.Tensor) ->
     if n < 1:
         return 0
     start = P - lengths  # (B,) first real column of each row
-    if not torch.equal(prompt_mask.bool(), torch.arange(P)[None, :].to(start.device) >= start[:, None]):
+    if not torch.equal(prompt_mask.bool(), torch.arange(P, device=start.device)[None, :] >= start[:, None]):
         return 0
     heads = prompt_ids.gather(1, start[:, None] + torch.arange(n, device=start.device))  # (B, n)
     return int((heads == heads[:1]).all(0).long().cumprod(0).sum())

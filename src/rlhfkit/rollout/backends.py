@@ -27,6 +27,7 @@ import torch
 
 from rlhfkit.rollout.core import Rollout, SamplingParams, generate, generate_ids, rollout_from_tokens
 from rlhfkit.rollout.decode import lean_generate, lean_generate_ids
+from rlhfkit.runtime.devices import HOST
 
 BACKENDS = ("hf", "lean", "vllm")
 
@@ -152,7 +153,7 @@ def sampled_logprobs(outs: list, width: int) -> torch.Tensor | None:
     token `completion_ids` appended, padding). None when the engine returned no log-probs at all."""
     if any(getattr(o, "logprobs", None) is None for o in outs):
         return None
-    table = torch.full((len(outs), width), float("nan"))
+    table = torch.full((len(outs), width), float("nan"), device=HOST)
     for i, out in enumerate(outs):
         for t, (token, options) in enumerate(zip(list(out.token_ids)[:width], out.logprobs)):
             table[i, t] = float(options[token].logprob)

@@ -244,7 +244,7 @@ def rollout_from_tokens(tokenizer, enc, responses: list, stop_ids: tuple[int, ..
     """A Rollout from the left-padded prompt encoding and one sampled token sequence per prompt
     (any generation backend): responses right-padded, masked up to and including the first stop."""
     pad = tokenizer.pad_token_id
-    rows = [torch.as_tensor(r, dtype=torch.long) for r in responses]
+    rows = [torch.as_tensor(r, dtype=torch.long, device=enc["input_ids"].device) for r in responses]
     width = max(1, max(len(r) for r in rows))
     response = torch.stack([torch.nn.functional.pad(r, (0, width - len(r)), value=pad) for r in rows])
     rmask, stopped = response_mask(response, stop_ids)
@@ -270,5 +270,5 @@ def decode_responses(tokenizer, response: torch.Tensor, mask: torch.Tensor, stop
 
 def trim_rows(rollout: Rollout, rows: slice | torch.Tensor) -> Rollout:
     """The given rows, with all-padding columns trimmed."""
-    idx = torch.arange(rollout.response_ids.shape[0])[rows] if isinstance(rows, slice) else rows
+    idx = torch.arange(rollout.response_ids.shape[0], device=rollout.response_ids.device)[rows] if isinstance(rows, slice) else rows
     return trim(rollout.select(idx))

@@ -24,6 +24,7 @@ from rlhfkit.models.policy import position_ids_from_mask
 from rlhfkit.models.shared_prompts import shared_prefix_prompts, shared_prompt_cache
 from rlhfkit.rollout.core import Rollout, SamplingParams, generate_ids, rollout_from_tokens
 from rlhfkit.rollout.sampling import exponential_race
+from rlhfkit.runtime.devices import HOST
 
 
 def draw(logits: torch.Tensor, temperature: float) -> torch.Tensor:
@@ -69,7 +70,7 @@ def decode(model: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torc
                    logits_to_keep=last).logits[:, -1]  # (B, V)
     stops = torch.tensor(stop_ids, dtype=torch.long, device=device)
     tokens = torch.zeros(B, max_new_tokens, dtype=torch.long, device=device)
-    lengths = torch.full((B,), max_new_tokens, dtype=torch.long)
+    lengths = torch.full((B,), max_new_tokens, dtype=torch.long, device=HOST)  # read row by row on the host
     rows = torch.arange(B, device=device)  # the original row of each row still in the batch
     mask = attention_mask
     next_pos = positions[:, -1:] + 1  # (b, 1)

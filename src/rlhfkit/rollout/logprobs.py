@@ -85,7 +85,8 @@ def rows_of(rollout: Rollout, rows: torch.Tensor, columns: torch.Tensor | None =
     if columns is None:
         return trim_rows(rollout, rows)
     where = {int(r): i for i, r in enumerate(columns)}
-    return trim_rows(rollout, columns).select(torch.tensor([where[int(r)] for r in rows], dtype=torch.long))
+    return trim_rows(rollout, columns).select(torch.tensor([where[int(r)] for r in rows], dtype=torch.long,
+                                                                     device=columns.device))
 
 
 def forward_logprobs(
@@ -129,7 +130,7 @@ def logprob_pass(actor, reference, rollout: Rollout, temperature: float, micro_b
     was_training = actor.training
     actor.eval()
     (B, P), R = rollout.query_ids.shape, rollout.response_ids.shape[1]
-    order = torch.arange(B) if order is None else order
+    order = torch.arange(B, device=rollout.query_ids.device) if order is None else order
     parts: dict[str, list[torch.Tensor]] = {"logprobs": [], "values": [], "entropy": [], "ref_logprobs": [],
                                             "trunk": []}
     device = next(actor.parameters()).device

@@ -115,9 +115,9 @@ def safe_step(ep: Episode, text: str):
 
 def left_pad(rows: list[torch.Tensor], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
     """(ids (N, L), mask (N, L)) of rows left-padded to the longest."""
-    width = max(len(r) for r in rows)
-    ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
-    mask = torch.zeros((len(rows), width), dtype=torch.long)
+    width, device = max(len(r) for r in rows), rows[0].device
+    ids = torch.full((len(rows), width), pad_id, dtype=torch.long, device=device)
+    mask = torch.zeros((len(rows), width), dtype=torch.long, device=device)
     for i, r in enumerate(rows):
         if len(r):
             ids[i, width - len(r) :] = r
@@ -176,7 +176,8 @@ def generate_episodes(
         if first:  # the tokenised prompts exactly as single-turn generate() sees them
             ids, mask = enc["input_ids"], enc["attention_mask"]
         else:
-            ids, mask = left_pad([torch.cat([episodes[i].prompt, torch.tensor(episodes[i].tokens, dtype=torch.long)])
+            ids, mask = left_pad([torch.cat([episodes[i].prompt, torch.tensor(episodes[i].tokens, dtype=torch.long,
+                                                                                           device=episodes[i].prompt.device)])
                                   for i in active], pad)
         with warnings.catch_warnings():  # replace() re-runs SamplingParams' top-k/top-p warning
             warnings.simplefilter("ignore")
@@ -230,14 +231,15 @@ def episodes_to_rollout(episodes: list[Episode], enc: dict, pad: int) -> Rollout
     """The finished episodes as one Rollout, response region right-padded."""
     B = len(episodes)
     R = max(1, max(len(ep.tokens) for ep in episodes))
-    response = torch.full((B, R), pad, dtype=torch.long)
-    model_mask = torch.zeros(B, R)
-    context = torch.zeros(B, R)
-    turn_rewards = torch.zeros(B, R)
+    device = enc["input_ids"].device  # the prompts': the response region joins them
+    response = torch.full((B, R), pad, dtype=torch.long, device=device)
+    model_mask = torch.zeros(B, R, device=device)
+    context = torch.zeros(B, R, device=device)
+    turn_rewards = torch.zeros(B, R, device=device)
     for b, ep in enumerate(episodes):
         n = len(ep.tokens)
-        response[b, :n] = torch.tensor(ep.tokens, dtype=torch.long)
-        model_mask[b, :n] = torch.tensor(ep.is_model, dtype=torch.float32)
+        response[b, :n] = torch.tensor(ep.tokens, dtype=torch.long, device=device)
+        model_mask[b, :n] = torch.tensor(ep.is_model, dtype=torch.float32, device=device)
         context[b, :n] = 1.0
         for pos, r in ep.rewards.items():
             turn_rewards[b, pos] = r
@@ -246,7 +248,7 @@ def episodes_to_rollout(episodes: list[Episode], enc: dict, pad: int) -> Rollout
         query_mask=enc["attention_mask"],
         response_ids=response,
         response_mask=model_mask,
-        stopped=torch.tensor([ep.stopped for ep in episodes], dtype=torch.bool),
+        stopped=torch.tensor([ep.stopped for ep in episodes], dtype=torch.bool, device=device),
         scores=turn_rewards.sum(1),
         completions=[ep.last_turn for ep in episodes],
         info={"turns": [ep.turns for ep in episodes], "tool_calls": [ep.tool_calls for ep in episodes],

@@ -146,7 +146,8 @@ class OneStepOffPolicy:
             (rollout, rows, self.sampler_pass_s), self.prefetched = self.prefetched, None
             t0 = time.perf_counter()
             scores = score_batch(rl.reward_fn, rollout.prompts, rollout.completions, rollout.info)
-            rollout.scores = torch.tensor([float(s) for s in scores], dtype=torch.float32)
+            rollout.scores = torch.tensor([float(s) for s in scores], dtype=torch.float32,
+                                          device=rollout.response_ids.device)
             rollout.timings["timing/reward_s"] = time.perf_counter() - t0
         rl.iteration = it
         if it + 1 < rl.run.total:

@@ -30,6 +30,7 @@ from rlhfkit.errors import DataError
 from rlhfkit.rollout import Rollout, forward_logprobs
 from rlhfkit.rollout.logprobs import chunk_positions, row_chunks, rows_of
 from rlhfkit.runtime.config import check, config_main
+from rlhfkit.runtime.devices import HOST
 from rlhfkit.runtime.distributed import accumulate_backward, sum_over_processes
 from rlhfkit.runtime.faults import guarded_step
 from rlhfkit.runtime.precision import autocast
@@ -92,12 +93,12 @@ def encode_rows(tok, records: list[dict], responses: list[str], cfg, what: str =
     if any(not r for r in encoded):
         raise DataError(f"{what} tokenises to nothing")
     P, R, pad = max(map(len, queries)), max(map(len, encoded)), tok.pad_token_id
-    q_ids = torch.tensor([[pad] * (P - len(q)) + q for q in queries])
-    q_mask = torch.tensor([[0] * (P - len(q)) + [1] * len(q) for q in queries])
-    r_ids = torch.tensor([r + [pad] * (R - len(r)) for r in encoded])
-    r_mask = torch.tensor([[1.0] * len(r) + [0.0] * (R - len(r)) for r in encoded])
+    q_ids = torch.tensor([[pad] * (P - len(q)) + q for q in queries], device=HOST)
+    q_mask = torch.tensor([[0] * (P - len(q)) + [1] * len(q) for q in queries], device=HOST)
+    r_ids = torch.tensor([r + [pad] * (R - len(r)) for r in encoded], device=HOST)
+    r_mask = torch.tensor([[1.0] * len(r) + [0.0] * (R - len(r)) for r in encoded], device=HOST)
     return Rollout(query_ids=q_ids, query_mask=q_mask, response_ids=r_ids, response_mask=r_mask,
-                   stopped=torch.ones(len(encoded), dtype=torch.bool))
+                   stopped=torch.ones(len(encoded), dtype=torch.bool, device=HOST))
 
 
 def check_prompt_lengths(tok, pair_sets: list[list[dict]], cfg: DPOConfig) -> None:
@@ -189,7 +190,7 @@ def plan_batches(n_pairs: int, cfg: DPOConfig, generator: torch.Generator, world
     pairs of similar length and pad less. A step's pairs and its summed gradient stay the same."""
     batches = []
     for _ in range(cfg.epochs):
-        perm = torch.randperm(n_pairs, generator=generator)
+        perm = torch.randperm(n_pairs, generator=generator, device=generator.device)
         cut = [perm[i : i + cfg.batch_size] for i in range(0, n_pairs, cfg.batch_size)]
         batches += [b[: len(b) // world * world] for b in cut if len(b) >= world]
     if lengths is not None:
@@ -219,7 +220,7 @@ def precompute_reference(reference, data: Rollout, batches: list[torch.Tensor], 
     process (so with LoRA, step 0 sees log pi == log pi_ref to the last bit and the loss is exactly
     log 2); pairs the first batches miss (cut for `world` processes) are computed after them."""
     n = data.response_ids.shape[0] // 2
-    table, done = torch.zeros(2 * n), torch.zeros(n, dtype=torch.bool)
+    table, done = torch.zeros(2 * n, device=HOST), torch.zeros(n, dtype=torch.bool, device=HOST)
 
     def fill(pairs: torch.Tensor) -> None:
         pairs = pairs[~done[pairs]]
@@ -271,7 +272,7 @@ def held_out_metrics(model, held: Rollout, held_ref: torch.Tensor | None, cfg: D
     chosen, rejected = [], []  # (log-prob sums, lengths) of each chunk's chosen and rejected rows
     with torch.no_grad():  # in micro-batches and chunks, as training runs them (not all pairs at once)
         for m0 in range(0, n, cfg.micro_batch_size):
-            micro = torch.arange(n)[m0 : m0 + cfg.micro_batch_size]
+            micro = torch.arange(n, device=HOST)[m0 : m0 + cfg.micro_batch_size]
             for idx in pair_chunks(micro, held, device):
                 logps, lengths = sequence_logps(model, held, pair_rows(idx, n), cfg, device, pair_rows(micro, n))
                 chosen.append((logps[: len(idx)], lengths[: len(idx)]))
@@ -300,7 +301,7 @@ def train(cfg: DPOConfig) -> dict:
     check_prompt_lengths(tok, [train_pairs, held_out], cfg)
     data, N = encode_pairs(tok, train_pairs, cfg), len(train_pairs)
     held = encode_pairs(tok, held_out, cfg) if held_out else None
-    batches = plan_batches(N, cfg, torch.Generator().manual_seed(cfg.seed), world,
+    batches = plan_batches(N, cfg, torch.Generator(device=HOST).manual_seed(cfg.seed), world,
                            pair_lengths(data, model.share_prompts))
     run.open(total=len(batches), unit="step", train_pairs=N, held_out_pairs=len(held_out))
     held_ref, ref_table = reference_tables(run, reference, data, held, batches)  # 2. reference
@@ -355,10 +356,10 @@ def reference_tables(run: Run, reference, data: Rollout, held: Rollout | None,
         return None, None
     if held is not None:
         n = held.response_ids.shape[0] // 2
-        held_ref = torch.zeros(2 * n)
+        held_ref = torch.zeros(2 * n, device=HOST)
         with reference.loaded(device):  # in micro-batches and chunks, as held_out_metrics runs the policy
             for m0 in range(0, n, cfg.micro_batch_size):
-                micro = torch.arange(n)[m0 : m0 + cfg.micro_batch_size]
+                micro = torch.arange(n, device=HOST)[m0 : m0 + cfg.micro_batch_size]
                 for idx in pair_chunks(micro, held, device):
                     rows = pair_rows(idx, n)
                     held_ref[rows] = reference_logps(reference, held, rows, cfg, device, pair_rows(micro, n)).cpu()

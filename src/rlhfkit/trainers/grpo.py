@@ -113,7 +113,7 @@ def informative_rows(rollout: Rollout, cfg: GRPOConfig, num_processes: int = 1) 
     optimiser steps)."""
     B, G = rollout.scores.shape[0], cfg.group_size
     if not cfg.drop_zero_std_groups or num_processes > 1 or cfg.advantage not in ("group", "rloo"):
-        return torch.arange(B)
+        return torch.arange(B, device=rollout.scores.device)
     seq_reward = (rollout.rewards * rollout.response_mask).sum(1).view(-1, G)
     varied = (seq_reward != seq_reward[:, :1]).any(1)  # (B/G,)
     return varied.repeat_interleave(G).nonzero().squeeze(1)

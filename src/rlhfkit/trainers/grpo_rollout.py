@@ -124,7 +124,7 @@ def dynamic_batch(rl, cfg, draw: Draw) -> tuple[Rollout, Rollout, dict[str, floa
                                               lambda c: -int(max_over_processes(acc, -c)))
     everything = concat_rollouts(sampled, rl.tok.pad_token_id)
     batch = concat_rollouts(kept, rl.tok.pad_token_id) if kept else everything
-    batch = keep_rows(batch, torch.arange(n * G))
+    batch = keep_rows(batch, torch.arange(n * G, device=batch.response_ids.device))
     metrics = {k: sum(m[k] for m in per_round) / len(per_round) for k in per_round[0]}
     metrics.update({"rollout/sampling_rounds": float(len(sampled)), "rollout/kept_groups": float(n),
                     "rollout/extra_samples": float((len(sampled) - 1) * cfg.rollout_batch_size)})

@@ -32,6 +32,7 @@ from rlhfkit.rollout import Rollout
 from rlhfkit.rollout.logprobs import micro_batch_chunks
 from rlhfkit.runtime.allocator import trim_heap
 from rlhfkit.runtime.config import check, config_main
+from rlhfkit.runtime.devices import HOST
 from rlhfkit.runtime.distributed import accumulate_backward, sum_over_processes
 from rlhfkit.runtime.faults import guarded_step
 from rlhfkit.runtime.run import Run
@@ -112,8 +113,8 @@ def load_examples(spec: str) -> tuple[list[dict], list[dict]]:
 
 def kl_partners(n: int, seed: int) -> torch.Tensor:
     """(n,) partner(i): the next example after i in a seeded shuffle (a cycle, never i itself for n > 1)."""
-    perm = torch.randperm(n, generator=torch.Generator().manual_seed(seed))
-    partner = torch.empty(n, dtype=torch.long)
+    perm = torch.randperm(n, generator=torch.Generator(device=HOST).manual_seed(seed), device=HOST)
+    partner = torch.empty(n, dtype=torch.long, device=HOST)
     partner[perm] = perm.roll(-1)
     return partner
 
@@ -137,7 +138,7 @@ def micro_chunks(rows: torch.Tensor, data: Rollout, cfg: KTOConfig, device) -> l
 @torch.no_grad()
 def reference_table(reference, data: Rollout, cfg: KTOConfig, device) -> torch.Tensor:
     """Reference log-probs of every row of `data` (on the CPU), in micro-batches and chunks."""
-    rows = torch.arange(data.response_ids.shape[0])
+    rows = torch.arange(data.response_ids.shape[0], device=data.response_ids.device)
     return torch.cat([reference_logps(reference, data, c, cfg, device, m).cpu()
                       for c, m in micro_chunks(rows, data, cfg, device)])
 
@@ -197,7 +198,7 @@ def held_out_metrics(model, held: Rollout, held_ref: torch.Tensor, desirable: to
                      device) -> dict[str, float]:
     """Mean implicit rewards beta * log(pi / pi_ref) of the held-out desirable and undesirable examples."""
     with torch.no_grad():  # in micro-batches and chunks, as training runs them (not every row at once)
-        chunks = micro_chunks(torch.arange(held.response_ids.shape[0]), held, cfg, device)
+        chunks = micro_chunks(torch.arange(held.response_ids.shape[0], device=held.response_ids.device), held, cfg, device)
         logps = torch.cat([sequence_logps(model, held, c, cfg, device, m)[0].cpu() for c, m in chunks])
         _, st = kto_loss(logps, held_ref, desirable, 0.0, cfg.beta)
     return kto_batch_metrics(st, 0.0)
@@ -223,9 +224,9 @@ def train(cfg: KTOConfig) -> dict:
     reference.to(device)
     check_prompt_lengths(tok, [examples, held_out], cfg)
     data, N = encode_examples(tok, examples, cfg, cfg.seed), len(examples)
-    desirable = torch.tensor([e["label"] for e in examples])
+    desirable = torch.tensor([e["label"] for e in examples], device=HOST)
     held = encode_rows(tok, held_out, [e["completion"] for e in held_out], cfg, "a completion") if held_out else None
-    batches = plan_batches(N, cfg, torch.Generator().manual_seed(cfg.seed), world)
+    batches = plan_batches(N, cfg, torch.Generator(device=HOST).manual_seed(cfg.seed), world)
     run.open(total=len(batches), unit="step", train_examples=N, held_out_examples=len(held_out))
     precompute = should_precompute(cfg, N, len(batches))
     with run.tracker.phase("reference log-probs", None), reference.loaded(device):  # 2. reference
@@ -256,7 +257,7 @@ def train(cfg: KTOConfig) -> dict:
                         "params/epoch": (step + 1) * cfg.batch_size / N, "timing/step_s": time.time() - t0})
         run.log(step, metrics)
     if held is not None:  # 5. after
-        labels = torch.tensor([e["label"] for e in held_out])
+        labels = torch.tensor([e["label"] for e in held_out], device=HOST)
         m = run.summary["held_out"] = held_out_metrics(model, held, held_ref, labels, cfg, device)
         run.print(f"[eval] held-out examples: implicit reward desirable {m['rewards/chosen']:+.3f}, undesirable "
                   f"{m['rewards/rejected']:+.3f} (n={len(held_out)})")

@@ -44,7 +44,7 @@ def judge_pairs(scores: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """(chosen rows, rejected rows) of completions laid out in pairs [2i, 2i + 1] with judge scores
     `scores` (2k,); pairs with equal scores are left out. Returns two (k',) long tensors."""
     s = scores.view(-1, 2)
-    first = torch.arange(s.shape[0]) * 2
+    first = torch.arange(s.shape[0], device=scores.device) * 2
     keep = s[:, 0] != s[:, 1]
     first_wins = s[:, 0] > s[:, 1]
     chosen = torch.where(first_wins, first, first + 1)[keep]
@@ -63,11 +63,11 @@ def dpo_step(rl: RLRun, cfg: OnlineDPOConfig, rollout: Rollout, chosen: torch.Te
     if total == 0:
         return {}
     n = max(k, 1)
-    table = keep_rows(rollout, torch.cat([chosen, rejected]) if k else torch.tensor([0, 1]))  # [chosen.., rejected..]
+    table = keep_rows(rollout, torch.cat([chosen, rejected]) if k else torch.tensor([0, 1], device=chosen.device))  # [chosen.., rejected..]
     sums: dict[str, float] = defaultdict(float)
     with rl.reference.loaded(device):
         for m0 in range(0, n, cfg.micro_batch_size):
-            micro = torch.arange(m0, min(m0 + cfg.micro_batch_size, n))
+            micro = torch.arange(m0, min(m0 + cfg.micro_batch_size, n), device=table.response_ids.device)
             chunks = pair_chunks(micro, table, device)  # CPU: bounded activations, as in DPO (trainers/dpo.py)
             for j, idx in enumerate(chunks):
                 rows, columns = pair_rows(idx, n), pair_rows(micro, n)

@@ -128,7 +128,7 @@ def train(cfg: PPOConfig) -> dict:
         for it in rl.run.steps():  # checkpoints when due; SIGINT/SIGTERM: checkpoint and stop
             t0 = time.time()
             records = rl.stream.next(cfg.rollout_batch_size)
-            perm = torch.randperm(cfg.rollout_batch_size, generator=rl.generator)
+            perm = torch.randperm(cfg.rollout_batch_size, generator=rl.generator, device=rl.generator.device)
             rollout = rl.logprob_pass(rl.sample(records, it), perm)  # steps 1-3
             metrics = compute_advantages(rollout, cfg, kl_ctl.value, rl.run.accelerator)  # steps 4-5
             t1 = time.time()

@@ -31,6 +31,7 @@ from rlhfkit.rewards.scoring import mean_std
 from rlhfkit.rollout import Rollout, SamplingParams, generate
 from rlhfkit.rollout.logprobs import logprob_pass as teacher_forced_pass
 from rlhfkit.runtime.allocator import trim_heap
+from rlhfkit.runtime.devices import HOST
 from rlhfkit.runtime.distributed import generation_weights, mean_over_processes
 from rlhfkit.runtime.precision import autocast
 from rlhfkit.runtime.run import Run
@@ -108,7 +109,8 @@ def sample_rollout(actor, tok, records, cfg, params: SamplingParams, seed: int, 
     rollout.prompts = [str(r["prompt"]) for r in records]
     rollout.info = info_lists(records)
     scores = score_batch(reward_fn, rollout.prompts, rollout.completions, rollout.info)
-    rollout.scores = torch.tensor([float(s) for s in scores], dtype=torch.float32)
+    rollout.scores = torch.tensor([float(s) for s in scores], dtype=torch.float32,
+                                  device=rollout.response_ids.device)
     rollout.timings = {"timing/generate_s": t1 - t0, "timing/reward_s": time.perf_counter() - t1}
     return rollout
 
@@ -203,7 +205,7 @@ class RLRun:
         optimizer, scheduler = make_optimizer(actor.parameters(), cfg.lr, cfg.warmup_steps, cfg.weight_decay,
                                               cfg.adam_eps)
         self.stream = PromptStream(train_records, cfg.seed, run.rank, run.world)
-        self.generator = torch.Generator().manual_seed(cfg.seed)  # the update's shuffles
+        self.generator = torch.Generator(device=HOST).manual_seed(cfg.seed)  # the update's shuffles
         self.model = run.prepare(actor, optimizer, scheduler, cfg.micro_batch_size, stream=self.stream,
                                  generator=self.generator)
         self.core = run.core

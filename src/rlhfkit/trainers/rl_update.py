@@ -78,7 +78,7 @@ def shuffled_rows(n_rows: int, generator: torch.Generator, group_size: int = 1,
     rows of each mini-batch are then sorted by their group (G consecutive rows share a prompt):
     the same rows in the same mini-batches, so the same optimisation, but each micro-batch holds
     few distinct prompts, and each runs once (models/shared_prompts.py)."""
-    perm = torch.randperm(n_rows, generator=generator)
+    perm = torch.randperm(n_rows, generator=generator, device=generator.device)
     if group_size == 1:
         return perm
     chunks = perm.split(mini_batch_size or n_rows)

@@ -20,6 +20,7 @@ import torch
 
 from rlhfkit.algos import bradley_terry_loss
 from rlhfkit.runtime.config import check, config_main
+from rlhfkit.runtime.devices import HOST
 from rlhfkit.runtime.distributed import accumulate_backward
 from rlhfkit.runtime.faults import guarded_step
 from rlhfkit.runtime.precision import autocast
@@ -84,10 +85,10 @@ def pair_texts(tok, pairs: list[dict], info: dict) -> tuple[list[str], list[str]
     return [fmt(r, r["chosen"]) for r in pairs], [fmt(r, r["rejected"]) for r in pairs]
 
 
-def pair_margins(pairs: list[dict], cfg: RMConfig) -> torch.Tensor | None:
-    """(B,) margins: a pair's own 'margin' field (if use_data_margin) else cfg.margin; None if all 0."""
+def pair_margins(pairs: list[dict], cfg: RMConfig, device: torch.device) -> torch.Tensor | None:
+    """(B,) margins on `device`: a pair's own 'margin' field (if use_data_margin) else cfg.margin; None if all 0."""
     m = [float(r["margin"]) if cfg.use_data_margin and r.get("margin") is not None else cfg.margin for r in pairs]
-    return torch.tensor(m) if any(x != 0 for x in m) else None
+    return torch.tensor(m, device=device) if any(x != 0 for x in m) else None
 
 
 def pair_loss(model, tok, pairs: list[dict], info: dict, cfg: RMConfig, device) -> tuple[torch.Tensor, dict]:
@@ -99,8 +100,7 @@ def pair_loss(model, tok, pairs: list[dict], info: dict, cfg: RMConfig, device) 
     with autocast(cfg.dtype, device):
         scores = model(enc["input_ids"].to(device), enc["attention_mask"].to(device))  # (2m,)
     r_c, r_r = scores[: len(pairs)], scores[len(pairs) :]
-    margin = pair_margins(pairs, cfg)
-    loss, m = bradley_terry_loss(r_c, r_r, None if margin is None else margin.to(device))
+    loss, m = bradley_terry_loss(r_c, r_r, pair_margins(pairs, cfg, scores.device))
     if cfg.center_coef > 0:
         loss = loss + cfg.center_coef * ((r_c + r_r) ** 2).mean()
     return loss, m
@@ -114,8 +114,8 @@ def evaluate_pairs(model, tok, pairs: list[dict], info: dict, cfg: RMConfig, dev
     chosen, rejected = pair_texts(tok, pairs, info)
     s = score_texts(model, tok, chosen + rejected, 2 * cfg.micro_batch_size, cfg.max_length,
                     info["add_special_tokens"], cfg.dtype)
-    r_c, r_r = torch.tensor(s[: len(pairs)]), torch.tensor(s[len(pairs) :])
-    loss, m = bradley_terry_loss(r_c, r_r, pair_margins(pairs, cfg))
+    r_c, r_r = torch.tensor(s[: len(pairs)], device=HOST), torch.tensor(s[len(pairs) :], device=HOST)
+    loss, m = bradley_terry_loss(r_c, r_r, pair_margins(pairs, cfg, HOST))
     return {"loss": loss.item(), **m, "n": len(pairs)}
 
 

@@ -29,6 +29,7 @@ from rlhfkit.data.sft import collate
 from rlhfkit.errors import UserError
 from rlhfkit.rollout.logprobs import chunk_positions
 from rlhfkit.runtime.config import check, config_main
+from rlhfkit.runtime.devices import HOST
 from rlhfkit.runtime.distributed import accumulate_backward
 from rlhfkit.runtime.faults import guarded_step
 from rlhfkit.runtime.precision import autocast
@@ -119,7 +120,7 @@ def example_chunks(micro: list[dict], device) -> list[tuple[list[dict], int]]:
     width = max(len(e["input_ids"]) for e in micro)
     limit = chunk_positions(device)
     k = 1 if limit is None else min(len(micro), -(-len(micro) * width // limit))
-    return [(micro[int(i[0]) : int(i[-1]) + 1], width) for i in torch.arange(len(micro)).tensor_split(max(k, 1))]
+    return [(micro[int(i[0]) : int(i[-1]) + 1], width) for i in torch.arange(len(micro), device=HOST).tensor_split(max(k, 1))]
 
 
 def sft_step(module, optimizer, scheduler, accelerator, batch: list[dict], pad_id: int, cfg: SFTConfig, *,

@@ -48,6 +48,7 @@ from rlhfkit.errors import UserError
 from rlhfkit.rollout import Rollout, forward_logprobs
 from rlhfkit.rollout.logprobs import micro_batch_chunks, rows_of
 from rlhfkit.runtime.config import config_main
+from rlhfkit.runtime.devices import HOST
 from rlhfkit.runtime.faults import guarded_step
 from rlhfkit.runtime.precision import autocast
 from rlhfkit.trainers.build import build_actor_critic
@@ -96,7 +97,7 @@ def policy_step(actor, params: list[torch.Tensor], rollout: Rollout, cfg: TRPOCo
     term divided by their own token count. So gradient, Fisher-vector products and the step do not
     depend on the micro-batch split."""
     B, micro = rollout.response_ids.shape[0], cfg.micro_batch_size
-    mbs = micro_batches(rollout, torch.arange(B), micro, device)
+    mbs = micro_batches(rollout, torch.arange(B, device=rollout.response_ids.device), micro, device)
     n_tok = float(rollout.response_mask.sum().clamp(min=1))
     amp = partial(autocast, cfg.dtype, device)
     with torch.no_grad(), amp():
@@ -138,7 +139,7 @@ def fisher_product(actor, params: list[torch.Tensor], rollout: Rollout, cfg: TRP
     draws (all rows for fvp_fraction = 1), the mean over their N_F valid tokens; by the double
     backward of the KL (`fisher_vector_product`) or its closed form (`gauss_newton_fvp`)."""
     if generator is None:
-        generator = torch.Generator().manual_seed(cfg.seed)
+        generator = torch.Generator(device=HOST).manual_seed(cfg.seed)
     rows = fisher_rows(rollout.response_ids.shape[0], cfg.fvp_fraction, generator)
     mbs = micro_batches(rollout, rows, cfg.micro_batch_size, device)
     n_fisher = float(sum(float(mb.response_mask.sum()) for mb in mbs)) or 1.0
@@ -223,7 +224,7 @@ def train(cfg: TRPOConfig) -> dict:
         for it in rl.run.steps():
             t0 = time.time()
             records = rl.stream.next(cfg.rollout_batch_size)
-            rollout = rl.logprob_pass(rl.sample(records, it), torch.arange(cfg.rollout_batch_size))  # steps 1-3
+            rollout = rl.logprob_pass(rl.sample(records, it), torch.arange(cfg.rollout_batch_size, device=HOST))  # steps 1-3
             metrics = compute_advantages(rollout, cfg, kl_ctl.value)  # step 4
             t1 = time.time()
             with rl.run.tracker.phase("update", None):
