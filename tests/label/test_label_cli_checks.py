@@ -127,6 +127,37 @@ def test_export_never_overwrites_its_inputs(tmp_path: Path, lab, capsys, target:
     assert [v.choice for v in LabelStore(db).votes()] == [1]  # every vote still there
 
 
+@pytest.mark.parametrize("suffix", ["-wal", "-shm", "-journal"])
+def test_export_through_a_symlinked_database_refuses_the_side_files_sqlite_really_uses(
+        tmp_path: Path, lab, capsys, suffix: str) -> None:
+    """`--db link.sqlite` (-> real.sqlite): SQLite keeps real.sqlite-wal, not link.sqlite-wal. The
+    guard used to build the names from the path as given, so `--out real.sqlite-wal --force` was
+    accepted and replaced the live write-ahead log (all acknowledged votes gone after a kill -9)."""
+    _, db = _voted_db(tmp_path, lab)
+    link = tmp_path / "link.sqlite"
+    link.symlink_to(db)
+    out = Path(f"{db}{suffix}")  # need not exist yet: the server creates it while it runs
+    assert rlhfkit_main(["label", "export", "--db", str(link), "--out", str(out), "--force"]) == 2
+    assert _error_line(capsys) == (f"rlhfkit: error: --out {out} is the labelling database ({out}); "
+                                   "writing it would destroy it, choose another file")
+    assert not out.exists() and [v.choice for v in LabelStore(link).votes()] == [1]
+
+
+@pytest.mark.parametrize("suffix", ["", "-wal", "-journal"])
+def test_pairs_never_overwrites_an_sqlite_database_or_its_side_files(tmp_path: Path, fake_models, capsys,
+                                                                    suffix: str) -> None:
+    """`label pairs --out pairs.labels.sqlite --force` used to replace the labelling database."""
+    db = tmp_path / "pairs.labels.sqlite"
+    LabelStore(db).close()
+    before = db.read_bytes()
+    out = Path(f"{db}{suffix}")
+    assert rlhfkit_main(["label", "pairs", "--prompts", "builtin:reviews", "--out", str(out), "--force"]) == 2
+    role = "an SQLite database" if not suffix else f"a file of the SQLite database {db}"
+    assert _error_line(capsys) == (f"rlhfkit: error: --out {out} is {role}; writing it would destroy it, "
+                                   "even with --force: choose another file")
+    assert db.read_bytes() == before and not Path(f"{db}-wal").exists() and fake_models == []
+
+
 @pytest.mark.parametrize(("out", "message"), [("", "--out: empty path; give a file name"),
                                               ("DIR", "--out DIR: is a directory; give a file name"),
                                               ("FILE/x.jsonl", "--out FILE/x.jsonl: FILE is not a directory")])
