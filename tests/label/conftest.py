@@ -15,6 +15,7 @@ from types import SimpleNamespace
 import pytest
 
 from rlhfkit.label.pairs import Pair
+from rlhfkit.label.server import Limits, make_server
 from rlhfkit.label.store import LabelStore
 
 XSS = '<script>window.__pwned = 1</script><img src=x onerror="window.__pwned = 2">'
@@ -45,15 +46,13 @@ def free_port() -> int:
 
 
 class LiveServer:
-    """Run an ASGI app with uvicorn on a free loopback port in a background thread."""
+    """Run an ASGI app on a free loopback port in a background thread, with the server and
+    the connection limits `rlhfkit label serve` uses (``limits``: other ones)."""
 
-    def __init__(self, app) -> None:
-        import uvicorn
-
+    def __init__(self, app, limits: Limits | None = None) -> None:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
-        config = uvicorn.Config(app, host="127.0.0.1", port=self.port, log_level="warning", access_log=False)
-        self.server = uvicorn.Server(config)
+        self.server = make_server(app, limits, host="127.0.0.1", port=self.port)
         self.thread = threading.Thread(target=self.server.run, daemon=True)
 
     def __enter__(self) -> LiveServer:

@@ -18,8 +18,9 @@ Modules, in the order data flows through them:
 - ``export``     votes -> preference JSONL (prompt, chosen, rejected, strength, margin)
 - ``stats``      counts, per-labeller activity and agreement
 - ``files``      safe output files (inputs never overwritten, unique temporary names)
+- ``server``     uvicorn with a request deadline, a connection cap and quiet accept errors
 - ``options``, ``cli``, ``serve``   the command-line front end
 
-Only ``app``, ``security`` and ``serve`` import third-party packages (FastAPI, Starlette,
-uvicorn); nothing here imports torch.
+Only ``app``, ``security``, ``server`` and ``serve`` import third-party packages (FastAPI,
+Starlette, uvicorn, h11); nothing here imports torch.
 """

@@ -48,11 +48,10 @@ def url_of(host: str, port: int) -> str:
 
 
 def run_server(app: object, sock: socket.socket, log_level: str) -> None:
-    """Serve ``app`` on the already bound socket until Ctrl-C."""
-    import uvicorn
+    """Serve ``app`` on the already bound socket until Ctrl-C (limits: ``server.Limits``)."""
+    from rlhfkit.label.server import make_server
 
-    config = uvicorn.Config(app, log_level=log_level, access_log=False)
-    uvicorn.Server(config).run(sockets=[sock])
+    make_server(app, log_level=log_level).run(sockets=[sock])
 
 
 def check_serve_options(args: argparse.Namespace, loopback: bool) -> str:
