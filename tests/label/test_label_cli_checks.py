@@ -267,3 +267,42 @@ def test_argument_errors_are_one_line(capsys, argv: list[str], message: str) -> 
     assert rlhfkit_main(["label", *argv]) == 2
     line = _error_line(capsys)
     assert line.startswith("rlhfkit: error: command line: rlhfkit label") and message in line
+
+
+# --------------------------------------------------------------------------- one server per database
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def test_a_second_serve_on_a_served_database_is_refused_until_the_first_is_gone(tmp_path: Path, lab, no_server,
+                                                                               capsys) -> None:
+    """A second `serve` on the same database used to take over silently: with another
+    --votes-per-pair a pair got 3 votes against a cap of 1, with another pairs file the first
+    server handed out the other file's pairs. kill -9 of the first must not leave it locked."""
+    first_pairs = lab.write_pairs_file(tmp_path / "first.jsonl", lab.make_pairs(2))
+    other_pairs = lab.write_pairs_file(tmp_path / "other.jsonl", lab.make_pairs(4)[2:])
+    db = tmp_path / "votes.sqlite"
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    port, other_port = (free_port() for _ in range(2))
+    first = subprocess.Popen([sys.executable, "-m", "rlhfkit.cli", "label", "serve", "--pairs", str(first_pairs),
+                              "--db", str(db), "--port", str(port)], stdout=subprocess.PIPE,
+                             stderr=subprocess.STDOUT, text=True, env=env)
+    try:
+        assert first.stdout.readline().startswith("labelling 2 pair(s)")  # printed once it holds the database
+        second = ["label", "serve", "--pairs", str(other_pairs), "--db", str(db), "--port", str(other_port),
+                  "--votes-per-pair", "3"]
+        assert rlhfkit_main(second) == 2
+        assert _error_line(capsys) == (f"rlhfkit: error: {db}: another `rlhfkit label serve` is serving this "
+                                       "database; stop it first or choose another --db")
+        store = LabelStore(db)
+        assert (store.overall(), store.get_meta("votes_per_pair")) == ({"votes": 0, "target": 2, "pairs": 2}, "1")
+        store.close()
+    finally:
+        first.kill()  # SIGKILL: no clean shutdown, the kernel drops the lock
+        first.wait(timeout=30)
+    with pytest.raises(AssertionError, match="the server was started"):
+        rlhfkit_main(second)

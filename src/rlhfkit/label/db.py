@@ -21,7 +21,10 @@ journal mode, creates a table or migrates.
 
 from __future__ import annotations
 
+import fcntl
+import os
 import sqlite3
+import stat
 import threading
 import weakref
 from collections.abc import Iterator
@@ -195,6 +198,39 @@ def open_read_only(path: Path) -> sqlite3.Connection:
             raise
         raise DataError(f"{path}: cannot open as a labelling database ({e})") from None
     return con
+
+
+def hold_for_serving(path: Path) -> int:
+    """Take the serving lock of the database file and return the descriptor that holds it.
+
+    One live ``serve`` per database: a second one with other settings or another pairs file
+    would silently take over (caps broken, pairs swapped under a labeller). The lock is an
+    exclusive ``flock`` on the database file itself: independent of SQLite's own (POSIX)
+    locks, shared by every name of the file (symlinks, hard links), and released by the
+    kernel when the server ends, even by ``kill -9``. A new file is created empty and
+    private (0600), which SQLite then fills. Close the descriptor only after every SQLite
+    connection of this process to the file is closed (closing a descriptor of a file drops
+    the process's POSIX locks on it).
+    """
+    if path.is_dir():
+        raise DataError(f"{path}: is a directory, not a labelling database")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(path, os.O_RDONLY | os.O_CREAT | os.O_NOCTTY, 0o600)
+    except OSError as e:
+        raise DataError(f"{path}: cannot open as a labelling database ({e.strerror or e})") from None
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise DataError(f"{path}: not a regular file; --db must be a database file")
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        raise DataError(f"{path}: another `rlhfkit label serve` is serving this database; stop it first "
+                        "or choose another --db") from None
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
 
 
 class _Connection(sqlite3.Connection):

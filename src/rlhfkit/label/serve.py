@@ -8,7 +8,9 @@ is the one uvicorn serves on (no window for another process to take the port).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import errno
+import os
 import socket
 from pathlib import Path
 
@@ -80,22 +82,22 @@ def cmd_serve(args: argparse.Namespace) -> int:
     auth = check_serve_options(args, loopback)
     pairs = read_pairs(args.pairs)
     db = Path(args.db) if args.db else default_db(args.pairs)
-    sock = listen(host, args.port)
-    try:
+    with contextlib.ExitStack() as cleanup:  # undone in reverse: store, then lock, then socket
+        sock = listen(host, args.port)
+        cleanup.callback(sock.close)
         from rlhfkit.label.app import create_app
+        from rlhfkit.label.db import hold_for_serving
         from rlhfkit.label.store import LabelStore
 
+        lock = hold_for_serving(db)  # before the store: a second server must change nothing
+        cleanup.callback(os.close, lock)  # after the store: closing it drops SQLite's locks here
         store = LabelStore(db, votes_per_pair=args.votes_per_pair, lease_seconds=args.lease_minutes * 60)
-        try:
-            added = store.import_pairs(pairs, source=str(args.pairs))
-            store.set_meta("votes_per_pair", str(args.votes_per_pair))
-            app = create_app(store, token=args.token, allowed_hosts=LOOPBACK_HOSTS if loopback else None, auth=auth)
-            _print_banner(args, db, url_of(host, args.port), len(pairs), added, auth)
-            run_server(app, sock, args.log_level)
-        finally:
-            store.close()
-    finally:
-        sock.close()
+        cleanup.callback(store.close)
+        added = store.import_pairs(pairs, source=str(args.pairs))
+        store.set_meta("votes_per_pair", str(args.votes_per_pair))
+        app = create_app(store, token=args.token, allowed_hosts=LOOPBACK_HOSTS if loopback else None, auth=auth)
+        _print_banner(args, db, url_of(host, args.port), len(pairs), added, auth)
+        run_server(app, sock, args.log_level)
     return 0
 
 
