@@ -129,3 +129,26 @@ def test_token_cookies_are_named_by_port_so_two_servers_on_one_host_both_work(tm
         assert browser.get(f"{b.url}/api/health").status_code == 200
     for s in stores:
         s.close()
+
+
+def test_no_secret_leaves_through_fastapis_opentelemetry(store: LabelStore, monkeypatch) -> None:
+    """With FastAPI's built-in telemetry switched on from the environment and a tracer configured
+    (as FASTAPI_OTEL_AUTO_CONFIGURE=true with an OTLP endpoint does), every request's span carried
+    `url.query` with the access token and the invitation secret in clear text."""
+    from opentelemetry import trace
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+    exported = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exported))
+    monkeypatch.setattr(trace, "get_tracer_provider", lambda: provider)  # not the process-wide one
+    monkeypatch.setenv("FASTAPI_OTEL_AUTO_CONFIGURE", "true")
+    invite = store.invite("alice")[1]
+    client = TestClient(create_app(store, token="access-token-123", auth="invite"))
+    client.get(f"/?token=access-token-123&invite={invite}", follow_redirects=False)
+    client.get(f"/api/health?token=access-token-123&invite={invite}")
+    spans = repr([(s.name, dict(s.attributes)) for s in exported.get_finished_spans()])
+    assert "access-token-123" not in spans and invite not in spans
+    assert exported.get_finished_spans() == ()

@@ -51,6 +51,10 @@ from rlhfkit.label.records import Forbidden, Invalid, LabelError, Unauthorized
 from rlhfkit.label.security import SecurityMiddleware, cookie_name
 from rlhfkit.label.store import LabelStore
 
+# FastAPI's built-in OpenTelemetry export, switched on from the environment
+# (FASTAPI_OTEL_AUTO_CONFIGURE=true), would send every URL's query, the access token and
+# invitation secrets included, to the collector in clear text: off, whatever the environment.
+NO_TELEMETRY = {"tracing": False, "metrics": False, "logs": False, "operation_spans": False, "auto_configure": False}
 STATIC_TYPES = {"app.js": "text/javascript; charset=utf-8", "style.css": "text/css; charset=utf-8"}
 AUTH_MODES = ("open", "invite")
 CREDENTIAL_HEADER = "x-labeller-token"
@@ -148,7 +152,7 @@ def create_app(
     store: LabelStore, token: str | None = None, allowed_hosts: frozenset[str] | None = None, auth: str = "open"
 ) -> FastAPI:
     """Build the app around a store. ``token``/``allowed_hosts``: see ``security``; ``auth``: above."""
-    app = FastAPI(title="rlhfkit labelling", docs_url=None, redoc_url=None, openapi_url=None)
+    app = FastAPI(title="rlhfkit labelling", docs_url=None, redoc_url=None, openapi_url=None, telemetry=NO_TELEMETRY)
     app.add_middleware(SecurityMiddleware, token=token, allowed_hosts=allowed_hosts)
     _install_error_handlers(app)
     identity = Identity(store, auth)
