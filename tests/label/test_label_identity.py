@@ -37,6 +37,29 @@ def test_clean_name_keeps_a_readable_display_form() -> None:
             clean_name(bad)
 
 
+@pytest.mark.parametrize("name", ["alice\u3164", "\u3164", "\u115f", "al\u1160ice", "\uffa0bob", "\u3164 \u3164"])
+def test_names_with_hangul_fillers_are_refused(store: LabelStore, name: str) -> None:
+    """The Hangul fillers are letters to `str.isalnum` but render as nothing: "alice" + U+3164
+    showed as a second "alice", U+3164 alone as a blank name."""
+    with pytest.raises(ValueError, match="invisible character"):
+        clean_name(name)
+    r = _post(TestClient(create_app(store)), "/api/labellers", {"labeller": name})
+    assert r.status_code == 422 and "invisible character" in r.json()["error"]
+    assert store.counts()["labellers"] == 0
+
+
+def test_default_ignorable_ranges_match_the_unicode_property() -> None:
+    """Every listed code point is one a font draws as nothing: not printable, or a Hangul filler."""
+    import unicodedata
+
+    from rlhfkit.label.identity import DEFAULT_IGNORABLE
+    assigned = [chr(c) for low, high in DEFAULT_IGNORABLE for c in range(low, high + 1)
+                if unicodedata.category(chr(c)) != "Cn"]
+    fillers = {"\u115f", "\u1160", "\u3164", "\uffa0"}
+    assert {c for c in assigned if c.isalnum()} == fillers
+    assert all(not c.isprintable() or c in fillers or unicodedata.category(c) == "Mn" for c in assigned)
+
+
 def test_alice_ALICE_and_fullwidth_alice_are_one_labeller(store: LabelStore) -> None:
     client = TestClient(create_app(store))
     assert _post(client, "/api/labellers", {"labeller": "alice"}).json()["labeller"] == "alice"
