@@ -205,7 +205,11 @@ def test_pairs_out_cannot_be_the_prompts_file(tmp_path: Path, fake_models, capsy
 @pytest.mark.parametrize(
     ("raw", "message"),
     [(b'{"pair_id": "a", "prompt": "p", "response_a": "x\xff", "response_b": "y"}\n', "not UTF-8 (byte 0xff"),
-     (b'{"pair_id": "a", "prompt": "p", "response_a": "\\ud800", "response_b": "y"}\n', "lone surrogate")],
+     (b'{"pair_id": "a", "prompt": "p", "response_a": "\\ud800", "response_b": "y"}\n', "lone surrogate"),
+     # used to end in a traceback (RecursionError, ValueError), exit code 1
+     (b"[" * 100_000 + b"\n", "invalid JSON (nested too deeply)"),
+     (b'{"pair_id": "a", "n": ' + b"7" * 5000 + b"}\n",
+      "invalid JSON (Exceeds the limit (4300 digits) for integer string conversion: value has 5000 digits)")],
 )
 def test_serve_with_bad_bytes_in_the_pairs_file_writes_nothing(tmp_path: Path, lab, no_server, capsys, raw, message):
     pairs = tmp_path / "pairs.jsonl"
