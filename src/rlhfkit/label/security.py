@@ -11,7 +11,8 @@
 - **Body**: API POSTs must be JSON (``Content-Type: application/json``) with a
   ``Content-Length`` and no ``Transfer-Encoding`` (a request carrying both is a smuggling
   attempt: 400). Whatever the headers say, the body is counted as it arrives and the request
-  is refused with 413 as soon as it passes 64 KiB; nothing beyond that is read.
+  is refused with 413 as soon as it passes 64 KiB; nothing beyond that is read: a refusal
+  sent before the body was read says ``Connection: close`` and the connection ends.
 - **Headers**: a strict Content-Security-Policy (scripts and styles from this server only,
   no inline code), ``nosniff``, no framing, no referrer (the URL may carry a secret), on
   every response, errors and crashes (a JSON 500) included.
@@ -82,6 +83,14 @@ def presented_token(request: Request) -> tuple[str | None, bool]:
 
 def _error(status: int, message: str) -> JSONResponse:
     return JSONResponse({"error": message}, status_code=status)
+
+
+def _closing(response: Response, method: str) -> Response:
+    """A refusal sent before the request body was read ends the connection (``Connection:
+    close``): otherwise the server would go on reading, and throwing away, the rest of it."""
+    if method not in ("GET", "HEAD"):
+        response.headers["Connection"] = "close"
+    return response
 
 
 def check(request: Request, token: str | None, allowed_hosts: frozenset[str] | None) -> Response | None:
@@ -180,7 +189,7 @@ class SecurityMiddleware:
         request = Request(scope)
         refusal = check(request, self.token, self.allowed_hosts)
         if refusal is not None:
-            await refusal(scope, receive, send)
+            await _closing(refusal, request.method)(scope, receive, send)
             return
         if self.token is not None and presented_token(request)[1] and request.url.path == "/":
             # First visit with ?token=: keep it in a cookie and drop it from the address bar.
@@ -192,7 +201,8 @@ class SecurityMiddleware:
         if request.method not in ("GET", "HEAD"):
             body = await read_body(receive, self.max_body)
             if body is None:
-                await _error(413, f"request body larger than {self.max_body} bytes")(scope, receive, send)
+                too_large = _error(413, f"request body larger than {self.max_body} bytes")
+                await _closing(too_large, request.method)(scope, receive, send)
                 return
             receive = _replaying(body, receive)
         await self.app(scope, receive, send)
