@@ -5,7 +5,7 @@
   cookie (set, HttpOnly and SameSite=Strict, the first time a browser opens ``/?token=T``).
   Cookies are shared by every port of a host, so each server names its cookies by its port.
 - **Host** (DNS-rebinding guard): on a loopback bind only ``127.0.0.1``, ``localhost`` and
-  ``[::1]`` are accepted as the Host header.
+  ``[::1]`` are accepted as the Host header, each exactly, with an optional ``:digits`` port.
 - **Origin** (cross-site request guard): a state-changing request whose Origin does not
   match its Host is refused.
 - **Body**: API POSTs must be JSON (``Content-Type: application/json``) with a
@@ -21,6 +21,7 @@
 from __future__ import annotations
 
 import logging
+import re
 import secrets
 from urllib.parse import urlencode, urlsplit
 
@@ -61,12 +62,15 @@ def cookie_name(kind: str, scope: Scope) -> str:
     return f"label_{kind}_{server[1]}" if server[1] is not None else f"label_{kind}"
 
 
-def hostname_of(host_header: str) -> str:
-    """'[::1]:8000' -> '::1', 'localhost:8000' -> 'localhost' (lower-cased)."""
-    host = host_header.strip().lower()
-    if host.startswith("["):
-        return host[1 : host.find("]")] if "]" in host else host
-    return host.rsplit(":", 1)[0] if host.count(":") == 1 else host
+HOST_RE = re.compile(r"(?:\[(?P<ip6>[0-9a-f:.]+)\]|(?P<name>[a-z0-9.-]+))(?::[0-9]{1,5})?")
+
+
+def hostname_of(host_header: str) -> str | None:
+    """'[::1]:8000' -> '::1', 'LocalHost:8000' -> 'localhost'; None unless the header is exactly
+    one name (or bracketed IPv6 address) with an optional ``:digits`` port, so that
+    ``127.0.0.1:1@evil.com``, ``[::1]evil.com`` or ``localhost:evil`` match nothing."""
+    match = HOST_RE.fullmatch(host_header.strip().lower())
+    return None if match is None else match["ip6"] or match["name"]
 
 
 def presented_token(request: Request) -> tuple[str | None, bool]:
