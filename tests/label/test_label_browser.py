@@ -101,7 +101,7 @@ def test_label_three_pairs_with_keys_and_mouse_then_export(tmp_path: Path, lab) 
         row = rows[prompt]
         assert (row["chosen"], row["rejected"]) == (winner, loser)
         assert {row["chosen"], row["rejected"]} == {by_prompt[prompt].response_a, by_prompt[prompt].response_b}
-        assert (row["strength"], row["margin"], row["labeller"], row["votes"]) == (strength, strength, "alice", 1)
+        assert (row["strength"], row["margin"], row["labellers"], row["votes"]) == (strength, strength, ["alice"], 1)
     store.close()
 
 

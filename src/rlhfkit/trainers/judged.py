@@ -9,7 +9,7 @@ from rlhfkit.rollout import SamplingParams
 from rlhfkit.runtime.run import Run
 
 # Record fields that are data, not prompt information (not passed to the judge)
-NOT_PROMPT_FIELDS = ("chosen", "rejected", "margin", "strength", "scores", "tie", "labeller", "votes", "pair_id",
+NOT_PROMPT_FIELDS = ("chosen", "rejected", "margin", "strength", "scores", "tie", "labeller", "labellers", "votes", "pair_id",
                      "completion", "label")
 
 
