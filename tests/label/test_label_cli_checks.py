@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import errno
 import os
+import shutil
 import socket
 import sqlite3
 import subprocess
@@ -310,3 +311,49 @@ def test_a_second_serve_on_a_served_database_is_refused_until_the_first_is_gone(
         first.wait(timeout=30)
     with pytest.raises(AssertionError, match="the server was started"):
         rlhfkit_main(second)
+
+
+# --------------------------------------------------------------------------- databases that cannot be written
+
+
+ROOT_WITHOUT_OVERRIDE = ["setpriv", "--inh-caps=-dac_override", "--bounding-set=-dac_override"]
+
+
+def _as_a_user_who_may_not_write(db: Path, argv: list[str]) -> subprocess.CompletedProcess:
+    """`rlhfkit label ...` with ``db`` made 0444, so that SQLite really opens it read-only. Root
+    may write any file, so as root the command runs without that capability (setpriv)."""
+    db.chmod(0o444)
+    prefix = ROOT_WITHOUT_OVERRIDE if os.geteuid() == 0 else []
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    return subprocess.run([*prefix, sys.executable, "-m", "rlhfkit.cli", "label", *argv], capture_output=True,
+                          text=True, env=env, timeout=120)
+
+
+@pytest.mark.skipif(os.geteuid() == 0 and shutil.which("setpriv") is None, reason="root without setpriv")
+def test_invite_and_serve_on_a_database_they_may_not_write_say_so_in_one_line(tmp_path: Path, lab) -> None:
+    """`attempt to write a readonly database` used to end `invite` and `serve` in a traceback."""
+    pairs = lab.write_pairs_file(tmp_path / "pairs.jsonl", lab.make_pairs(2))
+    db = cli.default_db(pairs)
+    LabelStore(db).close()
+    before = db.read_bytes()
+    for argv in (["invite", "alice", "--db", str(db)],
+                 ["serve", "--pairs", str(pairs), "--db", str(db), "--port", str(free_port())]):
+        done = _as_a_user_who_may_not_write(db, argv)
+        assert (done.returncode, done.stdout, done.stderr.count("\n")) == (2, "", 1), done.stderr
+        assert done.stderr == (f"rlhfkit: error: {db}: cannot write to the labelling database (attempt to write a "
+                               "readonly database; check that you may write the file and its folder)\n")
+    assert db.read_bytes() == before
+
+
+@pytest.mark.parametrize("command", ["invite", "serve"])
+def test_a_full_disk_is_one_line(tmp_path: Path, lab, no_server, capsys, monkeypatch, command: str) -> None:
+    def full(*args: object, **kwargs: object) -> None:
+        raise sqlite3.OperationalError("database or disk is full")
+
+    monkeypatch.setattr(LabelStore, "invite" if command == "invite" else "import_pairs", full)
+    pairs = lab.write_pairs_file(tmp_path / "pairs.jsonl", lab.make_pairs(2))
+    argv = ["invite", "alice", "--pairs", str(pairs)] if command == "invite" else \
+        ["serve", "--pairs", str(pairs), "--port", str(free_port())]
+    assert rlhfkit_main(["label", *argv]) == 2
+    assert _error_line(capsys) == (f"rlhfkit: error: {cli.default_db(pairs)}: cannot write to the labelling "
+                                   "database (database or disk is full; free some disk space)")

@@ -167,6 +167,7 @@ def invite_link(base_url: str, token: str) -> str:
 
 def cmd_invite(args: argparse.Namespace) -> int:
     """Create or re-key a labeller and print their sign-in link (or revoke it)."""
+    from rlhfkit.label.db import writes_reported
     from rlhfkit.label.identity import clean_name
     from rlhfkit.label.records import LabelError
     from rlhfkit.label.store import LabelStore
@@ -179,16 +180,18 @@ def cmd_invite(args: argparse.Namespace) -> int:
         raise UserError(f"--url must be an http:// or https:// address, got {args.url!r}")
     if args.pairs and not Path(args.pairs).is_file():
         raise DataError(f"{args.pairs}: pairs file not found")
-    store = LabelStore(_db_path(args))
-    try:
-        if args.revoke:
-            print(f"{store.revoke(args.name)}'s invitation link no longer works (their votes are kept)")
-            return 0
-        name, token = store.invite(args.name)
-    except LabelError as e:
-        raise UserError(str(e)) from None
-    finally:
-        store.close()
+    db = _db_path(args)
+    with writes_reported(db):  # a read-only file or folder, a full disk: one line
+        store = LabelStore(db)
+        try:
+            if args.revoke:
+                print(f"{store.revoke(args.name)}'s invitation link no longer works (their votes are kept)")
+                return 0
+            name, token = store.invite(args.name)
+        except LabelError as e:
+            raise UserError(str(e)) from None
+        finally:
+            store.close()
     print(f"invited {name}; their personal link (it signs them in: send it to them only; "
           "inviting the name again replaces it):")
     print(invite_link(args.url, token))

@@ -233,6 +233,25 @@ def hold_for_serving(path: Path) -> int:
     return fd
 
 
+def _write_hint(error: sqlite3.Error) -> str:
+    text = str(error).lower()
+    if "readonly" in text or "read-only" in text:
+        return "; check that you may write the file and its folder"
+    if "full" in text:
+        return "; free some disk space"
+    return ""
+
+
+@contextmanager
+def writes_reported(path: Path) -> Iterator[None]:
+    """Turn an SQLite error while writing (read-only file or folder, full disk, I/O error) into
+    one line naming the database, for the commands that write (``serve``, ``invite``)."""
+    try:
+        yield
+    except sqlite3.Error as e:
+        raise DataError(f"{path}: cannot write to the labelling database ({e}{_write_hint(e)})") from None
+
+
 class _Connection(sqlite3.Connection):
     """A connection that can be weakly referenced (so the store can close them all)."""
 
@@ -321,4 +340,5 @@ class Database:
             finally:
                 con.close()
         except (sqlite3.Error, OSError) as e:
-            raise DataError(f"{self.path}: cannot open as a labelling database ({e})") from None
+            hint = _write_hint(e) if isinstance(e, sqlite3.Error) else ""
+            raise DataError(f"{self.path}: cannot open as a labelling database ({e}{hint})") from None

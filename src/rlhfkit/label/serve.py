@@ -86,15 +86,16 @@ def cmd_serve(args: argparse.Namespace) -> int:
         sock = listen(host, args.port)
         cleanup.callback(sock.close)
         from rlhfkit.label.app import create_app
-        from rlhfkit.label.db import hold_for_serving
+        from rlhfkit.label.db import hold_for_serving, writes_reported
         from rlhfkit.label.store import LabelStore
 
         lock = hold_for_serving(db)  # before the store: a second server must change nothing
         cleanup.callback(os.close, lock)  # after the store: closing it drops SQLite's locks here
-        store = LabelStore(db, votes_per_pair=args.votes_per_pair, lease_seconds=args.lease_minutes * 60)
-        cleanup.callback(store.close)
-        added = store.import_pairs(pairs, source=str(args.pairs))
-        store.set_meta("votes_per_pair", str(args.votes_per_pair))
+        with writes_reported(db):  # a read-only file or folder, a full disk: one line
+            store = LabelStore(db, votes_per_pair=args.votes_per_pair, lease_seconds=args.lease_minutes * 60)
+            cleanup.callback(store.close)
+            added = store.import_pairs(pairs, source=str(args.pairs))
+            store.set_meta("votes_per_pair", str(args.votes_per_pair))
         app = create_app(store, token=args.token, allowed_hosts=LOOPBACK_HOSTS if loopback else None, auth=auth)
         _print_banner(args, db, url_of(host, args.port), len(pairs), added, auth)
         run_server(app, sock, args.log_level)
