@@ -23,7 +23,7 @@ from pathlib import Path
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 from rlhfkit.errors import DataError, UserError
-from rlhfkit.label.options import OneLineParser, check_number, check_positive, default_db
+from rlhfkit.label.options import OneLineParser, check_duration, check_number, check_positive, default_db
 
 DEFAULT_MODEL = "smollm2-135m-instruct"
 DEFAULT_URL = "http://127.0.0.1:8000/"
@@ -96,7 +96,11 @@ def build_parser() -> argparse.ArgumentParser:
     i.add_argument("name", help="labeller name: letters, digits, spaces and . _ - @ ' (case and width are ignored)")
     _add_db_args(i)
     i.add_argument("--url", default=DEFAULT_URL, help=f"address the labellers open (default: {DEFAULT_URL})")
-    i.add_argument("--revoke", action="store_true", help="make the labeller's link stop working (votes are kept)")
+    i.add_argument("--expires", default="7d",
+                   help="how long the link works: minutes, hours or days such as 30m, 12h, 7d, at most 366d "
+                        "(default: 7d); browsers signed in with it are signed out then")
+    i.add_argument("--revoke", action="store_true",
+                   help="make the labeller's link stop working and sign out their browsers (votes are kept)")
 
     e = sub.add_parser("export", help="write preference JSONL for `rlhfkit rm` / `rlhfkit dpo`",
                        description="Aggregate votes into preference pairs (prompt, chosen, rejected, strength, margin).")
@@ -178,6 +182,7 @@ def cmd_invite(args: argparse.Namespace) -> int:
         raise UserError(f"NAME {args.name!r}: {e}") from None
     if not args.url.startswith(("http://", "https://")) or any(c.isspace() for c in args.url):
         raise UserError(f"--url must be an http:// or https:// address, got {args.url!r}")
+    expires = check_duration("--expires", args.expires, 366)
     if args.pairs and not Path(args.pairs).is_file():
         raise DataError(f"{args.pairs}: pairs file not found")
     db = _db_path(args)
@@ -187,13 +192,14 @@ def cmd_invite(args: argparse.Namespace) -> int:
             if args.revoke:
                 print(f"{store.revoke(args.name)}'s invitation link no longer works (their votes are kept)")
                 return 0
-            name, token = store.invite(args.name)
+            name, token = store.invite(args.name, expires_seconds=expires)
+            until = store.invite_expires_at(name) or ""
         except LabelError as e:
             raise UserError(str(e)) from None
         finally:
             store.close()
-    print(f"invited {name}; their personal link (it signs them in: send it to them only; "
-          "inviting the name again replaces it):")
+    print(f"invited {name}; their personal link, valid until {until[:16].replace('T', ' ')} UTC (it signs them "
+          "in: send it to them only; inviting the name again replaces it):")
     print(invite_link(args.url, token))
     return 0
 

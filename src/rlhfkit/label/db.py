@@ -4,7 +4,11 @@ Tables (``BASE_SCHEMA`` is version 1, ``MIGRATIONS`` bring it to ``SCHEMA_VERSIO
 
 - ``pairs``        a copy of the pairs file, so the database alone is enough to export
 - ``labellers``    one row per person: display ``name``, normalised ``name_key`` (unique),
-                   ``token_hash`` (SHA-256 of their invitation token, if invited)
+                   ``token_hash`` (SHA-256 of their invitation token, if invited) and
+                   ``invite_expires_at`` (when that link stops working; NULL: never, links
+                   made before version 3)
+- ``sessions``     signed-in browsers: SHA-256 of the session id (the cookie), labeller,
+                   expiry (the link's)
 - ``assignments``  (labeller, pair) -> the left/right order shown and the status
                    (open, voted, skipped); ``assigned_at`` is when the lease started
 - ``votes``        one row per stored vote; UNIQUE(labeller, pair) and UNIQUE(labeller, request_id)
@@ -35,8 +39,8 @@ from pathlib import Path
 from rlhfkit.errors import DataError
 from rlhfkit.label.identity import name_key
 
-SCHEMA_VERSION = 2
-READABLE_VERSIONS = (1, 2)  # read-only queries use version-1 columns only
+SCHEMA_VERSION = 3
+READABLE_VERSIONS = (1, 2, 3)  # read-only queries use version-1 columns only
 TABLES = frozenset({"meta", "pairs", "labellers", "assignments", "votes", "events"})
 
 BASE_SCHEMA = """
@@ -103,6 +107,12 @@ MIGRATIONS: dict[int, tuple[str, ...]] = {
         # name keys are filled in by _fill_name_keys before the unique indexes are built
         "CREATE UNIQUE INDEX labellers_by_key ON labellers (name_key)",
         "CREATE UNIQUE INDEX labellers_by_token ON labellers (token_hash)",
+    ),
+    3: (
+        "ALTER TABLE labellers ADD COLUMN invite_expires_at TEXT",
+        "CREATE TABLE sessions (session_hash TEXT PRIMARY KEY, "
+        "labeller_id INTEGER NOT NULL REFERENCES labellers(labeller_id), "
+        "created_at TEXT NOT NULL, expires_at TEXT NOT NULL)",
     ),
 }
 

@@ -4,8 +4,9 @@ The schema and how a file is opened live in ``db``; the read-only questions (vot
 activity) in ``queries``. This module holds the rules that change data:
 
 - **Identity**: every method takes a labeller *name* in any spelling; it is matched by its
-  normalised key (``identity.name_key``). ``invite`` gives a labeller a secret token,
-  ``authenticate`` maps a token back to the labeller.
+  normalised key (``identity.name_key``). ``invite`` gives a labeller a secret token that
+  expires, ``authenticate`` maps a live token back to the labeller, ``sign_in`` trades it for
+  a browser session id of its own (``session_labeller`` maps that back).
 - **Leases**: an open assignment holds one of a pair's ``votes_per_pair`` places while it is
   younger than ``lease_seconds``. A labeller holds at most one live lease: handing out a pair
   (or an undo) releases their others, which come back to them later if there is room.
@@ -48,6 +49,8 @@ from rlhfkit.label.scale import score_from_choice
 
 RELEASED = iso(0)  # assigned_at of a released lease: older than any cutoff
 MAX_VOTES_PER_PAIR = 1000
+INVITE_SECONDS = 7 * 86400  # how long an invitation link works unless `invite --expires` says otherwise
+MAX_INVITE_SECONDS = 366 * 86400
 
 
 class LabelStore(Database, ReadQueries):
@@ -136,31 +139,80 @@ class LabelStore(Database, ReadQueries):
             self._create(con, name, iso(self.clock()))
             return self._labeller_id(con, name)
 
-    def invite(self, name: str) -> tuple[str, str]:
-        """Create the labeller if new and give them a fresh invitation token (the old one stops
-        working). Returns (display name, token); only the token's SHA-256 is stored."""
-        token, now = new_invite_token(), iso(self.clock())
+    def invite(self, name: str, expires_seconds: float = INVITE_SECONDS) -> tuple[str, str]:
+        """Create the labeller if new and give them a fresh invitation token, valid for
+        ``expires_seconds``; the old token and every browser signed in with it stop working.
+        Returns (display name, token); only the token's SHA-256 is stored."""
+        if not (math.isfinite(expires_seconds) and 0 < expires_seconds <= MAX_INVITE_SECONDS):
+            raise ValueError(f"expires_seconds must be in (0, {MAX_INVITE_SECONDS}], got {expires_seconds}")
+        token, now = new_invite_token(), self.clock()
         with self._tx() as con:
-            self._create(con, name, now)
+            self._create(con, name, iso(now))
             row = self._labeller(con, name)
-            con.execute("UPDATE labellers SET token_hash = ?, invited_at = ? WHERE labeller_id = ?",
-                        (token_digest(token), now, row["labeller_id"]))
+            con.execute("UPDATE labellers SET token_hash = ?, invited_at = ?, invite_expires_at = ? "
+                        "WHERE labeller_id = ?", (token_digest(token), iso(now), iso(now + expires_seconds),
+                                                  row["labeller_id"]))
+            con.execute("DELETE FROM sessions WHERE labeller_id = ?", (row["labeller_id"],))
         return str(row["name"]), token
 
     def revoke(self, name: str) -> str:
-        """Invalidate the labeller's invitation token; returns their display name."""
+        """Invalidate the labeller's invitation token and sign out their browsers; returns
+        their display name."""
         with self._tx() as con:
             row = self._labeller(con, name)
-            con.execute("UPDATE labellers SET token_hash = NULL WHERE labeller_id = ?", (row["labeller_id"],))
+            con.execute("UPDATE labellers SET token_hash = NULL, invite_expires_at = NULL WHERE labeller_id = ?",
+                        (row["labeller_id"],))
+            con.execute("DELETE FROM sessions WHERE labeller_id = ?", (row["labeller_id"],))
         return str(row["name"])
 
-    def authenticate(self, token: str) -> str | None:
-        """The display name of the labeller holding ``token``, or None."""
+    def _invited(self, con: sqlite3.Connection, token: str) -> sqlite3.Row | None:
+        """The labeller whose live (unexpired) invitation token this is."""
         digest = token_digest(token)
         if digest is None:
             return None
+        return con.execute(
+            "SELECT labeller_id, name, invite_expires_at FROM labellers WHERE token_hash = ? "
+            "AND (invite_expires_at IS NULL OR invite_expires_at > ?)", (digest, iso(self.clock())),
+        ).fetchone()
+
+    def authenticate(self, token: str) -> str | None:
+        """The display name of the labeller holding the live invitation ``token``, or None."""
         with self._read() as con:
-            row = con.execute("SELECT name FROM labellers WHERE token_hash = ?", (digest,)).fetchone()
+            row = self._invited(con, token)
+        return None if row is None else str(row["name"])
+
+    def invite_expires_at(self, name: str) -> str | None:
+        """When the labeller's link stops working (ISO-8601 UTC); None if it never does."""
+        with self._read() as con:
+            lid = self._labeller_id(con, name)
+            row = con.execute("SELECT invite_expires_at FROM labellers WHERE labeller_id = ?", (lid,)).fetchone()
+        return None if row[0] is None else str(row[0])
+
+    def sign_in(self, token: str) -> tuple[str, str] | None:
+        """Open a browser session with a live invitation token: (display name, session id), or
+        None. The session id (the cookie) is a new secret, not the link's, stored as its
+        SHA-256, and ends with the link (expiry, a new invitation, revoke)."""
+        session, now = new_invite_token(), self.clock()
+        with self._tx() as con:
+            row = self._invited(con, token)
+            if row is None:
+                return None
+            expires = row["invite_expires_at"] or iso(now + MAX_INVITE_SECONDS)
+            con.execute("INSERT INTO sessions VALUES (?, ?, ?, ?)",
+                        (token_digest(session), row["labeller_id"], iso(now), expires))
+            con.execute("DELETE FROM sessions WHERE expires_at <= ?", (iso(now),))
+        return str(row["name"]), session
+
+    def session_labeller(self, session: str) -> str | None:
+        """The display name of the labeller a live session id belongs to, or None."""
+        digest = token_digest(session)
+        if digest is None:
+            return None
+        with self._read() as con:
+            row = con.execute(
+                "SELECT l.name FROM sessions s JOIN labellers l USING (labeller_id) "
+                "WHERE s.session_hash = ? AND s.expires_at > ?", (digest, iso(self.clock())),
+            ).fetchone()
         return None if row is None else str(row[0])
 
     # ---- leases
