@@ -182,7 +182,7 @@ def test_export_needs_force_and_never_follows_a_planted_temporary_symlink(tmp_pa
     (tmp_path / "prefs.jsonl.tmp").symlink_to(victim)  # the old fixed temporary name
     assert rlhfkit_main(["label", "export", "--pairs", str(pairs), "--out", str(out)]) == 0
     assert victim.read_text() == "precious\n" and len(lab.read_jsonl(out)) == 1
-    assert oct(out.stat().st_mode & 0o777) != oct(0o600)  # a normal file, not mkstemp's private mode
+    assert oct(out.stat().st_mode & 0o777) == oct(0o600)  # private: prompts, answers, names
     assert rlhfkit_main(["label", "export", "--pairs", str(pairs), "--out", str(out)]) == 2
     assert _error_line(capsys) == f"rlhfkit: error: {out} exists; pass --force to overwrite it"
     out.unlink()
@@ -357,3 +357,45 @@ def test_a_full_disk_is_one_line(tmp_path: Path, lab, no_server, capsys, monkeyp
     assert rlhfkit_main(["label", *argv]) == 2
     assert _error_line(capsys) == (f"rlhfkit: error: {cli.default_db(pairs)}: cannot write to the labelling "
                                    "database (database or disk is full; free some disk space)")
+
+
+# --------------------------------------------------------------------------- shared-machine defaults
+
+
+@pytest.fixture
+def umask_022():
+    old = os.umask(0o022)
+    yield
+    os.umask(old)
+
+
+def _mode(path: Path) -> str:
+    return oct(path.stat().st_mode & 0o777)
+
+
+def test_database_side_files_exports_and_pairs_files_are_private(tmp_path: Path, lab, fake_models, umask_022,
+                                                                  capsys) -> None:
+    """Under umask 022 they were all 0644: every local user could read prompts, answers and names."""
+    out = tmp_path / "pairs.jsonl"
+    assert rlhfkit_main(["label", "pairs", "--prompts", "builtin:reviews", "--limit", "2", "--out", str(out)]) == 0
+    assert rlhfkit_main(["label", "invite", "alice", "--pairs", str(out)]) == 0
+    db = cli.default_db(out)
+    store = LabelStore(db)  # open, as a server would be: the -wal and -shm files exist
+    store.import_pairs(read_pairs(out))
+    store.submit_vote("alice", store.next_pair("alice").pair_id, 1, "req-0001")
+    prefs = tmp_path / "prefs.jsonl"
+    assert rlhfkit_main(["label", "export", "--db", str(db), "--out", str(prefs)]) == 0
+    files = [out, db, Path(f"{db}-wal"), Path(f"{db}-shm"), prefs]
+    assert {p.name: _mode(p) for p in files} == {p.name: oct(0o600) for p in files}
+    store.close()
+
+
+@pytest.mark.parametrize("command", ["serve", "invite", "stats", "export"])
+def test_the_database_must_be_a_regular_file(tmp_path: Path, lab, no_server, capsys, command: str) -> None:
+    """`--db /dev/null` was accepted."""
+    pairs = lab.write_pairs_file(tmp_path / "pairs.jsonl", lab.make_pairs(1))
+    argv = {"serve": ["serve", "--pairs", str(pairs), "--port", str(free_port())], "invite": ["invite", "alice"],
+            "stats": ["stats"], "export": ["export", "--out", str(tmp_path / "o.jsonl")]}[command]
+    assert rlhfkit_main(["label", *argv, "--db", os.devnull]) == 2
+    assert _error_line(capsys) == f"rlhfkit: error: {os.devnull}: not a regular file; the database must be a file"
+    assert not Path(f"{os.devnull}-wal").exists() and not (tmp_path / "o.jsonl").exists()

@@ -188,6 +188,8 @@ def prepare_for_writing(con: sqlite3.Connection, path: Path) -> None:
 
 def open_read_only(path: Path) -> sqlite3.Connection:
     """A read-only connection to an existing labelling database (refuses anything else)."""
+    if path.exists() and not path.is_file():
+        raise DataError(f"{path}: not a regular file; the database must be a file")
     if not path.is_file():
         raise DataError(f"{path}: no labelling database (start `rlhfkit label serve` first)")
     try:
@@ -210,6 +212,30 @@ def open_read_only(path: Path) -> sqlite3.Connection:
     return con
 
 
+def prepare_file(path: Path) -> None:
+    """Make sure ``path`` can become the database: an existing regular file, or a new empty one
+    that only its owner may read (0600; SQLite gives the -wal and -shm files the same mode).
+    Refuses a directory and anything else that is not a regular file (``/dev/null``).
+
+    A new file is created with ``O_EXCL`` and closed again; an existing one is only looked at
+    (``stat``), never opened, because closing a descriptor of a file drops every POSIX lock
+    this process holds on it, SQLite's included.
+    """
+    if path.is_dir():
+        raise DataError(f"{path}: is a directory, not a labelling database")
+    if path.exists():
+        if not stat.S_ISREG(path.stat().st_mode):
+            raise DataError(f"{path}: not a regular file; the database must be a file")
+        return
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOCTTY, 0o600))
+    except FileExistsError:
+        pass  # made meanwhile (or a dangling symlink): SQLite decides
+    except OSError as e:
+        raise DataError(f"{path}: cannot create the labelling database ({e.strerror or e})") from None
+
+
 def hold_for_serving(path: Path) -> int:
     """Take the serving lock of the database file and return the descriptor that holds it.
 
@@ -217,29 +243,21 @@ def hold_for_serving(path: Path) -> int:
     would silently take over (caps broken, pairs swapped under a labeller). The lock is an
     exclusive ``flock`` on the database file itself: independent of SQLite's own (POSIX)
     locks, shared by every name of the file (symlinks, hard links), and released by the
-    kernel when the server ends, even by ``kill -9``. A new file is created empty and
-    private (0600), which SQLite then fills. Close the descriptor only after every SQLite
-    connection of this process to the file is closed (closing a descriptor of a file drops
-    the process's POSIX locks on it).
+    kernel when the server ends, even by ``kill -9``. Take it before this process opens the
+    database with SQLite, and close the descriptor only after every SQLite connection of this
+    process to the file is closed (see ``prepare_file``).
     """
-    if path.is_dir():
-        raise DataError(f"{path}: is a directory, not a labelling database")
+    prepare_file(path)
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd = os.open(path, os.O_RDONLY | os.O_CREAT | os.O_NOCTTY, 0o600)
+        fd = os.open(path, os.O_RDONLY | os.O_NOCTTY)
     except OSError as e:
         raise DataError(f"{path}: cannot open as a labelling database ({e.strerror or e})") from None
     try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            raise DataError(f"{path}: not a regular file; --db must be a database file")
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
         os.close(fd)
         raise DataError(f"{path}: another `rlhfkit label serve` is serving this database; stop it first "
                         "or choose another --db") from None
-    except BaseException:
-        os.close(fd)
-        raise
     return fd
 
 
@@ -340,10 +358,8 @@ class Database:
             con.execute("COMMIT")
 
     def _init_schema(self) -> None:
-        if self.path.is_dir():
-            raise DataError(f"{self.path}: is a directory, not a labelling database")
+        prepare_file(self.path)
         try:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
             con = self._connect()
             try:
                 prepare_for_writing(con, self.path)

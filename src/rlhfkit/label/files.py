@@ -8,7 +8,9 @@
 - ``write_lines_atomic``: write into a uniquely named temporary file in the target folder
   (``mkstemp``: ``O_CREAT | O_EXCL | O_NOFOLLOW``, so a planted symlink is never followed),
   fsync it and rename it over the target. The rename replaces a symlink at the target
-  itself, never the file it points to; a failure leaves the old file and no temporary.
+  itself, never the file it points to; a failure leaves the old file and no temporary. The
+  file keeps ``mkstemp``'s mode, 0600: exports and pairs files hold prompts, answers and
+  labeller names, which other users of the machine have no business reading.
 """
 
 from __future__ import annotations
@@ -86,13 +88,6 @@ def check_output(raw: str, force: bool, inputs: Sequence[tuple[str, Path]], opti
     return path
 
 
-def _default_mode() -> int:
-    """0o666 minus the umask: what a plain open() would have created (mkstemp uses 0o600)."""
-    umask = os.umask(0)
-    os.umask(umask)
-    return 0o666 & ~umask
-
-
 def write_lines_atomic(path: Path, lines: Iterable[str]) -> int:
     """Write ``lines`` (each gets a newline) to ``path`` atomically; returns the line count."""
     try:
@@ -102,8 +97,7 @@ def write_lines_atomic(path: Path, lines: Iterable[str]) -> int:
         raise UserError(f"{path}: cannot write ({e.strerror or e})") from None
     n = 0
     try:
-        with os.fdopen(fd, "w", encoding="utf-8", newline="\n") as f:
-            os.fchmod(f.fileno(), _default_mode())
+        with os.fdopen(fd, "w", encoding="utf-8", newline="\n") as f:  # 0600: prompts, answers, names
             for line in lines:
                 f.write(line + "\n")
                 n += 1
