@@ -399,3 +399,46 @@ def test_the_database_must_be_a_regular_file(tmp_path: Path, lab, no_server, cap
     assert rlhfkit_main(["label", *argv, "--db", os.devnull]) == 2
     assert _error_line(capsys) == f"rlhfkit: error: {os.devnull}: not a regular file; the database must be a file"
     assert not Path(f"{os.devnull}-wal").exists() and not (tmp_path / "o.jsonl").exists()
+
+
+@pytest.fixture
+def served(monkeypatch: pytest.MonkeyPatch) -> list:
+    """Let `serve` go all the way but hand back the app instead of serving it."""
+    from rlhfkit.label import serve
+
+    apps: list = []
+    monkeypatch.setattr(serve, "run_server", lambda app, sock, log_level: apps.append(app))
+    return apps
+
+
+def test_a_token_from_the_environment_is_used_and_never_printed(tmp_path: Path, lab, served, monkeypatch,
+                                                                capsys) -> None:
+    """The banner printed the token, wherever it came from (a banner ends up in logs; an option in `ps`)."""
+    from fastapi.testclient import TestClient
+
+    pairs = lab.write_pairs_file(tmp_path / "pairs.jsonl", lab.make_pairs(1))
+    monkeypatch.setenv("RLHFKIT_LABEL_TOKEN", "env-token-123")
+    assert rlhfkit_main(["label", "serve", "--pairs", str(pairs), "--port", str(free_port())]) == 0
+    out = capsys.readouterr().out
+    assert "env-token-123" not in out and "?token=$RLHFKIT_LABEL_TOKEN" in out
+    client = TestClient(served[0], base_url="http://127.0.0.1:8000")
+    assert client.get("/api/health").status_code == 401
+    assert client.get("/api/health", headers={"X-Label-Token": "env-token-123"}).status_code == 200
+    monkeypatch.delenv("RLHFKIT_LABEL_TOKEN")
+    assert rlhfkit_main(["label", "serve", "--pairs", str(pairs), "--port", str(free_port()),
+                         "--token", "option-token-1"]) == 0
+    assert "note: --token is visible to every user of this machine (ps)" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(("value", "message"), [
+    ("", "RLHFKIT_LABEL_TOKEN is empty: give it 8-128 characters of letters, digits and _.~-, or unset "
+         "RLHFKIT_LABEL_TOKEN"),
+    ("short", "RLHFKIT_LABEL_TOKEN must be 8-128 characters of letters, digits and _.~-")])
+def test_a_bad_token_in_the_environment_is_blamed_on_the_environment(tmp_path: Path, lab, no_server, monkeypatch,
+                                                                     capsys, value: str, message: str) -> None:
+    """An empty RLHFKIT_LABEL_TOKEN was reported as a bad --token, an option never given."""
+    pairs = lab.write_pairs_file(tmp_path / "pairs.jsonl", lab.make_pairs(1))
+    monkeypatch.setenv("RLHFKIT_LABEL_TOKEN", value)
+    assert rlhfkit_main(["label", "serve", "--pairs", str(pairs)]) == 2
+    assert _error_line(capsys) == f"rlhfkit: error: {message}"
+    assert not cli.default_db(pairs).exists()

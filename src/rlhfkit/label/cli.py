@@ -69,8 +69,10 @@ def _add_serve_parser(sub: argparse._SubParsersAction) -> None:
     s.add_argument("--auth", choices=["open", "invite"], default=None,
                    help="open: labellers type a name (loopback only); invite: each signs in with the link from "
                         "`label invite NAME` (default: open on loopback, invite otherwise)")
-    s.add_argument("--token", default=os.environ.get("RLHFKIT_LABEL_TOKEN"),
-                   help="extra access token required on every request (default: $RLHFKIT_LABEL_TOKEN)")
+    s.add_argument("--token", default=None,
+                   help="extra access token required on every request, 8-128 characters of letters, digits and "
+                        "_.~- (default: $RLHFKIT_LABEL_TOKEN; prefer the variable: an option shows in `ps` to "
+                        "every user of the machine)")
     s.add_argument("--votes-per-pair", type=int, default=1,
                    help="how many different labellers see each pair, 1..1000 (default: 1)")
     s.add_argument("--lease-minutes", type=float, default=30.0,
