@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import errno
+import json
 import os
 import shutil
 import socket
@@ -319,10 +320,9 @@ def test_a_second_serve_on_a_served_database_is_refused_until_the_first_is_gone(
 ROOT_WITHOUT_OVERRIDE = ["setpriv", "--inh-caps=-dac_override", "--bounding-set=-dac_override"]
 
 
-def _as_a_user_who_may_not_write(db: Path, argv: list[str]) -> subprocess.CompletedProcess:
-    """`rlhfkit label ...` with ``db`` made 0444, so that SQLite really opens it read-only. Root
-    may write any file, so as root the command runs without that capability (setpriv)."""
-    db.chmod(0o444)
+def _as_a_user_who_may_not_write(argv: list[str]) -> subprocess.CompletedProcess:
+    """`rlhfkit label ...` as a user held to the files' permission bits: root may write any
+    file, so as root the command runs without that capability (setpriv)."""
     prefix = ROOT_WITHOUT_OVERRIDE if os.geteuid() == 0 else []
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
     return subprocess.run([*prefix, sys.executable, "-m", "rlhfkit.cli", "label", *argv], capture_output=True,
@@ -336,9 +336,10 @@ def test_invite_and_serve_on_a_database_they_may_not_write_say_so_in_one_line(tm
     db = cli.default_db(pairs)
     LabelStore(db).close()
     before = db.read_bytes()
+    db.chmod(0o444)
     for argv in (["invite", "alice", "--db", str(db)],
                  ["serve", "--pairs", str(pairs), "--db", str(db), "--port", str(free_port())]):
-        done = _as_a_user_who_may_not_write(db, argv)
+        done = _as_a_user_who_may_not_write(argv)
         assert (done.returncode, done.stdout, done.stderr.count("\n")) == (2, "", 1), done.stderr
         assert done.stderr == (f"rlhfkit: error: {db}: cannot write to the labelling database (attempt to write a "
                                "readonly database; check that you may write the file and its folder)\n")
@@ -442,3 +443,38 @@ def test_a_bad_token_in_the_environment_is_blamed_on_the_environment(tmp_path: P
     assert rlhfkit_main(["label", "serve", "--pairs", str(pairs)]) == 2
     assert _error_line(capsys) == f"rlhfkit: error: {message}"
     assert not cli.default_db(pairs).exists()
+
+
+@pytest.mark.skipif(os.geteuid() == 0 and shutil.which("setpriv") is None, reason="root without setpriv")
+def test_stats_and_export_read_a_database_in_a_read_only_folder(tmp_path: Path, lab) -> None:
+    """SQLite must create DB-shm to read a WAL database; in a read-only folder that failed with a
+    misleading "attempt to write a readonly database". With no -wal file every vote is in the
+    database file: it is read as immutable. With one, the message says what to do."""
+    pairs, db = _voted_db(tmp_path, lab)
+    folder, wal_folder = tmp_path / "ro", tmp_path / "ro-wal"
+    folder.mkdir()
+    shutil.copy(db, folder / db.name)
+    wal_folder.mkdir()
+    store = LabelStore(db)  # open: the -wal file holds a vote not yet in the database file
+    store.register("bob")
+    store.submit_vote("bob", store.next_pair("bob").pair_id, 5, "req-0002")
+    for name in (db.name, f"{db.name}-wal"):
+        shutil.copy(tmp_path / name, wal_folder / name)
+    store.close()
+    out = tmp_path / "prefs.jsonl"
+    try:
+        for f in (folder, wal_folder):
+            f.chmod(0o555)
+        done = _as_a_user_who_may_not_write(["stats", "--db", str(folder / db.name), "--json"])
+        assert done.returncode == 0 and json.loads(done.stdout)["counts"]["votes"] == 1, done.stderr
+        done = _as_a_user_who_may_not_write(["export", "--db", str(folder / db.name), "--out", str(out)])
+        assert done.returncode == 0 and len(lab.read_jsonl(out)) == 1, done.stderr
+        done = _as_a_user_who_may_not_write(["stats", "--db", str(wal_folder / db.name)])
+        assert done.returncode == 2 and done.stderr == (
+            f"rlhfkit: error: {wal_folder / db.name}: cannot read it here: SQLite must create {db.name}-shm next "
+            f"to it to read the votes still in {db.name}-wal, and this user cannot write that folder; copy the "
+            "database with its -wal file to a folder you can write\n")
+        assert sorted(os.listdir(folder)) == [db.name]  # nothing written
+    finally:
+        for f in (folder, wal_folder):
+            f.chmod(0o755)

@@ -186,26 +186,56 @@ def prepare_for_writing(con: sqlite3.Connection, path: Path) -> None:
         _upgrade(con, version or 0)
 
 
+def _checked_version(con: sqlite3.Connection, path: Path) -> int:
+    """The schema version of a database opened for reading, or a one-line refusal."""
+    version = stored_version(con, path)
+    if version is None:
+        raise DataError(f"{path}: empty file, not an rlhfkit labelling database")
+    if version not in READABLE_VERSIONS:
+        raise DataError(f"{path}: schema version {version}, this rlhfkit reads {READABLE_VERSIONS}")
+    return version
+
+
+def _connect_read_only(path: Path, flag: str) -> sqlite3.Connection:
+    con = sqlite3.connect(f"{path.resolve().as_uri()}?{flag}", uri=True, isolation_level=None,
+                          check_same_thread=False)
+    con.execute("PRAGMA busy_timeout = 30000")
+    return con
+
+
 def open_read_only(path: Path) -> sqlite3.Connection:
-    """A read-only connection to an existing labelling database (refuses anything else)."""
+    """A read-only connection to an existing labelling database (refuses anything else).
+
+    ``mode=ro`` first. SQLite reads a WAL database through its ``-shm`` file, which it must
+    create if it is missing, so in a folder this user cannot write that fails ("attempt to
+    write a readonly database"). Then, if there is no ``-wal`` file (every vote is in the
+    database file, and nobody can be writing: a writer would need to create one), the file
+    is read as ``immutable``; otherwise the message says what to do.
+    """
     if path.exists() and not path.is_file():
         raise DataError(f"{path}: not a regular file; the database must be a file")
     if not path.is_file():
         raise DataError(f"{path}: no labelling database (start `rlhfkit label serve` first)")
+    wal = path.resolve().with_name(path.resolve().name + "-wal")
+    con = None
     try:
-        con = sqlite3.connect(f"{path.resolve().as_uri()}?mode=ro", uri=True, isolation_level=None,
-                              check_same_thread=False)
-    except sqlite3.Error as e:
-        raise DataError(f"{path}: cannot open as a labelling database ({e})") from None
-    try:
-        con.execute("PRAGMA busy_timeout = 30000")
-        version = stored_version(con, path)
-        if version is None:
-            raise DataError(f"{path}: empty file, not an rlhfkit labelling database")
-        if version not in READABLE_VERSIONS:
-            raise DataError(f"{path}: schema version {version}, this rlhfkit reads {READABLE_VERSIONS}")
+        try:
+            con = _connect_read_only(path, "mode=ro")
+            _checked_version(con, path)
+        except sqlite3.OperationalError:
+            if con is not None:
+                con.close()
+            if os.access(wal.parent, os.W_OK):
+                raise
+            if wal.exists() and wal.stat().st_size > 0:
+                raise DataError(f"{path}: cannot read it here: SQLite must create {wal.name[:-4]}-shm next to it to "
+                                f"read the votes still in {wal.name}, and this user cannot write that folder; "
+                                "copy the database with its -wal file to a folder you can write") from None
+            con = _connect_read_only(path, "immutable=1")
+            _checked_version(con, path)
     except (sqlite3.Error, DataError) as e:
-        con.close()
+        if con is not None:
+            con.close()
         if isinstance(e, DataError):
             raise
         raise DataError(f"{path}: cannot open as a labelling database ({e})") from None
