@@ -222,7 +222,8 @@ def test_a_link_opened_from_another_site_does_not_replace_who_is_signed_in(store
     # Signing in is a JSON POST: a cross-site one is refused (and a cross-site form cannot send JSON).
     r = _post(alice, "/api/signin", {"invite": mallory}, Origin="http://evil.example")
     assert r.status_code == 403 and alice.get("/api/session").json()["labeller"] == "alice"
-    r = alice.post("/api/signin", content=f"invite={mallory}", headers={"Content-Type": "application/x-www-form-urlencoded"})
+    form = {"Content-Type": "application/x-www-form-urlencoded"}
+    r = alice.post("/api/signin", content=f"invite={mallory}", headers=form)
     assert r.status_code == 415 and alice.get("/api/session").json()["labeller"] == "alice"
 
 

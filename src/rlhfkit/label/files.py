@@ -77,7 +77,8 @@ def check_output(raw: str, force: bool, inputs: Sequence[tuple[str, Path]], opti
             raise UserError(f"{option} {raw} is the {what} ({src}); writing it would destroy it, choose another file")
     if (db := sqlite_database_of(path)) is not None:
         role = "an SQLite database" if same_file(path, db) else f"a file of the SQLite database {db}"
-        raise UserError(f"{option} {raw} is {role}; writing it would destroy it, even with --force: choose another file")
+        raise UserError(f"{option} {raw} is {role}; writing it would destroy it, even with --force: "
+                        "choose another file")
     if (path.exists() or path.is_symlink()) and not force:
         raise UserError(f"{raw} exists; pass --force to overwrite it")
     for parent in path.parents:

@@ -75,8 +75,8 @@ class Limits:
 class DeadlineProtocol(H11Protocol):
     """uvicorn's h11 protocol with the request deadline and the connection cap."""
 
-    limits: Limits = Limits()
-    full: Throttle  # set per server by ``make_server``
+    limits: Limits  # both set per server by ``make_server``
+    full: Throttle
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         self._deadline: asyncio.TimerHandle | None = None
