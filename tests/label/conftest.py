@@ -39,6 +39,19 @@ def store(tmp_path: Path) -> Iterator[LabelStore]:
     s.close()
 
 
+def voted_db(tmp_path: Path) -> tuple[Path, Path]:
+    """A pairs file (2 pairs) and its default database with one vote by alice."""
+    from rlhfkit.label.options import default_db
+
+    pairs = write_pairs_file(tmp_path / "pairs.jsonl", make_pairs(2))
+    store = LabelStore(default_db(pairs))
+    store.import_pairs(make_pairs(2))
+    store.register("alice")
+    store.submit_vote("alice", store.next_pair("alice").pair_id, 1, "req-0001")
+    store.close()
+    return pairs, default_db(pairs)
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -74,6 +87,18 @@ def read_jsonl(path: Path) -> list[dict]:
 
 
 @pytest.fixture
+def no_server(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Fail instead of serving forever if a command gets as far as starting the server."""
+    import uvicorn
+
+    def refuse(*args: object, **kwargs: object) -> None:
+        raise AssertionError("the server was started")
+
+    monkeypatch.setattr(uvicorn, "run", refuse)
+    monkeypatch.setattr(uvicorn.Server, "run", refuse)
+
+
+@pytest.fixture
 def fake_models(monkeypatch: pytest.MonkeyPatch) -> list:
     """Replace the prompt loader and the sampler (no real model in tests)."""
     calls: list = []
@@ -99,5 +124,7 @@ def lab() -> SimpleNamespace:
         write_pairs_file=write_pairs_file,
         LiveServer=LiveServer,
         read_jsonl=read_jsonl,
+        voted_db=voted_db,
+        free_port=free_port,
         XSS=XSS,
     )

@@ -3,9 +3,7 @@
 from __future__ import annotations
 
 import errno
-import json
 import os
-import shutil
 import socket
 import sqlite3
 import subprocess
@@ -16,20 +14,7 @@ import pytest
 
 from rlhfkit.cli import main as rlhfkit_main
 from rlhfkit.label import cli
-from rlhfkit.label.pairs import read_pairs
 from rlhfkit.label.store import LabelStore
-
-
-@pytest.fixture
-def no_server(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Fail instead of serving forever if a command gets as far as starting the server."""
-    import uvicorn
-
-    def refuse(*args: object, **kwargs: object) -> None:
-        raise AssertionError("the server was started")
-
-    monkeypatch.setattr(uvicorn, "run", refuse)
-    monkeypatch.setattr(uvicorn.Server, "run", refuse)
 
 
 def _error_line(capsys) -> str:
@@ -104,19 +89,9 @@ def test_export_refuses_unusable_numbers(tmp_path: Path, lab, capsys, option, va
 # --------------------------------------------------------------------------- export --out
 
 
-def _voted_db(tmp_path: Path, lab) -> tuple[Path, Path]:
-    pairs = lab.write_pairs_file(tmp_path / "pairs.jsonl", lab.make_pairs(2))
-    store = LabelStore(cli.default_db(pairs))
-    store.import_pairs(read_pairs(pairs))
-    store.register("alice")
-    store.submit_vote("alice", store.next_pair("alice").pair_id, 1, "req-0001")
-    store.close()
-    return pairs, cli.default_db(pairs)
-
-
 @pytest.mark.parametrize("target", ["db", "pairs", "db-wal", "link-to-db"])
 def test_export_never_overwrites_its_inputs(tmp_path: Path, lab, capsys, target: str) -> None:
-    pairs, db = _voted_db(tmp_path, lab)
+    pairs, db = lab.voted_db(tmp_path)
     (tmp_path / "link").symlink_to(db)
     out = {"db": db, "pairs": pairs, "db-wal": Path(f"{db}-wal"), "link-to-db": tmp_path / "link"}[target]
     Path(f"{db}-wal").touch()
@@ -135,7 +110,7 @@ def test_export_through_a_symlinked_database_refuses_the_side_files_sqlite_reall
     """`--db link.sqlite` (-> real.sqlite): SQLite keeps real.sqlite-wal, not link.sqlite-wal. The
     guard used to build the names from the path as given, so `--out real.sqlite-wal --force` was
     accepted and replaced the live write-ahead log (all acknowledged votes gone after a kill -9)."""
-    _, db = _voted_db(tmp_path, lab)
+    _, db = lab.voted_db(tmp_path)
     link = tmp_path / "link.sqlite"
     link.symlink_to(db)
     out = Path(f"{db}{suffix}")  # need not exist yet: the server creates it while it runs
@@ -164,7 +139,7 @@ def test_pairs_never_overwrites_an_sqlite_database_or_its_side_files(tmp_path: P
                                               ("DIR", "--out DIR: is a directory; give a file name"),
                                               ("FILE/x.jsonl", "--out FILE/x.jsonl: FILE is not a directory")])
 def test_export_bad_paths_are_one_line_and_leave_no_temporary(tmp_path: Path, lab, capsys, out, message) -> None:
-    pairs, _ = _voted_db(tmp_path, lab)
+    pairs, _ = lab.voted_db(tmp_path)
     (tmp_path / "dir").mkdir()
     (tmp_path / "file").write_text("x")
     names = {"DIR": str(tmp_path / "dir"), "FILE": str(tmp_path / "file")}
@@ -177,7 +152,7 @@ def test_export_bad_paths_are_one_line_and_leave_no_temporary(tmp_path: Path, la
 
 
 def test_export_needs_force_and_never_follows_a_planted_temporary_symlink(tmp_path: Path, lab, capsys) -> None:
-    pairs, _ = _voted_db(tmp_path, lab)
+    pairs, _ = lab.voted_db(tmp_path)
     out, victim = tmp_path / "prefs.jsonl", tmp_path / "victim.txt"
     victim.write_text("precious\n")
     (tmp_path / "prefs.jsonl.tmp").symlink_to(victim)  # the old fixed temporary name
@@ -247,7 +222,7 @@ def test_bind_errors_blame_what_is_wrong() -> None:
 
 def test_stats_into_a_closed_pipe_ends_quietly(tmp_path: Path, lab) -> None:
     """`rlhfkit label stats | head`: the reader leaves early; no BrokenPipe traceback."""
-    pairs, db = _voted_db(tmp_path, lab)
+    pairs, db = lab.voted_db(tmp_path)
     con = sqlite3.connect(db)  # 3000 labellers: a report (~200 KB) that outgrows any pipe buffer
     con.executemany("INSERT INTO labellers (name, created_at) VALUES (?, '2026-01-01')",
                     [(f"labeller {i:04d}",) for i in range(3000)])
@@ -273,208 +248,3 @@ def test_argument_errors_are_one_line(capsys, argv: list[str], message: str) -> 
     assert rlhfkit_main(["label", *argv]) == 2
     line = _error_line(capsys)
     assert line.startswith("rlhfkit: error: command line: rlhfkit label") and message in line
-
-
-# --------------------------------------------------------------------------- one server per database
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def test_a_second_serve_on_a_served_database_is_refused_until_the_first_is_gone(tmp_path: Path, lab, no_server,
-                                                                               capsys) -> None:
-    """A second `serve` on the same database used to take over silently: with another
-    --votes-per-pair a pair got 3 votes against a cap of 1, with another pairs file the first
-    server handed out the other file's pairs. kill -9 of the first must not leave it locked."""
-    first_pairs = lab.write_pairs_file(tmp_path / "first.jsonl", lab.make_pairs(2))
-    other_pairs = lab.write_pairs_file(tmp_path / "other.jsonl", lab.make_pairs(4)[2:])
-    db = tmp_path / "votes.sqlite"
-    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    port, other_port = (free_port() for _ in range(2))
-    first = subprocess.Popen([sys.executable, "-m", "rlhfkit.cli", "label", "serve", "--pairs", str(first_pairs),
-                              "--db", str(db), "--port", str(port)], stdout=subprocess.PIPE,
-                             stderr=subprocess.STDOUT, text=True, env=env)
-    try:
-        assert first.stdout.readline().startswith("labelling 2 pair(s)")  # printed once it holds the database
-        second = ["label", "serve", "--pairs", str(other_pairs), "--db", str(db), "--port", str(other_port),
-                  "--votes-per-pair", "3"]
-        assert rlhfkit_main(second) == 2
-        assert _error_line(capsys) == (f"rlhfkit: error: {db}: another `rlhfkit label serve` is serving this "
-                                       "database; stop it first or choose another --db")
-        store = LabelStore(db)
-        assert (store.overall(), store.get_meta("votes_per_pair")) == ({"votes": 0, "target": 2, "pairs": 2}, "1")
-        store.close()
-    finally:
-        first.kill()  # SIGKILL: no clean shutdown, the kernel drops the lock
-        first.wait(timeout=30)
-    with pytest.raises(AssertionError, match="the server was started"):
-        rlhfkit_main(second)
-
-
-# --------------------------------------------------------------------------- databases that cannot be written
-
-
-ROOT_WITHOUT_OVERRIDE = ["setpriv", "--inh-caps=-dac_override", "--bounding-set=-dac_override"]
-
-
-def _as_a_user_who_may_not_write(argv: list[str]) -> subprocess.CompletedProcess:
-    """`rlhfkit label ...` as a user held to the files' permission bits: root may write any
-    file, so as root the command runs without that capability (setpriv)."""
-    prefix = ROOT_WITHOUT_OVERRIDE if os.geteuid() == 0 else []
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
-    return subprocess.run([*prefix, sys.executable, "-m", "rlhfkit.cli", "label", *argv], capture_output=True,
-                          text=True, env=env, timeout=120)
-
-
-@pytest.mark.skipif(os.geteuid() == 0 and shutil.which("setpriv") is None, reason="root without setpriv")
-def test_invite_and_serve_on_a_database_they_may_not_write_say_so_in_one_line(tmp_path: Path, lab) -> None:
-    """`attempt to write a readonly database` used to end `invite` and `serve` in a traceback."""
-    pairs = lab.write_pairs_file(tmp_path / "pairs.jsonl", lab.make_pairs(2))
-    db = cli.default_db(pairs)
-    LabelStore(db).close()
-    before = db.read_bytes()
-    db.chmod(0o444)
-    for argv in (["invite", "alice", "--db", str(db)],
-                 ["serve", "--pairs", str(pairs), "--db", str(db), "--port", str(free_port())]):
-        done = _as_a_user_who_may_not_write(argv)
-        assert (done.returncode, done.stdout, done.stderr.count("\n")) == (2, "", 1), done.stderr
-        assert done.stderr == (f"rlhfkit: error: {db}: cannot write to the labelling database (attempt to write a "
-                               "readonly database; check that you may write the file and its folder)\n")
-    assert db.read_bytes() == before
-
-
-@pytest.mark.parametrize("command", ["invite", "serve"])
-def test_a_full_disk_is_one_line(tmp_path: Path, lab, no_server, capsys, monkeypatch, command: str) -> None:
-    def full(*args: object, **kwargs: object) -> None:
-        raise sqlite3.OperationalError("database or disk is full")
-
-    monkeypatch.setattr(LabelStore, "invite" if command == "invite" else "import_pairs", full)
-    pairs = lab.write_pairs_file(tmp_path / "pairs.jsonl", lab.make_pairs(2))
-    argv = ["invite", "alice", "--pairs", str(pairs)] if command == "invite" else \
-        ["serve", "--pairs", str(pairs), "--port", str(free_port())]
-    assert rlhfkit_main(["label", *argv]) == 2
-    assert _error_line(capsys) == (f"rlhfkit: error: {cli.default_db(pairs)}: cannot write to the labelling "
-                                   "database (database or disk is full; free some disk space)")
-
-
-# --------------------------------------------------------------------------- shared-machine defaults
-
-
-@pytest.fixture
-def umask_022():
-    old = os.umask(0o022)
-    yield
-    os.umask(old)
-
-
-def _mode(path: Path) -> str:
-    return oct(path.stat().st_mode & 0o777)
-
-
-def test_database_side_files_exports_and_pairs_files_are_private(tmp_path: Path, lab, fake_models, umask_022,
-                                                                  capsys) -> None:
-    """Under umask 022 they were all 0644: every local user could read prompts, answers and names."""
-    out = tmp_path / "pairs.jsonl"
-    assert rlhfkit_main(["label", "pairs", "--prompts", "builtin:reviews", "--limit", "2", "--out", str(out)]) == 0
-    assert rlhfkit_main(["label", "invite", "alice", "--pairs", str(out)]) == 0
-    db = cli.default_db(out)
-    store = LabelStore(db)  # open, as a server would be: the -wal and -shm files exist
-    store.import_pairs(read_pairs(out))
-    store.submit_vote("alice", store.next_pair("alice").pair_id, 1, "req-0001")
-    prefs = tmp_path / "prefs.jsonl"
-    assert rlhfkit_main(["label", "export", "--db", str(db), "--out", str(prefs)]) == 0
-    files = [out, db, Path(f"{db}-wal"), Path(f"{db}-shm"), prefs]
-    assert {p.name: _mode(p) for p in files} == {p.name: oct(0o600) for p in files}
-    store.close()
-
-
-@pytest.mark.parametrize("command", ["serve", "invite", "stats", "export"])
-def test_the_database_must_be_a_regular_file(tmp_path: Path, lab, no_server, capsys, command: str) -> None:
-    """`--db /dev/null` was accepted."""
-    pairs = lab.write_pairs_file(tmp_path / "pairs.jsonl", lab.make_pairs(1))
-    argv = {"serve": ["serve", "--pairs", str(pairs), "--port", str(free_port())], "invite": ["invite", "alice"],
-            "stats": ["stats"], "export": ["export", "--out", str(tmp_path / "o.jsonl")]}[command]
-    assert rlhfkit_main(["label", *argv, "--db", os.devnull]) == 2
-    assert _error_line(capsys) == f"rlhfkit: error: {os.devnull}: not a regular file; the database must be a file"
-    assert not Path(f"{os.devnull}-wal").exists() and not (tmp_path / "o.jsonl").exists()
-
-
-@pytest.fixture
-def served(monkeypatch: pytest.MonkeyPatch) -> list:
-    """Let `serve` go all the way but hand back the app instead of serving it."""
-    from rlhfkit.label import serve
-
-    apps: list = []
-    monkeypatch.setattr(serve, "run_server", lambda app, sock, log_level: apps.append(app))
-    return apps
-
-
-def test_a_token_from_the_environment_is_used_and_never_printed(tmp_path: Path, lab, served, monkeypatch,
-                                                                capsys) -> None:
-    """The banner printed the token, wherever it came from (a banner ends up in logs; an option in `ps`)."""
-    from fastapi.testclient import TestClient
-
-    pairs = lab.write_pairs_file(tmp_path / "pairs.jsonl", lab.make_pairs(1))
-    monkeypatch.setenv("RLHFKIT_LABEL_TOKEN", "env-token-123")
-    assert rlhfkit_main(["label", "serve", "--pairs", str(pairs), "--port", str(free_port())]) == 0
-    out = capsys.readouterr().out
-    assert "env-token-123" not in out and "?token=$RLHFKIT_LABEL_TOKEN" in out
-    client = TestClient(served[0], base_url="http://127.0.0.1:8000")
-    assert client.get("/api/health").status_code == 401
-    assert client.get("/api/health", headers={"X-Label-Token": "env-token-123"}).status_code == 200
-    monkeypatch.delenv("RLHFKIT_LABEL_TOKEN")
-    assert rlhfkit_main(["label", "serve", "--pairs", str(pairs), "--port", str(free_port()),
-                         "--token", "option-token-1"]) == 0
-    assert "note: --token is visible to every user of this machine (ps)" in capsys.readouterr().out
-
-
-@pytest.mark.parametrize(("value", "message"), [
-    ("", "RLHFKIT_LABEL_TOKEN is empty: give it 8-128 characters of letters, digits and _.~-, or unset "
-         "RLHFKIT_LABEL_TOKEN"),
-    ("short", "RLHFKIT_LABEL_TOKEN must be 8-128 characters of letters, digits and _.~-")])
-def test_a_bad_token_in_the_environment_is_blamed_on_the_environment(tmp_path: Path, lab, no_server, monkeypatch,
-                                                                     capsys, value: str, message: str) -> None:
-    """An empty RLHFKIT_LABEL_TOKEN was reported as a bad --token, an option never given."""
-    pairs = lab.write_pairs_file(tmp_path / "pairs.jsonl", lab.make_pairs(1))
-    monkeypatch.setenv("RLHFKIT_LABEL_TOKEN", value)
-    assert rlhfkit_main(["label", "serve", "--pairs", str(pairs)]) == 2
-    assert _error_line(capsys) == f"rlhfkit: error: {message}"
-    assert not cli.default_db(pairs).exists()
-
-
-@pytest.mark.skipif(os.geteuid() == 0 and shutil.which("setpriv") is None, reason="root without setpriv")
-def test_stats_and_export_read_a_database_in_a_read_only_folder(tmp_path: Path, lab) -> None:
-    """SQLite must create DB-shm to read a WAL database; in a read-only folder that failed with a
-    misleading "attempt to write a readonly database". With no -wal file every vote is in the
-    database file: it is read as immutable. With one, the message says what to do."""
-    pairs, db = _voted_db(tmp_path, lab)
-    folder, wal_folder = tmp_path / "ro", tmp_path / "ro-wal"
-    folder.mkdir()
-    shutil.copy(db, folder / db.name)
-    wal_folder.mkdir()
-    store = LabelStore(db)  # open: the -wal file holds a vote not yet in the database file
-    store.register("bob")
-    store.submit_vote("bob", store.next_pair("bob").pair_id, 5, "req-0002")
-    for name in (db.name, f"{db.name}-wal"):
-        shutil.copy(tmp_path / name, wal_folder / name)
-    store.close()
-    out = tmp_path / "prefs.jsonl"
-    try:
-        for f in (folder, wal_folder):
-            f.chmod(0o555)
-        done = _as_a_user_who_may_not_write(["stats", "--db", str(folder / db.name), "--json"])
-        assert done.returncode == 0 and json.loads(done.stdout)["counts"]["votes"] == 1, done.stderr
-        done = _as_a_user_who_may_not_write(["export", "--db", str(folder / db.name), "--out", str(out)])
-        assert done.returncode == 0 and len(lab.read_jsonl(out)) == 1, done.stderr
-        done = _as_a_user_who_may_not_write(["stats", "--db", str(wal_folder / db.name)])
-        assert done.returncode == 2 and done.stderr == (
-            f"rlhfkit: error: {wal_folder / db.name}: cannot read it here: SQLite must create {db.name}-shm next "
-            f"to it to read the votes still in {db.name}-wal, and this user cannot write that folder; copy the "
-            "database with its -wal file to a folder you can write\n")
-        assert sorted(os.listdir(folder)) == [db.name]  # nothing written
-    finally:
-        for f in (folder, wal_folder):
-            f.chmod(0o755)
