@@ -3,9 +3,11 @@ running out of descriptors is logged once (loopback only, 127.0.0.1; every wait 
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import select
 import socket
+import threading
 import time
 
 import httpx
@@ -67,25 +69,61 @@ def _keep_alive_request(port: int) -> socket.socket:
     return sock
 
 
-def test_connections_beyond_the_cap_are_answered_503_and_closed(store: LabelStore, lab) -> None:
+def _recv_all(sock: socket.socket) -> bytes:
+    answer = b""
+    while chunk := sock.recv(4096):
+        answer += chunk
+    return answer
+
+
+def test_at_the_cap_a_new_connection_takes_the_place_of_the_longest_idle_one(store: LabelStore, lab) -> None:
     """Open connections used to be limited by nothing but the descriptor limit (70 idle ones made
     /api/health time out under a 64-descriptor limit)."""
     limits = Limits(request_seconds=60, keep_alive_seconds=60, max_connections=2)
     with lab.LiveServer(create_app(store), limits) as srv:
-        held = [_keep_alive_request(srv.port) for _ in range(2)]
+        oldest, newer = (_keep_alive_request(srv.port) for _ in range(2))
+        with httpx.Client(timeout=BOUND_S) as client:
+            assert client.get(f"{srv.url}/api/health", headers={"Connection": "close"}).status_code == 200
+        assert _recv_all(oldest) == b""  # closed to make room; the newer idle one is still open
+        newer.sendall(f"GET /api/health HTTP/1.1\r\nHost: 127.0.0.1:{srv.port}\r\n\r\n".encode())
+        assert newer.recv(4096).startswith(b"HTTP/1.1 200 ")
+        oldest.close()
+        newer.close()
+
+
+def _held_app(store: LabelStore, started: list, release: threading.Event):
+    """The labelling app, plus GET /held: answers /api/health once ``release`` is set."""
+    inner = create_app(store)
+
+    async def app(scope, receive, send) -> None:
+        if scope["type"] == "http" and scope["path"] == "/held":
+            started.append(1)
+            while not release.is_set():
+                await asyncio.sleep(0.01)
+            scope = {**scope, "path": "/api/health", "raw_path": b"/api/health"}
+        await inner(scope, receive, send)
+
+    return app
+
+
+def test_when_every_connection_is_being_answered_a_new_one_gets_503(store: LabelStore, lab) -> None:
+    started, release = [], threading.Event()
+    limits = Limits(request_seconds=60, keep_alive_seconds=60, max_connections=2)
+    with lab.LiveServer(_held_app(store, started, release), limits) as srv:
+        busy = [socket.create_connection(("127.0.0.1", srv.port), timeout=BOUND_S) for _ in range(2)]
+        for sock in busy:
+            sock.sendall(f"GET /held HTTP/1.1\r\nHost: 127.0.0.1:{srv.port}\r\n\r\n".encode())
+        deadline = time.monotonic() + BOUND_S
+        while len(started) < 2 and time.monotonic() < deadline:  # both requests are in the app
+            time.sleep(0.01)
         with socket.create_connection(("127.0.0.1", srv.port), timeout=BOUND_S) as extra:
-            answer = b""
-            while chunk := extra.recv(4096):
-                answer += chunk
+            answer = _recv_all(extra)
+        release.set()
         assert answer.startswith(b"HTTP/1.1 503 ") and b"connection: close" in answer
         assert answer.endswith(b'{"error": "too many connections; try again in a moment"}')
-        held.pop().close()
-        deadline, status = time.monotonic() + BOUND_S, None
-        with httpx.Client(timeout=BOUND_S) as client:
-            while status != 200 and time.monotonic() < deadline:  # until the server saw the close
-                status = client.get(f"{srv.url}/api/health", headers={"Connection": "close"}).status_code
-        assert status == 200
-        held.pop().close()
+        for sock in busy:  # the two requests being answered were never cut off
+            assert sock.recv(4096).startswith(b"HTTP/1.1 200 ")
+            sock.close()
 
 
 def test_the_default_cap_leaves_room_in_the_descriptor_limit() -> None:

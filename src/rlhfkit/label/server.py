@@ -10,9 +10,12 @@ time, stays open for ever and holds a file descriptor. So this module adds:
   been sent, the next request must arrive whole (headers and body) within
   ``request_seconds``; otherwise the connection is closed. A request that has arrived is
   never cut off while the app works on it.
-- **a connection cap**: a connection beyond ``max_connections`` is answered 503 and closed
-  at once, before it can pin a descriptor; the default leaves room in the descriptor limit
-  for each connection's database files (a socket plus up to three SQLite files).
+- **a connection cap**: a connection beyond ``max_connections`` takes the place of the one
+  that has waited longest for its request (idle or trickling clients go first, so they cannot
+  lock others out); if every connection has a request being answered, the new one gets 503
+  and is closed at once, before it can pin a descriptor. The default leaves room in the
+  descriptor limit for each connection's database files (a socket plus up to three SQLite
+  files).
 - **quiet accept errors**: out of descriptors, asyncio stops accepting for a second (its
   back-off) but logs a traceback for every attempt, a hundred per retry; this server logs
   one line a minute instead.
@@ -80,15 +83,29 @@ class DeadlineProtocol(H11Protocol):
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         self._deadline: asyncio.TimerHandle | None = None
+        self._waiting_since = self.loop.time()
         super().connection_made(transport)
         if len(self.connections) > self.limits.max_connections:
-            if self.full.ready():
-                log.warning("labelling app: %d connections open (the cap); refusing new ones for now",
-                            self.limits.max_connections)
-            transport.write(FULL_ANSWER)
-            transport.close()
-            return
+            victim = self._longest_waiting()
+            if victim is None:  # every other connection has a request in the works
+                if self.full.ready():
+                    log.warning("labelling app: %d connections busy (the cap); refusing new ones for now",
+                                self.limits.max_connections)
+                transport.write(FULL_ANSWER)
+                transport.close()
+                return
+            victim.transport.close()
         self._arm()
+
+    def _waiting(self) -> bool:
+        """No request of this connection has arrived whole yet (idle, or still arriving)."""
+        return self.conn.their_state in (h11.IDLE, h11.SEND_BODY) and not self.transport.is_closing()
+
+    def _longest_waiting(self) -> DeadlineProtocol | None:
+        """At the cap, the connection to close for a new one: the one that has waited longest
+        for its request (an idle or trickling client), never one whose request is being answered."""
+        waiting = [c for c in self.connections if c is not self and isinstance(c, DeadlineProtocol) and c._waiting()]
+        return min(waiting, key=lambda c: c._waiting_since, default=None)
 
     def on_response_complete(self) -> None:
         super().on_response_complete()
@@ -104,11 +121,12 @@ class DeadlineProtocol(H11Protocol):
         if self._deadline is not None:
             self._deadline.cancel()
         if not self.transport.is_closing():
+            self._waiting_since = self.loop.time()
             self._deadline = self.loop.call_later(self.limits.request_seconds, self._overdue)
 
     def _overdue(self) -> None:
         """The next request has not arrived whole in time: idle, or headers/body still coming."""
-        if self.conn.their_state in (h11.IDLE, h11.SEND_BODY) and not self.transport.is_closing():
+        if self._waiting():
             self.transport.close()
 
 
