@@ -64,6 +64,7 @@ NO_TELEMETRY = {"tracing": False, "metrics": False, "logs": False, "operation_sp
 STATIC_TYPES = {"app.js": "text/javascript; charset=utf-8", "style.css": "text/css; charset=utf-8"}
 AUTH_MODES = ("open", "invite")
 CREDENTIAL_HEADER = "x-labeller-token"
+DEAD_LINK = "unknown, replaced or expired invitation link; ask for a new one"
 
 
 def _check_pair_id(value: str) -> str:
@@ -154,7 +155,7 @@ class Identity:
         """The labeller a live invitation secret belongs to, or 401."""
         name = self.store.authenticate(invite) if self.auth == "invite" else None
         if name is None:
-            raise Unauthorized("unknown, replaced or expired invitation link; ask for a new one")
+            raise Unauthorized(DEAD_LINK)
         return name
 
     def acting(self, request: Request, claimed: str | None) -> str:
@@ -201,10 +202,9 @@ def _add_page_routes(app: FastAPI, identity: Identity) -> None:
 
     @app.post("/api/signin")
     def sign_in(request: Request, body: InviteBody) -> JSONResponse:
-        identity.invited(body.invite)
-        signed = identity.store.sign_in(body.invite)
-        if signed is None:  # expired or replaced between the two lines above
-            raise Unauthorized("unknown, replaced or expired invitation link; ask for a new one")
+        signed = identity.store.sign_in(body.invite) if identity.auth == "invite" else None
+        if signed is None:
+            raise Unauthorized(DEAD_LINK)
         response = JSONResponse({"auth": identity.auth, "labeller": signed[0]})
         response.set_cookie(cookie_name("session", request.scope), signed[1], httponly=True, samesite="strict",
                             path="/")
