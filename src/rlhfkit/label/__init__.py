@@ -12,6 +12,7 @@ Modules, in the order data flows through them:
 - ``records``    what the store hands out (Shown, Progress, VoteRecord...) and its errors
 - ``queries``    read-only questions (votes, counts, activity); ``ReadOnlyStore``
 - ``store``      the rules that change data: leases, the per-pair cap, votes, skips, undo
+- ``invitations`` invitation links (expiring) and browser sessions, part of the store
 - ``app``        the FastAPI web app (JSON API + static UI in ``static/``), who is acting
 - ``security``   access token, Host/Origin checks, body limits and security headers
 - ``agreement``  Fleiss' and Cohen's kappa
