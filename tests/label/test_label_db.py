@@ -146,3 +146,16 @@ def test_stats_escapes_what_a_supplied_database_holds_in_names(tmp_path: Path, c
     assert "\\x1b]0;pwned\\x07\\x1b[2Jeve" in out and "mal\\u202elory" in out
     assert rlhfkit_main(["label", "stats", "--db", str(db), "--json"]) == 0
     assert "\x1b" not in capsys.readouterr().out  # JSON escapes control characters itself
+
+
+def test_invite_escapes_the_stored_display_name_too(tmp_path: Path, capsys) -> None:
+    db = tmp_path / "supplied.sqlite"
+    LabelStore(db).register("eve")
+    con = sqlite3.connect(db)
+    con.execute("UPDATE labellers SET name = ? WHERE name_key = 'eve'", ("\x1b[2Jeve",))
+    con.commit()
+    con.close()
+    for extra in ([], ["--revoke"]):
+        assert rlhfkit_main(["label", "invite", "eve", "--db", str(db), *extra]) == 0
+    out = capsys.readouterr().out
+    assert "\x1b" not in out and out.count("\\x1b[2Jeve") == 2

@@ -174,7 +174,7 @@ def invite_link(base_url: str, token: str) -> str:
 def cmd_invite(args: argparse.Namespace) -> int:
     """Create or re-key a labeller and print their sign-in link (or revoke it)."""
     from rlhfkit.label.db import writes_reported
-    from rlhfkit.label.identity import clean_name
+    from rlhfkit.label.identity import clean_name, printable
     from rlhfkit.label.records import LabelError
     from rlhfkit.label.store import LabelStore
 
@@ -192,15 +192,15 @@ def cmd_invite(args: argparse.Namespace) -> int:
         store = LabelStore(db)
         try:
             if args.revoke:
-                print(f"{store.revoke(args.name)}'s invitation link no longer works (their votes are kept)")
+                print(f"{printable(store.revoke(args.name))}'s invitation link no longer works (their votes are kept)")
                 return 0
             name, token = store.invite(args.name, expires_seconds=expires)
-            until = store.invite_expires_at(name) or ""
+            until = store.invite_expires_at(args.name) or ""
         except LabelError as e:
             raise UserError(str(e)) from None
         finally:
             store.close()
-    print(f"invited {name}; their personal link, valid until {until[:16].replace('T', ' ')} UTC (it signs them "
+    print(f"invited {printable(name)}; their personal link, valid until {until[:16].replace('T', ' ')} UTC (it signs them "
           "in: send it to them only; inviting the name again replaces it):")
     print(invite_link(args.url, token))
     return 0

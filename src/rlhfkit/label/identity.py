@@ -37,6 +37,12 @@ def is_default_ignorable(ch: str) -> bool:
     return any(low <= ord(ch) <= high for low, high in DEFAULT_IGNORABLE)
 
 
+def printable(text: str) -> str:
+    """``text`` with every character a terminal would act on or hide escaped (``\\x1b``,
+    ``\\u202e``, ``\\u3164``): names in a supplied database are not trusted to be clean."""
+    return "".join(ascii(ch)[1:-1] if not ch.isprintable() or is_default_ignorable(ch) else ch for ch in text)
+
+
 def clean_name(raw: str) -> str:
     """The display form of a labeller name: NFKC, trimmed, inner spaces collapsed.
 

@@ -8,7 +8,7 @@ from collections.abc import Sequence
 
 from rlhfkit.label.agreement import cohen_kappa, counts_table, fleiss_kappa
 from rlhfkit.label.export import group_votes
-from rlhfkit.label.identity import is_default_ignorable
+from rlhfkit.label.identity import printable
 from rlhfkit.label.queries import ReadQueries
 from rlhfkit.label.records import VoteRecord
 from rlhfkit.label.scale import SCORE_NAMES
@@ -62,12 +62,6 @@ def compute_stats(store: ReadQueries) -> dict[str, object]:
         "labellers": store.labeller_activity(),
         "agreement": agreement(votes),
     }
-
-
-def printable(text: str) -> str:
-    """``text`` with every character a terminal would act on or hide escaped (``\\x1b``,
-    ``\\u202e``, ``\\u3164``): names in a supplied database are not trusted to be clean."""
-    return "".join(ascii(ch)[1:-1] if not ch.isprintable() or is_default_ignorable(ch) else ch for ch in text)
 
 
 def _fmt(x: object) -> str:
