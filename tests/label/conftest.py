@@ -15,6 +15,7 @@ from types import SimpleNamespace
 import pytest
 
 from rlhfkit.label.pairs import Pair
+from rlhfkit.label.server import Limits, make_server
 from rlhfkit.label.store import LabelStore
 
 XSS = '<script>window.__pwned = 1</script><img src=x onerror="window.__pwned = 2">'
@@ -38,6 +39,19 @@ def store(tmp_path: Path) -> Iterator[LabelStore]:
     s.close()
 
 
+def voted_db(tmp_path: Path) -> tuple[Path, Path]:
+    """A pairs file (2 pairs) and its default database with one vote by alice."""
+    from rlhfkit.label.options import default_db
+
+    pairs = write_pairs_file(tmp_path / "pairs.jsonl", make_pairs(2))
+    store = LabelStore(default_db(pairs))
+    store.import_pairs(make_pairs(2))
+    store.register("alice")
+    store.submit_vote("alice", store.next_pair("alice").pair_id, 1, "req-0001")
+    store.close()
+    return pairs, default_db(pairs)
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -45,15 +59,13 @@ def free_port() -> int:
 
 
 class LiveServer:
-    """Run an ASGI app with uvicorn on a free loopback port in a background thread."""
+    """Run an ASGI app on a free loopback port in a background thread, with the server and
+    the connection limits `rlhfkit label serve` uses (``limits``: other ones)."""
 
-    def __init__(self, app) -> None:
-        import uvicorn
-
+    def __init__(self, app, limits: Limits | None = None) -> None:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
-        config = uvicorn.Config(app, host="127.0.0.1", port=self.port, log_level="warning", access_log=False)
-        self.server = uvicorn.Server(config)
+        self.server = make_server(app, limits, host="127.0.0.1", port=self.port)
         self.thread = threading.Thread(target=self.server.run, daemon=True)
 
     def __enter__(self) -> LiveServer:
@@ -72,6 +84,18 @@ class LiveServer:
 
 def read_jsonl(path: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+
+
+@pytest.fixture
+def no_server(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Fail instead of serving forever if a command gets as far as starting the server."""
+    import uvicorn
+
+    def refuse(*args: object, **kwargs: object) -> None:
+        raise AssertionError("the server was started")
+
+    monkeypatch.setattr(uvicorn, "run", refuse)
+    monkeypatch.setattr(uvicorn.Server, "run", refuse)
 
 
 @pytest.fixture
@@ -100,5 +124,7 @@ def lab() -> SimpleNamespace:
         write_pairs_file=write_pairs_file,
         LiveServer=LiveServer,
         read_jsonl=read_jsonl,
+        voted_db=voted_db,
+        free_port=free_port,
         XSS=XSS,
     )

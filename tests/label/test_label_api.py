@@ -182,10 +182,20 @@ def test_host_and_origin_checks(store: LabelStore) -> None:
 
 @pytest.mark.parametrize(
     ("header", "host"),
-    [("127.0.0.1:8000", "127.0.0.1"), ("LocalHost", "localhost"), ("[::1]:80", "::1"), ("[::1]", "::1"), ("", "")],
+    [("127.0.0.1:8000", "127.0.0.1"), ("LocalHost", "localhost"), ("[::1]:80", "::1"), ("[::1]", "::1"), ("", None),
+     # lax parsing used to accept these as loopback names:
+     ("127.0.0.1:18002@evil.com", None), ("[::1]evil.com", None), ("[::1].evil.com:80", None),
+     ("localhost:evil", None), ("localhost:80:80", None), ("localhost :80", None)],
 )
-def test_hostname_of(header: str, host: str) -> None:
+def test_hostname_of(header: str, host: str | None) -> None:
     assert hostname_of(header) == host
+
+
+@pytest.mark.parametrize("host", ["127.0.0.1:18002@evil.com", "[::1]evil.com", "[::1].evil.com:80", "localhost:evil"])
+def test_host_headers_that_only_start_like_a_loopback_name_are_refused(store: LabelStore, host: str) -> None:
+    client = TestClient(create_app(store, allowed_hosts=LOOPBACK_HOSTS), base_url="http://127.0.0.1:8000")
+    r = client.get("/api/health", headers={"Host": host})
+    assert r.status_code == 400 and r.json()["error"].startswith("Host header not allowed")
 
 
 def test_undo_answers_whether_the_pair_came_back(tmp_path, lab) -> None:

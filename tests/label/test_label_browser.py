@@ -1,5 +1,6 @@
 """A real Chromium (Debian's, headless, via Playwright): one labeller labels three pairs and we
-export; two labellers sign in with their own invitation links and cannot touch each other's votes.
+export; two labellers sign in with their own invitation links (the page asks before it signs
+anyone in) and cannot touch each other's votes.
 
 Skipped when /usr/bin/chromium is not installed (`apt-get install -y chromium`).
 """
@@ -101,7 +102,7 @@ def test_label_three_pairs_with_keys_and_mouse_then_export(tmp_path: Path, lab) 
         row = rows[prompt]
         assert (row["chosen"], row["rejected"]) == (winner, loser)
         assert {row["chosen"], row["rejected"]} == {by_prompt[prompt].response_a, by_prompt[prompt].response_b}
-        assert (row["strength"], row["margin"], row["labeller"], row["votes"]) == (strength, strength, "alice", 1)
+        assert (row["strength"], row["margin"], row["labellers"], row["votes"]) == (strength, strength, ["alice"], 1)
     store.close()
 
 
@@ -130,10 +131,14 @@ def test_invitation_links_sign_labellers_in_and_keep_their_votes_apart(tmp_path:
         expect(stranger.locator("#signin")).to_be_visible()
         expect(stranger.locator("#login")).to_be_hidden()
 
-        # Alice opens her own link: signed in as alice, the secret gone from the address bar.
+        # Alice opens her own link: the page asks first (a link alone signs nobody in), the secret
+        # is gone from the address bar; she clicks and is signed in as alice.
         alice = open_page(f"/?invite={links['alice']}")
-        expect(alice.locator("#who-name")).to_have_text("alice")
+        expect(alice.locator("#confirm-name")).to_have_text("alice")
         assert alice.url == srv.url + "/"
+        assert alice.evaluate("fetch('api/session').then(r => r.json())")["labeller"] is None
+        alice.click("#confirm-signin")
+        expect(alice.locator("#who-name")).to_have_text("alice")
         expect(alice.locator("#switch")).to_be_hidden()
         expect(alice.locator("#progress-text")).to_have_text("1 of 2")
         alice.keyboard.press("1")  # "one": left is significantly better
@@ -143,6 +148,7 @@ def test_invitation_links_sign_labellers_in_and_keep_their_votes_apart(tmp_path:
 
         # Bob opens his link; his undo has nothing of his to take back.
         bob = open_page(f"/?invite={links['bob']}")
+        bob.click("#confirm-signin")
         expect(bob.locator("#who-name")).to_have_text("bob")
         expect(bob.locator("#prompt")).to_have_text("Describe the sea.")
         bob.keyboard.press("u")

@@ -113,7 +113,7 @@ def test_export_and_stats_commands(tmp_path: Path, lab, capsys) -> None:
     out = tmp_path / "prefs.jsonl"
     assert rlhfkit_main(["label", "export", "--pairs", str(pairs), "--out", str(out)]) == 0
     rows = lab.read_jsonl(out)
-    assert all(r["votes"] == 2 and r["labeller"] == "alice,bob" for r in rows)
+    assert all(r["votes"] == 2 and r["labellers"] == ["alice", "bob"] for r in rows)
     assert rlhfkit_main(["label", "stats", "--pairs", str(pairs), "--json"]) == 0
     stats = json.loads(capsys.readouterr().out.split("\n", 1)[1])  # first line is export's summary
     assert stats["counts"]["votes"] == 6 and stats["pairs_complete"] == 3

@@ -14,20 +14,7 @@ import pytest
 
 from rlhfkit.cli import main as rlhfkit_main
 from rlhfkit.label import cli
-from rlhfkit.label.pairs import read_pairs
 from rlhfkit.label.store import LabelStore
-
-
-@pytest.fixture
-def no_server(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Fail instead of serving forever if a command gets as far as starting the server."""
-    import uvicorn
-
-    def refuse(*args: object, **kwargs: object) -> None:
-        raise AssertionError("the server was started")
-
-    monkeypatch.setattr(uvicorn, "run", refuse)
-    monkeypatch.setattr(uvicorn.Server, "run", refuse)
 
 
 def _error_line(capsys) -> str:
@@ -102,19 +89,9 @@ def test_export_refuses_unusable_numbers(tmp_path: Path, lab, capsys, option, va
 # --------------------------------------------------------------------------- export --out
 
 
-def _voted_db(tmp_path: Path, lab) -> tuple[Path, Path]:
-    pairs = lab.write_pairs_file(tmp_path / "pairs.jsonl", lab.make_pairs(2))
-    store = LabelStore(cli.default_db(pairs))
-    store.import_pairs(read_pairs(pairs))
-    store.register("alice")
-    store.submit_vote("alice", store.next_pair("alice").pair_id, 1, "req-0001")
-    store.close()
-    return pairs, cli.default_db(pairs)
-
-
 @pytest.mark.parametrize("target", ["db", "pairs", "db-wal", "link-to-db"])
 def test_export_never_overwrites_its_inputs(tmp_path: Path, lab, capsys, target: str) -> None:
-    pairs, db = _voted_db(tmp_path, lab)
+    pairs, db = lab.voted_db(tmp_path)
     (tmp_path / "link").symlink_to(db)
     out = {"db": db, "pairs": pairs, "db-wal": Path(f"{db}-wal"), "link-to-db": tmp_path / "link"}[target]
     Path(f"{db}-wal").touch()
@@ -127,11 +104,42 @@ def test_export_never_overwrites_its_inputs(tmp_path: Path, lab, capsys, target:
     assert [v.choice for v in LabelStore(db).votes()] == [1]  # every vote still there
 
 
+@pytest.mark.parametrize("suffix", ["-wal", "-shm", "-journal"])
+def test_export_through_a_symlinked_database_refuses_the_side_files_sqlite_really_uses(
+        tmp_path: Path, lab, capsys, suffix: str) -> None:
+    """`--db link.sqlite` (-> real.sqlite): SQLite keeps real.sqlite-wal, not link.sqlite-wal. The
+    guard used to build the names from the path as given, so `--out real.sqlite-wal --force` was
+    accepted and replaced the live write-ahead log (all acknowledged votes gone after a kill -9)."""
+    _, db = lab.voted_db(tmp_path)
+    link = tmp_path / "link.sqlite"
+    link.symlink_to(db)
+    out = Path(f"{db}{suffix}")  # need not exist yet: the server creates it while it runs
+    assert rlhfkit_main(["label", "export", "--db", str(link), "--out", str(out), "--force"]) == 2
+    assert _error_line(capsys) == (f"rlhfkit: error: --out {out} is the labelling database ({out}); "
+                                   "writing it would destroy it, choose another file")
+    assert not out.exists() and [v.choice for v in LabelStore(link).votes()] == [1]
+
+
+@pytest.mark.parametrize("suffix", ["", "-wal", "-journal"])
+def test_pairs_never_overwrites_an_sqlite_database_or_its_side_files(tmp_path: Path, fake_models, capsys,
+                                                                    suffix: str) -> None:
+    """`label pairs --out pairs.labels.sqlite --force` used to replace the labelling database."""
+    db = tmp_path / "pairs.labels.sqlite"
+    LabelStore(db).close()
+    before = db.read_bytes()
+    out = Path(f"{db}{suffix}")
+    assert rlhfkit_main(["label", "pairs", "--prompts", "builtin:reviews", "--out", str(out), "--force"]) == 2
+    role = "an SQLite database" if not suffix else f"a file of the SQLite database {db}"
+    assert _error_line(capsys) == (f"rlhfkit: error: --out {out} is {role}; writing it would destroy it, "
+                                   "even with --force: choose another file")
+    assert db.read_bytes() == before and not Path(f"{db}-wal").exists() and fake_models == []
+
+
 @pytest.mark.parametrize(("out", "message"), [("", "--out: empty path; give a file name"),
                                               ("DIR", "--out DIR: is a directory; give a file name"),
                                               ("FILE/x.jsonl", "--out FILE/x.jsonl: FILE is not a directory")])
 def test_export_bad_paths_are_one_line_and_leave_no_temporary(tmp_path: Path, lab, capsys, out, message) -> None:
-    pairs, _ = _voted_db(tmp_path, lab)
+    pairs, _ = lab.voted_db(tmp_path)
     (tmp_path / "dir").mkdir()
     (tmp_path / "file").write_text("x")
     names = {"DIR": str(tmp_path / "dir"), "FILE": str(tmp_path / "file")}
@@ -144,13 +152,13 @@ def test_export_bad_paths_are_one_line_and_leave_no_temporary(tmp_path: Path, la
 
 
 def test_export_needs_force_and_never_follows_a_planted_temporary_symlink(tmp_path: Path, lab, capsys) -> None:
-    pairs, _ = _voted_db(tmp_path, lab)
+    pairs, _ = lab.voted_db(tmp_path)
     out, victim = tmp_path / "prefs.jsonl", tmp_path / "victim.txt"
     victim.write_text("precious\n")
     (tmp_path / "prefs.jsonl.tmp").symlink_to(victim)  # the old fixed temporary name
     assert rlhfkit_main(["label", "export", "--pairs", str(pairs), "--out", str(out)]) == 0
     assert victim.read_text() == "precious\n" and len(lab.read_jsonl(out)) == 1
-    assert oct(out.stat().st_mode & 0o777) != oct(0o600)  # a normal file, not mkstemp's private mode
+    assert oct(out.stat().st_mode & 0o777) == oct(0o600)  # private: prompts, answers, names
     assert rlhfkit_main(["label", "export", "--pairs", str(pairs), "--out", str(out)]) == 2
     assert _error_line(capsys) == f"rlhfkit: error: {out} exists; pass --force to overwrite it"
     out.unlink()
@@ -174,7 +182,11 @@ def test_pairs_out_cannot_be_the_prompts_file(tmp_path: Path, fake_models, capsy
 @pytest.mark.parametrize(
     ("raw", "message"),
     [(b'{"pair_id": "a", "prompt": "p", "response_a": "x\xff", "response_b": "y"}\n', "not UTF-8 (byte 0xff"),
-     (b'{"pair_id": "a", "prompt": "p", "response_a": "\\ud800", "response_b": "y"}\n', "lone surrogate")],
+     (b'{"pair_id": "a", "prompt": "p", "response_a": "\\ud800", "response_b": "y"}\n', "lone surrogate"),
+     # used to end in a traceback (RecursionError, ValueError), exit code 1
+     (b"[" * 100_000 + b"\n", "invalid JSON (nested too deeply)"),
+     (b'{"pair_id": "a", "n": ' + b"7" * 5000 + b"}\n",
+      "invalid JSON (Exceeds the limit (4300 digits) for integer string conversion: value has 5000 digits)")],
 )
 def test_serve_with_bad_bytes_in_the_pairs_file_writes_nothing(tmp_path: Path, lab, no_server, capsys, raw, message):
     pairs = tmp_path / "pairs.jsonl"
@@ -210,7 +222,7 @@ def test_bind_errors_blame_what_is_wrong() -> None:
 
 def test_stats_into_a_closed_pipe_ends_quietly(tmp_path: Path, lab) -> None:
     """`rlhfkit label stats | head`: the reader leaves early; no BrokenPipe traceback."""
-    pairs, db = _voted_db(tmp_path, lab)
+    pairs, db = lab.voted_db(tmp_path)
     con = sqlite3.connect(db)  # 3000 labellers: a report (~200 KB) that outgrows any pipe buffer
     con.executemany("INSERT INTO labellers (name, created_at) VALUES (?, '2026-01-01')",
                     [(f"labeller {i:04d}",) for i in range(3000)])

@@ -128,3 +128,34 @@ def test_read_only_store_sees_the_votes_of_a_running_server(tmp_path: Path, lab)
         reader._con.execute("DELETE FROM votes")
     reader.close()
     server.close()
+
+
+def test_stats_escapes_what_a_supplied_database_holds_in_names(tmp_path: Path, capsys) -> None:
+    """Names come from the database, which may be someone else's: a terminal escape sequence in a
+    name used to reach the terminal raw (retitle it, clear it, hide text with U+202E)."""
+    db = tmp_path / "supplied.sqlite"
+    _v1_database(db)
+    hostile = {1: "\x1b]0;pwned\x07\x1b[2Jeve", 2: "mal\u202elory"}
+    con = sqlite3.connect(db)
+    con.executemany("UPDATE labellers SET name = ? WHERE labeller_id = ?", [(n, i) for i, n in hostile.items()])
+    con.commit()
+    con.close()
+    assert rlhfkit_main(["label", "stats", "--db", str(db)]) == 0
+    out = capsys.readouterr().out
+    assert "\x1b" not in out and "\x07" not in out and "\u202e" not in out
+    assert "\\x1b]0;pwned\\x07\\x1b[2Jeve" in out and "mal\\u202elory" in out
+    assert rlhfkit_main(["label", "stats", "--db", str(db), "--json"]) == 0
+    assert "\x1b" not in capsys.readouterr().out  # JSON escapes control characters itself
+
+
+def test_invite_escapes_the_stored_display_name_too(tmp_path: Path, capsys) -> None:
+    db = tmp_path / "supplied.sqlite"
+    LabelStore(db).register("eve")
+    con = sqlite3.connect(db)
+    con.execute("UPDATE labellers SET name = ? WHERE name_key = 'eve'", ("\x1b[2Jeve",))
+    con.commit()
+    con.close()
+    for extra in ([], ["--revoke"]):
+        assert rlhfkit_main(["label", "invite", "eve", "--db", str(db), *extra]) == 0
+    out = capsys.readouterr().out
+    assert "\x1b" not in out and out.count("\\x1b[2Jeve") == 2

@@ -28,11 +28,11 @@ VOTES = [
 def test_mean_aggregation_golden() -> None:
     rows = preference_rows(VOTES)
     assert rows == [
-        {"prompt": "prompt p1", "chosen": "A-p1", "rejected": "B-p1", "labeller": "alice,bob", "votes": 2,
+        {"prompt": "prompt p1", "chosen": "A-p1", "rejected": "B-p1", "labellers": ["alice", "bob"], "votes": 2,
          "pair_id": "p1", "strength": 1.0, "margin": 0.75},
-        {"prompt": "prompt p2", "chosen": "B-p2", "rejected": "A-p2", "labeller": "alice,bob", "votes": 2,
+        {"prompt": "prompt p2", "chosen": "B-p2", "rejected": "A-p2", "labellers": ["alice", "bob"], "votes": 2,
          "pair_id": "p2", "strength": 0.5, "margin": 0.5},
-        {"prompt": "prompt p4", "chosen": "B-p4", "rejected": "A-p4", "labeller": "carol", "votes": 1,
+        {"prompt": "prompt p4", "chosen": "B-p4", "rejected": "A-p4", "labellers": ["carol"], "votes": 1,
          "pair_id": "p4", "strength": 1.0, "margin": 1.0},
     ]
 
@@ -47,7 +47,7 @@ def test_min_votes_per_vote_mode_and_margin_scale() -> None:
     assert [r["pair_id"] for r in preference_rows(VOTES, min_votes=2)] == ["p1", "p2"]
     per_vote = preference_rows(VOTES, aggregate="none")
     # p3's two opposite votes are no tie vote by vote: each becomes its own row.
-    assert [(r["pair_id"], r["labeller"], r["votes"], r["strength"]) for r in per_vote] == [
+    assert [(r["pair_id"], *r["labellers"], r["votes"], r["strength"]) for r in per_vote] == [
         ("p1", "alice", 1, 1.0), ("p1", "bob", 1, 0.5), ("p2", "alice", 1, 0.5), ("p2", "bob", 1, 0.5),
         ("p3", "alice", 1, 1.0), ("p3", "bob", 1, 1.0), ("p4", "carol", 1, 1.0)]
     assert preference_rows(VOTES, margin_scale=3.0)[0]["margin"] == pytest.approx(2.25)
@@ -91,3 +91,10 @@ def test_mean_aggregation_properties(pair_scores: list[int], rnd) -> None:
     assert row["chosen"] == ("A-p" if total > 0 else "B-p")
     assert 0 < row["margin"] <= 1.0 and row["strength"] in (0.5, 1.0)
     assert (row["strength"] == 1.0) == (abs(total) / len(pair_scores) >= 1.5)
+
+
+def test_labeller_names_with_commas_stay_apart() -> None:
+    """Names were joined with commas: "a,b" alone and "a" with "b" both read "a,b"."""
+    one = preference_rows([v("p1", "a,b", 2)])[0]["labellers"]
+    two = preference_rows([v("p1", "a", 2), v("p1", "b", 2)])[0]["labellers"]
+    assert (one, two) == (["a,b"], ["a", "b"])

@@ -5,12 +5,14 @@ from __future__ import annotations
 import hashlib
 import json
 import sqlite3
+from datetime import datetime
 from pathlib import Path
 
 import pytest
 from fastapi.testclient import TestClient
 
 from rlhfkit.cli import main as rlhfkit_main
+from rlhfkit.label import cli
 from rlhfkit.label.app import create_app
 from rlhfkit.label.identity import clean_name, name_key, token_digest
 from rlhfkit.label.store import LabelStore
@@ -35,6 +37,29 @@ def test_clean_name_keeps_a_readable_display_form() -> None:
     for bad in ("", "   ", "a" * 41, "<b>", "al\u200bice", "bob\x00", "eve\u202e"):  # zero-width, NUL, RTL override
         with pytest.raises(ValueError):
             clean_name(bad)
+
+
+@pytest.mark.parametrize("name", ["alice\u3164", "\u3164", "\u115f", "al\u1160ice", "\uffa0bob", "\u3164 \u3164"])
+def test_names_with_hangul_fillers_are_refused(store: LabelStore, name: str) -> None:
+    """The Hangul fillers are letters to `str.isalnum` but render as nothing: "alice" + U+3164
+    showed as a second "alice", U+3164 alone as a blank name."""
+    with pytest.raises(ValueError, match="invisible character"):
+        clean_name(name)
+    r = _post(TestClient(create_app(store)), "/api/labellers", {"labeller": name})
+    assert r.status_code == 422 and "invisible character" in r.json()["error"]
+    assert store.counts()["labellers"] == 0
+
+
+def test_default_ignorable_ranges_match_the_unicode_property() -> None:
+    """Every listed code point is one a font draws as nothing: not printable, or a Hangul filler."""
+    import unicodedata
+
+    from rlhfkit.label.identity import DEFAULT_IGNORABLE
+    assigned = [chr(c) for low, high in DEFAULT_IGNORABLE for c in range(low, high + 1)
+                if unicodedata.category(chr(c)) != "Cn"]
+    fillers = {"\u115f", "\u1160", "\u3164", "\uffa0"}
+    assert {c for c in assigned if c.isalnum()} == fillers
+    assert all(not c.isprintable() or c in fillers or unicodedata.category(c) == "Mn" for c in assigned)
 
 
 def test_alice_ALICE_and_fullwidth_alice_are_one_labeller(store: LabelStore) -> None:
@@ -77,9 +102,12 @@ def invite_app(store: LabelStore):
         client = TestClient(app, base_url="http://127.0.0.1:8123")
         if name is not None:
             r = client.get(f"/?invite={tokens[name]}", follow_redirects=False)
-            assert r.status_code == 303 and r.headers["location"] == "/"
+            assert r.status_code == 200 and "set-cookie" not in r.headers  # the page asks first
+            r = _post(client, "/api/signin", {"invite": tokens[name]})
+            assert r.json() == {"auth": "invite", "labeller": name}
             cookie = r.headers["set-cookie"].lower()
             assert cookie.startswith("label_session_8123=") and "httponly" in cookie and "samesite=strict" in cookie
+            assert tokens[name].lower() not in cookie  # a session id of its own, not the link's secret
         return client
 
     return client_for, tokens
@@ -170,7 +198,71 @@ def test_an_invitation_link_works_behind_the_access_token(store: LabelStore) -> 
     client = TestClient(create_app(store, token="gate-token-1", auth="invite"), base_url="http://127.0.0.1:8123")
     r = client.get(link.removeprefix("http://127.0.0.1:8123"), follow_redirects=False)
     assert (r.status_code, r.headers["location"]) == (303, f"/?invite={secret}")
-    r = client.get(r.headers["location"], follow_redirects=False)
-    assert (r.status_code, r.headers["location"]) == (303, "/")
+    assert client.get(r.headers["location"], follow_redirects=False).status_code == 200
+    assert _post(client, "/api/signin", {"invite": secret}).status_code == 200
     assert set(client.cookies.keys()) == {"label_token_8123", "label_session_8123"}
     assert client.get("/api/session").json() == {"auth": "invite", "labeller": "alice"}
+
+
+# --------------------------------------------------------------------------- sign-in: no login CSRF, sessions
+
+
+def test_a_link_opened_from_another_site_does_not_replace_who_is_signed_in(store: LabelStore, invite_app) -> None:
+    """`GET /?invite=SECRET` used to sign the browser in at once: another site could send a signed-in
+    labeller to the attacker's link and collect their votes under the attacker's name."""
+    client_for, _ = invite_app
+    alice = client_for("alice")
+    _, mallory = store.invite("mallory")
+    r = alice.get(f"/?invite={mallory}", headers={"Referer": "http://evil.example/"}, follow_redirects=False)
+    assert r.status_code == 200 and "set-cookie" not in r.headers
+    assert alice.get("/api/session").json() == {"auth": "invite", "labeller": "alice"}
+    # The page asks first: whose link it is, and who is signed in now.
+    assert _post(alice, "/api/invitation", {"invite": mallory}).json() == {"labeller": "mallory", "current": "alice"}
+    assert alice.get("/api/session").json()["labeller"] == "alice"
+    # Signing in is a JSON POST: a cross-site one is refused (and a cross-site form cannot send JSON).
+    r = _post(alice, "/api/signin", {"invite": mallory}, Origin="http://evil.example")
+    assert r.status_code == 403 and alice.get("/api/session").json()["labeller"] == "alice"
+    form = {"Content-Type": "application/x-www-form-urlencoded"}
+    r = alice.post("/api/signin", content=f"invite={mallory}", headers=form)
+    assert r.status_code == 415 and alice.get("/api/session").json()["labeller"] == "alice"
+
+
+def test_sessions_are_their_own_secret_and_end_with_the_link(tmp_path: Path, lab) -> None:
+    now = [1_000_000.0]
+    store = LabelStore(tmp_path / "db.sqlite", clock=lambda: now[0])
+    store.import_pairs(lab.make_pairs(1))
+    _, link = store.invite("alice", expires_seconds=3600)
+    name, session = store.sign_in(link)
+    assert (name, store.session_labeller(session), store.authenticate(link)) == ("alice", "alice", "alice")
+    assert session != link and store.authenticate(session) is None and store.session_labeller(link) is None
+    stored = sqlite3.connect(store.path).execute("SELECT session_hash, expires_at FROM sessions").fetchall()
+    assert stored == [(hashlib.sha256(session.encode()).hexdigest(), "1970-01-12T14:46:40.000000Z")]  # 1e6 + 3600 s
+    now[0] += 3599
+    assert store.session_labeller(session) == "alice" and store.authenticate(link) == "alice"
+    now[0] += 1  # the link's hour is over: the link and the browser signed in with it stop working
+    assert store.session_labeller(session) is None and store.authenticate(link) is None and store.sign_in(link) is None
+    _, link = store.invite("alice", expires_seconds=3600)
+    _, session = store.sign_in(link)
+    store.invite("alice")  # a new link signs out the browsers of the old one
+    assert store.session_labeller(session) is None
+    _, session = store.sign_in(store.invite("alice")[1])
+    store.revoke("alice")
+    assert store.session_labeller(session) is None
+    store.close()
+
+
+def test_invite_expires_option(tmp_path: Path, lab, capsys) -> None:
+    pairs = lab.write_pairs_file(tmp_path / "pairs.jsonl", lab.make_pairs(1))
+    assert rlhfkit_main(["label", "invite", "alice", "--pairs", str(pairs), "--expires", "12h"]) == 0
+    out = capsys.readouterr().out
+    store = LabelStore(cli.default_db(pairs))
+    until = store.invite_expires_at("alice")
+    invited_at = sqlite3.connect(store.path).execute("SELECT invited_at FROM labellers").fetchone()[0]
+    fmt = "%Y-%m-%dT%H:%M:%S.%fZ"
+    assert (datetime.strptime(until, fmt) - datetime.strptime(invited_at, fmt)).total_seconds() == 12 * 3600
+    assert f"valid until {until[:10]} {until[11:16]} UTC" in out.splitlines()[0]
+    store.close()
+    for bad in ("0d", "367d", "1w", "-1h", "nan", "12"):
+        assert rlhfkit_main(["label", "invite", "bob", "--pairs", str(pairs), f"--expires={bad}"]) == 2
+        assert capsys.readouterr().err == (f"rlhfkit: error: --expires must be a duration such as 30m, 12h or 7d, "
+                                           f"at most 366d, got {bad!r}\n")

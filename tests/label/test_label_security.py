@@ -129,3 +129,45 @@ def test_token_cookies_are_named_by_port_so_two_servers_on_one_host_both_work(tm
         assert browser.get(f"{b.url}/api/health").status_code == 200
     for s in stores:
         s.close()
+
+
+def test_no_secret_leaves_through_fastapis_opentelemetry(store: LabelStore, monkeypatch) -> None:
+    """With FastAPI's built-in telemetry switched on from the environment and a tracer configured
+    (as FASTAPI_OTEL_AUTO_CONFIGURE=true with an OTLP endpoint does), every request's span carried
+    `url.query` with the access token and the invitation secret in clear text."""
+    from opentelemetry import trace
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+    exported = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exported))
+    monkeypatch.setattr(trace, "get_tracer_provider", lambda: provider)  # not the process-wide one
+    monkeypatch.setenv("FASTAPI_OTEL_AUTO_CONFIGURE", "true")
+    invite = store.invite("alice")[1]
+    client = TestClient(create_app(store, token="access-token-123", auth="invite"))
+    client.get(f"/?token=access-token-123&invite={invite}", follow_redirects=False)
+    client.get(f"/api/health?token=access-token-123&invite={invite}")
+    spans = repr([(s.name, dict(s.attributes)) for s in exported.get_finished_spans()])
+    assert "access-token-123" not in spans and invite not in spans
+    assert exported.get_finished_spans() == ()
+
+
+def test_an_early_413_closes_the_connection_instead_of_reading_the_rest(store: LabelStore, lab) -> None:
+    """A 10 MiB body got its 413 from the headers, then the server read and threw away the rest
+    and kept the connection open. Now it says `Connection: close` and closes: the client sees the
+    end of the stream right after the answer, no body byte ever sent (bounded: 10 s)."""
+    with lab.LiveServer(create_app(store)) as srv, socket.create_connection(("127.0.0.1", srv.port), timeout=10) as s:
+        s.sendall((f"POST /api/labellers HTTP/1.1\r\nHost: 127.0.0.1:{srv.port}\r\nContent-Type: application/json\r\n"
+                   f"Content-Length: {10 * 2**20}\r\n\r\n").encode())
+        answer = b""
+        try:
+            while chunk := s.recv(4096):
+                answer += chunk
+            closed = True
+        except TimeoutError:
+            closed = False
+    head = answer.split(b"\r\n\r\n", 1)[0].lower()
+    assert head.startswith(b"http/1.1 413") and b"connection: close" in head.split(b"\r\n")
+    assert closed

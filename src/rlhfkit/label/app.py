@@ -6,19 +6,25 @@ Two ways to know who is labelling (``auth``):
   ``"labeller"``. Anyone who can reach the app can act under any name, so this is for one
   person's machine.
 - ``invite``: each labeller signs in with the personal link ``rlhfkit label invite NAME``
-  printed (``/?invite=TOKEN``), which leaves an HttpOnly cookie ``label_session_PORT``
-  (scripts may send ``X-Labeller-Token: TOKEN`` instead). Every action is taken as that
-  labeller; a body naming anyone else gets 403.
+  printed (``/?invite=TOKEN``). Opening the link only shows the page, which asks "Sign in as
+  NAME?"; the sign-in itself is a same-origin JSON POST (``/api/signin``), so another site
+  cannot sign a browser in as someone else by sending it to a link (login CSRF). It leaves
+  an HttpOnly cookie ``label_session_PORT`` holding a session id of its own, not the link's
+  secret, that ends with the link (expiry, a new invitation, revoke). Scripts may send
+  ``X-Labeller-Token: TOKEN`` instead. Every action is taken as that labeller; a body naming
+  anyone else gets 403.
 
 API (all POST bodies are JSON; errors are ``{"error": "one line"}`` with a 4xx status):
 
 =======================  ==========================================  ============================
 route                    body                                        answer
 =======================  ==========================================  ============================
-GET  /                   - (``?invite=TOKEN`` signs in, then 303)    the labelling page
+GET  /                   - (``?invite=TOKEN``: 401 unless it is live) the labelling page
 GET  /static/{name}      -                                           app.js, style.css
 GET  /api/health         -                                           {"ok": true}
 GET  /api/session        -                                           {"auth", "labeller" | null}
+POST /api/invitation     {"invite"}                                  {"labeller", "current" | null}
+POST /api/signin         {"invite"}                                  {"auth", "labeller"} + cookie
 POST /api/labellers      {"labeller"} (open) or {} (invite)          progress (registers name)
 POST /api/next           {"labeller"?}                               {"pair": {pair_id, prompt,
                                                                      left, right} | null, ...}
@@ -41,7 +47,7 @@ from typing import Annotated
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import HTMLResponse, JSONResponse, RedirectResponse, Response
+from fastapi.responses import HTMLResponse, JSONResponse, Response
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StringConstraints
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
@@ -51,9 +57,14 @@ from rlhfkit.label.records import Forbidden, Invalid, LabelError, Unauthorized
 from rlhfkit.label.security import SecurityMiddleware, cookie_name
 from rlhfkit.label.store import LabelStore
 
+# FastAPI's built-in OpenTelemetry export, switched on from the environment
+# (FASTAPI_OTEL_AUTO_CONFIGURE=true), would send every URL's query, the access token and
+# invitation secrets included, to the collector in clear text: off, whatever the environment.
+NO_TELEMETRY = {"tracing": False, "metrics": False, "logs": False, "operation_spans": False, "auto_configure": False}
 STATIC_TYPES = {"app.js": "text/javascript; charset=utf-8", "style.css": "text/css; charset=utf-8"}
 AUTH_MODES = ("open", "invite")
 CREDENTIAL_HEADER = "x-labeller-token"
+DEAD_LINK = "unknown, replaced or expired invitation link; ask for a new one"
 
 
 def _check_pair_id(value: str) -> str:
@@ -66,6 +77,13 @@ LabellerName = Annotated[str, StringConstraints(max_length=200), AfterValidator(
 PairId = Annotated[str, StringConstraints(max_length=128), AfterValidator(_check_pair_id)]
 RequestId = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9_-]{8,64}$")]
 Choice = Annotated[int, Field(strict=True, ge=1, le=5)]
+
+
+class InviteBody(BaseModel):
+    """An invitation link's secret, posted by the page to look it up or to sign in."""
+
+    model_config = ConfigDict(extra="forbid")
+    invite: Annotated[str, StringConstraints(max_length=128)]
 
 
 class LabellerBody(BaseModel):
@@ -124,11 +142,21 @@ class Identity:
         self.store, self.auth = store, auth
 
     def signed_in(self, request: Request) -> str | None:
-        """Invite mode: the labeller whose token the request carries (None in open mode)."""
+        """Invite mode: the labeller whose link (header) or session (cookie) the request carries
+        (None in open mode)."""
         if self.auth != "invite":
             return None
-        token = request.headers.get(CREDENTIAL_HEADER) or request.cookies.get(cookie_name("session", request.scope))
-        return self.store.authenticate(token) if token else None
+        if (token := request.headers.get(CREDENTIAL_HEADER)) is not None:
+            return self.store.authenticate(token)
+        session = request.cookies.get(cookie_name("session", request.scope))
+        return self.store.session_labeller(session) if session else None
+
+    def invited(self, invite: str) -> str:
+        """The labeller a live invitation secret belongs to, or 401."""
+        name = self.store.authenticate(invite) if self.auth == "invite" else None
+        if name is None:
+            raise Unauthorized(DEAD_LINK)
+        return name
 
     def acting(self, request: Request, claimed: str | None) -> str:
         """The labeller to act as, or 401/403/422."""
@@ -148,7 +176,7 @@ def create_app(
     store: LabelStore, token: str | None = None, allowed_hosts: frozenset[str] | None = None, auth: str = "open"
 ) -> FastAPI:
     """Build the app around a store. ``token``/``allowed_hosts``: see ``security``; ``auth``: above."""
-    app = FastAPI(title="rlhfkit labelling", docs_url=None, redoc_url=None, openapi_url=None)
+    app = FastAPI(title="rlhfkit labelling", docs_url=None, redoc_url=None, openapi_url=None, telemetry=NO_TELEMETRY)
     app.add_middleware(SecurityMiddleware, token=token, allowed_hosts=allowed_hosts)
     _install_error_handlers(app)
     identity = Identity(store, auth)
@@ -163,13 +191,23 @@ def _add_page_routes(app: FastAPI, identity: Identity) -> None:
     index = _static("index.html")
 
     @app.get("/", response_class=HTMLResponse)
-    def page(request: Request, invite: str | None = None) -> Response:
-        if invite is None:
-            return HTMLResponse(index)
-        if identity.auth != "invite" or identity.store.authenticate(invite) is None:
-            raise Unauthorized("unknown or replaced invitation link; ask for a new one")
-        response = RedirectResponse("/", status_code=303)  # the secret leaves the address bar
-        response.set_cookie(cookie_name("session", request.scope), invite, httponly=True, samesite="strict", path="/")
+    def page(invite: str | None = None) -> Response:
+        if invite is not None:
+            identity.invited(invite)  # a dead link says so; a live one signs nobody in by itself
+        return HTMLResponse(index)
+
+    @app.post("/api/invitation")
+    def invitation(request: Request, body: InviteBody) -> dict:
+        return {"labeller": identity.invited(body.invite), "current": identity.signed_in(request)}
+
+    @app.post("/api/signin")
+    def sign_in(request: Request, body: InviteBody) -> JSONResponse:
+        signed = identity.store.sign_in(body.invite) if identity.auth == "invite" else None
+        if signed is None:
+            raise Unauthorized(DEAD_LINK)
+        response = JSONResponse({"auth": identity.auth, "labeller": signed[0]})
+        response.set_cookie(cookie_name("session", request.scope), signed[1], httponly=True, samesite="strict",
+                            path="/")
         return response
 
     @app.get("/static/{name}")

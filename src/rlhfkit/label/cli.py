@@ -23,7 +23,7 @@ from pathlib import Path
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 from rlhfkit.errors import DataError, UserError
-from rlhfkit.label.options import OneLineParser, check_number, check_positive, default_db
+from rlhfkit.label.options import OneLineParser, check_duration, check_number, check_positive, default_db
 
 DEFAULT_MODEL = "smollm2-135m-instruct"
 DEFAULT_URL = "http://127.0.0.1:8000/"
@@ -69,8 +69,10 @@ def _add_serve_parser(sub: argparse._SubParsersAction) -> None:
     s.add_argument("--auth", choices=["open", "invite"], default=None,
                    help="open: labellers type a name (loopback only); invite: each signs in with the link from "
                         "`label invite NAME` (default: open on loopback, invite otherwise)")
-    s.add_argument("--token", default=os.environ.get("RLHFKIT_LABEL_TOKEN"),
-                   help="extra access token required on every request (default: $RLHFKIT_LABEL_TOKEN)")
+    s.add_argument("--token", default=None,
+                   help="extra access token required on every request, 8-128 characters of letters, digits and "
+                        "_.~- (default: $RLHFKIT_LABEL_TOKEN; prefer the variable: an option shows in `ps` to "
+                        "every user of the machine)")
     s.add_argument("--votes-per-pair", type=int, default=1,
                    help="how many different labellers see each pair, 1..1000 (default: 1)")
     s.add_argument("--lease-minutes", type=float, default=30.0,
@@ -96,7 +98,11 @@ def build_parser() -> argparse.ArgumentParser:
     i.add_argument("name", help="labeller name: letters, digits, spaces and . _ - @ ' (case and width are ignored)")
     _add_db_args(i)
     i.add_argument("--url", default=DEFAULT_URL, help=f"address the labellers open (default: {DEFAULT_URL})")
-    i.add_argument("--revoke", action="store_true", help="make the labeller's link stop working (votes are kept)")
+    i.add_argument("--expires", default="7d",
+                   help="how long the link works: minutes, hours or days such as 30m, 12h, 7d, at most 366d "
+                        "(default: 7d); browsers signed in with it are signed out then")
+    i.add_argument("--revoke", action="store_true",
+                   help="make the labeller's link stop working and sign out their browsers (votes are kept)")
 
     e = sub.add_parser("export", help="write preference JSONL for `rlhfkit rm` / `rlhfkit dpo`",
                        description="Aggregate votes into preference pairs (prompt, chosen, rejected, strength, margin).")
@@ -167,7 +173,8 @@ def invite_link(base_url: str, token: str) -> str:
 
 def cmd_invite(args: argparse.Namespace) -> int:
     """Create or re-key a labeller and print their sign-in link (or revoke it)."""
-    from rlhfkit.label.identity import clean_name
+    from rlhfkit.label.db import writes_reported
+    from rlhfkit.label.identity import clean_name, printable
     from rlhfkit.label.records import LabelError
     from rlhfkit.label.store import LabelStore
 
@@ -177,20 +184,24 @@ def cmd_invite(args: argparse.Namespace) -> int:
         raise UserError(f"NAME {args.name!r}: {e}") from None
     if not args.url.startswith(("http://", "https://")) or any(c.isspace() for c in args.url):
         raise UserError(f"--url must be an http:// or https:// address, got {args.url!r}")
+    expires = check_duration("--expires", args.expires, 366)
     if args.pairs and not Path(args.pairs).is_file():
         raise DataError(f"{args.pairs}: pairs file not found")
-    store = LabelStore(_db_path(args))
-    try:
-        if args.revoke:
-            print(f"{store.revoke(args.name)}'s invitation link no longer works (their votes are kept)")
-            return 0
-        name, token = store.invite(args.name)
-    except LabelError as e:
-        raise UserError(str(e)) from None
-    finally:
-        store.close()
-    print(f"invited {name}; their personal link (it signs them in: send it to them only; "
-          "inviting the name again replaces it):")
+    db = _db_path(args)
+    with writes_reported(db):  # a read-only file or folder, a full disk: one line
+        store = LabelStore(db)
+        try:
+            if args.revoke:
+                print(f"{printable(store.revoke(args.name))}'s invitation link no longer works (their votes are kept)")
+                return 0
+            name, token = store.invite(args.name, expires_seconds=expires)
+            until = store.invite_expires_at(args.name) or ""
+        except LabelError as e:
+            raise UserError(str(e)) from None
+        finally:
+            store.close()
+    print(f"invited {printable(name)}; their personal link, valid until {until[:16].replace('T', ' ')} UTC (it signs them "
+          "in: send it to them only; inviting the name again replaces it):")
     print(invite_link(args.url, token))
     return 0
 

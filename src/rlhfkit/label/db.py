@@ -4,7 +4,11 @@ Tables (``BASE_SCHEMA`` is version 1, ``MIGRATIONS`` bring it to ``SCHEMA_VERSIO
 
 - ``pairs``        a copy of the pairs file, so the database alone is enough to export
 - ``labellers``    one row per person: display ``name``, normalised ``name_key`` (unique),
-                   ``token_hash`` (SHA-256 of their invitation token, if invited)
+                   ``token_hash`` (SHA-256 of their invitation token, if invited) and
+                   ``invite_expires_at`` (when that link stops working; NULL: never, links
+                   made before version 3)
+- ``sessions``     signed-in browsers: SHA-256 of the session id (the cookie), labeller,
+                   expiry (the link's)
 - ``assignments``  (labeller, pair) -> the left/right order shown and the status
                    (open, voted, skipped); ``assigned_at`` is when the lease started
 - ``votes``        one row per stored vote; UNIQUE(labeller, pair) and UNIQUE(labeller, request_id)
@@ -21,7 +25,10 @@ journal mode, creates a table or migrates.
 
 from __future__ import annotations
 
+import fcntl
+import os
 import sqlite3
+import stat
 import threading
 import weakref
 from collections.abc import Iterator
@@ -32,8 +39,8 @@ from pathlib import Path
 from rlhfkit.errors import DataError
 from rlhfkit.label.identity import name_key
 
-SCHEMA_VERSION = 2
-READABLE_VERSIONS = (1, 2)  # read-only queries use version-1 columns only
+SCHEMA_VERSION = 3
+READABLE_VERSIONS = (1, 2, 3)  # read-only queries use version-1 columns only
 TABLES = frozenset({"meta", "pairs", "labellers", "assignments", "votes", "events"})
 
 BASE_SCHEMA = """
@@ -100,6 +107,12 @@ MIGRATIONS: dict[int, tuple[str, ...]] = {
         # name keys are filled in by _fill_name_keys before the unique indexes are built
         "CREATE UNIQUE INDEX labellers_by_key ON labellers (name_key)",
         "CREATE UNIQUE INDEX labellers_by_token ON labellers (token_hash)",
+    ),
+    3: (
+        "ALTER TABLE labellers ADD COLUMN invite_expires_at TEXT",
+        "CREATE TABLE sessions (session_hash TEXT PRIMARY KEY, "
+        "labeller_id INTEGER NOT NULL REFERENCES labellers(labeller_id), "
+        "created_at TEXT NOT NULL, expires_at TEXT NOT NULL)",
     ),
 }
 
@@ -173,28 +186,128 @@ def prepare_for_writing(con: sqlite3.Connection, path: Path) -> None:
         _upgrade(con, version or 0)
 
 
+def _checked_version(con: sqlite3.Connection, path: Path) -> int:
+    """The schema version of a database opened for reading, or a one-line refusal."""
+    version = stored_version(con, path)
+    if version is None:
+        raise DataError(f"{path}: empty file, not an rlhfkit labelling database")
+    if version not in READABLE_VERSIONS:
+        raise DataError(f"{path}: schema version {version}, this rlhfkit reads {READABLE_VERSIONS}")
+    return version
+
+
+def _connect_read_only(path: Path, flag: str) -> sqlite3.Connection:
+    con = sqlite3.connect(f"{path.resolve().as_uri()}?{flag}", uri=True, isolation_level=None,
+                          check_same_thread=False)
+    con.execute("PRAGMA busy_timeout = 30000")
+    return con
+
+
 def open_read_only(path: Path) -> sqlite3.Connection:
-    """A read-only connection to an existing labelling database (refuses anything else)."""
+    """A read-only connection to an existing labelling database (refuses anything else).
+
+    ``mode=ro`` first. SQLite reads a WAL database through its ``-shm`` file, which it must
+    create if it is missing, so in a folder this user cannot write that fails ("attempt to
+    write a readonly database"). Then, if there is no ``-wal`` file (every vote is in the
+    database file, and nobody can be writing: a writer would need to create one), the file
+    is read as ``immutable``; otherwise the message says what to do.
+    """
+    if path.exists() and not path.is_file():
+        raise DataError(f"{path}: not a regular file; the database must be a file")
     if not path.is_file():
         raise DataError(f"{path}: no labelling database (start `rlhfkit label serve` first)")
+    wal = path.resolve().with_name(path.resolve().name + "-wal")
+    con = None
     try:
-        con = sqlite3.connect(f"{path.resolve().as_uri()}?mode=ro", uri=True, isolation_level=None,
-                              check_same_thread=False)
-    except sqlite3.Error as e:
-        raise DataError(f"{path}: cannot open as a labelling database ({e})") from None
-    try:
-        con.execute("PRAGMA busy_timeout = 30000")
-        version = stored_version(con, path)
-        if version is None:
-            raise DataError(f"{path}: empty file, not an rlhfkit labelling database")
-        if version not in READABLE_VERSIONS:
-            raise DataError(f"{path}: schema version {version}, this rlhfkit reads {READABLE_VERSIONS}")
+        try:
+            con = _connect_read_only(path, "mode=ro")
+            _checked_version(con, path)
+        except sqlite3.OperationalError:
+            if con is not None:
+                con.close()
+            if os.access(wal.parent, os.W_OK):
+                raise
+            if wal.exists() and wal.stat().st_size > 0:
+                raise DataError(f"{path}: cannot read it here: SQLite must create {wal.name[:-4]}-shm next to it to "
+                                f"read the votes still in {wal.name}, and this user cannot write that folder; "
+                                "copy the database with its -wal file to a folder you can write") from None
+            con = _connect_read_only(path, "immutable=1")
+            _checked_version(con, path)
     except (sqlite3.Error, DataError) as e:
-        con.close()
+        if con is not None:
+            con.close()
         if isinstance(e, DataError):
             raise
         raise DataError(f"{path}: cannot open as a labelling database ({e})") from None
     return con
+
+
+def prepare_file(path: Path) -> None:
+    """Make sure ``path`` can become the database: an existing regular file, or a new empty one
+    that only its owner may read (0600; SQLite gives the -wal and -shm files the same mode).
+    Refuses a directory and anything else that is not a regular file (``/dev/null``).
+
+    A new file is created with ``O_EXCL`` and closed again; an existing one is only looked at
+    (``stat``), never opened, because closing a descriptor of a file drops every POSIX lock
+    this process holds on it, SQLite's included.
+    """
+    if path.is_dir():
+        raise DataError(f"{path}: is a directory, not a labelling database")
+    if path.exists():
+        if not stat.S_ISREG(path.stat().st_mode):
+            raise DataError(f"{path}: not a regular file; the database must be a file")
+        return
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOCTTY, 0o600))
+    except FileExistsError:
+        pass  # made meanwhile (or a dangling symlink): SQLite decides
+    except OSError as e:
+        raise DataError(f"{path}: cannot create the labelling database ({e.strerror or e})") from None
+
+
+def hold_for_serving(path: Path) -> int:
+    """Take the serving lock of the database file and return the descriptor that holds it.
+
+    One live ``serve`` per database: a second one with other settings or another pairs file
+    would silently take over (caps broken, pairs swapped under a labeller). The lock is an
+    exclusive ``flock`` on the database file itself: independent of SQLite's own (POSIX)
+    locks, shared by every name of the file (symlinks, hard links), and released by the
+    kernel when the server ends, even by ``kill -9``. Take it before this process opens the
+    database with SQLite, and close the descriptor only after every SQLite connection of this
+    process to the file is closed (see ``prepare_file``).
+    """
+    prepare_file(path)
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOCTTY)
+    except OSError as e:
+        raise DataError(f"{path}: cannot open as a labelling database ({e.strerror or e})") from None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        raise DataError(f"{path}: another `rlhfkit label serve` is serving this database; stop it first "
+                        "or choose another --db") from None
+    return fd
+
+
+def _write_hint(error: sqlite3.Error) -> str:
+    text = str(error).lower()
+    if "readonly" in text or "read-only" in text:
+        return "; check that you may write the file and its folder"
+    if "full" in text:
+        return "; free some disk space"
+    return ""
+
+
+@contextmanager
+def writes_reported(path: Path) -> Iterator[None]:
+    """Turn an SQLite error while writing (read-only file or folder, full disk, I/O error) into
+    one line naming the database, for the commands that write (``serve``, ``invite``)."""
+    try:
+        yield
+    except sqlite3.Error as e:
+        raise DataError(f"{path}: cannot write to the labelling database ({e}{_write_hint(e)})") from None
 
 
 class _Connection(sqlite3.Connection):
@@ -275,14 +388,13 @@ class Database:
             con.execute("COMMIT")
 
     def _init_schema(self) -> None:
-        if self.path.is_dir():
-            raise DataError(f"{self.path}: is a directory, not a labelling database")
+        prepare_file(self.path)
         try:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
             con = self._connect()
             try:
                 prepare_for_writing(con, self.path)
             finally:
                 con.close()
         except (sqlite3.Error, OSError) as e:
-            raise DataError(f"{self.path}: cannot open as a labelling database ({e})") from None
+            hint = _write_hint(e) if isinstance(e, sqlite3.Error) else ""
+            raise DataError(f"{self.path}: cannot open as a labelling database ({e}{hint})") from None

@@ -3,7 +3,7 @@
 Each output line::
 
     {"prompt": ..., "chosen": ..., "rejected": ..., "strength": 1.0 | 0.5, "margin": float,
-     "labeller": "alice,bob", "votes": 2, "pair_id": ...}
+     "labellers": ["alice", "bob"], "votes": 2, "pair_id": ...}
 
 Aggregation (``aggregate="mean"``, the default) turns all votes on a pair into one row:
 
@@ -51,7 +51,7 @@ def rows_for_group(group: Sequence[VoteRecord], ties: str = "drop", margin_scale
     mean = sum(v.score for v in group) / len(group)
     common = {
         "prompt": first.prompt,
-        "labeller": ",".join(sorted({v.labeller for v in group})),
+        "labellers": sorted({v.labeller for v in group}),  # a list: a name may hold a comma
         "votes": len(group),
         "pair_id": first.pair_id,
     }

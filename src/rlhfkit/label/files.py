@@ -1,12 +1,16 @@
 """Safe output files for ``label pairs`` and ``label export``.
 
 - ``check_output``: refuse an empty path, a directory, any input of the command (the
-  database with its ``-wal``/``-shm``/``-journal`` files, the pairs file) and, without
-  ``--force``, an existing file; every refusal is one line naming the option.
+  database with its ``-wal``/``-shm``/``-journal`` files under the name given and under the
+  resolved name, the pairs file), any SQLite database or side file of one (even with
+  ``--force``) and, without ``--force``, an existing file; every refusal is one line naming
+  the option.
 - ``write_lines_atomic``: write into a uniquely named temporary file in the target folder
   (``mkstemp``: ``O_CREAT | O_EXCL | O_NOFOLLOW``, so a planted symlink is never followed),
   fsync it and rename it over the target. The rename replaces a symlink at the target
-  itself, never the file it points to; a failure leaves the old file and no temporary.
+  itself, never the file it points to; a failure leaves the old file and no temporary. The
+  file keeps ``mkstemp``'s mode, 0600: exports and pairs files hold prompts, answers and
+  labeller names, which other users of the machine have no business reading.
 """
 
 from __future__ import annotations
@@ -19,11 +23,36 @@ from pathlib import Path
 from rlhfkit.errors import UserError
 
 SQLITE_SIDE_FILES = ("-wal", "-shm", "-journal")
+SQLITE_HEADER = b"SQLite format 3\x00"
 
 
 def database_files(db: Path) -> list[Path]:
-    """The database and the files SQLite keeps next to it."""
-    return [db] + [db.with_name(db.name + suffix) for suffix in SQLITE_SIDE_FILES]
+    """The database and the files SQLite keeps next to it, named after the path as given and
+    after the resolved path: SQLite names the side files of a symlinked database after its
+    target (``link.sqlite -> real.sqlite`` writes ``real.sqlite-wal``)."""
+    names = dict.fromkeys([db, db.resolve()])
+    return [name.with_name(name.name + suffix) for name in names for suffix in ("", *SQLITE_SIDE_FILES)]
+
+
+def _is_sqlite(path: Path) -> bool:
+    """True if ``path`` is a file that starts with SQLite's header (symlinks followed)."""
+    try:
+        with path.open("rb") as f:
+            return f.read(len(SQLITE_HEADER)) == SQLITE_HEADER
+    except OSError:
+        return False
+
+
+def sqlite_database_of(path: Path) -> Path | None:
+    """The SQLite database that ``path`` is, or whose ``-wal``/``-shm``/``-journal`` file it is
+    (looked up under the path as given and resolved); None for anything else."""
+    for name in dict.fromkeys([path, path.resolve()]):
+        if _is_sqlite(name):
+            return name
+        for suffix in SQLITE_SIDE_FILES:
+            if name.name.endswith(suffix) and _is_sqlite(base := name.with_name(name.name[: -len(suffix)])):
+                return base
+    return None
 
 
 def same_file(a: Path, b: Path) -> bool:
@@ -46,6 +75,10 @@ def check_output(raw: str, force: bool, inputs: Sequence[tuple[str, Path]], opti
     for what, src in inputs:
         if same_file(path, src):
             raise UserError(f"{option} {raw} is the {what} ({src}); writing it would destroy it, choose another file")
+    if (db := sqlite_database_of(path)) is not None:
+        role = "an SQLite database" if same_file(path, db) else f"a file of the SQLite database {db}"
+        raise UserError(f"{option} {raw} is {role}; writing it would destroy it, even with --force: "
+                        "choose another file")
     if (path.exists() or path.is_symlink()) and not force:
         raise UserError(f"{raw} exists; pass --force to overwrite it")
     for parent in path.parents:
@@ -54,13 +87,6 @@ def check_output(raw: str, force: bool, inputs: Sequence[tuple[str, Path]], opti
                 raise UserError(f"{option} {raw}: {parent} is not a directory")
             break
     return path
-
-
-def _default_mode() -> int:
-    """0o666 minus the umask: what a plain open() would have created (mkstemp uses 0o600)."""
-    umask = os.umask(0)
-    os.umask(umask)
-    return 0o666 & ~umask
 
 
 def write_lines_atomic(path: Path, lines: Iterable[str]) -> int:
@@ -72,8 +98,7 @@ def write_lines_atomic(path: Path, lines: Iterable[str]) -> int:
         raise UserError(f"{path}: cannot write ({e.strerror or e})") from None
     n = 0
     try:
-        with os.fdopen(fd, "w", encoding="utf-8", newline="\n") as f:
-            os.fchmod(f.fileno(), _default_mode())
+        with os.fdopen(fd, "w", encoding="utf-8", newline="\n") as f:  # 0600: prompts, answers, names
             for line in lines:
                 f.write(line + "\n")
                 n += 1

@@ -12,6 +12,9 @@ from typing import NoReturn
 from rlhfkit.errors import UserError
 
 TOKEN_RE = re.compile(r"[A-Za-z0-9_.~-]{8,128}")
+TOKEN_VARIABLE = "RLHFKIT_LABEL_TOKEN"  # the access token, kept out of `ps` (an option is not)
+DURATION_RE = re.compile(r"([0-9]+(?:\.[0-9]+)?)([mhd])")
+DURATION_UNITS = {"m": 60, "h": 3600, "d": 86400}
 
 
 class OneLineParser(argparse.ArgumentParser):
@@ -32,6 +35,15 @@ def check_positive(option: str, value: float, high: float) -> None:
     """Refuse anything but a finite number in (0, high]."""
     if not (math.isfinite(value) and 0 < value <= high):
         raise UserError(f"{option} must be a number above 0 and at most {high:g}, got {value}")
+
+
+def check_duration(option: str, raw: str, high_days: int) -> float:
+    """'30m', '12h', '7d' -> seconds; anything else, zero or more than ``high_days`` is one line."""
+    match = DURATION_RE.fullmatch(raw.strip())
+    seconds = float(match[1]) * DURATION_UNITS[match[2]] if match else math.nan
+    if not 0 < seconds <= high_days * 86400:  # False for NaN too
+        raise UserError(f"{option} must be a duration such as 30m, 12h or 7d, at most {high_days}d, got {raw!r}")
+    return seconds
 
 
 def default_db(pairs_path: str | os.PathLike[str]) -> Path:

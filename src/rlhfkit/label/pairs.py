@@ -90,6 +90,19 @@ def _decode(raw: bytes, where: str, first: bool) -> str:
         raise DataError(f"{where}: not UTF-8 (byte 0x{raw[e.start]:02x} at column {e.start + 1})") from None
 
 
+def _load_json(line: str, where: str) -> object:
+    """One JSON value, or a ``FILE:LINE`` error: bad syntax, nesting deeper than the parser's
+    recursion limit (``[`` x 100000), an integer longer than Python converts (4300 digits)."""
+    try:
+        return json.loads(line)
+    except json.JSONDecodeError as e:
+        raise DataError(f"{where}: invalid JSON ({e.msg} at column {e.colno})") from None
+    except RecursionError:
+        raise DataError(f"{where}: invalid JSON (nested too deeply)") from None
+    except ValueError as e:  # int() refusing a number of thousands of digits
+        raise DataError(f"{where}: invalid JSON ({str(e).split(';')[0]})") from None
+
+
 def read_pairs(path: str | os.PathLike[str]) -> list[Pair]:
     """Read and validate a pairs file; blank lines are skipped, duplicate pair_ids rejected."""
     path = Path(path)
@@ -103,11 +116,7 @@ def read_pairs(path: str | os.PathLike[str]) -> list[Pair]:
             line = _decode(raw, where, first=lineno == 1)
             if not line.strip():
                 continue
-            try:
-                obj = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise DataError(f"{where}: invalid JSON ({e.msg} at column {e.colno})") from None
-            pair = parse_pair(obj, where)
+            pair = parse_pair(_load_json(line, where), where)
             if pair.pair_id in first_line:
                 raise DataError(
                     f"{where}: duplicate pair_id {pair.pair_id!r} (first on line {first_line[pair.pair_id]})"

@@ -5,13 +5,14 @@
   cookie (set, HttpOnly and SameSite=Strict, the first time a browser opens ``/?token=T``).
   Cookies are shared by every port of a host, so each server names its cookies by its port.
 - **Host** (DNS-rebinding guard): on a loopback bind only ``127.0.0.1``, ``localhost`` and
-  ``[::1]`` are accepted as the Host header.
+  ``[::1]`` are accepted as the Host header, each exactly, with an optional ``:digits`` port.
 - **Origin** (cross-site request guard): a state-changing request whose Origin does not
   match its Host is refused.
 - **Body**: API POSTs must be JSON (``Content-Type: application/json``) with a
   ``Content-Length`` and no ``Transfer-Encoding`` (a request carrying both is a smuggling
   attempt: 400). Whatever the headers say, the body is counted as it arrives and the request
-  is refused with 413 as soon as it passes 64 KiB; nothing beyond that is read.
+  is refused with 413 as soon as it passes 64 KiB; nothing beyond that is read: a refusal
+  sent before the body was read says ``Connection: close`` and the connection ends.
 - **Headers**: a strict Content-Security-Policy (scripts and styles from this server only,
   no inline code), ``nosniff``, no framing, no referrer (the URL may carry a secret), on
   every response, errors and crashes (a JSON 500) included.
@@ -20,6 +21,7 @@
 from __future__ import annotations
 
 import logging
+import re
 import secrets
 from urllib.parse import urlencode, urlsplit
 
@@ -60,12 +62,15 @@ def cookie_name(kind: str, scope: Scope) -> str:
     return f"label_{kind}_{server[1]}" if server[1] is not None else f"label_{kind}"
 
 
-def hostname_of(host_header: str) -> str:
-    """'[::1]:8000' -> '::1', 'localhost:8000' -> 'localhost' (lower-cased)."""
-    host = host_header.strip().lower()
-    if host.startswith("["):
-        return host[1 : host.find("]")] if "]" in host else host
-    return host.rsplit(":", 1)[0] if host.count(":") == 1 else host
+HOST_RE = re.compile(r"(?:\[(?P<ip6>[0-9a-f:.]+)\]|(?P<name>[a-z0-9.-]+))(?::[0-9]{1,5})?")
+
+
+def hostname_of(host_header: str) -> str | None:
+    """'[::1]:8000' -> '::1', 'LocalHost:8000' -> 'localhost'; None unless the header is exactly
+    one name (or bracketed IPv6 address) with an optional ``:digits`` port, so that
+    ``127.0.0.1:1@evil.com``, ``[::1]evil.com`` or ``localhost:evil`` match nothing."""
+    match = HOST_RE.fullmatch(host_header.strip().lower())
+    return None if match is None else match["ip6"] or match["name"]
 
 
 def presented_token(request: Request) -> tuple[str | None, bool]:
@@ -82,6 +87,14 @@ def presented_token(request: Request) -> tuple[str | None, bool]:
 
 def _error(status: int, message: str) -> JSONResponse:
     return JSONResponse({"error": message}, status_code=status)
+
+
+def _closing(response: Response, method: str) -> Response:
+    """A refusal sent before the request body was read ends the connection (``Connection:
+    close``): otherwise the server would go on reading, and throwing away, the rest of it."""
+    if method not in ("GET", "HEAD"):
+        response.headers["Connection"] = "close"
+    return response
 
 
 def check(request: Request, token: str | None, allowed_hosts: frozenset[str] | None) -> Response | None:
@@ -180,7 +193,7 @@ class SecurityMiddleware:
         request = Request(scope)
         refusal = check(request, self.token, self.allowed_hosts)
         if refusal is not None:
-            await refusal(scope, receive, send)
+            await _closing(refusal, request.method)(scope, receive, send)
             return
         if self.token is not None and presented_token(request)[1] and request.url.path == "/":
             # First visit with ?token=: keep it in a cookie and drop it from the address bar.
@@ -192,7 +205,8 @@ class SecurityMiddleware:
         if request.method not in ("GET", "HEAD"):
             body = await read_body(receive, self.max_body)
             if body is None:
-                await _error(413, f"request body larger than {self.max_body} bytes")(scope, receive, send)
+                too_large = _error(413, f"request body larger than {self.max_body} bytes")
+                await _closing(too_large, request.method)(scope, receive, send)
                 return
             receive = _replaying(body, receive)
         await self.app(scope, receive, send)

@@ -8,12 +8,15 @@ is the one uvicorn serves on (no window for another process to take the port).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import errno
+import os
 import socket
+from collections.abc import Mapping
 from pathlib import Path
 
 from rlhfkit.errors import UserError
-from rlhfkit.label.options import TOKEN_RE, check_number, default_db
+from rlhfkit.label.options import TOKEN_RE, TOKEN_VARIABLE, check_number, default_db
 
 MAX_LEASE_MINUTES = 7 * 24 * 60
 
@@ -48,11 +51,27 @@ def url_of(host: str, port: int) -> str:
 
 
 def run_server(app: object, sock: socket.socket, log_level: str) -> None:
-    """Serve ``app`` on the already bound socket until Ctrl-C."""
-    import uvicorn
+    """Serve ``app`` on the already bound socket until Ctrl-C (limits: ``server.Limits``)."""
+    from rlhfkit.label.server import make_server
 
-    config = uvicorn.Config(app, log_level=log_level, access_log=False)
-    uvicorn.Server(config).run(sockets=[sock])
+    make_server(app, log_level=log_level).run(sockets=[sock])
+
+
+def access_token(option: str | None, environ: Mapping[str, str]) -> tuple[str | None, str]:
+    """The access token and where it came from (``--token``, else ``$RLHFKIT_LABEL_TOKEN``), or
+    (None, ""); an empty or malformed one is a one-line error naming its source."""
+    if option is not None:
+        token, source = option, "--token"
+    elif TOKEN_VARIABLE in environ:
+        token, source = environ[TOKEN_VARIABLE], TOKEN_VARIABLE
+    else:
+        return None, ""
+    if not token:
+        raise UserError(f"{source} is empty: give it 8-128 characters of letters, digits and _.~-"
+                        + (f", or unset {TOKEN_VARIABLE}" if source == TOKEN_VARIABLE else ""))
+    if not TOKEN_RE.fullmatch(token):
+        raise UserError(f"{source} must be 8-128 characters of letters, digits and _.~-")
+    return token, source
 
 
 def check_serve_options(args: argparse.Namespace, loopback: bool) -> str:
@@ -62,8 +81,6 @@ def check_serve_options(args: argparse.Namespace, loopback: bool) -> str:
     check_number("--votes-per-pair", args.votes_per_pair, 1, MAX_VOTES_PER_PAIR)
     check_number("--port", args.port, 1, 65535)
     check_number("--lease-minutes", args.lease_minutes, 1, MAX_LEASE_MINUTES)
-    if args.token is not None and not TOKEN_RE.fullmatch(args.token):
-        raise UserError("--token must be 8-128 characters of letters, digits and _.~-")
     auth = args.auth or ("open" if loopback else "invite")
     if auth == "open" and not loopback:
         raise UserError(f"--auth open is for loopback only: on {args.host} anyone who can reach the app could "
@@ -79,34 +96,41 @@ def cmd_serve(args: argparse.Namespace) -> int:
     host = args.host.strip("[]")
     loopback = is_loopback(host)
     auth = check_serve_options(args, loopback)
+    token, token_source = access_token(args.token, os.environ)
     pairs = read_pairs(args.pairs)
     db = Path(args.db) if args.db else default_db(args.pairs)
-    sock = listen(host, args.port)
-    try:
+    with contextlib.ExitStack() as cleanup:  # undone in reverse: store, then lock, then socket
+        sock = listen(host, args.port)
+        cleanup.callback(sock.close)
         from rlhfkit.label.app import create_app
+        from rlhfkit.label.db import hold_for_serving, writes_reported
         from rlhfkit.label.store import LabelStore
 
-        store = LabelStore(db, votes_per_pair=args.votes_per_pair, lease_seconds=args.lease_minutes * 60)
-        try:
+        lock = hold_for_serving(db)  # before the store: a second server must change nothing
+        cleanup.callback(os.close, lock)  # after the store: closing it drops SQLite's locks here
+        with writes_reported(db):  # a read-only file or folder, a full disk: one line
+            store = LabelStore(db, votes_per_pair=args.votes_per_pair, lease_seconds=args.lease_minutes * 60)
+            cleanup.callback(store.close)
             added = store.import_pairs(pairs, source=str(args.pairs))
             store.set_meta("votes_per_pair", str(args.votes_per_pair))
-            app = create_app(store, token=args.token, allowed_hosts=LOOPBACK_HOSTS if loopback else None, auth=auth)
-            _print_banner(args, db, url_of(host, args.port), len(pairs), added, auth)
-            run_server(app, sock, args.log_level)
-        finally:
-            store.close()
-    finally:
-        sock.close()
+        app = create_app(store, token=token, allowed_hosts=LOOPBACK_HOSTS if loopback else None, auth=auth)
+        _print_banner(args, db, url_of(host, args.port), len(pairs), added, auth, token_source)
+        run_server(app, sock, args.log_level)
     return 0
 
 
-def _print_banner(args: argparse.Namespace, db: Path, url: str, n_pairs: int, added: int, auth: str) -> None:
+def _print_banner(args: argparse.Namespace, db: Path, url: str, n_pairs: int, added: int, auth: str,
+                  token_source: str) -> None:
+    """What is served, where the votes go and the address to open; a token from the
+    environment is never printed (the banner may end up in a log)."""
     print(f"labelling {n_pairs} pair(s) ({added} new), each by {args.votes_per_pair} labeller(s); votes in {db}")
     if auth == "invite":
         print(f"labellers sign in with their own link: rlhfkit label invite NAME --db {db} --url {url}")
-    if args.token is not None:
-        print(f"access token: {args.token}")
+    if token_source == "--token":
+        print(f"note: --token is visible to every user of this machine (ps); set {TOKEN_VARIABLE} instead")
         print(f"open {url}?token={args.token}")
+    elif token_source:
+        print(f"open {url}?token=${TOKEN_VARIABLE} (the access token is in that environment variable)")
     else:
         print(f"open {url}")
     print("press Ctrl-C to stop (every vote is already saved)", flush=True)

@@ -8,6 +8,7 @@ from collections.abc import Sequence
 
 from rlhfkit.label.agreement import cohen_kappa, counts_table, fleiss_kappa
 from rlhfkit.label.export import group_votes
+from rlhfkit.label.identity import printable
 from rlhfkit.label.queries import ReadQueries
 from rlhfkit.label.records import VoteRecord
 from rlhfkit.label.scale import SCORE_NAMES
@@ -87,7 +88,8 @@ def format_stats(stats: dict) -> str:
     lines += ["", f"  {'labeller':<20} {'votes':>6} {'skips':>6} {'median s':>9}  last vote"]
     for r in stats["labellers"]:
         med = "-" if r["median_seconds"] is None else f"{r['median_seconds']:.1f}"
-        lines.append(f"  {r['labeller']:<20} {r['votes']:>6} {r['skips']:>6} {med:>9}  {r['last'] or '-'}")
+        name, last = printable(str(r["labeller"])), printable(str(r["last"] or "-"))
+        lines.append(f"  {name:<20} {r['votes']:>6} {r['skips']:>6} {med:>9}  {last}")
     a = stats["agreement"]
     lines += [
         "",
@@ -96,7 +98,7 @@ def format_stats(stats: dict) -> str:
         f"  Fleiss' kappa, direction only:  {_fmt(a['fleiss_kappa_direction'])}",
     ]
     if "cohen_labellers" in a:
-        who = " vs ".join(a["cohen_labellers"])
+        who = " vs ".join(printable(name) for name in a["cohen_labellers"])
         lines += [
             f"  Cohen's kappa ({who}), 5-point:   {_fmt(a['cohen_kappa_5pt'])}",
             f"  Cohen's kappa ({who}), direction: {_fmt(a['cohen_kappa_direction'])}",

@@ -4,8 +4,9 @@ The schema and how a file is opened live in ``db``; the read-only questions (vot
 activity) in ``queries``. This module holds the rules that change data:
 
 - **Identity**: every method takes a labeller *name* in any spelling; it is matched by its
-  normalised key (``identity.name_key``). ``invite`` gives a labeller a secret token,
-  ``authenticate`` maps a token back to the labeller.
+  normalised key (``identity.name_key``). ``invite`` gives a labeller a secret token that
+  expires, ``authenticate`` maps a live token back to the labeller, ``sign_in`` trades it for
+  a browser session id of its own (``session_labeller`` maps that back).
 - **Leases**: an open assignment holds one of a pair's ``votes_per_pair`` places while it is
   younger than ``lease_seconds``. A labeller holds at most one live lease: handing out a pair
   (or an undo) releases their others, which come back to them later if there is room.
@@ -31,7 +32,8 @@ from pathlib import Path
 
 from rlhfkit.errors import DataError
 from rlhfkit.label.db import Database, iso
-from rlhfkit.label.identity import clean_name, name_key, new_invite_token, token_digest
+from rlhfkit.label.identity import clean_name, name_key
+from rlhfkit.label.invitations import INVITE_SECONDS, MAX_INVITE_SECONDS, Invitations  # noqa: F401 - re-exported
 from rlhfkit.label.pairs import Pair
 from rlhfkit.label.queries import ReadQueries
 from rlhfkit.label.records import (  # noqa: F401 - re-exported: the app and tests import them from here
@@ -50,7 +52,7 @@ RELEASED = iso(0)  # assigned_at of a released lease: older than any cutoff
 MAX_VOTES_PER_PAIR = 1000
 
 
-class LabelStore(Database, ReadQueries):
+class LabelStore(Database, ReadQueries, Invitations):
     """All database writes for labelling. Safe to share between threads (see ``db.Database``)."""
 
     def __init__(
@@ -135,33 +137,6 @@ class LabelStore(Database, ReadQueries):
         with self._tx() as con:
             self._create(con, name, iso(self.clock()))
             return self._labeller_id(con, name)
-
-    def invite(self, name: str) -> tuple[str, str]:
-        """Create the labeller if new and give them a fresh invitation token (the old one stops
-        working). Returns (display name, token); only the token's SHA-256 is stored."""
-        token, now = new_invite_token(), iso(self.clock())
-        with self._tx() as con:
-            self._create(con, name, now)
-            row = self._labeller(con, name)
-            con.execute("UPDATE labellers SET token_hash = ?, invited_at = ? WHERE labeller_id = ?",
-                        (token_digest(token), now, row["labeller_id"]))
-        return str(row["name"]), token
-
-    def revoke(self, name: str) -> str:
-        """Invalidate the labeller's invitation token; returns their display name."""
-        with self._tx() as con:
-            row = self._labeller(con, name)
-            con.execute("UPDATE labellers SET token_hash = NULL WHERE labeller_id = ?", (row["labeller_id"],))
-        return str(row["name"])
-
-    def authenticate(self, token: str) -> str | None:
-        """The display name of the labeller holding ``token``, or None."""
-        digest = token_digest(token)
-        if digest is None:
-            return None
-        with self._read() as con:
-            row = con.execute("SELECT name FROM labellers WHERE token_hash = ?", (digest,)).fetchone()
-        return None if row is None else str(row[0])
 
     # ---- leases
 

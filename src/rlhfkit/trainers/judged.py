@@ -9,8 +9,8 @@ from rlhfkit.rollout import SamplingParams
 from rlhfkit.runtime.run import Run
 
 # Record fields that are data, not prompt information (not passed to the judge)
-NOT_PROMPT_FIELDS = ("chosen", "rejected", "margin", "strength", "scores", "tie", "labeller", "votes", "pair_id",
-                     "completion", "label")
+NOT_PROMPT_FIELDS = ("chosen", "rejected", "margin", "strength", "scores", "tie", "labeller", "labellers", "votes",
+                     "pair_id", "completion", "label")
 
 
 def eval_records(train: list[dict], held_out: list[dict], cfg) -> list[dict]:

@@ -6,7 +6,7 @@
 (() => {
   const $ = (id) => document.getElementById(id);
   // auth: "open" (type a name) or "invite" (signed in by a personal link; the server knows who).
-  const state = { auth: "open", labeller: null, pair: null, busy: false };
+  const state = { auth: "open", labeller: null, pair: null, busy: false, invite: null };
 
   // ---------------------------------------------------------------- helpers
 
@@ -58,8 +58,8 @@
   }
 
   function showOnly(id) {
-    for (const s of ["login", "signin", "task", "done"]) $(s).hidden = s !== id;
-    $("who").hidden = id === "login" || id === "signin";
+    for (const s of ["login", "signin", "confirm", "task", "done"]) $(s).hidden = s !== id;
+    $("who").hidden = id === "login" || id === "signin" || id === "confirm";
     $("switch").hidden = state.auth !== "open";
   }
 
@@ -176,17 +176,38 @@
     });
   }
 
-  /** Ask the server how labellers are identified, then show the name form, the task or the
-   *  "open your link" note. */
+  /** An invitation link was opened: show whose it is and sign in only when the labeller
+   *  clicks (a link alone, e.g. from another site, never replaces who is signed in). */
+  async function offerSignIn(current) {
+    const data = await api("invitation", { invite: state.invite });
+    $("confirm-name").textContent = data.labeller;
+    $("confirm-button-name").textContent = data.labeller;
+    $("confirm-current").textContent = current && current !== data.labeller
+      ? "You are signed in as " + current + " in this browser; signing in replaces that." : "";
+    showOnly("confirm");
+    $("confirm-signin").focus();
+  }
+
+  function confirmSignIn() {
+    return act(async () => {
+      await api("signin", { invite: state.invite });
+      state.invite = null;
+    }).then(() => { if (state.invite === null) begin(); });
+  }
+
+  /** Ask the server how labellers are identified, then show the name form, the sign-in
+   *  question, the task or the "open your link" note. */
   async function begin() {
     let session;
     try {
       session = await api("session", null);
+      state.auth = session.auth;
+      if (state.invite !== null && state.auth === "invite") return await offerSignIn(session.labeller);
     } catch (err) {
       setStatus(err.message, true);
+      if (state.invite !== null) showOnly("signin");
       return;
     }
-    state.auth = session.auth;
     if (state.auth === "open") {
       showOnly("login");
       $("name").focus();
@@ -216,6 +237,14 @@
   }
 
   function init() {
+    const query = new URLSearchParams(window.location.search);
+    if (query.has("invite")) {
+      state.invite = query.get("invite");
+      query.delete("invite");  // the secret leaves the address bar (and the history)
+      const rest = query.toString();
+      window.history.replaceState(null, "", window.location.pathname + (rest ? "?" + rest : ""));
+    }
+    $("confirm-signin").addEventListener("click", confirmSignIn);
     try { $("name").value = localStorage.getItem("rlhfkit-labeller") || ""; } catch (_) { /* ignore */ }
     $("login-form").addEventListener("submit", (e) => {
       e.preventDefault();

@@ -1,0 +1,162 @@
+"""The HTTP server under the labelling app: uvicorn plus the limits a shared network needs.
+
+What uvicorn 0.54 (h11) covers on its own: ``timeout_keep_alive`` closes a connection that
+stays idle *after* an answer, ``limit_concurrency`` answers 503 to a *request* once too many
+are open, and h11 refuses a header block over 16 KiB. Nothing closes a connection that never
+completes a request: one that sends nothing, or trickles its headers or its body a byte at a
+time, stays open for ever and holds a file descriptor. So this module adds:
+
+- **a request deadline**: from the moment a connection opens, or its previous answer has
+  been sent, the next request must arrive whole (headers and body) within
+  ``request_seconds``; otherwise the connection is closed. A request that has arrived is
+  never cut off while the app works on it.
+- **a connection cap**: a connection beyond ``max_connections`` takes the place of the one
+  that has waited longest for its request (idle or trickling clients go first, so they cannot
+  lock others out); if every connection has a request being answered, the new one gets 503
+  and is closed at once, before it can pin a descriptor. The default leaves room in the
+  descriptor limit for each connection's database files (a socket plus up to three SQLite
+  files).
+- **quiet accept errors**: out of descriptors, asyncio stops accepting for a second (its
+  back-off) but logs a traceback for every attempt, a hundred per retry; this server logs
+  one line a minute instead.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import resource
+import socket
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import h11
+import uvicorn
+from uvicorn.protocols.http.h11_impl import H11Protocol
+
+log = logging.getLogger("rlhfkit.label")
+ACCEPT_ERROR = "socket.accept() out of system resource"
+_FULL_BODY = b'{"error": "too many connections; try again in a moment"}'
+FULL_ANSWER = (b"HTTP/1.1 503 Service Unavailable\r\ncontent-type: application/json\r\nconnection: close\r\n"
+               b"content-length: %d\r\n\r\n%s" % (len(_FULL_BODY), _FULL_BODY))
+
+
+def default_max_connections(fd_limit: int | None = None) -> int:
+    """A quarter of the process's descriptor limit (each connection may need a socket and a
+    thread's three database files), at most 256."""
+    if fd_limit is None:
+        fd_limit = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+    return max(1, min(256, fd_limit // 4))
+
+
+@dataclass
+class Throttle:
+    """Say something at most once per ``seconds`` (the first time at once)."""
+
+    seconds: float = 60.0
+    clock: Callable[[], float] = time.monotonic
+    _last: float | None = field(default=None, repr=False)
+
+    def ready(self) -> bool:
+        now = self.clock()
+        if self._last is not None and now - self._last < self.seconds:
+            return False
+        self._last = now
+        return True
+
+
+@dataclass(frozen=True)
+class Limits:
+    """Per-server connection limits (see the module docstring)."""
+
+    request_seconds: float = 10.0
+    keep_alive_seconds: int = 5
+    max_connections: int = field(default_factory=default_max_connections)
+
+
+class DeadlineProtocol(H11Protocol):
+    """uvicorn's h11 protocol with the request deadline and the connection cap."""
+
+    limits: Limits  # both set per server by ``make_server``
+    full: Throttle
+
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        self._deadline: asyncio.TimerHandle | None = None
+        self._waiting_since = self.loop.time()
+        super().connection_made(transport)
+        if len(self.connections) > self.limits.max_connections:
+            victim = self._longest_waiting()
+            if victim is None:  # every other connection has a request in the works
+                if self.full.ready():
+                    log.warning("labelling app: %d connections busy (the cap); refusing new ones for now",
+                                self.limits.max_connections)
+                transport.write(FULL_ANSWER)
+                transport.close()
+                return
+            victim.transport.close()
+        self._arm()
+
+    def _waiting(self) -> bool:
+        """No request of this connection has arrived whole yet (idle, or still arriving)."""
+        return self.conn.their_state in (h11.IDLE, h11.SEND_BODY) and not self.transport.is_closing()
+
+    def _longest_waiting(self) -> DeadlineProtocol | None:
+        """At the cap, the connection to close for a new one: the one that has waited longest
+        for its request (an idle or trickling client), never one whose request is being answered."""
+        waiting = [c for c in self.connections if c is not self and isinstance(c, DeadlineProtocol) and c._waiting()]
+        return min(waiting, key=lambda c: c._waiting_since, default=None)
+
+    def on_response_complete(self) -> None:
+        super().on_response_complete()
+        self._arm()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if self._deadline is not None:
+            self._deadline.cancel()
+        super().connection_lost(exc)
+
+    def _arm(self) -> None:
+        """Start the clock for the next request (restarting it after each answer)."""
+        if self._deadline is not None:
+            self._deadline.cancel()
+        if not self.transport.is_closing():
+            self._waiting_since = self.loop.time()
+            self._deadline = self.loop.call_later(self.limits.request_seconds, self._overdue)
+
+    def _overdue(self) -> None:
+        """The next request has not arrived whole in time: idle, or headers/body still coming."""
+        if self._waiting():
+            self.transport.close()
+
+
+def quiet_accept_errors(throttle: Throttle):
+    """An asyncio exception handler that turns the accept-error flood into one line a minute
+    and passes every other error to asyncio's default handler."""
+
+    def handle(loop: asyncio.AbstractEventLoop, context: dict) -> None:
+        if context.get("message") != ACCEPT_ERROR:
+            loop.default_exception_handler(context)
+        elif throttle.ready():
+            exc = context.get("exception")
+            log.warning("labelling app: cannot accept connections (%s); retrying every second",
+                        getattr(exc, "strerror", None) or exc)
+
+    return handle
+
+
+class LabelServer(uvicorn.Server):
+    """A uvicorn server whose event loop logs accept errors quietly."""
+
+    async def serve(self, sockets: list[socket.socket] | None = None) -> None:
+        asyncio.get_running_loop().set_exception_handler(quiet_accept_errors(Throttle()))
+        await super().serve(sockets)
+
+
+def make_server(app: object, limits: Limits | None = None, log_level: str = "warning", **config: object) -> LabelServer:
+    """A uvicorn server for ``app`` with ``limits`` (``config``: more ``uvicorn.Config`` options,
+    e.g. host and port; ``serve`` passes its own bound socket to ``run`` instead)."""
+    limits = limits or Limits()
+    protocol = type("LabelProtocol", (DeadlineProtocol,), {"limits": limits, "full": Throttle()})
+    return LabelServer(uvicorn.Config(app, http=protocol, timeout_keep_alive=limits.keep_alive_seconds,
+                                      log_level=log_level, access_log=False, **config))
