@@ -12,6 +12,8 @@ import io
 import json
 import math
 import re
+import shutil
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -207,3 +209,75 @@ def test_the_shipped_runs_get_the_findings_the_page_describes(name, exit_status,
     assert rules <= serious and (rules or not serious), serious
     text = page_text(page)
     assert f"docs/learn/examples/{name}" in text and all(f"`{r}`" in text for r in rules)
+
+
+# ----------------------------------------------------------------------------- what the pages say about the shipped runs
+
+SHIPPED = ("healthy", "unhealthy", "epochs4")
+SHIPPED_WITH = "03945d3"  # the commit whose code recorded (and added) the shipped runs
+
+
+def _metric(name: str, key: str) -> list[float]:
+    rows = (LEARN / "examples" / name / "metrics.jsonl").read_text(encoding="utf-8").splitlines()
+    return [json.loads(row)[key] for row in rows if row.strip()]
+
+
+def test_the_shipped_runs_are_labelled_with_their_dtype_and_commit():
+    """The pages name the dtype each shipped run's config.yaml records and the commit that recorded it;
+    where the git history is at hand, that commit is the one that added the runs."""
+    dtypes = {re.search(r"^dtype: (\w+)$", (LEARN / "examples" / n / "config.yaml").read_text(), re.M).group(1)
+              for n in SHIPPED}
+    assert dtypes == {"bf16"}
+    readme = page_text("README.md")
+    assert "in **bf16** (`dtype: bf16`" in readme and f"commit {SHIPPED_WITH}" in readme
+    for name in ("05-reading-a-run.md", "06-defaults-and-beyond.md"):
+        text = " ".join(page_text(name).split())
+        assert "in bf16" in text and f"with the code of commit {SHIPPED_WITH}" in text, name
+    assert "(fp32)" not in all_text()
+    git = shutil.which("git")
+    if git and (ROOT / ".git").exists():
+        out = subprocess.run([git, "log", "--format=%h", "--", "docs/learn/examples/healthy"], cwd=ROOT,
+                             capture_output=True, text=True, check=False).stdout.split()
+        if out:  # a shallow clone may not hold the commit
+            assert out[-1].startswith(SHIPPED_WITH) or SHIPPED_WITH.startswith(out[-1])
+
+
+def test_the_first_finding_of_the_unhealthy_run_is_the_one_the_page_names(capsys):
+    """`doctor --all` lists findings as they fired: approx_kl_high at iteration 0 comes first, while the
+    default view puts the clip fraction's warning at iteration 2 (its worst)."""
+    run = str(LEARN / "examples" / "unhealthy")
+    assert cli_main(["doctor", run, "--all", "--json"]) == 1
+    first = json.loads(capsys.readouterr().out)[0]
+    assert (first["rule"], first["severity"], first["iteration"]) == ("approx_kl_high", "warning", 0)
+    text = " ".join(page_text("05-reading-a-run.md").split())
+    assert "the first sign came at iteration 0, from the size of the very first update (`approx_kl_high`" in text
+    assert "rlhfkit doctor docs/learn/examples/unhealthy --all" in text
+    total = _metric("unhealthy", "loss/total")
+    assert f"went from {min(total):.3f} to {max(total):.3f}" in text
+
+
+def test_the_stop_fractions_the_page_gives_are_the_runs():
+    assert set(_metric("healthy", "rollout/stop_fraction")) <= {0.0, 0.125}
+    unhealthy = _metric("unhealthy", "rollout/stop_fraction")
+    assert unhealthy[:3] == [0.125, 0.375, 0.25] and set(unhealthy[3:]) == {0.0}
+    text = " ".join(page_text("03-advantages.md").split())
+    assert "0 or 0.125 at every iteration of the healthy run" in text and "0.125, 0.375, 0.25 and is 0 from iteration 3" in text
+
+
+def test_the_kl_budget_the_defaults_page_gives_is_the_doctors():
+    """Entry 19: 7-13 nats can average past the budget and draw a warning, never a critical finding."""
+    from rlhfkit.diagnostics import Thresholds, diagnose
+
+    t = Thresholds()
+    text = " ".join(page_text("06-defaults-and-beyond.md").split())
+    assert f"budget of {t.rollout_kl_warn:g}" in text and f"critical only past {t.rollout_kl_critical:g}" in text
+    rows = [{"iteration": i, "rollout/kl": kl} for i, kl in enumerate([7.0, 9.0, 11.0, 13.0, 12.0])]
+    found = [f for f in diagnose(rows) if f.rule == "rollout_kl_high"]
+    assert found and {f.severity for f in found} == {"warning"}  # (11 + 13 + 12) / 3 = 12 > 10
+
+
+def test_the_kl_module_cites_a_test_file_that_exists():
+    import rlhfkit.algos.kl as kl
+
+    cited = re.findall(r"tests/[\w/]+\.py", kl.__doc__)
+    assert cited and all((ROOT / path).is_file() for path in cited)
