@@ -282,3 +282,17 @@ def test_the_kl_module_cites_a_test_file_that_exists():
 
     cited = re.findall(r"tests/[\w/]+\.py", kl.__doc__)
     assert cited and all((ROOT / path).is_file() for path in cited)
+
+
+def test_the_break_page_prints_what_selfcheck_prints(capsys):
+    """Entry 29's output blocks are lines `rlhfkit selfcheck --break` prints (its '...' elides lines)."""
+    text = page_text("09-break-it-yourself.md")
+    names = re.findall(r"--break ([\w-]+)", text.split("```bash", 1)[1].split("```", 1)[0])
+    assert len(names) >= 3
+    assert cli_main(["selfcheck", *[a for n in names for a in ("--break", n)]]) == 0
+    printed = {" ".join(line.split()) for line in capsys.readouterr().out.splitlines()}
+    shown = [b for lang, b in BLOCK.findall(text) if lang == "text"]
+    lines = [" ".join(ln.split()) for block in shown for ln in block.splitlines() if ln.strip() not in ("", "...")]
+    # the counter [i/n] depends on how many breaks one command ran; the rest must match
+    missing = [ln for ln in lines if re.sub(r"^\[\d+/\d+\]", "", ln) not in {re.sub(r"^\[\d+/\d+\]", "", p) for p in printed}]
+    assert not missing, missing

@@ -40,8 +40,8 @@ def test_ppos_first_epoch_is_a_reinforce_step_with_a_baseline():
     """One epoch: ratio = 1, nothing clipped, the loss's gradient is minus the REINFORCE estimate."""
     theta = torch.tensor([0.1, 0.0, -0.3, 0.2, 0.0], dtype=torch.float64)
     actions, rewards = bandit.sample(theta, 32, MEANS, 1.0, torch.Generator().manual_seed(0))
-    new, frac = bandit.ppo_step(theta, actions, rewards, lr=0.7, epochs=1, clip_eps=0.2)
-    assert frac == 0.0
+    new, m = bandit.ppo_step(theta, actions, rewards, lr=0.7, epochs=1, clip_eps=0.2)
+    assert m["policy_clip_frac"] == 0.0
     assert torch.allclose(new, bandit.reinforce_step(theta, actions, rewards, lr=0.7), rtol=0, atol=1e-14)
 
 
@@ -50,9 +50,9 @@ def test_the_clip_keeps_each_iteration_closer_to_the_old_policy():
     ratio whose advantage asks for more stops near 1 + eps (its gradient is 0 beyond), so it stays near."""
     theta = torch.zeros(5, dtype=torch.float64)
     actions, rewards = bandit.sample(theta, 32, MEANS, 1.0, torch.Generator().manual_seed(0))
-    clipped, frac = bandit.ppo_step(theta, actions, rewards, lr=2.0, epochs=20, clip_eps=0.2)
+    clipped, m = bandit.ppo_step(theta, actions, rewards, lr=2.0, epochs=20, clip_eps=0.2)
     free, _ = bandit.ppo_step(theta, actions, rewards, lr=2.0, epochs=20, clip_eps=None)
-    assert frac > 0
+    assert m["policy_clip_frac"] > 0
     assert bandit.kl(theta, clipped) < 0.1 < bandit.kl(theta, free)
     ratio = (clipped.log_softmax(-1) - theta.log_softmax(-1)).exp()
     assert float(ratio.max()) < 1.2 + 0.2  # one step past the band at most: the clip bounds the incentive

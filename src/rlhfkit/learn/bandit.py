@@ -65,35 +65,38 @@ def reinforce_step(theta: torch.Tensor, actions: torch.Tensor, rewards: torch.Te
 
 
 def ppo_step(theta: torch.Tensor, actions: torch.Tensor, rewards: torch.Tensor, lr: float, epochs: int,
-             clip_eps: float | None) -> tuple[torch.Tensor, float]:
+             clip_eps: float | None, whiten: bool = False) -> tuple[torch.Tensor, dict[str, float]]:
     """`epochs` gradient steps on one batch with PPO's clipped surrogate (clip_eps None: unclipped,
-    the plain importance-sampled surrogate). Advantages: rewards minus their batch mean, constants.
-    Returns (new theta (K,), clip fraction of the last epoch)."""
+    the plain importance-sampled surrogate). Advantages: rewards minus their batch mean (divided by
+    their std too with `whiten`, as the trainer's whiten_advantages does), constants.
+    Returns (new theta (K,), `ppo_policy_loss`'s metrics averaged over the epochs)."""
     old_logp = theta.log_softmax(-1)[actions][None].detach()  # (1, n) log pi_old(a_i): kept, no gradient
-    adv = (rewards - rewards.mean())[None]  # (1, n)
-    mask = torch.ones_like(adv, dtype=torch.bool)
+    mask = torch.ones(1, len(actions), dtype=torch.bool)
+    adv = algos.masked_whiten(rewards[None], mask) if whiten else (rewards - rewards.mean())[None]  # (1, n)
     theta = theta.clone().requires_grad_(True)
-    frac = 0.0
+    sums: dict[str, float] = {}
     for _ in range(epochs):
         logp = theta.log_softmax(-1)[actions][None]  # (1, n) log pi(a_i), recomputed with gradient
         loss, m = algos.ppo_policy_loss(logp, old_logp, adv, mask, clip_eps=1e9 if clip_eps is None else clip_eps)
         (grad,) = torch.autograd.grad(loss, theta)
         theta = (theta - lr * grad).detach().requires_grad_(True)  # descend the loss = ascend the surrogate
-        frac = m["policy_clip_frac"]
-    return theta.detach(), frac
+        sums = {k: sums.get(k, 0.0) + v / epochs for k, v in m.items()}
+    return theta.detach(), sums
 
 
 @dataclass
 class Trace:
-    """What `train` records per iteration: J after the update and KL(pi_before || pi_after)."""
+    """What `train` records per iteration: J after the update, KL(pi_before || pi_after), and for
+    PPO the update's metrics under the trainer's names (params/approx_kl, params/policy_clip_frac)."""
 
     reward: list[float]
     step_kl: list[float]
+    metrics: list[dict[str, float]]
 
 
 def train(method: str, iterations: int = 40, batch: int = 32, lr: float = 1.0, epochs: int = 4,
           clip_eps: float | None = 0.2, seed: int = 0, means: tuple[float, ...] = MEANS,
-          noise: float = NOISE) -> Trace:
+          noise: float = NOISE, whiten: bool = False) -> Trace:
     """Run "reinforce" (one step per batch), "reinforce-no-baseline" or "ppo" (`epochs` steps per
     batch, clipped unless clip_eps is None) from uniform logits; the same seed draws the same first batch."""
     if method not in ("reinforce", "reinforce-no-baseline", "ppo"):
@@ -101,11 +104,12 @@ def train(method: str, iterations: int = 40, batch: int = 32, lr: float = 1.0, e
     g = torch.Generator().manual_seed(seed)
     mu = torch.tensor(means, dtype=torch.float64)
     theta = torch.zeros(len(means), dtype=torch.float64)
-    trace = Trace([], [])
+    trace = Trace([], [], [])
     for _ in range(iterations):
         actions, rewards = sample(theta, batch, mu, noise, g)
         if method == "ppo":
-            new, _ = ppo_step(theta, actions, rewards, lr, epochs, clip_eps)
+            new, m = ppo_step(theta, actions, rewards, lr, epochs, clip_eps, whiten)
+            trace.metrics.append({"params/approx_kl": m["approx_kl"], "params/policy_clip_frac": m["policy_clip_frac"]})
         else:
             new = reinforce_step(theta, actions, rewards, lr, baseline=method == "reinforce")
         trace.step_kl.append(kl(theta, new))
