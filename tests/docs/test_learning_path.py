@@ -296,3 +296,20 @@ def test_the_break_page_prints_what_selfcheck_prints(capsys):
     # the counter [i/n] depends on how many breaks one command ran; the rest must match
     missing = [ln for ln in lines if re.sub(r"^\[\d+/\d+\]", "", ln) not in {re.sub(r"^\[\d+/\d+\]", "", p) for p in printed}]
     assert not missing, missing
+
+
+def test_the_metric_table_is_the_doctors_mapping():
+    """glossary.md's metric table: every rlhfkit name is a documented metric, and every TRL name is the one
+    `rlhfkit doctor` maps to it when it reads a TRL log."""
+    from rlhfkit.diagnostics.foreign import TRL_PPO
+    from rlhfkit.diagnostics.glossary import METRICS
+
+    text = page_text("glossary.md")
+    table = text[text.index("| rlhfkit | TRL (PPO) | OpenRLHF (PPO) |") :].split("\n\n")[0]
+    rows = re.findall(r"^\| `([\w/]+)` \| (`[\w/]+`|-) \| (`[\w/]+`|-) \|", table, re.M)
+    assert len(rows) >= 10
+    for ours, trl, _ in rows:
+        assert ours in METRICS, ours
+        if trl != "-":
+            assert TRL_PPO[trl.strip("`")][0] == ours, (trl, ours)
+    assert {trl.strip("`") for _, trl, _ in rows} >= set(TRL_PPO)  # every name the doctor maps is in the table
