@@ -25,12 +25,13 @@ def test_the_optimal_policys_implicit_reward_is_the_reward_up_to_beta_log_z():
     opt = ref * torch.exp(r / beta) / z
     implicit = beta * torch.log(opt / ref)
     torch.testing.assert_close(implicit, r - beta * math.log(z), rtol=0, atol=1e-12)
-    for w, l in itertools.permutations(range(3), 2):
-        loss, m = dpo_loss(opt.log()[w : w + 1], opt.log()[l : l + 1], ref.log()[w : w + 1], ref.log()[l : l + 1],
-                           beta=beta)
-        by_hand = math.log1p(math.exp(-(r[w] - r[l]).item()))  # -log sigmoid(r_w - r_l)
+    for won, lost in itertools.permutations(range(3), 2):
+        w, lo = slice(won, won + 1), slice(lost, lost + 1)
+        loss, m = dpo_loss(opt.log()[w], opt.log()[lo], ref.log()[w], ref.log()[lo], beta=beta)
+        margin = (r[won] - r[lost]).item()
+        by_hand = math.log1p(math.exp(-margin))  # -log sigmoid(r_w - r_l)
         assert abs(loss.item() - by_hand) <= 1e-12 * max(1.0, by_hand)
-        assert abs(m["rewards/margin"] - (r[w] - r[l]).item()) <= 1e-12
+        assert abs(m["rewards/margin"] - margin) <= 1e-12
 
 
 def test_a_new_lora_adapter_is_the_base_model_and_its_first_gradient_reaches_b_only():
