@@ -75,3 +75,32 @@ def test_per_token_kls_add_up_to_the_sequence_kl():
     whole = math.log(0.7 * 0.1) - math.log(0.5 * 0.4)
     assert abs(kl_k1(logp, ref).sum().item() - whole) <= 1e-12 and abs(rewards.sum().item() + whole) <= 1e-12
     assert abs(m["kl"] - whole) <= 1e-12
+
+
+def test_the_value_loss_reaches_the_policy_only_through_a_shared_trunk():
+    """Entry 30: shared trunk, zero head -> no gradient below the head; a non-zero head -> the policy's
+    weights get one; separate critic -> the policy's never do, the critic's do."""
+    from rlhfkit.models.policy import ActorCritic, ValueHead
+
+    def tiny(seed):
+        torch.manual_seed(seed)
+        return LlamaForCausalLM(LlamaConfig(vocab_size=32, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+                                            num_attention_heads=2, num_key_value_heads=1))
+
+    def grad_norm(model):
+        return sum(float(p.grad.norm()) for p in model.parameters() if p.grad is not None)
+
+    ids, R = torch.tensor([[1, 5, 9, 3, 7, 2]]), 3
+    for separate in (False, True):
+        for zero_head in (True, False):
+            policy, head, critic = tiny(0), ValueHead(16), tiny(1) if separate else None
+            assert head.summary.weight.abs().sum() == 0 and head.summary.bias.abs().sum() == 0
+            if not zero_head:
+                torch.nn.init.normal_(head.summary.weight, std=0.5)
+            _, values, _ = ActorCritic(policy, head, critic)(ids, torch.ones_like(ids), R, True, response_ids=ids[:, -R:])
+            (0.5 * (values - 1.0) ** 2).mean().backward()
+            assert grad_norm(head) > 0
+            reaches_policy = not separate and not zero_head
+            assert (grad_norm(policy) > 0) == reaches_policy, (separate, zero_head)
+            if separate:
+                assert (grad_norm(critic) > 0) == (not zero_head)
