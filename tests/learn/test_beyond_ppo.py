@@ -104,3 +104,21 @@ def test_the_value_loss_reaches_the_policy_only_through_a_shared_trunk():
             assert (grad_norm(policy) > 0) == reaches_policy, (separate, zero_head)
             if separate:
                 assert (grad_norm(critic) > 0) == (not zero_head)
+
+
+def test_greedy_rollouts_give_no_gradient_and_truncation_is_warned():
+    """Entry 31: a batch of one repeated action has advantages r - mean(r) summing to 0, so the REINFORCE
+    step is exactly 0; and SamplingParams warns when top_k or top_p truncate the distribution."""
+    import pytest
+
+    from rlhfkit.learn import bandit
+    from rlhfkit.rollout import SamplingParams
+
+    theta = torch.tensor([0.0, 1.0, 0.0, 0.0, 0.0], dtype=torch.float64)
+    actions = theta.argmax().repeat(32)
+    rewards = torch.randn(32, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
+    assert bandit.reinforce_gradient(theta, actions, rewards).abs().max() <= 1e-15
+    with pytest.warns(UserWarning, match="truncate the sampling distribution"):
+        SamplingParams(top_k=2)
+    with pytest.warns(UserWarning, match="truncate the sampling distribution"):
+        SamplingParams(top_p=0.9)
