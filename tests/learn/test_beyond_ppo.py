@@ -122,3 +122,17 @@ def test_greedy_rollouts_give_no_gradient_and_truncation_is_warned():
         SamplingParams(top_k=2)
     with pytest.warns(UserWarning, match="truncate the sampling distribution"):
         SamplingParams(top_p=0.9)
+
+
+def test_an_action_never_sampled_gets_no_gradient_on_its_logit():
+    """Entry 32: with the batch-mean baseline, d/d theta_k of the REINFORCE estimate for an arm k absent
+    from the batch is -pi_k * mean(r - mean(r)) = 0 exactly."""
+    from rlhfkit.learn import bandit
+
+    theta = torch.tensor([0.0, 0.0, -9.2, 0.0, 0.0], dtype=torch.float64)
+    actions = torch.tensor([0, 1, 1, 3, 4, 0, 3, 1])
+    rewards = torch.randn(8, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
+    grad = bandit.reinforce_gradient(theta, actions, rewards)
+    assert abs(float(grad[2])) <= 1e-17 and float(grad.abs().max()) > 1e-2
+    no_baseline = bandit.reinforce_gradient(theta, actions, rewards, baseline=False)
+    assert float(no_baseline[2]) != 0.0  # without the baseline only the normalisation term moves it
