@@ -5,6 +5,9 @@ functions, prints both side by side, and fails when they disagree. Exit status 0
 check passes, 1 when one fails (a broken install, or an edit that changed the maths), 2 for a
 usage error. Runs in seconds on a CPU: no download, the one model is a tiny random Llama.
 
+`--break NAME` runs rlhfkit.learn.breaks instead: a classic bug made on purpose, its symptom in
+numbers next to the right code, and the doctor's finding (docs/learn/09-break-it-yourself.md).
+
 The functions under test are looked up on their modules at call time (``algos.gae``, not a
 name bound at import), so a test can swap one for a broken version and see the check fail.
 """
