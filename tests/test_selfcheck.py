@@ -95,3 +95,40 @@ def test_the_command_line(capsys):
     err = capsys.readouterr().err.strip()
     assert err.startswith("rlhfkit: error: selfcheck: unknown check 'gea'") and "\n" not in err
 
+
+
+# ----------------------------------------------------------------------------- --break
+
+
+def test_every_break_shows_its_symptom_and_the_doctors_finding(capsys):
+    from rlhfkit.learn.breaks import BREAKS
+
+    argv = [a for name in BREAKS for a in ("--break", name)]
+    assert cli_main(["selfcheck", *argv]) == 0
+    out = capsys.readouterr().out
+    assert f"{len(BREAKS)} of {len(BREAKS)} breaks showed their symptom" in out and "FAIL" not in out
+    # off-by-one: every token scored by the position that has seen it; the doctor's finding on the logged value
+    assert "broken: 1.000   (slice [P : P+R])" in out
+    assert out.count("doctor: CRITICAL ratio_first_microbatch @ it 0") == 3  # off-by-one, temperature, dropout
+    assert "doctor: CRITICAL approx_kl_high @ it 0: approx KL of one update is 44.5" in out  # no whitening
+    # unmasked GAE, by hand: A_0 = 0.2 + 0.95 * (5.4 - 0.95 * 4.75) = 1.043125 instead of 0.58
+    assert "1.043125" in out and "0.580000" in out
+    # k1 as a loss: the policy runs to the rewarded token, KL 1.17 against the optimum's 0.4495
+    assert "1.170305" in out and "0.449550" in out
+
+
+def test_a_break_fails_when_its_symptom_does_not_show(monkeypatch, capsys):
+    """With k1 swapped for k2 the 'k1 as a loss' break reaches the optimum: no symptom, exit status 1."""
+    monkeypatch.setattr(algos, "kl_k1", algos.kl_k2)
+    assert selfcheck.main(["--break", "k1-loss"]) == 1
+    assert "failed: k1-loss" in capsys.readouterr().out
+
+
+def test_the_break_command_line(capsys):
+    assert cli_main(["selfcheck", "--list"]) == 0
+    assert "breaks (--break NAME):\noff-by-one:" in capsys.readouterr().out
+    assert cli_main(["selfcheck", "--break", "off-by-two"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("rlhfkit: error: selfcheck: unknown break 'off-by-two' (expected one of: off-by-one") and "\n" not in err
+    assert cli_main(["selfcheck", "gae", "--break", "k1-loss"]) == 2
+    assert "not both" in capsys.readouterr().err

@@ -5,6 +5,9 @@ functions, prints both side by side, and fails when they disagree. Exit status 0
 check passes, 1 when one fails (a broken install, or an edit that changed the maths), 2 for a
 usage error. Runs in seconds on a CPU: no download, the one model is a tiny random Llama.
 
+`--break NAME` runs rlhfkit.learn.breaks instead: a classic bug made on purpose, its symptom in
+numbers next to the right code, and the doctor's finding (docs/learn/09-break-it-yourself.md).
+
 The functions under test are looked up on their modules at call time (``algos.gae``, not a
 name bound at import), so a test can swap one for a broken version and see the check fail.
 """
@@ -216,14 +219,16 @@ CHECKS: dict[str, Callable[[], Check]] = {
 }
 
 
-def run_checks(names: list[str]) -> list[Check]:
-    """Run the named checks in order; a check that raises counts as failed, with the error printed."""
+def run_checks(names: list[str], table: dict[str, Callable[[], Check]] | None = None) -> list[Check]:
+    """Run the named checks (of `table`, default CHECKS) in order; a check that raises counts as
+    failed, with the error printed."""
+    table = CHECKS if table is None else table
     out = []
     for name in names:
         try:
-            out.append(CHECKS[name]())
+            out.append(table[name]())
         except Exception as e:  # noqa: BLE001  (a crash in the installed code is a failed check)
-            out.append(Check(name, CHECKS[name].__doc__ or name, [f"raised {type(e).__name__}: {e}"], ok=False))
+            out.append(Check(name, table[name].__doc__ or name, [f"raised {type(e).__name__}: {e}"], ok=False))
     return out
 
 
@@ -234,20 +239,31 @@ def main(argv: list[str]) -> int:
                                 "path (docs/learn/) on the installed code and print each with its numbers. "
                                 "Exit status 1 when any number disagrees with the one worked out by hand.")
     p.add_argument("names", nargs="*", metavar="CHECK", help=f"checks to run (default: all): {', '.join(CHECKS)}")
-    p.add_argument("--list", action="store_true", help="list the checks and exit")
+    p.add_argument("--list", action="store_true", help="list the checks and the breaks, then exit")
+    p.add_argument("--break", dest="breaks", action="append", default=[], metavar="NAME",
+                   help="instead of the checks, make one classic bug on purpose and show its symptom in numbers "
+                        "and the doctor's finding, next to the right code (repeatable; names: see --list; "
+                        "docs/learn/09-break-it-yourself.md). Exit status 1 when a symptom fails to show")
     args = p.parse_args(argv)
+    from rlhfkit.learn.breaks import BREAKS
+
     if args.list:
         print("\n".join(f"{n}: {fn.__doc__}" for n, fn in CHECKS.items()))
+        print("\nbreaks (--break NAME):\n" + "\n".join(f"{n}: {fn.__doc__}" for n, fn in BREAKS.items()))
         return 0
-    unknown = [n for n in args.names if n not in CHECKS]
+    if args.breaks and args.names:
+        raise UserError("selfcheck: give check names or --break NAME, not both")
+    table, kind = (BREAKS, "break") if args.breaks else (CHECKS, "check")
+    unknown = [n for n in args.breaks or args.names if n not in table]
     if unknown:
-        raise UserError(f"selfcheck: unknown check '{unknown[0]}' (expected one of: {', '.join(CHECKS)})")
+        raise UserError(f"selfcheck: unknown {kind} '{unknown[0]}' (expected one of: {', '.join(table)})")
     t0 = time.perf_counter()
-    results = run_checks(args.names or list(CHECKS))
+    results = run_checks(args.breaks or args.names or list(CHECKS), table)
     for i, c in enumerate(results, 1):
         print(f"[{i}/{len(results)}] {c.name}: {c.title}  {'PASS' if c.ok else 'FAIL'}")
         print("\n".join(f"    {line}" for line in c.lines), end="\n\n")
     failed = [c.name for c in results if not c.ok]
-    print(f"{len(results) - len(failed)} of {len(results)} checks passed in {time.perf_counter() - t0:.1f} s"
+    done = "breaks showed their symptom" if args.breaks else "checks passed"
+    print(f"{len(results) - len(failed)} of {len(results)} {done} in {time.perf_counter() - t0:.1f} s"
           + (f"; failed: {', '.join(failed)}" if failed else ""))
     return 1 if failed else 0

@@ -12,6 +12,8 @@ import io
 import json
 import math
 import re
+import shutil
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -72,10 +74,11 @@ def config_class(command: str):
     return getattr(module, f"{command.upper()}Config")
 
 
-def test_the_path_has_15_to_25_entries_each_with_code_test_and_experiment():
+def test_the_path_has_numbered_entries_each_with_code_test_and_experiment():
+    """Entries 0, 1, 2, ... in page order (entry 0, the foundations, comes before the path's first question)."""
     entries = re.findall(r"^## (\d+)\. (.+)$", all_text(), re.M)
-    assert 15 <= len(entries) <= 25 and [int(n) for n, _ in entries] == list(range(1, len(entries) + 1))
-    for page in PAGES[1:]:
+    assert 20 <= len(entries) <= 40 and [int(n) for n, _ in entries] == list(range(len(entries)))
+    for page in PAGES:
         for section in re.split(r"^## \d+\. ", page.read_text(encoding="utf-8"), flags=re.M)[1:]:
             title = section.splitlines()[0]
             assert "**Answer.**" in section and "**Try it.**" in section, title
@@ -207,3 +210,106 @@ def test_the_shipped_runs_get_the_findings_the_page_describes(name, exit_status,
     assert rules <= serious and (rules or not serious), serious
     text = page_text(page)
     assert f"docs/learn/examples/{name}" in text and all(f"`{r}`" in text for r in rules)
+
+
+# ----------------------------------------------------------------------------- what the pages say about the shipped runs
+
+SHIPPED = ("healthy", "unhealthy", "epochs4")
+SHIPPED_WITH = "03945d3"  # the commit whose code recorded (and added) the shipped runs
+
+
+def _metric(name: str, key: str) -> list[float]:
+    rows = (LEARN / "examples" / name / "metrics.jsonl").read_text(encoding="utf-8").splitlines()
+    return [json.loads(row)[key] for row in rows if row.strip()]
+
+
+def test_the_shipped_runs_are_labelled_with_their_dtype_and_commit():
+    """The pages name the dtype each shipped run's config.yaml records and the commit that recorded it;
+    where the git history is at hand, that commit is the one that added the runs."""
+    dtypes = {re.search(r"^dtype: (\w+)$", (LEARN / "examples" / n / "config.yaml").read_text(), re.M).group(1)
+              for n in SHIPPED}
+    assert dtypes == {"bf16"}
+    readme = page_text("README.md")
+    assert "in **bf16** (`dtype: bf16`" in readme and f"commit {SHIPPED_WITH}" in readme
+    for name in ("05-reading-a-run.md", "06-defaults-and-beyond.md"):
+        text = " ".join(page_text(name).split())
+        assert "in bf16" in text and f"with the code of commit {SHIPPED_WITH}" in text, name
+    assert "(fp32)" not in all_text()
+    git = shutil.which("git")
+    if git and (ROOT / ".git").exists():
+        out = subprocess.run([git, "log", "--format=%h", "--", "docs/learn/examples/healthy"], cwd=ROOT,
+                             capture_output=True, text=True, check=False).stdout.split()
+        if out:  # a shallow clone may not hold the commit
+            assert out[-1].startswith(SHIPPED_WITH) or SHIPPED_WITH.startswith(out[-1])
+
+
+def test_the_first_finding_of_the_unhealthy_run_is_the_one_the_page_names(capsys):
+    """`doctor --all` lists findings as they fired: approx_kl_high at iteration 0 comes first, while the
+    default view puts the clip fraction's warning at iteration 2 (its worst)."""
+    run = str(LEARN / "examples" / "unhealthy")
+    assert cli_main(["doctor", run, "--all", "--json"]) == 1
+    first = json.loads(capsys.readouterr().out)[0]
+    assert (first["rule"], first["severity"], first["iteration"]) == ("approx_kl_high", "warning", 0)
+    text = " ".join(page_text("05-reading-a-run.md").split())
+    assert "the first sign came at iteration 0, from the size of the very first update (`approx_kl_high`" in text
+    assert "rlhfkit doctor docs/learn/examples/unhealthy --all" in text
+    total = _metric("unhealthy", "loss/total")
+    assert f"went from {min(total):.3f} to {max(total):.3f}" in text
+
+
+def test_the_stop_fractions_the_page_gives_are_the_runs():
+    assert set(_metric("healthy", "rollout/stop_fraction")) <= {0.0, 0.125}
+    unhealthy = _metric("unhealthy", "rollout/stop_fraction")
+    assert unhealthy[:3] == [0.125, 0.375, 0.25] and set(unhealthy[3:]) == {0.0}
+    text = " ".join(page_text("03-advantages.md").split())
+    assert "0 or 0.125 at every iteration of the healthy run" in text and "0.125, 0.375, 0.25 and is 0 from iteration 3" in text
+
+
+def test_the_kl_budget_the_defaults_page_gives_is_the_doctors():
+    """Entry 19: 7-13 nats can average past the budget and draw a warning, never a critical finding."""
+    from rlhfkit.diagnostics import Thresholds, diagnose
+
+    t = Thresholds()
+    text = " ".join(page_text("06-defaults-and-beyond.md").split())
+    assert f"budget of {t.rollout_kl_warn:g}" in text and f"critical only past {t.rollout_kl_critical:g}" in text
+    rows = [{"iteration": i, "rollout/kl": kl} for i, kl in enumerate([7.0, 9.0, 11.0, 13.0, 12.0])]
+    found = [f for f in diagnose(rows) if f.rule == "rollout_kl_high"]
+    assert found and {f.severity for f in found} == {"warning"}  # (11 + 13 + 12) / 3 = 12 > 10
+
+
+def test_the_kl_module_cites_a_test_file_that_exists():
+    import rlhfkit.algos.kl as kl
+
+    cited = re.findall(r"tests/[\w/]+\.py", kl.__doc__)
+    assert cited and all((ROOT / path).is_file() for path in cited)
+
+
+def test_the_break_page_prints_what_selfcheck_prints(capsys):
+    """Entry 29's output blocks are lines `rlhfkit selfcheck --break` prints (its '...' elides lines)."""
+    text = page_text("09-break-it-yourself.md")
+    names = re.findall(r"--break ([\w-]+)", text.split("```bash", 1)[1].split("```", 1)[0])
+    assert len(names) >= 3
+    assert cli_main(["selfcheck", *[a for n in names for a in ("--break", n)]]) == 0
+    printed = {" ".join(line.split()) for line in capsys.readouterr().out.splitlines()}
+    shown = [b for lang, b in BLOCK.findall(text) if lang == "text"]
+    lines = [" ".join(ln.split()) for block in shown for ln in block.splitlines() if ln.strip() not in ("", "...")]
+    # the counter [i/n] depends on how many breaks one command ran; the rest must match
+    missing = [ln for ln in lines if re.sub(r"^\[\d+/\d+\]", "", ln) not in {re.sub(r"^\[\d+/\d+\]", "", p) for p in printed}]
+    assert not missing, missing
+
+
+def test_the_metric_table_is_the_doctors_mapping():
+    """glossary.md's metric table: every rlhfkit name is a documented metric, and every TRL name is the one
+    `rlhfkit doctor` maps to it when it reads a TRL log."""
+    from rlhfkit.diagnostics.foreign import TRL_PPO
+    from rlhfkit.diagnostics.glossary import METRICS
+
+    text = page_text("glossary.md")
+    table = text[text.index("| rlhfkit | TRL (PPO) | OpenRLHF (PPO) |") :].split("\n\n")[0]
+    rows = re.findall(r"^\| `([\w/]+)` \| (`[\w/]+`|-) \| (`[\w/]+`|-) \|", table, re.M)
+    assert len(rows) >= 10
+    for ours, trl, _ in rows:
+        assert ours in METRICS, ours
+        if trl != "-":
+            assert TRL_PPO[trl.strip("`")][0] == ours, (trl, ours)
+    assert {trl.strip("`") for _, trl, _ in rows} >= set(TRL_PPO)  # every name the doctor maps is in the table

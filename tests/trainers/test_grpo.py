@@ -10,7 +10,7 @@ import torch
 
 from rlhfkit.errors import ConfigError
 from rlhfkit.models.policy import ActorCritic
-from rlhfkit.rollout import Rollout, SamplingParams, generate, logprob_pass
+from rlhfkit.rollout import Rollout, SamplingParams, forward_logprobs, generate, logprob_pass
 from rlhfkit.runtime.config import build_config, parse_args
 from rlhfkit.trainers.grpo import (
     compute_advantages,
@@ -154,6 +154,29 @@ def test_aggregated_loss_and_gradient_do_not_depend_on_the_micro_batch_split(sco
     if agg != "constant":  # per-micro-batch normalisers would break it (the test can fail)
         loss, _, _ = run([1, 3, 4], normalise_globally=False)
         assert abs(loss / 3 - full_loss) > 1e-4
+
+
+@pytest.mark.parametrize("estimator", ["k3", "k2"])
+def test_the_beta_term_is_beta_times_the_token_mean_of_the_chosen_estimator(scored_rollout, estimator):
+    """loss(beta = 0.1) - loss(beta = 0) = 0.1 * sum(k * mask) / N with d = ref_logp - logp:
+    k3 = exp(d) - 1 - d (the default), k2 = d^2 / 2 (kl_loss_estimator=k2)."""
+    model, ro = scored_rollout
+    n_tok = ro.response_mask.sum().item()
+
+    def loss_with(beta):
+        cfg = build_config(GRPOConfig, {"rollout_batch_size": 8, "group_size": 4, "mini_batch_size": 8,
+                                        "micro_batch_size": 8, "beta": beta, "kl_loss_estimator": estimator,
+                                        "dtype": "fp32"})
+        with torch.no_grad():
+            return micro_batch_loss(model, ro, cfg, n_tok, 8.0, torch.device("cpu"))[0].item()
+
+    with torch.no_grad():
+        logp, _, _ = forward_logprobs(model, ro, 1.0, with_values=False)
+    d = (ro.ref_logprobs - logp)[ro.response_mask.bool()].double()
+    k = d.exp() - 1 - d if estimator == "k3" else 0.5 * d * d
+    want = 0.1 * k.sum().item() / n_tok
+    assert want > 1e-4
+    assert loss_with(0.1) - loss_with(0.0) == pytest.approx(want, rel=1e-4)
 
 
 # ----------------------------------------------------------------------------- training

@@ -176,17 +176,29 @@ def test_loss_and_gradient_do_not_depend_on_the_micro_batch_split(scored, agg):
     assert abs(loss / 3 - full_loss) > 1e-3 * abs(full_loss)  # the check can fail
 
 
+BY_HAND = {"k3": lambda d: d.exp() - 1 - d, "k2": lambda d: 0.5 * d * d}
+
+
 def test_kl_penalty_in_the_loss_adds_beta_times_the_token_mean_of_k3(scored):
     """loss(kl_penalty="loss") - loss(kl_penalty="reward") = beta * sum(k3 * mask) / N, in value and
     in gradient, with k3 = exp(d) - 1 - d and d = ref_logp - logp under the current policy."""
-    actor, ro = scored
+    assert_kl_term_in_the_loss(*scored, "k3")
+
+
+def test_kl_loss_estimator_k2_adds_beta_times_the_token_mean_of_half_d_squared(scored):
+    """kl_loss_estimator="k2": the term is beta * sum(d^2 / 2 * mask) / N, whose on-policy gradient is
+    that of KL(pi || pi_ref) itself (docs/learn/04-the-update.md, entry 15)."""
+    assert_kl_term_in_the_loss(*scored, "k2")
+
+
+def assert_kl_term_in_the_loss(actor, ro: Rollout, estimator: str) -> None:
     beta, n_tok = 0.2, ro.response_mask.sum().item()
-    with_kl, g_kl, _ = loss_and_grads(actor, ro, cfg_with(kl_penalty="loss"), [8], beta)
+    with_kl, g_kl, _ = loss_and_grads(actor, ro, cfg_with(kl_penalty="loss", kl_loss_estimator=estimator), [8], beta)
     without, g0, _ = loss_and_grads(actor, ro, cfg_with(kl_penalty="reward"), [8], beta)
     actor.zero_grad()
     logp, _, _ = forward_logprobs(actor, ro, 1.0, with_values=False)
     d = (ro.ref_logprobs - logp)[ro.response_mask.bool()]
-    kl_term = beta * (d.exp() - 1 - d).sum() / n_tok
+    kl_term = beta * BY_HAND[estimator](d).sum() / n_tok
     kl_term.backward()
     assert with_kl - without == pytest.approx(kl_term.item(), rel=1e-4)
     assert kl_term.item() > 1e-4

@@ -26,7 +26,7 @@ on-policy (after the first PPO epoch samples come from pi_old, which biases it t
 rlhfkit's PPO uses k1 as a *reward penalty* (``shape_rewards``; no gradient flows through it,
 the policy gradient then optimises the KL-regularised return), as in Ziegler et al. 2019 /
 InstructGPT; k3 is offered for GRPO-style loss terms with the caveat above.
-(``tests/algos/test_kl.py`` pins each of these expectations exactly.)
+(``tests/algos/test_algos_kl.py`` pins each of these expectations exactly.)
 
 ``clamp``: if given, d is clamped to [-clamp, clamp] *before* the estimator is applied. This
 bounds k3 <= exp(clamp) - 1 - clamp, keeps exp() from overflowing, and zeroes the gradient

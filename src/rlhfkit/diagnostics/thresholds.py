@@ -49,7 +49,9 @@ class Thresholds:
     (well above batch noise of ~0.02), even while still below clip_frac_warn."""
     approx_kl_warn: float = 0.1
     """params/approx_kl is the per-token KL between the policy before and after one update.
-    0.06-0.08 reads as low and stable; 0.1 per token per update is large."""
+    Healthy runs sit at 0.001-0.05 (the learning path's shipped healthy run: 0.0007-0.010);
+    0.05-0.1 is high but can be stable (its 4-epoch run: 0.05-0.07 from iteration 3
+    on); 0.1 per token per update is large."""
     approx_kl_critical: float = 0.5
     """Half a nat per token per update: the update left the trust region entirely."""
 

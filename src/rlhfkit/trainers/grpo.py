@@ -14,7 +14,7 @@ One iteration, as numbered steps in `train`:
                  REINFORCE++ computes its advantages now (token returns with a KL penalty, batch-normalised)
   5. update      update_epochs x mini-batches x micro-batches of the clipped ratio loss, the ratio per
                  token or per sequence (GSPO), each token's loss times its truncated importance weight
-                 (`tis_cap`), + beta * k3 KL to the reference, aggregated by `loss_agg` with global normalisers
+                 (`tis_cap`), + beta * k3 (or k2) KL to the reference, aggregated by `loss_agg` with global normalisers
   6. log         PPO's metric names + rollout/group_reward_std and rollout/solved_fraction
 
 With `env` set, step 1 runs multi-turn episodes (rollout/multiturn.py), step 2's score is each
@@ -33,10 +33,10 @@ import time
 import torch
 
 from rlhfkit.algos import (
+    KL_ESTIMATORS,
     aggregate_loss,
     clipped_policy_loss,
     group_advantages,
-    kl_k3,
     leave_one_out_advantages,
     masked_mean,
     ppo_policy_loss,
@@ -125,7 +125,8 @@ def informative_rows(rollout: Rollout, cfg: GRPOConfig, num_processes: int = 1) 
 def micro_batch_loss(model, mb: Rollout, cfg: GRPOConfig, n_tokens: float, n_seqs: float, device,
                      num_processes: int = 1):
     """Loss of one micro-batch: clipped ratio (per token, or per sequence for GSPO; times the
-    truncated importance weights with `tis_cap`) + beta * k3 KL, normalised by the global counts of
+    truncated importance weights with `tis_cap`) + beta * KL (k3, or k2 with kl_loss_estimator), normalised by the
+    global counts of
     the mini-batch (all processes), so the micro-batch losses and gradients add up to the mini-batch's."""
     mask = mb.response_mask.to(device)
     with autocast(cfg.dtype, device):
@@ -146,7 +147,8 @@ def micro_batch_loss(model, mb: Rollout, cfg: GRPOConfig, n_tokens: float, n_seq
                                      clip_eps_high=cfg.clip_eps_high, level=cfg.importance_level, weights=weights, **agg)
     loss = pl
     if cfg.beta > 0:
-        kl = aggregate_loss(kl_k3(logp, mb.ref_logprobs.to(device)), mask, cfg.loss_agg, n_tokens, n_seqs, constant)
+        per_token = KL_ESTIMATORS[cfg.kl_loss_estimator](logp, mb.ref_logprobs.to(device))
+        kl = aggregate_loss(per_token, mask, cfg.loss_agg, n_tokens, n_seqs, constant)
         loss = loss + cfg.beta * kl
         stats["loss/kl"] = kl.item()
     ratio_dev = ((logp - old_lp).exp() - 1).abs().masked_fill(mask == 0, 0).max().item()

@@ -87,7 +87,11 @@ class GRPOConfig(EnvArgs, GenerationArgs, ReferenceArgs, SamplingArgs, ModelArgs
                            "loss_agg_constant (Dr. GRPO)", ("token-mean", "seq-mean", "constant"))
     loss_agg_constant: float | None = option(None, "divisor of loss_agg=constant (None: mini_batch_size x max_new_tokens "
                                              "x processes)")
-    beta: float = option(0.0, "coefficient of the k3 KL(pi || pi_ref) term in the loss; 0 loads no reference at all")
+    beta: float = option(0.0, "coefficient of the KL(pi || pi_ref) term in the loss (kl_loss_estimator); 0 loads no "
+                         "reference at all")
+    kl_loss_estimator: str = option("k3", "KL estimate in the beta term: k3 (DeepSeekMath's; its gradient is that of "
+                                    "KL(pi_ref || pi)) or k2 (the gradient of KL(pi || pi_ref) itself, on-policy; "
+                                    "docs/learn/04-the-update.md, entry 15)", ("k3", "k2"))
     importance_level: str = option("token", "importance ratio and clip: token = per token (PPO/GRPO); sequence = GSPO's "
                                    "length-normalised sequence ratio, whole sequences clipped; sequence-token = "
                                    "GSPO-token (the sequence ratio's value, each token's gradient)", IMPORTANCE_LEVELS)

@@ -21,12 +21,12 @@ import time
 import torch
 
 from rlhfkit.algos import (
+    KL_ESTIMATORS,
     AdaptiveKLController,
     FixedKLController,
     aggregate_loss,
     entropy_loss,
     gae,
-    kl_k3,
     masked_mean,
     masked_whiten,
     ppo_policy_loss,
@@ -97,7 +97,8 @@ def micro_batch_loss(actor, mb: Rollout, cfg: PPOConfig, kl_coef: float, n_token
     ent_term = entropy_loss(ent, mask, **agg)
     loss = pl + cfg.vf_coef * vl - cfg.ent_coef * ent_term
     if cfg.kl_penalty == "loss" and mb.ref_logprobs is not None:
-        loss = loss + kl_coef * aggregate_loss(kl_k3(logp, mb.ref_logprobs.to(device)), mask, **agg)
+        kl = KL_ESTIMATORS[cfg.kl_loss_estimator](logp, mb.ref_logprobs.to(device))
+        loss = loss + kl_coef * aggregate_loss(kl, mask, **agg)
     ratio_dev = ((logp - old_lp).exp() - 1).abs().masked_fill(mask == 0, 0).max().item()
     stats = {"loss/policy": pl.item(), "loss/value": vl.item(), "loss/entropy": ent_term.item(),
              "loss/total": loss.item(), "ratio_dev": ratio_dev, **pm, **vm}

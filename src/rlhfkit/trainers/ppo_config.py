@@ -101,7 +101,11 @@ class PPOConfig(ActorCriticArgs):
     vf_coef: float = option(0.1, "value-loss coefficient")
     ent_coef: float = option(0.0, "entropy-bonus coefficient")
     loss_agg: str = option("token-mean", "loss aggregation over a mini-batch", ("token-mean", "seq-mean"))
-    kl_penalty: str = option("reward", "fold -beta*KL into the rewards, or add beta*k3 to the loss", ("reward", "loss"))
+    kl_penalty: str = option("reward", "fold -beta*KL into the rewards, or add beta * kl_loss_estimator to the loss",
+                             ("reward", "loss"))
+    kl_loss_estimator: str = option("k3", "KL estimate added to the loss with kl_penalty=loss: k3 (GRPO's; its gradient "
+                                    "is that of KL(pi_ref || pi)) or k2 (the gradient of KL(pi || pi_ref) itself, "
+                                    "on-policy; docs/learn/04-the-update.md, entry 15)", ("k3", "k2"))
 
     def validate(self) -> None:
         for k in ("mini_batch_size", "ppo_epochs"):
