@@ -634,7 +634,7 @@ def run_all(a, parts: list[str], device, tokenizer) -> dict:
             "wall_s": time.perf_counter() - start}
 
 
-def parse_args(argv: list[str] | None):
+def make_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--tokenizer", default=None, metavar="DIR",
                     help="folder with the default model's tokenizer (made by --save-tokenizer); default: the default "
@@ -664,6 +664,12 @@ def parse_args(argv: list[str] | None):
                     "the repository travels without .git)")
     ap.add_argument("--one", help=argparse.SUPPRESS)
     ap.add_argument("--model", help=argparse.SUPPRESS)
+    return ap
+
+
+def parse_args(argv: list[str] | None):
+    """The options, checked: one line and exit 2 for a bad one."""
+    ap = make_parser()
     a = ap.parse_args(argv)
     a.command = "python bench/gpu.py " + " ".join(argv if argv is not None else sys.argv[1:])
     if a.units < 1:

@@ -156,3 +156,21 @@ def test_bad_files_exit_2_naming_them(tmp_path, capsys):
             gpu.main(args)
         err = capsys.readouterr().err.strip()
         assert e.value.code == 2 and says in err and len(err.splitlines()) == 1
+
+
+def test_one_part_in_its_own_process_hands_back_its_figures(tiny_model_dir):
+    # the path every part takes on the GPU: `gpu.py --one PART --model DIR` in a fresh process, its RESULT line read
+    part = gpu.run_in_subprocess("dpo-full@tiny", str(tiny_model_dir), units=1, smoke=True, timeout=300)
+    assert isinstance(part, dict), part
+    assert len(part["units"]) == 1 and part["units"][0]["s"] > 0 and part["rss_gb"] > 0
+
+
+def test_the_documented_commands_use_options_the_bench_has():
+    doc = (BENCH.parent / "docs" / "scale.md").read_text()
+    section = doc[doc.index("### GPU bench"):]
+    section = section[: section.index("\n## ")]
+    options = {o for action in gpu.make_parser()._actions for o in action.option_strings}
+    lines = [ln for ln in section.splitlines() if "bench/gpu.py" in ln and ln.lstrip().startswith(("PYTHON", ".venv"))]
+    used = {w.strip("`") for ln in lines for w in ln.split() if w.startswith("--")}
+    assert len(lines) == 3 and {"--save-tokenizer", "--tokenizer", "--from-json", "--write-doc"} <= used
+    assert used <= options, used - options
