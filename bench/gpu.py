@@ -81,11 +81,12 @@ ADAPTERS = {"lora-all": {"lora": True, "lora_layers": None}, "lora-default": {"l
 TRL_HOW = {"lora": True, "bf16": True, "ckpt": False}  # bf16 weights + bf16=True, LoRA every layer, no checkpointing
 SHAPES = {"135m": "smollm2-135m", "1.7b": "smollm2-1.7b"}
 SMOKE_THREADS = 1  # --smoke on a shared CPU: one thread ran a tiny unit 10x faster than two at a load of 8
-# (label, TRL part, rlhfkit part, speed-up target, memory-ratio target or None): issue 37's targets at 135m.
-TARGETS = [("PPO like for like (LoRA every layer, bf16)", "trl-ppo@135m", "ppo-lora-all@135m", 2.0, 0.5),
-           ("PPO, rlhfkit's default adapter", "trl-ppo@135m", "ppo-lora-default@135m", 3.0, None),
-           ("GRPO like for like (every row, LoRA every layer, bf16)", "trl-grpo@135m", "grpo-lora-all@135m", 2.0, 0.5),
-           ("DPO like for like (LoRA every layer, bf16)", "trl-dpo@135m", "dpo-lora-all@135m", 1.5, None)]
+# (label, TRL part, rlhfkit part, speed-up target, memory-ratio target or None): issue 37's targets, at the run's
+# first shape (135m).
+TARGETS = [("PPO like for like (LoRA every layer, bf16)", "trl-ppo", "ppo-lora-all", 2.0, 0.5),
+           ("PPO, rlhfkit's default adapter", "trl-ppo", "ppo-lora-default", 3.0, None),
+           ("GRPO like for like (every row, LoRA every layer, bf16)", "trl-grpo", "grpo-lora-all", 2.0, 0.5),
+           ("DPO like for like (LoRA every layer, bf16)", "trl-dpo", "dpo-lora-all", 1.5, None)]
 DECODE_TARGET, UPDATE_TARGET = 5.0, 0.40  # decode within 5x of its floor; the update at 1.7b >= 40% of the peak
 
 
@@ -512,11 +513,13 @@ def part_row(name: str, s: dict | str) -> str:
             f"| {memory_cell(s)} | {tflops} | {upd} | {decode} |")
 
 
-def target_rows(summaries: dict) -> list[str]:
-    """Issue 37's targets: TRL against rlhfkit (benchdoc.ratio_table), decode against its floor, the update at 1.7b."""
+def target_rows(summaries: dict, shape: str) -> list[str]:
+    """Issue 37's targets: TRL against rlhfkit at `shape` (benchdoc.ratio_table), decode against its floor, the
+    update at 1.7b."""
     ratios = {k: {"s": v["s"], "peak_gb": v.get("alloc_gb", v.get("rss_gb"))} for k, v in summaries.items()
               if isinstance(v, dict)}
-    lines = [benchdoc.ratio_table(TARGETS, ratios, key="s", memory_key="peak_gb"), "",
+    pairs = [(label, f"{trl}@{shape}", f"{ours}@{shape}", speed, memory) for label, trl, ours, speed, memory in TARGETS]
+    lines = [benchdoc.ratio_table(pairs, ratios, key="s", memory_key="peak_gb"), "",
              "| part | target | measured | met |", "| --- | --- | ---: | --- |"]
     for name, s in summaries.items():
         if isinstance(s, dict) and s.get("decode_ms") is not None:
@@ -548,7 +551,7 @@ def render(doc: dict) -> str:
              "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
     lines += [part_row(p, s) for p, s in summaries.items()]
     lines += ["", "Against issue 37's targets (speed-up = TRL s / rlhfkit s per unit; memory = peak CUDA memory "
-              "allocated, rlhfkit / TRL):", "", *target_rows(summaries), "", NOTES]
+              "allocated, rlhfkit / TRL):", "", *target_rows(summaries, doc["shapes"][0]), "", NOTES]
     return "\n".join(lines)
 
 
@@ -630,7 +633,8 @@ def run_all(a, parts: list[str], device, tokenizer) -> dict:
                                  else run_in_subprocess(name, models[shape], a.units, a.smoke, left))
             print(f"{name}: {json.dumps(results[name])}", flush=True)
     return {"machine": f"{machine(device)}, {time.strftime('%Y-%m-%d', time.gmtime())}, commit {a.commit or commit()}",
-            "command": a.command, "device": d, "parts": results, "smoke": a.smoke, "tiny_vocab": len(tokenizer),
+            "command": a.command, "device": d, "shapes": a.shape_list, "parts": results, "smoke": a.smoke,
+            "tiny_vocab": len(tokenizer),
             "wall_s": time.perf_counter() - start}
 
 
@@ -751,7 +755,7 @@ def load_doc(path: str) -> dict:
         doc = json.loads(Path(path).read_text())
     except (OSError, ValueError) as e:
         raise UserError(f"--from-json {path}: cannot read a saved run ({e})") from None
-    missing = [k for k in ("machine", "command", "device", "parts", "smoke", "wall_s") if k not in doc]
+    missing = [k for k in ("machine", "command", "device", "shapes", "parts", "smoke", "wall_s") if k not in doc]
     if missing:
         raise UserError(f"--from-json {path}: not a bench/gpu.py --save-json file (no {', '.join(missing)})")
     return doc
