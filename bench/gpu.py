@@ -783,5 +783,12 @@ def load_doc(path: str) -> dict:
     return doc
 
 
+# No download, ever: the models are made here, and a GPU machine often reaches no network (a hub lookup would
+# wait for its timeout). The parts' processes inherit these.
+OFFLINE = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1",
+           "HF_HUB_DISABLE_TELEMETRY": "1"}
+
 if __name__ == "__main__":
+    for key, value in OFFLINE.items():
+        os.environ.setdefault(key, value)
     main()

@@ -178,3 +178,15 @@ def test_the_documented_commands_use_options_the_bench_has():
     used = {w.strip("`") for ln in lines for w in ln.split() if w.startswith("--")}
     assert len(lines) == 3 and {"--save-tokenizer", "--tokenizer", "--from-json", "--write-doc"} <= used
     assert used <= options, used - options
+
+
+@pytest.mark.gpu
+def test_on_cuda_a_part_reports_cuda_memory_and_the_device_a_launch_floor(tiny_model_dir):
+    import torch
+
+    device = torch.device("cuda")
+    measured = gpu.measure_device(device, smoke=True)
+    assert measured["launch_ms"] > 0 and measured["matmul_tflops"] > 0 and measured["bandwidth_gbs"] > 0
+    part = gpu.run_part("ppo-lora-all@tiny", str(tiny_model_dir), units=2, smoke=True)
+    assert 0 < part["alloc_gb"] <= part["reserved_gb"] and "rss_gb" not in part
+    assert all(u["generate_s"] > 0 and u["update_s"] > 0 for u in part["units"])
