@@ -763,8 +763,13 @@ def torch_threads(n: int | None):
 
 
 def run(a) -> dict:
+    """A new run: on the CUDA GPU, or on the CPU with --smoke (the real shapes would take hours there)."""
     import torch
 
+    from rlhfkit.errors import UserError
+
+    if not (torch.cuda.is_available() or a.smoke):
+        raise UserError("no CUDA device here: bench/gpu.py measures a GPU (--smoke runs its plumbing on a CPU)")
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     return run_all(a, a.part_list, device, load_bench_tokenizer(a.tokenizer))
 

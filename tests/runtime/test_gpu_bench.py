@@ -148,6 +148,17 @@ def test_bad_arguments_exit_2_with_one_line(args, says, capsys):
     assert e.value.code == 2 and says in capsys.readouterr().err
 
 
+def test_without_cuda_only_the_smoke_runs(monkeypatch, capsys):
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    with pytest.raises(SystemExit) as e:
+        gpu.main(["--parts", "ppo-lora-all@135m"])
+    err = capsys.readouterr().err.strip()
+    assert e.value.code == 2 and err == ("error: no CUDA device here: bench/gpu.py measures a GPU (--smoke runs its "
+                                         "plumbing on a CPU)")
+
+
 def test_bad_files_exit_2_naming_them(tmp_path, capsys):
     not_json = tmp_path / "run.json"
     not_json.write_text("{")
