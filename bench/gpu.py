@@ -561,7 +561,7 @@ def render(doc: dict) -> str:
     lines = [f"Machine: {doc['machine']}.", "", f"Command: `{doc['command']}` ({doc['wall_s']:.0f} s in all).", "",
              f"Measured here: bf16 matmul {d['matmul_n']}^3 at {d['matmul_tflops']:.3g} TFLOP/s (the peak below); "
              f"copy bandwidth {d['bandwidth_gbs']:.0f} GB/s (bytes read + written); one-kernel CUDA graph replay "
-             f"{launch}.", "", f"Work: {work_text(doc['smoke'])}", "",
+             f"{launch}.", "", f"Work: {work_text(doc)}", "",
              "| part | s per unit (timed units; every unit) | generate s | log-probs s | update s | peak GiB allocated "
              "/ reserved | model TFLOP/s (of bf16 peak) | update (of peak) | decode ms per step / floor (x floor) |",
              "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
@@ -571,12 +571,19 @@ def render(doc: dict) -> str:
     return "\n".join(lines)
 
 
-def work_text(smoke: bool) -> str:
-    work = {a: {**WORK[a], **(SMOKE_WORK[a] if smoke else {})} for a in ALGOS}
-    return ("randomly initialised models (seed 0) of SmolLM2 shape with the default tokenizer, bf16 (`dtype=bf16`; "
-            "TRL: bf16 weights + `bf16=True`); " + "; ".join(f"{a.upper()} {json.dumps(w)}" for a, w in work.items())
-            + "; the rest are each command's defaults. Unit: a PPO/GRPO iteration (sampling, reward, log-prob pass, "
-            "update) or a DPO optimiser step.")
+def work_text(doc: dict) -> str:
+    """The run's work: shapes, each algorithm's settings, units per part."""
+    from rlhfkit.runtime.model_shape import PRESETS
+
+    work = {a: {**WORK[a], **(SMOKE_WORK[a] if doc["smoke"] else {})} for a in ALGOS}
+    shapes = ", ".join(f"{s} ({SHAPES[s]}: {PRESETS[SHAPES[s]].param_count() / 1e6:.1f}M parameters)" if s in SHAPES
+                       else f"{s} (2 layers, hidden 64)" for s in doc["shapes"])
+    return (f"randomly initialised models (seed 0) of shape {shapes}, with the default tokenizer; bf16 "
+            "(`dtype=bf16`; TRL: bf16 weights + `bf16=True`); " + "; ".join(f"{a.upper()} {json.dumps(w)}"
+                                                                            for a, w in work.items())
+            + f"; the rest are each command's defaults. Unit: a PPO/GRPO iteration (sampling, reward, log-prob pass, "
+            f"update), {doc['units']} per part, or a DPO optimiser step, {doc['dpo_steps']} per part; the first of a "
+            "part is a warm-up, left out of its means.")
 
 
 NOTES = ("Seconds and phases: rlhfkit's metrics.jsonl (timing/rollout_s + timing/update_s; DPO timing/step_s), a "
@@ -651,7 +658,7 @@ def run_all(a, parts: list[str], device, tokenizer) -> dict:
             print(f"{name}: {json.dumps(results[name])}", flush=True)
     return {"machine": f"{machine(device)}, {time.strftime('%Y-%m-%d', time.gmtime())}, commit {a.commit or commit()}",
             "command": a.command, "device": d, "shapes": a.shape_list, "parts": results, "smoke": a.smoke,
-            "tiny_vocab": len(tokenizer),
+            "tiny_vocab": len(tokenizer), "units": a.units, "dpo_steps": a.dpo_steps,
             "wall_s": time.perf_counter() - start}
 
 
@@ -783,7 +790,8 @@ def load_doc(path: str) -> dict:
         doc = json.loads(Path(path).read_text())
     except (OSError, ValueError) as e:
         raise UserError(f"--from-json {path}: cannot read a saved run ({e})") from None
-    missing = [k for k in ("machine", "command", "device", "shapes", "parts", "smoke", "wall_s") if k not in doc]
+    missing = [k for k in ("machine", "command", "device", "shapes", "parts", "smoke", "units", "dpo_steps", "wall_s")
+               if k not in doc]
     if missing:
         raise UserError(f"--from-json {path}: not a bench/gpu.py --save-json file (no {', '.join(missing)})")
     return doc

@@ -116,7 +116,7 @@ def test_parts_after_the_budget_are_skipped(monkeypatch, tiny_model_dir):
 
 def test_from_json_renders_a_saved_run_and_writes_its_block(monkeypatch, tmp_path):
     doc = {"machine": "NVIDIA H200 (139 GiB), CUDA 13.0, 2026-11-28, commit abc1234", "command": "python bench/gpu.py",
-           "device": {**DEVICE, "matmul_n": 8192}, "shapes": ["135m"], "smoke": False, "tiny_vocab": 10, "wall_s": 400.0,
+           "device": {**DEVICE, "matmul_n": 8192}, "shapes": ["135m"], "smoke": False, "tiny_vocab": 10, "units": 2, "dpo_steps": 4, "wall_s": 400.0,
            "parts": {"ppo-lora-all@135m": {"units": [unit(9.0, 5.0, 64, (1, 1, 1)), unit(4.0, 2.0, 64, (6, 2, 10))],
                                            "alloc_gb": 3.0, "reserved_gb": 4.0},
                      "trl-ppo@135m": {"s": 10.0, "units_timed": 2, "alloc_gb": 10.0, "reserved_gb": 12.0},
@@ -127,7 +127,7 @@ def test_from_json_renders_a_saved_run_and_writes_its_block(monkeypatch, tmp_pat
     monkeypatch.setattr(gpu.benchdoc, "write_block", lambda name, title, table: written.update({name: table}))
     gpu.main(["--from-json", str(saved), "--write-doc"])
     table = written["gpu_bench"]
-    assert "commit abc1234" in table and "8192^3" in table
+    assert "commit abc1234" in table and "8192^3" in table and "135m (smollm2-135m: 134.5M parameters)" in table
     assert cells(table, "ppo-lora-all@135m")[5] == "3.00 / 4.00"
     assert cells(table, "grpo-lora-all@135m")[1] == "failed: RuntimeError: boom"
     # speed-up 10 / 4 = 2.50x >= 2x; memory 3 / 10 = 0.30 <= 0.5
