@@ -753,7 +753,7 @@ def dispatch(a) -> dict | None:
         load_bench_tokenizer(None).save_pretrained(a.save_tokenizer)
         print(f"tokenizer written to {a.save_tokenizer}: {', '.join(sorted(os.listdir(a.save_tokenizer)))}")
         return None
-    return load_doc(a.from_json) if a.from_json else run(a)
+    return load_doc(a.from_json, a.write_doc) if a.from_json else run(a)
 
 
 @contextlib.contextmanager
@@ -782,8 +782,8 @@ def run(a) -> dict:
     return run_all(a, a.part_list, device, load_bench_tokenizer(a.tokenizer))
 
 
-def load_doc(path: str) -> dict:
-    """A run saved by --save-json; one line naming the file when it is not one."""
+def load_doc(path: str, for_docs: bool = False) -> dict:
+    """A run saved by --save-json; one line naming the file when it is not one (or, `for_docs`, a --smoke run)."""
     from rlhfkit.errors import UserError
 
     try:
@@ -794,6 +794,8 @@ def load_doc(path: str) -> dict:
                if k not in doc]
     if missing:
         raise UserError(f"--from-json {path}: not a bench/gpu.py --save-json file (no {', '.join(missing)})")
+    if for_docs and doc["smoke"]:
+        raise UserError(f"--from-json {path} --write-doc: a --smoke run; its figures are never written to the docs")
     return doc
 
 

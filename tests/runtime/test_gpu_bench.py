@@ -162,7 +162,15 @@ def test_without_cuda_only_the_smoke_runs(monkeypatch, capsys):
 def test_bad_files_exit_2_naming_them(tmp_path, capsys):
     not_json = tmp_path / "run.json"
     not_json.write_text("{")
+    other = tmp_path / "other.json"
+    other.write_text('{"machine": "m"}')
+    smoke = tmp_path / "smoke.json"
+    smoke.write_text(json.dumps({k: 1 for k in ("machine", "command", "device", "shapes", "parts", "units",
+                                                "dpo_steps", "wall_s")} | {"smoke": True}))
     for args, says in ((["--from-json", str(not_json)], f"--from-json {not_json}: cannot read a saved run"),
+                       (["--from-json", str(other)], f"--from-json {other}: not a bench/gpu.py --save-json file (no "
+                                                     "command, device, shapes, parts, smoke, units, dpo_steps, wall_s)"),
+                       (["--from-json", str(smoke), "--write-doc"], "a --smoke run; its figures are never written"),
                        (["--smoke", "--tokenizer", str(tmp_path)], f"--tokenizer {tmp_path}: no tokenizer there")):
         with pytest.raises(SystemExit) as e:
             gpu.main(args)
