@@ -6,7 +6,8 @@ presets) with the default model's tokenizer, saved to a temporary folder, and tr
 trainers (`train(cfg)` of rlhfkit.trainers.ppo / grpo / dpo). A random model almost never samples its stop token,
 so every response runs to the token limit in both systems and the work is the same.
 
-Parts, in run order (`--parts` picks some; each runs in its own process, so its peak memory is its own):
+Parts, in run order (`--parts` picks some; each runs in its own process, so its peak memory is its own; with
+--smoke or --in-process all run in this one):
   {algo}-lora-all@{shape}      rlhfkit, LoRA on every layer (GRPO's and DPO's default adapter)
   trl-{algo}@{shape}           trl 1.12 (PPOTrainer of trl.experimental.ppo, GRPOTrainer, DPOTrainer) on the same
                                work: bf16 weights + bf16=True, LoRA on every layer, no gradient checkpointing
@@ -653,7 +654,7 @@ def run_all(a, parts: list[str], device, tokenizer) -> dict:
                     models[shape] = str(build_model(shape_for(shape, tokenizer), tokenizer, Path(tmp) / shape, device))
                 left = a.budget_s - (time.perf_counter() - start)
                 units = a.dpo_steps if parse_part(name)[1] == "dpo" else a.units
-                results[name] = (run_in_process(name, models[shape], units, a.smoke) if a.in_process
+                results[name] = (run_in_process(name, models[shape], units, a.smoke) if a.in_process or a.smoke
                                  else run_in_subprocess(name, models[shape], units, a.smoke, left, a.log))
             print(f"{name}: {json.dumps(results[name])}", flush=True)
     return {"machine": f"{machine(device)}, {time.strftime('%Y-%m-%d', time.gmtime())}, commit {a.commit or commit()}",
@@ -684,8 +685,9 @@ def make_parser() -> argparse.ArgumentParser:
                     help="seconds for the whole run: parts not started by then are skipped and the running one is "
                          "stopped at it (default %(default)s)")
     ap.add_argument("--smoke", action="store_true",
-                    help="the same plumbing on a tiny two-layer model with the smallest work (runs on a CPU; figures "
-                         "meaningless; never written to the docs)")
+                    help="the same plumbing on a tiny two-layer model with the smallest work, the parts in this "
+                         "process (as --in-process: a process per part costs more than a tiny part), one torch "
+                         "thread; runs on a CPU; figures meaningless, never written to the docs")
     ap.add_argument("--in-process", action="store_true",
                     help="run the parts in this process instead of one process each (faster to start; peak memory "
                          "then covers the earlier parts too)")

@@ -30,7 +30,7 @@ def cells(table: str, name: str) -> list[str]:
 def test_smoke_runs_every_part_through_the_trainers(tiny_model_dir, tmp_path):
     saved = tmp_path / "gpu.json"
     env = {**os.environ, "PYTHONPATH": str(BENCH.parent / "src"), "TOKENIZERS_PARALLELISM": "false"}
-    proc = subprocess.run([sys.executable, str(BENCH / "gpu.py"), "--smoke", "--in-process", "--units", "2",
+    proc = subprocess.run([sys.executable, str(BENCH / "gpu.py"), "--smoke", "--units", "2",
                            "--dpo-steps", "2", "--tokenizer", str(tiny_model_dir), "--save-json", str(saved)],
                           capture_output=True, text=True, env=env, timeout=300)
     assert proc.returncode == 0, proc.stderr[-2000:]
@@ -179,7 +179,8 @@ def test_bad_files_exit_2_naming_them(tmp_path, capsys):
 
 
 def test_one_part_in_its_own_process_hands_back_its_figures(tiny_model_dir, tmp_path):
-    # the path every part takes on the GPU: `gpu.py --one PART --model DIR` in a fresh process, its RESULT line read
+    # the path every part takes on the GPU (--smoke runs its parts in one process): `gpu.py --one PART --model DIR`
+    # in a fresh process, its RESULT line read
     log = tmp_path / "parts.log"
     part = gpu.run_in_subprocess("dpo-full@tiny", str(tiny_model_dir), units=1, smoke=True, timeout=300, log=str(log))
     assert isinstance(part, dict), part
