@@ -178,11 +178,7 @@ def run_rlhfkit_grpo(name: str, steps: int) -> dict:
     res["completion_tokens"] = mean([r["rollout/response_length"] for r in timed])
     res["units_timed"] = len(timed)
     res["lora_layers"] = cfg.lora_layers
-    flops = [work_flops.grpo_rollout(model_shape(cfg.model), s["sampled"], s.get("updated", []), lora_rank(cfg),
-                                     cfg.lora_layers, cfg.update_epochs, s["prefix"],
-                                     -(-s["rows"] // (cfg.generation_batch_size or s["rows"])),
-                                     -(-sum(len(r) for _, r in s.get("updated", [])) // cfg.micro_batch_size))
-             for s in [shapes[it] for it in sorted(shapes)[WARMUP:]]]
+    flops = grpo_flops(cfg, shapes)[WARMUP:]
     res["model_gflop"] = {k: mean([f[k] for f in flops]) / 1e9 for k in flops[0]} if flops else None
     res["peak_rss_gb"] = peak_rss_gb()
     shutil.rmtree(out, ignore_errors=True)
@@ -219,6 +215,15 @@ def run_rlhfkit_dpo(name: str, steps: int) -> dict:
     shutil.rmtree(out, ignore_errors=True)
     print("RESULT " + json.dumps(res), flush=True)
     return res
+
+
+def grpo_flops(cfg, shapes: dict[int, dict]) -> list[dict[str, int]]:
+    """work_flops.grpo_rollout of each iteration that grpo_shapes recorded, in iteration order."""
+    shape = model_shape(cfg.model)
+    return [work_flops.grpo_rollout(shape, s["sampled"], s.get("updated", []), lora_rank(cfg), cfg.lora_layers,
+                                    cfg.update_epochs, s["prefix"], -(-s["rows"] // (cfg.generation_batch_size or s["rows"])),
+                                    -(-sum(len(r) for _, r in s.get("updated", [])) // cfg.micro_batch_size))
+            for s in [shapes[it] for it in sorted(shapes)]]
 
 
 def model_shape(model: str):
@@ -335,6 +340,16 @@ def lora_config(model, cfg):
 
 def run_trl_grpo(name: str, steps: int) -> dict:
     """The standard GRPO work with trl's GRPOTrainer, knobs mapped from rlhfkit's GRPOConfig defaults."""
+    tmp = benchdoc.scratch_dir()
+    res = trl_grpo(grpo_config("grpo", steps, tmp), TRL_HOW[name], steps)
+    shutil.rmtree(tmp, ignore_errors=True)
+    print("RESULT " + json.dumps(res), flush=True)
+    return res
+
+
+def trl_grpo(cfg, how: dict, steps: int, use_cpu: bool = True) -> dict:
+    """`steps` rollouts of `cfg`'s work (a GRPOConfig: model, prompts, sizes) with trl's GRPOTrainer, run as `how`
+    says (TRL_HOW), writing under cfg.output_dir; on the CPU unless `use_cpu` is False. Returns the figures."""
     torch, AutoModelForCausalLM, TrainerCallback = trl_imports()
     from datasets import Dataset
     from trl import GRPOConfig, GRPOTrainer
@@ -346,8 +361,7 @@ def run_trl_grpo(name: str, steps: int) -> dict:
     from rlhfkit.rewards import score_batch
     from rlhfkit.trainers.rl import prepare_data
 
-    tmp = benchdoc.scratch_dir()
-    cfg = grpo_config("grpo", steps, tmp)
+    tmp = cfg.output_dir
     torch.manual_seed(cfg.seed)
     reward_fn, train_records, _ = prepare_data(cfg)
     # rlhfkit's own prompt order (its PromptStream with the run seed); TRL then reads it in order.
@@ -361,7 +375,6 @@ def run_trl_grpo(name: str, steps: int) -> dict:
     def arithmetic(prompts, completions, answer=None, answer_value=None, **_):
         return score_batch(reward_fn, prompts, completions, {"answer": answer, "answer_value": answer_value})
 
-    how = TRL_HOW[name]
     model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.bfloat16 if how.get("bf16") else torch.float32)
     mini, micro = cfg.optimiser_batch, cfg.micro_batch_size
     steps_per_rollout = cfg.update_epochs * (cfg.rollout_batch_size // mini)
@@ -374,7 +387,7 @@ def run_trl_grpo(name: str, steps: int) -> dict:
         learning_rate=cfg.lr, lr_scheduler_type="constant_with_warmup", warmup_steps=cfg.warmup_steps,
         weight_decay=cfg.weight_decay, adam_epsilon=cfg.adam_eps, max_grad_norm=cfg.max_grad_norm,
         max_steps=steps * steps_per_rollout, shuffle_dataset=False, bf16=how.get("bf16", False), fp16=False,
-        gradient_checkpointing=how.get("ckpt", False), use_cpu=True, use_vllm=False, log_completions=False, report_to="none",
+        gradient_checkpointing=how.get("ckpt", False), use_cpu=use_cpu, use_vllm=False, log_completions=False, report_to="none",
         save_strategy="no", logging_steps=1, disable_tqdm=True, seed=cfg.seed)
     callback, stamps, logs = clock(TrainerCallback)
     trainer = GRPOTrainer(model=model, reward_funcs=arithmetic, args=args, train_dataset=data, processing_class=tok,
@@ -394,13 +407,22 @@ def run_trl_grpo(name: str, steps: int) -> dict:
            "completion_tokens": mean([x.get("completions/mean_length", float("nan")) for x in per_rollout]),
            "frac_reward_zero_std": mean([x.get("frac_reward_zero_std", float("nan")) for x in per_rollout]),
            "peak_rss_gb": peak_rss_gb()}
-    shutil.rmtree(tmp, ignore_errors=True)
-    print("RESULT " + json.dumps(res), flush=True)
     return res
 
 
 def run_trl_dpo(name: str, steps: int) -> dict:
     """The standard DPO work with trl's DPOTrainer, knobs mapped from rlhfkit's DPOConfig defaults."""
+    tmp = benchdoc.scratch_dir()
+    res = trl_dpo(dpo_config(name, steps, tmp), TRL_HOW[name], steps, precompute="on-the-fly" not in name)
+    shutil.rmtree(tmp, ignore_errors=True)
+    print("RESULT " + json.dumps(res), flush=True)
+    return res
+
+
+def trl_dpo(cfg, how: dict, steps: int, precompute: bool, use_cpu: bool = True) -> dict:
+    """`steps` optimiser steps of `cfg`'s work (a DPOConfig: model, pairs, sizes) with trl's DPOTrainer, run as `how`
+    says (TRL_HOW), the reference log-probs precomputed or not, writing under cfg.output_dir; on the CPU unless
+    `use_cpu` is False. Returns the figures."""
     torch, AutoModelForCausalLM, TrainerCallback = trl_imports()
     from datasets import Dataset
     from trl import DPOConfig, DPOTrainer
@@ -410,9 +432,7 @@ def run_trl_dpo(name: str, steps: int) -> dict:
     from rlhfkit.models.loading import resolve_model_path
     from rlhfkit.trainers.dpo import load_pairs, plan_batches
 
-    precompute = "on-the-fly" not in name
-    tmp = benchdoc.scratch_dir()
-    cfg = dpo_config(name, steps, tmp)
+    tmp = cfg.output_dir
     torch.manual_seed(cfg.seed)
     pairs, _ = load_pairs(cfg.prefs)
     # rlhfkit's first-epoch shuffle (plan_batches with the run seed): TRL reads it sequentially, so each optimiser
@@ -427,7 +447,6 @@ def run_trl_dpo(name: str, steps: int) -> dict:
     texts = format_prompts(tok, [p.get("messages") or p["prompt"] for p in pairs], cfg)
     data = Dataset.from_dict({"prompt": texts, "chosen": [p["chosen"] + eot for p in pairs],
                               "rejected": [p["rejected"] + eot for p in pairs]})
-    how = TRL_HOW[name]
     micro = how.get("micro") or cfg.micro_batch_size
     weights_bf16 = how.get("bf16") and not how.get("fp32_weights")
     model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.bfloat16 if weights_bf16 else torch.float32)
@@ -439,7 +458,7 @@ def run_trl_dpo(name: str, steps: int) -> dict:
         learning_rate=cfg.lr, lr_scheduler_type="constant_with_warmup", warmup_steps=cfg.warmup_steps,
         weight_decay=cfg.weight_decay, adam_epsilon=cfg.adam_eps, max_grad_norm=cfg.max_grad_norm,
         train_sampling_strategy="sequential", bf16=how.get("bf16", False), fp16=False,
-        gradient_checkpointing=how.get("ckpt", False), use_cpu=True,
+        gradient_checkpointing=how.get("ckpt", False), use_cpu=use_cpu,
         report_to="none", save_strategy="no", logging_steps=1, disable_tqdm=True, seed=cfg.seed)
     pre: list[float] = []
 
@@ -460,8 +479,6 @@ def run_trl_dpo(name: str, steps: int) -> dict:
            "gradient_checkpointing": how.get("ckpt", False), "micro_pairs": micro,
            "precompute_s": sum(pre) if pre else None,
            "precomputed": precompute, "train_rows": len(trainer.train_dataset), "peak_rss_gb": peak_rss_gb()}
-    shutil.rmtree(tmp, ignore_errors=True)
-    print("RESULT " + json.dumps(res), flush=True)
     return res
 
 

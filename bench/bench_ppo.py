@@ -95,6 +95,16 @@ def run_one(name: str, iterations: int, overrides: dict | None = None) -> dict:
 
 def run_trl(name: str, iterations: int) -> dict:
     """The standard work with trl's PPOTrainer in this process; prints a JSON line with its figures."""
+    from rlhfkit.models.loading import resolve_model_path
+
+    res = trl_ppo(resolve_model_path("smollm2-135m-instruct"), STANDARD, TRL_CONFIGS[name], iterations)
+    print("RESULT " + json.dumps(res), flush=True)
+    return res
+
+
+def trl_ppo(path, work: dict, how: dict, iterations: int, use_cpu: bool = True) -> dict:
+    """`iterations` of `work` (STANDARD's keys) with trl's PPOTrainer on the model folder `path`, run as `how` says
+    (TRL_CONFIGS' lora / bf16 / ckpt), on the CPU unless `use_cpu` is False. Returns the figures."""
     import resource
 
     os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
@@ -107,21 +117,18 @@ def run_trl(name: str, iterations: int) -> dict:
     from rlhfkit.data.chat import format_prompts
     from rlhfkit.data.prompts import load_prompts
     from rlhfkit.models import load_tokenizer
-    from rlhfkit.models.loading import resolve_model_path
     from rlhfkit.models.lora import default_lora_targets
     from rlhfkit.trainers.options import ModelArgs
 
     torch.manual_seed(0)
-    path = resolve_model_path("smollm2-135m-instruct")
     tok = load_tokenizer(str(path), padding_side="left")
     # TRL derives the attention mask from `token != pad`; SmolLM2's pad is its eos (<|im_end|>), which
     # also closes every chat turn in the prompt. A distinct pad keeps TRL's masks right.
     tok.pad_token = "<|endoftext|>"
-    n = STANDARD["rollout_batch_size"]
-    records = load_prompts(STANDARD["prompts"], split="train", seed=0)[: n * iterations]
+    n = work["rollout_batch_size"]
+    records = load_prompts(work["prompts"], split="train", seed=0)[: n * iterations]
     texts = format_prompts(tok, [r["prompt"] for r in records], ModelArgs())
     data = Dataset.from_dict({"input_ids": [tok(t, add_special_tokens=False)["input_ids"] for t in texts]})
-    how = TRL_CONFIGS[name]
     lora, dtype = how["lora"], torch.bfloat16 if how["bf16"] else torch.float32
     policy = AutoModelForCausalLM.from_pretrained(path, dtype=dtype)
     value = AutoModelForSequenceClassification.from_pretrained(path, num_labels=1, dtype=dtype)
@@ -130,14 +137,14 @@ def run_trl(name: str, iterations: int) -> dict:
         m.config.pad_token_id = tok.pad_token_id
     peft_config = LoraConfig(r=16, lora_alpha=32, lora_dropout=0.0, target_modules=default_lora_targets(policy),
                              task_type="CAUSAL_LM") if lora else None
-    args = PPOConfig(output_dir=benchdoc.scratch_dir(), per_device_train_batch_size=STANDARD["micro_batch_size"],
-                     gradient_accumulation_steps=n // STANDARD["micro_batch_size"],
-                     num_mini_batches=n // STANDARD["mini_batch_size"], num_ppo_epochs=STANDARD["ppo_epochs"],
+    args = PPOConfig(output_dir=benchdoc.scratch_dir(), per_device_train_batch_size=work["micro_batch_size"],
+                     gradient_accumulation_steps=n // work["micro_batch_size"],
+                     num_mini_batches=n // work["mini_batch_size"], num_ppo_epochs=work["ppo_epochs"],
                      total_episodes=n * iterations, local_rollout_forward_batch_size=n,
-                     response_length=STANDARD["max_new_tokens"], temperature=STANDARD["temperature"],
+                     response_length=work["max_new_tokens"], temperature=work["temperature"],
                      stop_token="eos", learning_rate=1e-3 if lora else 1e-5, bf16=how["bf16"], fp16=False,
                      gradient_checkpointing=how["ckpt"], num_sample_generations=0, report_to="none",
-                     save_strategy="no", logging_steps=1, disable_tqdm=True, use_cpu=True, seed=0)
+                     save_strategy="no", logging_steps=1, disable_tqdm=True, use_cpu=use_cpu, seed=0)
 
     stamps: list[tuple[float, float]] = []
     logged: list[dict] = []  # TRL's own metrics per iteration
@@ -160,8 +167,7 @@ def run_trl(name: str, iterations: int) -> dict:
     res = {"iteration_s": clock["wall_s"], "cpu_s": clock["cpu_s"],
            "peak_rss_gb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20,
            "iterations_timed": clock["units"], "trl_ratio_mean": [r.get("val/ratio") for r in logged]}
-    res["tokens_per_s"] = n * STANDARD["max_new_tokens"] / res["iteration_s"]  # TRL keeps every position
-    print("RESULT " + json.dumps(res), flush=True)
+    res["tokens_per_s"] = n * work["max_new_tokens"] / res["iteration_s"]  # TRL keeps every position
     return res
 
 

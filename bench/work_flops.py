@@ -33,18 +33,19 @@ def common_prefix(query_ids, query_mask) -> int:
     return next((k for k in range(n) if any(p[k] != prompts[0][k] for p in prompts)), n)
 
 
-def teacher_forced(shape, groups, lora_r: int, lora_layers: int | None, train: bool, prefix: int = 0,
+def teacher_forced(shape, groups, lora_r: int | None, lora_layers: int | None, train: bool, prefix: int = 0,
                    calls: int = 1, layers: int | None = None) -> int:
     """FLOPs of a teacher-forced forward (and backward when `train`) over `groups`, each prompt once:
     its rows' sequences counted whole, less (rows - 1) runs of the prompt alone. The prompt's own
     projections and attention are the part rows share; a response's attention to the prompt stays in.
     `prefix`: tokens every prompt starts with, run once per forward call (`calls` of them, each holding
     at least one prompt) rather than once per prompt. `layers`: the forward runs the top this many
-    layers only (the frozen trunk's output reused; None: all)."""
+    layers only (the frozen trunk's output reused; None: all). `lora_r`: LoRA rank, None for full
+    fine-tuning (every weight trains)."""
     def count(seqs: list[int], head: int) -> int:
         if train:
             return train_flops(shape, seqs, head, lora_r=lora_r, lora_layers=lora_layers, forward_layers=layers)["total"]
-        return forward_flops(shape, seqs, head, layers=layers, lora_r=lora_r, lora_layers=lora_layers)
+        return forward_flops(shape, seqs, head, layers=layers, lora_r=lora_r or 0, lora_layers=lora_layers)
 
     total = 0
     for prompt, lengths in groups:
@@ -68,7 +69,7 @@ def sampling(shape, groups, prefix: int = 0, calls: int = 1) -> int:
     return total - max(len(groups) - calls, 0) * forward_flops(s, [prefix], 0)
 
 
-def grpo_rollout(shape, sampled, updated, lora_r: int, lora_layers: int | None, epochs: int, prefix: int = 0,
+def grpo_rollout(shape, sampled, updated, lora_r: int | None, lora_layers: int | None, epochs: int, prefix: int = 0,
                  generate_calls: int = 1, micro_batches: int = 1) -> dict[str, int]:
     """{'sampling', 'log-prob pass', 'update', 'total'} of one GRPO rollout: `sampled` and `updated` are
     prompt_groups of the rows sampled and of the rows updated (beta 0: no reference pass); `prefix`: the

@@ -66,3 +66,13 @@ def test_ratio_table_names_a_side_that_did_not_run():
                         RESULTS)
     assert row(table, "gone")[3] == "not run"
     assert row(table, "absent")[3] == "not run"
+
+
+def test_ratio_table_reads_the_memory_key_and_a_target_of_none_leaves_speed_to_decide():
+    # bench/gpu.py: seconds per unit under "s", peak CUDA memory under "gb"
+    results = {"trl": {"s": 10.0, "gb": 4.0}, "ours": {"s": 4.0, "gb": 6.0}}
+    table = ratio_table([("free", "trl", "ours", 2.0, None), ("capped", "trl", "ours", 2.0, 1.0)], results,
+                        key="s", memory_key="gb")
+    # 10 / 4 = 2.50x; 6 / 4 = 1.50: no memory target, so speed alone decides; under a cap of 1, memory fails
+    assert row(table, "free")[3:] == ["**2.50x**", ">= 2x", "**1.50**", "-", "met"]
+    assert row(table, "capped")[3:] == ["**2.50x**", ">= 2x", "**1.50**", "<= 1", "not met (memory)"]

@@ -88,3 +88,13 @@ def test_sampling_is_each_prompt_prefilled_once_plus_each_rows_decode(groups):
         want += sampling_flops(shape, [prompt], 1)["prefill"]
         want += sum(sampling_flops(shape, [prompt], r)["decode"] for r in lengths)
     assert work_flops.sampling(shape, groups) == want
+
+
+def test_full_fine_tuning_rollout_counts_a_plain_forward_and_a_full_backward():
+    # lora_r=None is full fine-tuning (bench/gpu.py's grpo-full part): the log-prob pass is the plain forward of
+    # the shared-prompt test above, 1888, and the update a forward and a backward with every weight trained.
+    out = work_flops.grpo_rollout(TINY, [(2, [1, 2])], [(2, [1, 2])], None, None, epochs=1)
+    assert out["log-prob pass"] == 1888
+    # Backward, full: 2x the projections and attention (input and weight gradients), the trained head 2x its
+    # forward: 2 * (5 * PROJ + 13 * PAIR) + 2 * 3 * HEAD = 2 * (1440 + 208) + 480 = 3776.
+    assert out["update"] == 1888 + 3776
