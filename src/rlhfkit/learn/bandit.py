@@ -22,6 +22,7 @@ from dataclasses import dataclass
 import torch
 
 from rlhfkit import algos
+from rlhfkit.runtime.devices import HOST
 
 MEANS = (0.2, 0.5, 0.8, 0.4, 0.1)  # the arms' mean rewards: arm 2 is best
 NOISE = 1.0  # sd of a reward around its arm's mean: a draw says little, many draws say more
@@ -42,7 +43,7 @@ def sample(theta: torch.Tensor, n: int, means: torch.Tensor, noise: float,
            generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
     """n actions a ~ softmax(theta) and their rewards means[a] + noise * N(0, 1): (n,) long, (n,) float64."""
     actions = torch.multinomial(theta.softmax(-1), n, replacement=True, generator=generator)
-    rewards = means[actions] + noise * torch.randn(n, generator=generator, dtype=means.dtype)
+    rewards = means[actions] + noise * torch.randn(n, generator=generator, dtype=means.dtype, device=means.device)
     return actions, rewards
 
 
@@ -71,7 +72,7 @@ def ppo_step(theta: torch.Tensor, actions: torch.Tensor, rewards: torch.Tensor, 
     their std too with `whiten`, as the trainer's whiten_advantages does), constants.
     Returns (new theta (K,), `ppo_policy_loss`'s metrics averaged over the epochs)."""
     old_logp = theta.log_softmax(-1)[actions][None].detach()  # (1, n) log pi_old(a_i): kept, no gradient
-    mask = torch.ones(1, len(actions), dtype=torch.bool)
+    mask = torch.ones(1, len(actions), dtype=torch.bool, device=actions.device)
     adv = algos.masked_whiten(rewards[None], mask) if whiten else (rewards - rewards.mean())[None]  # (1, n)
     theta = theta.clone().requires_grad_(True)
     sums: dict[str, float] = {}
@@ -101,9 +102,9 @@ def train(method: str, iterations: int = 40, batch: int = 32, lr: float = 1.0, e
     batch, clipped unless clip_eps is None) from uniform logits; the same seed draws the same first batch."""
     if method not in ("reinforce", "reinforce-no-baseline", "ppo"):
         raise ValueError(f"method must be reinforce, reinforce-no-baseline or ppo, got {method!r}")
-    g = torch.Generator().manual_seed(seed)
-    mu = torch.tensor(means, dtype=torch.float64)
-    theta = torch.zeros(len(means), dtype=torch.float64)
+    g = torch.Generator(device=HOST).manual_seed(seed)
+    mu = torch.tensor(means, dtype=torch.float64, device=HOST)
+    theta = torch.zeros(len(means), dtype=torch.float64, device=HOST)
     trace = Trace([], [], [])
     for _ in range(iterations):
         actions, rewards = sample(theta, batch, mu, noise, g)

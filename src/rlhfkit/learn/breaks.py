@@ -13,6 +13,7 @@ from collections.abc import Callable
 import torch
 
 from rlhfkit import algos
+from rlhfkit.runtime.devices import HOST
 from rlhfkit.selfcheck import Check, _row, _tiny_llama
 
 
@@ -34,7 +35,7 @@ def _first_ratio(temperature_scored: float, dropout: float = 0.0, off_by_one: bo
     lm.config.attention_dropout = dropout
     for layer in lm.model.layers:
         layer.self_attn.attention_dropout = dropout
-    ids, R, gen = torch.tensor([[5, 17, 9, 30]]), 6, torch.Generator().manual_seed(0)
+    ids, R, gen = torch.tensor([[5, 17, 9, 30]], device=HOST), 6, torch.Generator(device=HOST).manual_seed(0)
     P = ids.shape[1]
     old = []
     with torch.no_grad():
@@ -109,9 +110,9 @@ def break_unmasked_gae() -> Check:
     """GAE run over padding: the junk values at the padded positions bootstrap into the valid tokens."""
     c = Check("unmasked-gae", "GAE over the padding of a 2-token response (values 5.0 at the padded positions), "
                               "gamma 1, lambda 0.95")
-    r = torch.tensor([[0.0, 1.0, 0.0, 0.0]], dtype=torch.float64)  # score 1 on the last valid token, t = 1
-    v = torch.tensor([[0.4, 0.6, 5.0, 5.0]], dtype=torch.float64)  # junk values where the row is padding
-    mask = torch.tensor([[True, True, False, False]])
+    r = torch.tensor([[0.0, 1.0, 0.0, 0.0]], dtype=torch.float64, device=HOST)  # score 1 on the last valid token, t = 1
+    v = torch.tensor([[0.4, 0.6, 5.0, 5.0]], dtype=torch.float64, device=HOST)  # junk values where the row is padding
+    mask = torch.tensor([[True, True, False, False]], device=HOST)
     right, _ = algos.gae(r, v, mask, gamma=1.0, lam=0.95)
     wrong, _ = algos.gae(r, v, torch.ones_like(mask), gamma=1.0, lam=0.95)
     # right, terminal after t = 1: A_1 = 1 - 0.6 = 0.4; A_0 = (0 + 0.6 - 0.4) + 0.95 * 0.4 = 0.58
@@ -133,15 +134,15 @@ def break_unmasked_gae() -> Check:
 def break_k1_loss() -> Check:
     """k1 = log pi - log pi_ref as a KL *loss*: its expected gradient is 0, so it holds nothing back."""
     c = Check("k1-loss", "a KL penalty in the loss with k1: reward 1 on token 0, beta 0.5, 300 exact gradient steps")
-    ref = torch.tensor([0.3, 0.3, 0.4], dtype=torch.float64).log()
-    reward = torch.tensor([1.0, 0.0, 0.0], dtype=torch.float64)
+    ref = torch.tensor([0.3, 0.3, 0.4], dtype=torch.float64, device=HOST).log()
+    reward = torch.tensor([1.0, 0.0, 0.0], dtype=torch.float64, device=HOST)
     beta = 0.5
     best = ref.exp() * torch.exp(reward / beta)
     best = best / best.sum()  # the KL-regularised optimum pi_ref exp(r / beta) / Z (entry 26)
     c.lines.append(_row("estimator", "pi(token 0)", "KL(pi||ref)", "reward", width=12))
     kls = {}
     for name, estimator in (("k1", algos.kl_k1), ("k2", algos.kl_k2), ("k3", algos.kl_k3)):
-        z = torch.zeros(3, dtype=torch.float64, requires_grad=True)
+        z = torch.zeros(3, dtype=torch.float64, requires_grad=True, device=HOST)
         opt = torch.optim.SGD([z], lr=0.5)
         for _ in range(300):
             logp = z.log_softmax(-1)

@@ -22,6 +22,7 @@ import torch
 
 from rlhfkit import algos
 from rlhfkit.rollout import Rollout
+from rlhfkit.runtime.devices import HOST
 
 
 def response_positions(x: torch.Tensor, num_response: int) -> torch.Tensor:
@@ -86,7 +87,7 @@ def update(model, optimizer, ro: Rollout, *, temperature: float, epochs: int, mi
     sums: dict[str, float] = {}
     steps = 0
     for _ in range(epochs):
-        order = torch.randperm(B, generator=generator)
+        order = torch.randperm(B, generator=generator, device=generator.device)
         for start in range(0, B, mini_batch_size):
             mb = ro.select(order[start : start + mini_batch_size])
             loss, stats = ppo_loss(model, mb, temperature, clip_eps, value_clip_eps, vf_coef)
@@ -113,5 +114,5 @@ def ppo_iteration(model, reference, optimizer, ro: Rollout, *, temperature: floa
     metrics.update(update(model, optimizer, ro, temperature=temperature, epochs=epochs,
                           mini_batch_size=mini_batch_size, clip_eps=clip_eps, value_clip_eps=value_clip_eps,
                           vf_coef=vf_coef, max_grad_norm=max_grad_norm,
-                          generator=generator or torch.Generator().manual_seed(0), scheduler=scheduler))
+                          generator=generator or torch.Generator(device=HOST).manual_seed(0), scheduler=scheduler))
     return metrics
