@@ -45,12 +45,15 @@ def open_run_dir(cfg, command: str) -> tuple[Path, Path | None]:
     return run_dir, found
 
 
-def _sharded(accelerator) -> bool:
+def _sharded(accelerator, model) -> bool:
     """FSDP or DeepSpeed: weights or optimiser state are partitioned over processes, which this
     module's files (whole tensors, one optimiser state dict) do not cover."""
     from accelerate.utils import DistributedType
 
-    return getattr(accelerator, "distributed_type", None) in (DistributedType.FSDP, DistributedType.DEEPSPEED)
+    from rlhfkit.runtime.fsdp2 import is_sharded
+
+    return is_sharded(model) or getattr(accelerator, "distributed_type", None) in (DistributedType.FSDP,
+                                                                                   DistributedType.DEEPSPEED)
 
 
 class Checkpointer:
@@ -80,7 +83,7 @@ class Checkpointer:
         self.start = 0
         self.saved_step: int | None = None
         self.signals = StopSignals()
-        self.sharded = _sharded(accelerator)
+        self.sharded = _sharded(accelerator, model)
         if self.sharded and self.every:
             tracker.print("[checkpoint] not written under FSDP/DeepSpeed (sharded weights and optimiser state "
                           "are not supported yet): save_every is ignored")

@@ -31,7 +31,7 @@ from rlhfkit.rewards.scoring import mean_std
 from rlhfkit.rollout import Rollout, SamplingParams, generate
 from rlhfkit.rollout.logprobs import logprob_pass as teacher_forced_pass
 from rlhfkit.runtime.allocator import trim_heap
-from rlhfkit.runtime.distributed import generation_weights, mean_over_processes
+from rlhfkit.runtime.distributed import mean_over_processes
 from rlhfkit.runtime.precision import autocast
 from rlhfkit.runtime.run import Run
 from rlhfkit.trainers.rl_update import LossFn, env_rates, update_policy
@@ -216,8 +216,8 @@ class RLRun:
         self.iteration = 0
 
     def generation_context(self):
-        """Context manager around sampling: full weights under DeepSpeed ZeRO-3, else nothing."""
-        return generation_weights(self.run.accelerator, self.core)
+        """Context manager around sampling: full weights under FSDP2 and DeepSpeed ZeRO-3, else nothing."""
+        return self.run.full_weights()
 
     # ---- one iteration --------------------------------------------------------------------
     def sample(self, records: list[dict], iteration: int, draw: int = 0) -> Rollout:
