@@ -27,10 +27,12 @@ from torch import nn
 
 from rlhfkit.errors import ConfigError
 
-UNSUPPORTED = {  # accelerate config key -> (environment variable, what to use instead)
-    "fsdp_offload_params": ("FSDP_OFFLOAD_PARAMS", "not supported with rlhfkit's FSDP2 yet"),
-    "fsdp_activation_checkpointing": ("FSDP_ACTIVATION_CHECKPOINTING", "use rlhfkit's gradient_checkpointing=true"),
-    "fsdp_cpu_ram_efficient_loading": ("FSDP_CPU_RAM_EFFICIENT_LOADING", "not supported with rlhfkit's FSDP2 yet"),
+UNSUPPORTED = {  # accelerate config key -> (its environment variable, the message when it is true)
+    "fsdp_offload_params": ("FSDP_OFFLOAD_PARAMS", "true is not supported by rlhfkit's FSDP2; set it to false"),
+    "fsdp_activation_checkpointing": ("FSDP_ACTIVATION_CHECKPOINTING", "true is not supported; set it to false and "
+                                      "use rlhfkit's gradient_checkpointing=true"),
+    "fsdp_cpu_ram_efficient_loading": ("FSDP_CPU_RAM_EFFICIENT_LOADING", "true is not supported by rlhfkit's FSDP2; "
+                                       "set it to false"),
 }
 
 
@@ -56,10 +58,9 @@ def requested_plan(env: Mapping[str, str] | None = None) -> Fsdp2Plan | None:
     if env.get("FSDP_VERSION", "1").strip() != "2":
         raise ConfigError(f"fsdp_version: rlhfkit runs FSDP2 only, got {env.get('FSDP_VERSION', '1')!r} "
                           "(set fsdp_version: 2, as configs/accelerate/fsdp2.yaml does)")
-    for key, (var, instead) in UNSUPPORTED.items():
+    for key, (var, message) in UNSUPPORTED.items():
         if _flag(env, var):
-            raise ConfigError(f"{key}: true is {instead}" if instead.startswith("not") else
-                              f"{key}: true is not supported; {instead}")
+            raise ConfigError(f"{key}: {message}")
     precision = env.get("ACCELERATE_MIXED_PRECISION", "no").strip().lower()
     if precision not in ("no", "bf16"):
         raise ConfigError(f"mixed_precision: FSDP2 in rlhfkit takes 'no' or 'bf16', got {precision!r}")
