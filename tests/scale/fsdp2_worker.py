@@ -8,7 +8,8 @@ Each run below goes through the CLI twice on the same two processes: sharded, as
 parallelism, OUT_DIR/ddp/NAME), with the same seeds and the same prompts per process. Sampling, the
 log-prob pass, the reference, the update and the final save then see the same weights either way.
 The bf16 runs use the fsdp2-lora preset's mixed precision (layers gathered in bf16) and are only
-run sharded: their step-0 exactness checks need no unsharded twin.
+run sharded: their step-0 exactness checks need no unsharded twin. GRPO with one_step_off_policy
+must stop with exit code 2 (its sampler needs whole weights).
 """
 
 from __future__ import annotations
@@ -34,14 +35,14 @@ BF16_RUNS = {
 }
 
 
-def run(out: Path, name: str, command: str, args: list[str], model_dir: str) -> None:
+def run(out: Path, name: str, command: str, args: list[str], model_dir: str, expect: int = 0) -> None:
     from rlhfkit.cli import main
 
     dtype = [] if any(a.startswith("dtype=") for a in args) else ["dtype=fp32"]
     common = [f"model={model_dir}", *dtype, f"output_dir={out}", f"run_name={name}", "quiet=true",
               "tensorboard=false", "save_every=0"]
     code = main([command, *common, *args])
-    assert code == 0, f"rlhfkit {command} ({name}) exited with {code}"
+    assert code == expect, f"rlhfkit {command} ({name}) exited with {code}, not {expect}"
 
 
 def main(model_dir: str, out: Path) -> None:
@@ -51,6 +52,8 @@ def main(model_dir: str, out: Path) -> None:
         os.environ["ACCELERATE_USE_FSDP"] = "false"
         run(out / "ddp", name, command, args, model_dir)
     os.environ["ACCELERATE_USE_FSDP"] = "true"
+    command, args = RUNS["grpo"]  # the off-policy sampler needs whole weights: refused with one line
+    run(out / "fsdp2", "grpo-off-policy", command, [*args, "one_step_off_policy=true"], model_dir, expect=2)
     os.environ["ACCELERATE_MIXED_PRECISION"] = "bf16"  # read by rlhfkit's plan; accelerate keeps its own 'no'
     for name, (command, args) in BF16_RUNS.items():
         run(out / "fsdp2", name, command, args, model_dir)
