@@ -4,8 +4,7 @@ weights (FSDP2, ZeRO-3).
 
 Every trainer runs unchanged under `accelerate launch` / `torchrun`: data parallel (DDP), FSDP2
 (applied by rlhfkit: runtime/fsdp2.py) or DeepSpeed, chosen by the launch configuration
-(configs/accelerate/, docs/scale.md). With one
-process every helper here is a cheap no-op.
+(configs/accelerate/, docs/scale.md). With one process every helper here is a cheap no-op.
 """
 
 from __future__ import annotations

@@ -37,15 +37,14 @@ class Run:
         from rlhfkit.models.loading import resolve_dtype
         from rlhfkit.rollout.logprobs import set_chunk_positions
         from rlhfkit.runtime.allocator import cap_kernel_caches, tune_malloc
+        from rlhfkit.runtime.fsdp2 import requested_plan
         from rlhfkit.runtime.seeding import seed_everything
 
         cap_kernel_caches()  # before any matmul: each new shape's kernels stay cached (runtime/allocator.py)
         self.cfg, self.command = cfg, command
-        from rlhfkit.runtime.fsdp2 import requested_plan
-
         self.accelerator = Accelerator(cpu=not torch.cuda.is_available())
-        # FSDP2 when the launch's accelerate config asks for it (runtime/fsdp2.py); rlhfkit shards itself
-        self.fsdp2 = requested_plan() if torch.distributed.is_available() and torch.distributed.is_initialized() else None
+        distributed = torch.distributed.is_available() and torch.distributed.is_initialized()
+        self.fsdp2 = requested_plan() if distributed else None  # the launch asks for FSDP2: rlhfkit shards (prepare)
         seed_everything(cfg.seed)
         tune_malloc()  # freed CPU tensors stay in the process for reuse (runtime/allocator.py)
         if hasattr(cfg, "cpu_chunk_positions"):  # the row-chunk budget every pass of this run cuts by
