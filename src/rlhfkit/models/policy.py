@@ -259,7 +259,7 @@ class Reference:
             with self._adapter_off():
                 logits, _ = self.actor.logits(input_ids, attention_mask, num_response)
             return logits
-        with self._autocast(input_ids.device):
+        with self._autocast(input_ids.device), _root_weights(self.frozen):
             return output_logits(self.frozen, self._frozen_hidden(input_ids, attention_mask, num_response))
 
     @torch.no_grad()
@@ -276,7 +276,7 @@ class Reference:
                 logp, _, _ = self.actor(input_ids, attention_mask, R, with_values=False, response_ids=response_ids,
                                         response_mask=response_mask, temperature=temperature, trunk=trunk)
             return logp
-        with self._autocast(input_ids.device):
+        with self._autocast(input_ids.device), _root_weights(self.frozen):
             hidden = self._frozen_hidden(input_ids, attention_mask, R)
             return head_logprobs(hidden, self.frozen.get_output_embeddings(), response_ids, response_mask,
                                  temperature, softcap=final_softcap(self.frozen))[0]
@@ -292,6 +292,23 @@ class Reference:
         share_prompts, share_prefix = self.actor.scoring_shares()
         return response_hidden_states(self.frozen.get_decoder(), input_ids, attention_mask, num_response,
                                       share_prompts, share_prefix=share_prefix)
+
+
+@contextlib.contextmanager
+def _root_weights(model: nn.Module):
+    """The root's own weights (embeddings, final norm, output layer) gathered for the block when FSDP2
+    shards `model` (runtime/fsdp2.py `shard_frozen`): the reference runs its decoder and output layer
+    itself, not through the root's forward; the layers gather their own weights in their forwards."""
+    from torch.distributed.fsdp import FSDPModule
+
+    if not isinstance(model, FSDPModule):
+        yield
+        return
+    model.unshard()
+    try:
+        yield
+    finally:
+        model.reshard()
 
 
 def store_linear_weights(model: nn.Module, dtype: torch.dtype) -> nn.Module:

@@ -95,12 +95,32 @@ def shard(model: nn.Module, optimizer: torch.optim.Optimizer, plan: Fsdp2Plan, d
     layer, value head) and keeps them gathered from its forward to its backward. With
     mixed_precision bf16 the layers gather and compute in bf16 and reduce gradients in fp32; the
     root keeps its dtypes (the value head stays fp32, as without FSDP)."""
-    from torch.distributed.device_mesh import init_device_mesh
-    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
-
     if any(optimizer.state.values()):
         raise RuntimeError("shard: the optimiser has state already; shard before its first step")
     before = dict(model.named_parameters())
+    _shard_units(model, plan, device)
+    after = dict(model.named_parameters())
+    sharded = {id(p): after[name] for name, p in before.items()}
+    for group in optimizer.param_groups:
+        group["params"] = [sharded[id(p)] for p in group["params"]]
+        if group.get("fused"):  # torch's fused AdamW kernels take plain tensors, not DTensors
+            group["fused"] = None
+    return model
+
+
+def shard_frozen(model: nn.Module, plan: Fsdp2Plan, device: torch.device) -> nn.Module:
+    """A frozen model (full fine-tuning's reference copy) sharded in place like the policy, so each
+    process keeps 1/N of it. Its users run its decoder and output layer themselves, not its
+    forward, so they gather the root's own weights around that (models/policy.py `_root_weights`)."""
+    _shard_units(model, plan, device)
+    return model
+
+
+def _shard_units(model: nn.Module, plan: Fsdp2Plan, device: torch.device) -> None:
+    """fully_shard each decoder layer of `model`, then `model` itself as the root (`shard`)."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
     mesh = init_device_mesh(device.type, (torch.distributed.get_world_size(),))
     bf16 = plan.mixed_precision == "bf16"
     layers_mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) if bf16 else \
@@ -111,13 +131,6 @@ def shard(model: nn.Module, optimizer: torch.optim.Optimizer, plan: Fsdp2Plan, d
     # FSDP2 takes the first unit to run a forward as the root; sampling runs the layers first (not
     # through the root's forward), so the root is settled now, as its first forward would.
     model._get_fsdp_state()._lazy_init()
-    after = dict(model.named_parameters())
-    sharded = {id(p): after[name] for name, p in before.items()}
-    for group in optimizer.param_groups:
-        group["params"] = [sharded[id(p)] for p in group["params"]]
-        if group.get("fused"):  # torch's fused AdamW kernels take plain tensors, not DTensors
-            group["fused"] = None
-    return model
 
 
 @contextlib.contextmanager

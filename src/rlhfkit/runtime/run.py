@@ -139,6 +139,18 @@ class Run:
                                          unit=self._unit, total=self.total)
         return self.model
 
+    def shard_reference(self, reference) -> None:
+        """Under FSDP2, shard a frozen reference copy (full fine-tuning) like the policy, so each
+        process keeps 1/N of it; without one (LoRA: the adapter-disabled policy) or with one kept
+        in CPU memory (`offload_reference`, moved whole for each pass) nothing changes."""
+        from rlhfkit.runtime.fsdp2 import shard_frozen
+
+        frozen = getattr(reference, "frozen", None)
+        if self.fsdp2 is None or frozen is None or reference.offload:
+            return
+        shard_frozen(frozen, self.fsdp2, self.device)
+        self.summary["fsdp2"]["reference"] = "sharded"
+
     def full_weights(self):
         """Context manager around sampling: the whole policy gathered once under FSDP2 and DeepSpeed
         ZeRO-3 (sampling calls the causal LM inside the prepared model directly), else nothing."""

@@ -309,6 +309,7 @@ def train(cfg: DPOConfig) -> dict:
     optimizer, scheduler = make_optimizer(model.parameters(), cfg.lr, cfg.warmup_steps, cfg.weight_decay, cfg.adam_eps)
     judged: dict = {}  # the starting model's judged scores, kept in checkpoints
     wrapped = run.prepare(model, optimizer, scheduler, cfg.micro_batch_size, judged=judged)
+    run.shard_reference(reference)  # under FSDP2 a frozen copy still in use is sharded like the policy
     run.resume()  # when resuming: weights, optimiser, RNG, the starting model's judged scores
     # 3. the starting model, judged
     records = eval_records(train_pairs, held_out, cfg) if cfg.num_eval_prompts > 0 else []

@@ -238,6 +238,7 @@ def train(cfg: KTOConfig) -> dict:
     optimizer, scheduler = make_optimizer(model.parameters(), cfg.lr, cfg.warmup_steps, cfg.weight_decay, cfg.adam_eps)
     judged: dict = {}  # the starting model's judged scores, kept in checkpoints
     wrapped = run.prepare(model, optimizer, scheduler, cfg.micro_batch_size, judged=judged)
+    run.shard_reference(reference)  # under FSDP2 a frozen copy still in use is sharded like the policy
     run.resume()
     records = eval_records(examples, held_out, cfg) if cfg.num_eval_prompts > 0 else []  # 3. before
     seed = cfg.seed + 424242

@@ -209,6 +209,7 @@ class RLRun:
         self.core = run.core
         if self.reference is not None:
             self.reference.to(run.device)  # the frozen copy is not prepared; offloaded: stays in CPU memory
+            run.shard_reference(self.reference)  # under FSDP2 a frozen copy is sharded like the policy
         self.backend = make_backend(cfg, resolve_model_path(cfg.model), run.world, run.print)
         stop_ids = tuple(cfg.stop_ids or [self.tok.eos_token_id])
         self.params = SamplingParams(cfg.max_new_tokens, cfg.temperature, cfg.top_k, cfg.top_p, stop_ids,
