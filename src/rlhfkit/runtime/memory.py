@@ -48,7 +48,8 @@ positions, m * S for g = 1; p = the micro-batch's distinct prompts, ceil(m / g) 
 order, ceil(m * B / (g * M)) + 1 where GRPO shuffles a rollout of B rows into mini-batches of M < B:
 `prompts_per_micro_batch`), P prompt tokens, S = P + R, R = response tokens, L_bw = layers the backward pass
 goes through (the top `lora_layers` with LoRA on them, else L). ZeRO-2 divides gradients and
-optimiser by N; ZeRO-3 / FSDP full shard also the policy weights. The reference is not sharded.
+optimiser by N; ZeRO-3 / FSDP full shard also the policy weights. The reference is counted whole (DeepSpeed
+keeps it so; FSDP2 shards a frozen copy, so there the figure is an upper bound).
 Activation figures are rough (within ~2x); weights, gradients, optimiser and KV cache are exact
 counts of what the tensors hold (allocator overhead and CUDA context, ~0.5-1 GiB, come on top).
 """
