@@ -109,8 +109,9 @@ def generation_weights(accelerator, model, fsdp2=None):
     ZeRO-3 the weights are partitioned: FSDP2 would not gather them at all for the causal LM that
     sampling calls inside the prepared model, and ZeRO-3 would all-gather every layer at every new
     token. Both gather them once for the whole rollout instead (each process then holds the full
-    policy while it samples). HF generate turns on `synced_gpus` for such models, so processes that
-    finish early keep stepping."""
+    policy while it samples). Under ZeRO-3 HF generate turns on `synced_gpus`, so processes that
+    finish early keep stepping; under FSDP2 sampling then runs no collective at all, so processes
+    may stop at different lengths."""
     from rlhfkit.runtime.fsdp2 import full_weights, is_sharded
 
     if fsdp2 is not None and is_sharded(model):
