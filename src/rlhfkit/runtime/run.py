@@ -123,7 +123,8 @@ class Run:
         else:  # accelerate's FSDP2 (GPUs) passes a sharded model through; elsewhere it would wrap it in DDP
             model = shard(model, optimizer, self.fsdp2, self.device)
             self.summary["fsdp2"] = {"processes": self.world, **dataclasses.asdict(self.fsdp2)}
-            self.tracker.print(f"[fsdp2] weights, gradients and optimiser state sharded over {self.world} processes "
+            self.tracker.print(f"[fsdp2] weights, gradients and optimiser state sharded over {self.world} "
+                               f"process{'es' * (self.world != 1)} "
                                f"(reshard_after_forward={self.fsdp2.reshard_after_forward}, "
                                f"mixed_precision={self.fsdp2.mixed_precision})")
             if self.accelerator.is_fsdp2:
