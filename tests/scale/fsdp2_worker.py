@@ -8,8 +8,9 @@ Each run below goes through the CLI twice on the same two processes: sharded, as
 parallelism, OUT_DIR/ddp/NAME), with the same seeds and the same prompts per process. Sampling, the
 log-prob pass, the reference, the update and the final save then see the same weights either way.
 The bf16 runs use the fsdp2-lora preset's mixed precision (layers gathered in bf16) and are only
-run sharded: their step-0 exactness checks need no unsharded twin. GRPO with one_step_off_policy
-must stop with exit code 2 (its sampler needs whole weights).
+run sharded: their step-0 exactness checks need no unsharded twin. PPO runs 2 iterations straight
+and 1 + a checkpoint + a resume (ppo-2, ppo-resumed). GRPO with one_step_off_policy must stop with
+exit code 2 (its sampler needs whole weights).
 """
 
 from __future__ import annotations
@@ -52,6 +53,12 @@ def main(model_dir: str, out: Path) -> None:
         os.environ["ACCELERATE_USE_FSDP"] = "false"
         run(out / "ddp", name, command, args, model_dir)
     os.environ["ACCELERATE_USE_FSDP"] = "true"
+    command, args = RUNS["ppo"]  # checkpoints: 2 iterations straight, and 1 + a checkpoint + a resume for the 2nd
+    two = [a for a in args if not a.startswith("iterations=")]
+    run(out / "fsdp2", "ppo-2", command, [*two, "iterations=2"], model_dir)
+    run(out / "fsdp2", "ppo-resumed", command, [*two, "iterations=1", "save_every=1"], model_dir)
+    run(out / "fsdp2", "ppo-resumed", command, [*two, "iterations=2", "save_every=1",
+                                                f"resume={out / 'fsdp2' / 'ppo-resumed'}"], model_dir)
     command, args = RUNS["grpo"]  # the off-policy sampler needs whole weights: refused with one line
     run(out / "fsdp2", "grpo-off-policy", command, [*args, "one_step_off_policy=true"], model_dir, expect=2)
     os.environ["ACCELERATE_MIXED_PRECISION"] = "bf16"  # read by rlhfkit's plan; accelerate keeps its own 'no'

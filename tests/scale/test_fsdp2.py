@@ -135,3 +135,23 @@ def test_lora_preset_mixed_precision_keeps_step_zero_exact(out):
     assert row["rollout/kl"] == 0.0 and row["params/ratio_first_microbatch_maxdev"] == 0.0
     assert math.isfinite(row["loss/total"]) and row["params/grad_norm"] > 0
     assert (run_dir / "final" / "adapter_model.safetensors").is_file()
+
+
+def test_a_run_resumed_from_a_sharded_checkpoint_continues_as_if_never_stopped(out):
+    """PPO stopped after iteration 1 with a checkpoint (whole trainable weights and the optimiser's
+    whole state, gathered from the shards) and resumed for iteration 2 (each process takes its
+    shard back) ends with the weights of the run that did both iterations in one go, and logs the
+    same second iteration. The same processes, seeds and order of operations: equal bit for bit."""
+    straight, resumed = out / "fsdp2" / "ppo-2", out / "fsdp2" / "ppo-resumed"
+    meta = json.loads((resumed / "checkpoints" / "step-1" / "meta.json").read_text())
+    assert meta["world_size"] == 2
+    a, b = read_weights(straight / "final"), read_weights(resumed / "final")
+    assert a.keys() == b.keys()
+    for key in a:
+        assert torch.equal(a[key], b[key]), key
+    rows = [json.loads(line) for line in (resumed / "metrics.jsonl").read_text().splitlines()]
+    assert [r["iteration"] for r in rows] == [0, 1]
+    second = json.loads((straight / "metrics.jsonl").read_text().splitlines()[1])
+    for key, value in second.items():
+        if isinstance(value, float) and not key.startswith(("timing/", "throughput/")):
+            assert rows[1][key] == value, key

@@ -165,3 +165,40 @@ def full_state_dict(model: nn.Module) -> dict[str, torch.Tensor]:
     first = dict(model.named_parameters())
     tied = {name for name, _ in model.named_parameters(remove_duplicate=False) if name not in first}
     return {k: v for k, v in state.items() if k not in tied}
+
+
+# ----------------------------------------------------------------------------- checkpoints
+# A checkpoint keeps the full trainable weights and the optimiser's full state (keyed by parameter
+# name), gathered into CPU memory on the main process, so it is the same files as without FSDP2 and
+# each process takes its shard back on resume (any number of processes).
+
+
+def trainable_weights(model: nn.Module) -> dict[str, torch.Tensor]:
+    """The full weights of the trainable parameters of sharded `model` on the main process ({} on
+    the others); a collective call."""
+    trainable = {name for name, p in model.named_parameters() if p.requires_grad}
+    return {k: v for k, v in full_state_dict(model).items() if k in trainable}
+
+
+def load_weights(model: nn.Module, weights: dict[str, torch.Tensor]) -> None:
+    """Full weights (some of the model's, by name) into the shards of `model`: each process keeps its own."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
+
+    set_model_state_dict(model, weights, options=StateDictOptions(full_state_dict=True, strict=False))
+
+
+def optimizer_state(model: nn.Module, optimizer) -> dict:
+    """The optimiser's full state, keyed by parameter name, on the main process; a collective call.
+    `optimizer` may be accelerate's wrapper."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
+
+    return get_optimizer_state_dict(model, getattr(optimizer, "optimizer", optimizer),
+                                    options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+
+
+def load_optimizer_state(model: nn.Module, optimizer, state: dict) -> None:
+    """`optimizer_state`'s full state into the optimiser of sharded `model` (every process passes it)."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
+
+    set_optimizer_state_dict(model, getattr(optimizer, "optimizer", optimizer), state,
+                             options=StateDictOptions(full_state_dict=True))
