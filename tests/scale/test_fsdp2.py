@@ -42,7 +42,8 @@ def out(tiny_model_dir, tmp_path_factory):
     cmd = [accelerate, "launch", "--config_file", str(REPO / "configs/accelerate/fsdp2.yaml"), "--num_processes", "2",
            "--main_process_port", str(free_port()), str(WORKER), str(tiny_model_dir), str(folder)]
     proc = subprocess.run(cmd, env=worker_env(), capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0, f"{' '.join(cmd)} failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-5000:]}"
+    errors = [line for line in proc.stderr.splitlines() if "Error" in line or "error:" in line or "terminate" in line]
+    assert proc.returncode == 0, f"{' '.join(cmd)} failed:\n" + "\n".join(errors[-20:]) + f"\n{proc.stderr[-3000:]}"
     return folder
 
 
