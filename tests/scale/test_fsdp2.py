@@ -2,14 +2,15 @@
 same trainer unsharded on the same 2 processes.
 
 One launch of tests/scale/fsdp2_worker.py with the documented command (configs/accelerate/fsdp2.yaml,
-ACCELERATE_USE_CPU=1; about 35 s on 2 cores) runs one short step of PPO (full fine-tuning: a frozen
+ACCELERATE_USE_CPU=1; about 40 s on 2 cores) runs one short step of PPO (full fine-tuning: a frozen
 reference copy and a value head), GRPO (LoRA: the adapter-disabled reference), DPO (full, with the
 reference computed next to each micro-batch and judged samples) and SFT (full, with greedy samples
-for ROUGE), each sharded and unsharded, and GRPO with one_step_off_policy, which must stop with
-exit code 2 under FSDP2 (the worker checks it). Sampling, the log-prob pass, the reference and the final save
-all run on the sharded weights. fp32 throughout, so the two differ only by float rounding: sums in
-another order (the gradient norm over shards, a reduce-scatter instead of an all-reduce) and the
-plain forward where the unsharded run shares prompts (models/policy.py `scoring_shares`).
+for ROUGE), each sharded and unsharded. Sampling, the log-prob pass, the reference, the final save
+and checkpoints all run on the sharded weights. fp32 throughout, so the two differ only by float
+rounding: sums in another order (the gradient norm over shards, a reduce-scatter instead of an
+all-reduce) and the plain forward where the unsharded run shares prompts (models/policy.py
+`scoring_shares`). The same launch also resumes PPO from a sharded checkpoint, runs the fsdp2-lora
+preset's bf16 mixed precision, and checks that GRPO with one_step_off_policy stops with exit code 2.
 """
 
 from __future__ import annotations
