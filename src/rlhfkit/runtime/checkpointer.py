@@ -52,8 +52,8 @@ def _sharded(accelerator, model) -> bool:
     not DeepSpeed or accelerate's own FSDP."""
     from accelerate.utils import DistributedType
 
-    return fsdp2.is_sharded(model) or getattr(accelerator, "distributed_type", None) in (DistributedType.FSDP,
-                                                                                   DistributedType.DEEPSPEED)
+    engine = getattr(accelerator, "distributed_type", None)
+    return fsdp2.is_sharded(model) or engine in (DistributedType.FSDP, DistributedType.DEEPSPEED)
 
 
 class Checkpointer:

@@ -170,7 +170,7 @@ def full_state_dict(model: nn.Module) -> dict[str, torch.Tensor]:
 # ----------------------------------------------------------------------------- checkpoints
 # A checkpoint keeps the full trainable weights and the optimiser's full state (keyed by parameter
 # name), gathered into CPU memory on the main process, so it is the same files as without FSDP2 and
-# each process takes its shard back on resume (any number of processes).
+# each process takes its shard back on resume.
 
 
 def trainable_weights(model: nn.Module) -> dict[str, torch.Tensor]:
