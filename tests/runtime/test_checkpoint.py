@@ -97,3 +97,23 @@ def test_truncate_logs_keeps_rows_before_the_step_and_drops_a_torn_line(tmp_path
     assert [json.loads(x)["iteration"] for x in (tmp_path / "metrics.jsonl").read_text().splitlines()] == [0, 1, 2]
     assert [json.loads(x)["iteration"] for x in (tmp_path / "samples.jsonl").read_text().splitlines()] == [0, 0, 1, 1,
                                                                                                            2, 2]
+
+
+def test_a_checkpoint_written_under_fsdp2_resumes_under_fsdp2_only(tmp_path):
+    """Under FSDP2 state.pt keeps the optimiser's whole state keyed by parameter name, which a plain
+    optimiser cannot load: one line instead of a KeyError deep in torch (and the other way round)."""
+    from types import SimpleNamespace
+
+    from rlhfkit.runtime.checkpointer import Checkpointer
+
+    model = _model()
+    opt = torch.optim.SGD([p for p in model.parameters() if p.requires_grad], lr=0.1)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda step: 1.0)
+    state = {"step": 1, "optimizer": {"state": {}, "param_groups": []}, "optimizer_format": "fsdp2",
+             "scheduler": sched.state_dict(), "objects": {}}
+    path = write_checkpoint(tmp_path, 1, model=model, state=state, config_text="seed: 0\n")
+    one_process = SimpleNamespace(distributed_type=None, process_index=0, num_processes=1, is_main_process=True)
+    checkpointer = Checkpointer(SimpleNamespace(save_every=0, keep_checkpoints=2), tmp_path, "ppo", one_process,
+                                SimpleNamespace(print=print), model=model, optimizer=opt, scheduler=sched)
+    with pytest.raises(UserError, match=r"^resume: .*step-1 was written under FSDP2; resume it under FSDP2 too"):
+        checkpointer.resume(path)

@@ -36,8 +36,10 @@ def free_port() -> int:
 
 
 def worker_env() -> dict[str, str]:
-    return {**os.environ, "ACCELERATE_USE_CPU": "1", "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false",
-            "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
+    """CPU processes over gloo on any machine: with a GPU visible, the processes' Accelerators and
+    trainers would put both processes on the one cuda:0 (NCCL refuses two ranks on one device)."""
+    return {**os.environ, "ACCELERATE_USE_CPU": "1", "CUDA_VISIBLE_DEVICES": "", "OMP_NUM_THREADS": "1",
+            "TOKENIZERS_PARALLELISM": "false", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
 
 
 def launch_command(num_processes: int) -> list[str]:

@@ -119,6 +119,19 @@ class ActorCritic(nn.Module):
     def config(self):
         return _unwrap(self.policy).config
 
+    def scoring_shares(self) -> tuple[bool, bool]:
+        """(share_prompts, share_prefix) of the scoring and training forwards: both off when FSDP2 shards
+        this model (runtime/fsdp2.py). A unit gathers its weights for its forward, frees them after
+        it and gathers them again for its backward when the gradient reaches its output; the
+        gradient through a shared prompt's cache reaches the keys and values without passing that
+        output and would read the freed weights. The reference follows (`Reference`), so step 0
+        stays exact; sampling, without gradients, still shares."""
+        from torch.distributed.fsdp import FSDPModule
+
+        if isinstance(self, FSDPModule):
+            return False, False
+        return self.share_prompts, self.share_prefix
+
     def trunk(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor | None:
         """States (B, L, H) after the frozen bottom `trunk_depth` layers (no grad), or None without them."""
         if not self.trunk_depth:
@@ -139,14 +152,15 @@ class ActorCritic(nn.Module):
         lm = _unwrap(self.policy)
         if trunk is None and self.trunk_depth:  # not kept: recomputed, so every pass takes the same path
             trunk = self.trunk(input_ids, attention_mask)
-        hidden = response_hidden_states(lm.get_decoder(), input_ids, attention_mask, num_response, self.share_prompts,
+        share_prompts, share_prefix = self.scoring_shares()
+        hidden = response_hidden_states(lm.get_decoder(), input_ids, attention_mask, num_response, share_prompts,
                                         (self.trunk_depth, trunk) if trunk is not None else None,
-                                        self.share_prefix)  # (B, R, H)
+                                        share_prefix)  # (B, R, H)
         values = None
         if with_values and self.value_head is not None:
             if self.critic is not None:
                 ch = response_hidden_states(_unwrap(self.critic).get_decoder(), input_ids, attention_mask,
-                                            num_response, self.share_prompts, share_prefix=self.share_prefix)
+                                            num_response, share_prompts, share_prefix=share_prefix)
                 values = self.value_head(ch)
             else:
                 values = self.value_head(hidden)
@@ -245,7 +259,7 @@ class Reference:
             with self._adapter_off():
                 logits, _ = self.actor.logits(input_ids, attention_mask, num_response)
             return logits
-        with self._autocast(input_ids.device):
+        with self._autocast(input_ids.device), _root_weights(self.frozen):
             return output_logits(self.frozen, self._frozen_hidden(input_ids, attention_mask, num_response))
 
     @torch.no_grad()
@@ -262,7 +276,7 @@ class Reference:
                 logp, _, _ = self.actor(input_ids, attention_mask, R, with_values=False, response_ids=response_ids,
                                         response_mask=response_mask, temperature=temperature, trunk=trunk)
             return logp
-        with self._autocast(input_ids.device):
+        with self._autocast(input_ids.device), _root_weights(self.frozen):
             hidden = self._frozen_hidden(input_ids, attention_mask, R)
             return head_logprobs(hidden, self.frozen.get_output_embeddings(), response_ids, response_mask,
                                  temperature, softcap=final_softcap(self.frozen))[0]
@@ -275,8 +289,26 @@ class Reference:
         return torch.autocast(device.type, dtype=self.dtype)
 
     def _frozen_hidden(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, num_response: int) -> torch.Tensor:
+        share_prompts, share_prefix = self.actor.scoring_shares()
         return response_hidden_states(self.frozen.get_decoder(), input_ids, attention_mask, num_response,
-                                      self.actor.share_prompts, share_prefix=self.actor.share_prefix)
+                                      share_prompts, share_prefix=share_prefix)
+
+
+@contextlib.contextmanager
+def _root_weights(model: nn.Module):
+    """The root's own weights (embeddings, final norm, output layer) gathered for the block when FSDP2
+    shards `model` (runtime/fsdp2.py `shard_frozen`): the reference runs its decoder and output layer
+    itself, not through the root's forward; the layers gather their own weights in their forwards."""
+    from torch.distributed.fsdp import FSDPModule
+
+    if not isinstance(model, FSDPModule):
+        yield
+        return
+    model.unshard()
+    try:
+        yield
+    finally:
+        model.reshard()
 
 
 def store_linear_weights(model: nn.Module, dtype: torch.dtype) -> nn.Module:

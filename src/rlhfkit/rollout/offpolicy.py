@@ -107,7 +107,7 @@ class OneStepOffPolicy:
     def __init__(self, rl, cfg):
         from rlhfkit.runtime.checkpointer import _sharded
 
-        if _sharded(rl.run.accelerator):
+        if _sharded(rl.run.accelerator, rl.run.model):
             raise UserError("one_step_off_policy: not supported under FSDP/DeepSpeed (the sampler needs whole "
                             "weights); use DDP or one process")
         self.rl, self.cfg = rl, cfg

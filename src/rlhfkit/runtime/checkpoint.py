@@ -3,9 +3,11 @@
 Layout of one checkpoint, RUN/checkpoints/step-N (N = iterations or optimiser steps done):
 
   trainable.safetensors  parameters with requires_grad: LoRA adapters + value/score head, or all
-                         weights under full fine-tuning (frozen base weights come from `model`)
-  state.pt               optimiser, lr scheduler, data position, torch.Generator states, KL
-                         controller, counters, the before-training evaluation
+                         weights under full fine-tuning (frozen base weights come from `model`);
+                         whole tensors, gathered from the shards under FSDP2
+  state.pt               optimiser (under FSDP2 its whole state keyed by parameter name:
+                         `optimizer_format`), lr scheduler, data position, torch.Generator states,
+                         KL controller, counters, the before-training evaluation
   rng-rank{R}.pt         python, numpy, torch CPU (and CUDA) RNG states of process R
   config.yaml            the configuration at save time
   meta.json              written last; a folder without it is not a checkpoint
@@ -28,6 +30,7 @@ from typing import Any
 import torch
 
 from rlhfkit.errors import UserError
+from rlhfkit.runtime import fsdp2
 
 CHECKPOINTS = "checkpoints"
 META, WEIGHTS, STATE, CONFIG = "meta.json", "trainable.safetensors", "state.pt", "config.yaml"
@@ -150,11 +153,13 @@ def clean_leftovers(root: Path) -> None:
 
 def write_checkpoint(run_dir: Path, step: int, *, model: torch.nn.Module, state: dict, config_text: str,
                      rank: int = 0, world_size: int = 1, keep: int = 2,
-                     barrier: Callable[[], None] = lambda: None, meta: dict | None = None) -> Path:
+                     barrier: Callable[[], None] = lambda: None, meta: dict | None = None,
+                     weights: dict[str, torch.Tensor] | None = None) -> Path:
     """Write RUN/checkpoints/step-`step` atomically and keep the newest `keep` checkpoints.
 
     Called on every process: process 0 writes the weights and state, every process its RNG file;
-    `barrier` (e.g. accelerator.wait_for_everyone) orders the steps across processes.
+    `barrier` (e.g. accelerator.wait_for_everyone) orders the steps across processes. `weights`:
+    the trainable weights when `model`'s are sharded (runtime/fsdp2.py `trainable_weights`).
     """
     from rlhfkit.runtime.seeding import rng_state
 
@@ -170,7 +175,7 @@ def write_checkpoint(run_dir: Path, step: int, *, model: torch.nn.Module, state:
     if rank == 0:
         from safetensors.torch import save_file
 
-        save_file(trainable_tensors(model), str(tmp / WEIGHTS))
+        save_file(trainable_tensors(model) if weights is None else weights, str(tmp / WEIGHTS))
         torch.save(state, tmp / STATE)
         (tmp / CONFIG).write_text(config_text)
         for name in (WEIGHTS, STATE, CONFIG):
@@ -206,11 +211,15 @@ def load_trainable(model: torch.nn.Module, path: Path) -> None:
     if missing or unexpected:
         raise UserError(f"resume: {path} does not fit this model (missing {missing[:3]}, unexpected "
                         f"{unexpected[:3]}): was it saved with another model, lora or lora_layers setting?")
+    for name, p in params.items():  # a sharded parameter's shape is its whole shape
+        if p.shape != saved[name].shape:
+            raise UserError(f"resume: {path}: {name} has shape {tuple(saved[name].shape)}, the model "
+                            f"{tuple(p.shape)} (another lora_r or model?)")
+    if fsdp2.is_sharded(model):
+        fsdp2.load_weights(model, saved)
+        return
     with torch.no_grad():
         for name, p in params.items():
-            if p.shape != saved[name].shape:
-                raise UserError(f"resume: {path}: {name} has shape {tuple(saved[name].shape)}, the model "
-                                f"{tuple(p.shape)} (another lora_r or model?)")
             p.copy_(saved[name])
 
 

@@ -10,6 +10,7 @@ from typing import Any
 import torch
 
 from rlhfkit.errors import UserError
+from rlhfkit.runtime import fsdp2
 from rlhfkit.runtime.checkpoint import (
     CHECKPOINTS,
     CONFIG,
@@ -45,12 +46,14 @@ def open_run_dir(cfg, command: str) -> tuple[Path, Path | None]:
     return run_dir, found
 
 
-def _sharded(accelerator) -> bool:
-    """FSDP or DeepSpeed: weights or optimiser state are partitioned over processes, which this
-    module's files (whole tensors, one optimiser state dict) do not cover."""
+def _sharded(accelerator, model) -> bool:
+    """FSDP or DeepSpeed: weights or optimiser state are partitioned over processes. This module's
+    files (whole tensors, one optimiser state dict) cover FSDP2 by gathering them (runtime/fsdp2.py),
+    not DeepSpeed or accelerate's own FSDP."""
     from accelerate.utils import DistributedType
 
-    return getattr(accelerator, "distributed_type", None) in (DistributedType.FSDP, DistributedType.DEEPSPEED)
+    engine = getattr(accelerator, "distributed_type", None)
+    return fsdp2.is_sharded(model) or engine in (DistributedType.FSDP, DistributedType.DEEPSPEED)
 
 
 class Checkpointer:
@@ -80,9 +83,10 @@ class Checkpointer:
         self.start = 0
         self.saved_step: int | None = None
         self.signals = StopSignals()
-        self.sharded = _sharded(accelerator)
+        self.on_fsdp2 = fsdp2.is_sharded(model)  # checkpoints gather the shards (optimizer_format "fsdp2")
+        self.sharded = _sharded(accelerator, model) and not self.on_fsdp2  # DeepSpeed: no checkpoints
         if self.sharded and self.every:
-            tracker.print("[checkpoint] not written under FSDP/DeepSpeed (sharded weights and optimiser state "
+            tracker.print("[checkpoint] not written under DeepSpeed (sharded weights and optimiser state "
                           "are not supported yet): save_every is ignored")
 
     # ---- resume ---------------------------------------------------------------------------
@@ -95,10 +99,17 @@ class Checkpointer:
         if path is None:
             return self.start
         if self.sharded:
-            raise UserError("resume: not supported under FSDP/DeepSpeed; resume with plain DDP or one process")
-        load_trainable(self.model, path)
+            raise UserError("resume: not supported under DeepSpeed; resume with plain DDP, FSDP2 or one process")
         state = load_state(path)
-        self.optimizer.load_state_dict(state["optimizer"])
+        fmt, mine = state.get("optimizer_format", "torch"), self._optimizer_format()
+        if fmt != mine:
+            raise UserError(f"resume: {path} was written {'under' if fmt == 'fsdp2' else 'without'} FSDP2; "
+                            f"resume it {'under' if fmt == 'fsdp2' else 'without'} FSDP2 too (the accelerate config)")
+        load_trainable(self.model, path)
+        if self.on_fsdp2:
+            fsdp2.load_optimizer_state(self.model, self.optimizer, state["optimizer"])
+        else:
+            self.optimizer.load_state_dict(state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
         for name, obj in self.objects.items():
             if name in state["objects"]:
@@ -132,8 +143,14 @@ class Checkpointer:
         return f" (changed since the checkpoint: {', '.join(changed)})" if changed else ""
 
     # ---- saving ---------------------------------------------------------------------------
+    def _optimizer_format(self) -> str:
+        return "fsdp2" if self.on_fsdp2 else "torch"
+
     def state(self, step: int) -> dict:
-        return {"step": step, "optimizer": self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict(),
+        """Everything but the weights (a collective call under FSDP2: it gathers the optimiser state)."""
+        optimizer = fsdp2.optimizer_state(self.model, self.optimizer) if self.on_fsdp2 else self.optimizer.state_dict()
+        return {"step": step, "optimizer": optimizer, "optimizer_format": self._optimizer_format(),
+                "scheduler": self.scheduler.state_dict(),
                 "objects": {name: get_state(obj) for name, obj in self.objects.items()}}
 
     def save(self, step: int) -> Path | None:
@@ -146,10 +163,12 @@ class Checkpointer:
             return None
         if acc.is_main_process:
             clean_leftovers(self.run_dir / CHECKPOINTS)
+        weights = fsdp2.trainable_weights(self.model) if self.on_fsdp2 else None  # every process takes part
         path = write_checkpoint(self.run_dir, step, model=self.model, state=self.state(step),
                                 config_text=yaml.safe_dump(to_dict(self.cfg), sort_keys=False),
                                 rank=acc.process_index, world_size=acc.num_processes, keep=self.keep,
-                                barrier=acc.wait_for_everyone, meta={"command": self.command, "unit": self.unit})
+                                barrier=acc.wait_for_everyone, meta={"command": self.command, "unit": self.unit},
+                                weights=weights)
         self.saved_step = step
         return path
 
@@ -175,7 +194,7 @@ class Checkpointer:
         if signum:
             stopped = f"{signal.Signals(signum).name} after {done} {self.unit}{'s' * (done != 1)}"
             if path is None:
-                raise Interrupted(f"{stopped}; no checkpoint (not supported under FSDP/DeepSpeed)", signum)
+                raise Interrupted(f"{stopped}; no checkpoint (not supported under DeepSpeed)", signum)
             raise Interrupted(f"{stopped}; checkpoint {path}. Continue with: rlhfkit {self.command} --resume "
                               f"{self.run_dir}", signum)
 

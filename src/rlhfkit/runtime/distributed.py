@@ -1,9 +1,10 @@
 """Multi-process helpers on top of Accelerate: global loss normalisation with gradient accumulation,
-metrics averaged over processes, DeepSpeed set-up, ZeRO-3 generation and full-weight saving.
+metrics averaged over processes, DeepSpeed set-up, generation and full-weight saving on sharded
+weights (FSDP2, ZeRO-3).
 
-Every trainer runs unchanged under `accelerate launch` / `torchrun`: data parallel (DDP), FSDP2 or
-DeepSpeed, chosen by the launch configuration (configs/accelerate/, docs/scale.md). With one
-process every helper here is a cheap no-op.
+Every trainer runs unchanged under `accelerate launch` / `torchrun`: data parallel (DDP), FSDP2
+(applied by rlhfkit: runtime/fsdp2.py) or DeepSpeed, chosen by the launch configuration
+(configs/accelerate/, docs/scale.md). With one process every helper here is a cheap no-op.
 """
 
 from __future__ import annotations
@@ -28,11 +29,28 @@ def accumulate_backward(accelerator, model, loss: torch.Tensor, sync: bool) -> N
     if deepspeed:  # DeepSpeed reads it to find the accumulation boundary (and steps there)
         accelerator.gradient_state._set_sync_gradients(sync)
     try:
-        with accelerator.no_sync(model) if local else contextlib.nullcontext():
+        with no_sync(accelerator, model) if local else contextlib.nullcontext():
             accelerator.backward(loss * scale)
     finally:
         if deepspeed:
             accelerator.gradient_state._set_sync_gradients(True)
+
+
+@contextlib.contextmanager
+def no_sync(accelerator, model):
+    """Gradients stay local in the block: FSDP2 (sharded by rlhfkit, runtime/fsdp2.py, which
+    accelerate may not know about) keeps them unreduced; DDP skips its all-reduce."""
+    from rlhfkit.runtime.fsdp2 import is_sharded
+
+    if not is_sharded(model):
+        with accelerator.no_sync(model):
+            yield
+        return
+    model.set_requires_gradient_sync(False)
+    try:
+        yield
+    finally:
+        model.set_requires_gradient_sync(True)
 
 
 def sum_over_processes(accelerator, values: dict[str, float], keep: tuple[str, ...] = ()) -> dict[str, float]:
@@ -86,11 +104,20 @@ def configure_deepspeed(accelerator, micro_batch_size: int, max_grad_norm: float
 
 
 @contextlib.contextmanager
-def generation_weights(accelerator, model):
-    """Full weights for sampling. Under DeepSpeed ZeRO-3 the weights are partitioned and HF generate
-    would all-gather every layer at every new token: gather them once for the whole rollout instead
-    (each process then holds the full policy while it samples). FSDP2 needs nothing here: HF generate
-    turns on `synced_gpus` for FSDP-managed models, so processes that finish early keep stepping."""
+def generation_weights(accelerator, model, fsdp2=None):
+    """Full weights for sampling. Under FSDP2 (`fsdp2`, the plan `model` was sharded by) and DeepSpeed
+    ZeRO-3 the weights are partitioned: FSDP2 would not gather them at all for the causal LM that
+    sampling calls inside the prepared model, and ZeRO-3 would all-gather every layer at every new
+    token. Both gather them once for the whole rollout instead (each process then holds the full
+    policy while it samples). Under ZeRO-3 HF generate turns on `synced_gpus`, so processes that
+    finish early keep stepping; under FSDP2 sampling then runs no collective at all, so processes
+    may stop at different lengths."""
+    from rlhfkit.runtime.fsdp2 import full_weights, is_sharded
+
+    if fsdp2 is not None and is_sharded(model):
+        with full_weights(model, fsdp2):
+            yield
+        return
     plugin = deepspeed_plugin(accelerator)
     if plugin is None or plugin.zero_stage != 3:
         yield
@@ -102,11 +129,15 @@ def generation_weights(accelerator, model):
 
 
 def full_state_dict(accelerator, model) -> dict[str, torch.Tensor] | None:
-    """The prepared model's full state dict when its weights are sharded (FSDP, DeepSpeed ZeRO-3),
-    gathered on every process (a collective call: all processes must make it); None otherwise,
-    meaning the unwrapped model's own weights are complete and can be saved directly."""
+    """The prepared model's full state dict when its weights are sharded (FSDP2, DeepSpeed ZeRO-3),
+    gathered on the main process at least (a collective call: all processes must make it); None
+    otherwise, meaning the unwrapped model's own weights are complete and can be saved directly."""
     from accelerate.utils import DistributedType
 
+    from rlhfkit.runtime import fsdp2
+
+    if fsdp2.is_sharded(model):
+        return fsdp2.full_state_dict(model)
     sharded = accelerator.distributed_type == DistributedType.FSDP or (
         deepspeed_plugin(accelerator) is not None and deepspeed_plugin(accelerator).zero_stage == 3)
     if not sharded:

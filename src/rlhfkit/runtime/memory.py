@@ -12,8 +12,8 @@ b_c = bytes of the compute dtype (2 for bf16, 4 for fp32), N devices.
                    (embeddings, norms, head stay fp32)   offloaded: 0 (CPU memory)
   value head       (H + 1) * 16 (weights, gradient, two moments, fp32); PPO only
   KV cache         2 * L * kv * d * generation_batch * (prompt + new tokens) * b_c
-  generation gather  ZeRO-3 only: P * b_c, the full policy gathered while it samples (DeepSpeed;
-                   FSDP2 gathers one layer at a time, so there it is ~P * b_c / L)
+  generation gather  sharding=zero3 only: P * b_c, the full policy gathered while it samples (DeepSpeed
+                   ZeRO-3 and FSDP2 full shard both gather it once per generation)
   merged LoRA      CPU, one process, LoRA: A * b_c, a merged copy of the A adapted base weights
                    while sampling (models/lora.py)
   activations      L_bw * m * S * H * 34 * b_c / 2 (Korthikanti et al. 2022, with fused attention);
@@ -48,7 +48,8 @@ positions, m * S for g = 1; p = the micro-batch's distinct prompts, ceil(m / g) 
 order, ceil(m * B / (g * M)) + 1 where GRPO shuffles a rollout of B rows into mini-batches of M < B:
 `prompts_per_micro_batch`), P prompt tokens, S = P + R, R = response tokens, L_bw = layers the backward pass
 goes through (the top `lora_layers` with LoRA on them, else L). ZeRO-2 divides gradients and
-optimiser by N; ZeRO-3 / FSDP full shard also the policy weights. The reference is not sharded.
+optimiser by N; ZeRO-3 / FSDP full shard also the policy weights. The reference is counted whole (DeepSpeed
+keeps it so; FSDP2 shards a frozen copy, so there the figure is an upper bound).
 Activation figures are rough (within ~2x); weights, gradients, optimiser and KV cache are exact
 counts of what the tensors hold (allocator overhead and CUDA context, ~0.5-1 GiB, come on top).
 """

@@ -20,6 +20,7 @@ mode (dropout stays off: models/loading.disable_dropout; gradient checkpointing 
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -36,11 +37,14 @@ class Run:
         from rlhfkit.models.loading import resolve_dtype
         from rlhfkit.rollout.logprobs import set_chunk_positions
         from rlhfkit.runtime.allocator import cap_kernel_caches, tune_malloc
+        from rlhfkit.runtime.fsdp2 import requested_plan
         from rlhfkit.runtime.seeding import seed_everything
 
         cap_kernel_caches()  # before any matmul: each new shape's kernels stay cached (runtime/allocator.py)
         self.cfg, self.command = cfg, command
         self.accelerator = Accelerator(cpu=not torch.cuda.is_available())
+        distributed = torch.distributed.is_available() and torch.distributed.is_initialized()
+        self.fsdp2 = requested_plan() if distributed else None  # the launch asks for FSDP2: rlhfkit shards (prepare)
         seed_everything(cfg.seed)
         tune_malloc()  # freed CPU tensors stay in the process for reuse (runtime/allocator.py)
         if hasattr(cfg, "cpu_chunk_positions"):  # the row-chunk budget every pass of this run cuts by
@@ -105,14 +109,29 @@ class Run:
 
     def prepare(self, model: torch.nn.Module, optimizer, scheduler, micro_batch_size: int,
                 **objects: Any) -> torch.nn.Module:
-        """Hand model, optimiser and schedule to Accelerate (DDP, FSDP, DeepSpeed), put the model in
-        train mode, and set up checkpoints of it and of `objects` (data stream, generators, ...:
-        anything with state_dict/load_state_dict, or a dict). Returns the prepared model."""
+        """Hand model, optimiser and schedule to Accelerate (DDP, DeepSpeed) or shard the model with
+        FSDP2 (runtime/fsdp2.py), put the model in train mode, and set up checkpoints of it and of
+        `objects` (data stream, generators, ...: anything with state_dict/load_state_dict, or a
+        dict). Returns the prepared model."""
         from rlhfkit.runtime.checkpointer import Checkpointer
         from rlhfkit.runtime.distributed import configure_deepspeed
+        from rlhfkit.runtime.fsdp2 import shard
 
         configure_deepspeed(self.accelerator, micro_batch_size, self.cfg.max_grad_norm)
-        self.model, self.optimizer, self.scheduler = self.accelerator.prepare(model, optimizer, scheduler)
+        if self.fsdp2 is None:
+            self.model, self.optimizer, self.scheduler = self.accelerator.prepare(model, optimizer, scheduler)
+        else:  # accelerate's FSDP2 (GPUs) passes a sharded model through; elsewhere it would wrap it in DDP
+            model = shard(model, optimizer, self.fsdp2, self.device)
+            self.summary["fsdp2"] = {"processes": self.world, **dataclasses.asdict(self.fsdp2)}
+            self.tracker.print(f"[fsdp2] weights, gradients and optimiser state sharded over {self.world} "
+                               f"process{'es' * (self.world != 1)} "
+                               f"(reshard_after_forward={self.fsdp2.reshard_after_forward}, "
+                               f"mixed_precision={self.fsdp2.mixed_precision})")
+            if self.accelerator.is_fsdp2:
+                model, optimizer, scheduler = self.accelerator.prepare(model, optimizer, scheduler)
+            else:
+                optimizer, scheduler = self.accelerator.prepare(optimizer, scheduler)
+            self.model, self.optimizer, self.scheduler = model, optimizer, scheduler
         self.core = self.accelerator.unwrap_model(self.model)
         self.model.train()  # explicit: gradient checkpointing only recomputes in train mode
         self.checkpointer = Checkpointer(self.cfg, self.run_dir, self.command, self.accelerator, self.tracker,
@@ -120,6 +139,25 @@ class Run:
                                          objects={**objects, "summary": self.summary}, guard=self.guard,
                                          unit=self._unit, total=self.total)
         return self.model
+
+    def shard_reference(self, reference) -> None:
+        """Under FSDP2, shard a frozen reference copy (full fine-tuning) like the policy, so each
+        process keeps 1/N of it; without one (LoRA: the adapter-disabled policy) or with one kept
+        in CPU memory (`offload_reference`, moved whole for each pass) nothing changes."""
+        from rlhfkit.runtime.fsdp2 import shard_frozen
+
+        frozen = getattr(reference, "frozen", None)
+        if self.fsdp2 is None or frozen is None or reference.offload:
+            return
+        shard_frozen(frozen, self.fsdp2, self.device)
+        self.summary["fsdp2"]["reference"] = "sharded"
+
+    def full_weights(self):
+        """Context manager around sampling: the whole policy gathered once under FSDP2 and DeepSpeed
+        ZeRO-3 (sampling calls the causal LM inside the prepared model directly), else nothing."""
+        from rlhfkit.runtime.distributed import generation_weights
+
+        return generation_weights(self.accelerator, self.model, self.fsdp2)
 
     def resume(self, **objects: Any) -> int:
         """Register more state to checkpoint (e.g. kl_ctl=...), then, when resuming, restore

@@ -310,12 +310,14 @@ def train(cfg: DPOConfig) -> dict:
     optimizer, scheduler = make_optimizer(model.parameters(), cfg.lr, cfg.warmup_steps, cfg.weight_decay, cfg.adam_eps)
     judged: dict = {}  # the starting model's judged scores, kept in checkpoints
     wrapped = run.prepare(model, optimizer, scheduler, cfg.micro_batch_size, judged=judged)
+    run.shard_reference(reference)  # under FSDP2 a frozen copy still in use is sharded like the policy
     run.resume()  # when resuming: weights, optimiser, RNG, the starting model's judged scores
     # 3. the starting model, judged
     records = eval_records(train_pairs, held_out, cfg) if cfg.num_eval_prompts > 0 else []
     seed = cfg.seed + 424242  # same seed before and after: the comparison sees the same sampling noise
     if records and "before" not in judged:
-        judged["before"] = judged_samples(model, tok, records, judge, cfg, seed)[1]
+        with run.full_weights():
+            judged["before"] = judged_samples(model, tok, records, judge, cfg, seed)[1]
     before = judged.get("before", [])
     # 4. train (the batches are planned from the seed, so a resumed run just starts further in)
     for step in run.steps():
@@ -335,7 +337,8 @@ def train(cfg: DPOConfig) -> dict:
         run.print(f"[eval] held-out pairs: preference accuracy {m['rewards/accuracy']:.1%}, "
                   f"reward margin {m['rewards/margin']:+.3f} (n={len(held_out)})")
     if records:
-        judged_after(run, model, tok, records, judge, before, seed, "held-out" if held_out else "training")
+        with run.full_weights():
+            judged_after(run, model, tok, records, judge, before, seed, "held-out" if held_out else "training")
 
     def save(folder, state):
         save_actor(model, tok, folder, state_dict=state)

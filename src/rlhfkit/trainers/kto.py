@@ -239,11 +239,13 @@ def train(cfg: KTOConfig) -> dict:
     optimizer, scheduler = make_optimizer(model.parameters(), cfg.lr, cfg.warmup_steps, cfg.weight_decay, cfg.adam_eps)
     judged: dict = {}  # the starting model's judged scores, kept in checkpoints
     wrapped = run.prepare(model, optimizer, scheduler, cfg.micro_batch_size, judged=judged)
+    run.shard_reference(reference)  # under FSDP2 a frozen copy still in use is sharded like the policy
     run.resume()
     records = eval_records(examples, held_out, cfg) if cfg.num_eval_prompts > 0 else []  # 3. before
     seed = cfg.seed + 424242
     if records and "before" not in judged:
-        judged["before"] = judged_samples(model, tok, records, judge, cfg, seed)[1]
+        with run.full_weights():
+            judged["before"] = judged_samples(model, tok, records, judge, cfg, seed)[1]
     for step in run.steps():  # 4. train
         t0 = time.time()
         with reference.loaded(device) if reference is not None else contextlib.nullcontext():
@@ -262,7 +264,9 @@ def train(cfg: KTOConfig) -> dict:
         run.print(f"[eval] held-out examples: implicit reward desirable {m['rewards/chosen']:+.3f}, undesirable "
                   f"{m['rewards/rejected']:+.3f} (n={len(held_out)})")
     if records:
-        judged_after(run, model, tok, records, judge, judged["before"], seed, "held-out" if held_out else "training")
+        with run.full_weights():
+            judged_after(run, model, tok, records, judge, judged["before"], seed,
+                         "held-out" if held_out else "training")
 
     def save(folder, state):
         save_actor(model, tok, folder, state_dict=state)

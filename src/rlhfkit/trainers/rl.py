@@ -32,7 +32,7 @@ from rlhfkit.rollout import Rollout, SamplingParams, generate
 from rlhfkit.rollout.logprobs import logprob_pass as teacher_forced_pass
 from rlhfkit.runtime.allocator import trim_heap
 from rlhfkit.runtime.devices import HOST
-from rlhfkit.runtime.distributed import generation_weights, mean_over_processes
+from rlhfkit.runtime.distributed import mean_over_processes
 from rlhfkit.runtime.precision import autocast
 from rlhfkit.runtime.run import Run
 from rlhfkit.trainers.rl_update import LossFn, env_rates, update_policy
@@ -211,6 +211,7 @@ class RLRun:
         self.core = run.core
         if self.reference is not None:
             self.reference.to(run.device)  # the frozen copy is not prepared; offloaded: stays in CPU memory
+            run.shard_reference(self.reference)  # under FSDP2 a frozen copy is sharded like the policy
         self.backend = make_backend(cfg, resolve_model_path(cfg.model), run.world, run.print)
         stop_ids = tuple(cfg.stop_ids or [self.tok.eos_token_id])
         self.params = SamplingParams(cfg.max_new_tokens, cfg.temperature, cfg.top_k, cfg.top_p, stop_ids,
@@ -218,8 +219,8 @@ class RLRun:
         self.iteration = 0
 
     def generation_context(self):
-        """Context manager around sampling: full weights under DeepSpeed ZeRO-3, else nothing."""
-        return generation_weights(self.run.accelerator, self.core)
+        """Context manager around sampling: full weights under FSDP2 and DeepSpeed ZeRO-3, else nothing."""
+        return self.run.full_weights()
 
     # ---- one iteration --------------------------------------------------------------------
     def sample(self, records: list[dict], iteration: int, draw: int = 0) -> Rollout:

@@ -181,7 +181,8 @@ def train(cfg: SFTConfig) -> dict:
     def evaluate(with_rouge: bool = False) -> dict:
         stats = eval_stats(run.core, eval_ex, pad_id, cfg, run.device)
         if with_rouge and rouge_rows:
-            stats.update(rouge_of_responses(run.core.model, tok, rouge_rows, cfg))
+            with run.full_weights():
+                stats.update(rouge_of_responses(run.core.model, tok, rouge_rows, cfg))
         return stats
 
     if eval_ex:
