@@ -25,10 +25,10 @@ for GRPO and DPO) against the bf16 matmul peak measured here, and decode millise
 (generate calls x response width), prefill and sampling included) against the step's floor: the larger of the
 bytes a decode step must read (rlhfkit.runtime.flops.decode_step_bytes: the weights as stored and the bf16 KV
 cache) over the copy bandwidth measured here, and the measured replay time of a one-kernel CUDA graph (the
-launch floor). Then issue 37's targets with pass/fail.
+launch floor). Then the GPU speed targets with pass/fail.
 
 Estimate on one H100/H200: about 6.5 minutes for the default run (2 iterations per PPO/GRPO part, 4 DPO steps;
-~10-20 s per part to start a process, load the model and, for TRL, its datasets; issue 37 measured ~60 ms per
+~10-20 s per part to start a process, load the model and, for TRL, its datasets; the first H200 run measured ~60 ms per
 decode step at both shapes, so a 135m PPO iteration of 4 generate calls x 64 steps spends ~15 s sampling);
 `--budget-s` (default 450) guarantees the end: parts not started by then are skipped, and the running one is
 stopped at it.
@@ -84,7 +84,7 @@ ADAPTERS = {"lora-all": {"lora": True, "lora_layers": None}, "lora-default": {"l
 TRL_HOW = {"lora": True, "bf16": True, "ckpt": False}  # bf16 weights + bf16=True, LoRA every layer, no checkpointing
 SHAPES = {"135m": "smollm2-135m", "1.7b": "smollm2-1.7b"}
 SMOKE_THREADS = 1  # --smoke on a shared CPU: one thread ran a tiny unit 10x faster than two at a load of 8
-# (label, TRL part, rlhfkit part, speed-up target, memory-ratio target or None): issue 37's targets, at the run's
+# (label, TRL part, rlhfkit part, speed-up target, memory-ratio target or None): the GPU speed targets, at the run's
 # first shape (135m).
 TARGETS = [("PPO like for like (LoRA every layer, bf16)", "trl-ppo", "ppo-lora-all", 2.0, 0.5),
            ("PPO, rlhfkit's default adapter", "trl-ppo", "ppo-lora-default", 3.0, None),
@@ -531,7 +531,7 @@ def part_row(name: str, s: dict | str) -> str:
 
 
 def target_rows(summaries: dict, shape: str) -> list[str]:
-    """Issue 37's targets: TRL against rlhfkit at `shape` (benchdoc.ratio_table), decode against its floor, the
+    """The GPU speed targets: TRL against rlhfkit at `shape` (benchdoc.ratio_table), decode against its floor, the
     update at 1.7b."""
     ratios = {k: {"s": v["s"], "peak_gb": v.get("alloc_gb", v.get("rss_gb"))} for k, v in summaries.items()
               if isinstance(v, dict)}
@@ -567,7 +567,7 @@ def render(doc: dict) -> str:
              "/ reserved | model TFLOP/s (of bf16 peak) | update (of peak) | decode ms per step / floor (x floor) |",
              "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
     lines += [part_row(p, s) for p, s in summaries.items()]
-    lines += ["", "Against issue 37's targets (speed-up = TRL s / rlhfkit s per unit; memory = peak CUDA memory "
+    lines += ["", "Against the GPU speed targets (speed-up = TRL s / rlhfkit s per unit; memory = peak CUDA memory "
               "allocated, rlhfkit / TRL):", "", *target_rows(summaries, doc["shapes"][0]), "", NOTES]
     return "\n".join(lines)
 
