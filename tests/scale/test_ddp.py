@@ -22,11 +22,13 @@ from pathlib import Path
 
 import pytest
 import torch
+import yaml
 
 WORKER = Path(__file__).with_name("ddp_worker.py")
 STEPS = ("policy-token-mean", "policy-seq-mean", "sft", "rm", "dpo")
 TRAINERS = ("ppo", "grpo", "sft", "rm", "dpo", "dapo", "kto", "online-dpo")
 ITERATIONS = {"dapo": 2}
+ONE_STEP = ("sft", "rm", "dpo", "kto")  # max_steps=1: one optimiser step
 
 
 def free_port() -> int:
@@ -128,6 +130,10 @@ def test_every_trainer_cli_runs_one_iteration_on_two_processes(outputs, command)
     assert [r["iteration"] for r in rows] == list(range(ITERATIONS.get(command, 1)))  # once, by the main process
     assert (run_dir / "config.yaml").is_file() and (run_dir / "summary.json").is_file()
     assert (run_dir / "final" / "adapter_config.json").is_file()
+    if command in ONE_STEP:  # the warm-up counts optimiser steps, not processes: lr x min(1, 2 / warmup_steps) after one
+        cfg = yaml.safe_load((run_dir / "config.yaml").read_text())
+        assert cfg["warmup_steps"] > 2  # else the schedule is flat at step 1 and this checks nothing
+        assert rows[0]["params/lr"] == pytest.approx(cfg["lr"] * 2 / cfg["warmup_steps"], rel=1e-9)
 
 
 def test_dynamic_sampling_on_two_processes_counts_groups_over_both(outputs):

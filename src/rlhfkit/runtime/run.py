@@ -42,7 +42,9 @@ class Run:
 
         cap_kernel_caches()  # before any matmul: each new shape's kernels stay cached (runtime/allocator.py)
         self.cfg, self.command = cfg, command
-        self.accelerator = Accelerator(cpu=not torch.cuda.is_available())
+        # One scheduler step per optimiser step (runtime/faults.guarded_step steps it): accelerate's default
+        # steps it once per process, so N processes would warm up N times faster.
+        self.accelerator = Accelerator(cpu=not torch.cuda.is_available(), step_scheduler_with_optimizer=False)
         distributed = torch.distributed.is_available() and torch.distributed.is_initialized()
         self.fsdp2 = requested_plan() if distributed else None  # the launch asks for FSDP2: rlhfkit shards (prepare)
         seed_everything(cfg.seed)
