@@ -57,6 +57,13 @@ def _usage() -> str:
     return "\n".join(lines)
 
 
+def command_name(typed: str) -> str:
+    """The command `typed` names, with `-` and `_` interchangeable (`online_dpo`, `reinforce-pp`)."""
+    if typed in COMMANDS:
+        return typed
+    return next((name for name in COMMANDS if name.replace("-", "_") == typed.replace("-", "_")), typed)
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     debug = "--debug" in argv
@@ -68,7 +75,7 @@ def main(argv: list[str] | None = None) -> int:
     if argv[0] in ("-V", "--version"):
         print(f"rlhfkit {__version__}")
         return 0
-    name, rest = argv[0], argv[1:]
+    name, rest = command_name(argv[0]), argv[1:]
     if name not in COMMANDS:
         import difflib
 

@@ -8,7 +8,6 @@ Validation errors are one line naming the key, the value and what was expected.
 from __future__ import annotations
 
 import dataclasses
-import difflib
 import math
 import types
 import typing
@@ -18,8 +17,10 @@ from typing import Any, TypeVar
 import yaml
 
 from rlhfkit.errors import ConfigError
+from rlhfkit.runtime.aliases import alias_hint, canonical_key
 
 C = TypeVar("C")
+BOOL_WORDS = ("1", "true", "yes", "on", "0", "false", "no", "off")
 
 
 def option(default: Any, help: str, choices: tuple | None = None) -> Any:
@@ -74,7 +75,7 @@ def _convert(raw: Any, base: Any) -> Any:
         if isinstance(raw, bool):
             return raw
         text = str(raw).lower()
-        if text in ("1", "true", "yes", "on", "0", "false", "no", "off"):
+        if text in BOOL_WORDS:
             return text in ("1", "true", "yes", "on")
         raise ValueError
     if base is int:
@@ -114,10 +115,17 @@ def _fields(cls: type) -> dict[str, dataclasses.Field]:
 
 def _unknown_key(key: Any, known: typing.Iterable[str], source: str) -> ConfigError:
     key = str(key)  # YAML keys may be numbers, null, booleans
-    close = difflib.get_close_matches(key, list(known), n=1)
-    hint = f" (did you mean '{close[0]}'?)" if close else ""
     where = f"{source}: " if source else ""
-    return ConfigError(f"{where}unknown config key {key!r}{hint}")
+    return ConfigError(f"{where}unknown config key {key!r}{alias_hint(key, known)}")
+
+
+def _field_key(cls: type, key: Any, source: str) -> str:
+    """The option of `cls` that `key` names (its own name or an alias: TRL's `learning_rate` is `lr`,
+    runtime/aliases.py), or a one-line ConfigError with a hint."""
+    name = canonical_key(str(key), _fields(cls))
+    if name is None:
+        raise _unknown_key(key, _fields(cls), source)
+    return name
 
 
 def build_config(cls: type[C], values: dict[str, Any], source: str = "",
@@ -131,10 +139,9 @@ def build_config(cls: type[C], values: dict[str, Any], source: str = "",
     fields = _fields(cls)
     hints = typing.get_type_hints(cls)
     kwargs = {}
-    for key, raw in values.items():
-        if key not in fields:
-            raise _unknown_key(key, fields, source)
-        where = (sources or {}).get(key, source)
+    for given, raw in values.items():
+        key = _field_key(cls, given, source)
+        where = (sources or {}).get(given, (sources or {}).get(key, source))
         kwargs[key] = _coerce(key, raw, hints[key], fields[key].metadata.get("choices"), where)
     cfg = cls(**kwargs)
     for klass in reversed(type(cfg).__mro__):
@@ -199,19 +206,14 @@ def parse_values(cls: type, argv: list[str], prog: str) -> tuple[dict[str, Any],
         return None
     merged: dict[str, Any] = {}
     sources: dict[str, str] = {}
-    for arg in _flag_values(argv):
+    for arg in _flag_values(cls, argv):
         if "=" in arg:
             key, _, val = arg.partition("=")
-            key = key.lstrip("-").replace("-", "_")
-            if key not in _fields(cls):
-                raise _unknown_key(key, _fields(cls), "command line")
+            key = _field_key(cls, key.lstrip("-").replace("-", "_"), "command line")
             merged[key] = _cli_value(cls, key, val)
             sources.pop(key, None)
         elif arg.endswith((".yaml", ".yml")):
-            data = read_yaml(arg)
-            for k in data:
-                if k not in _fields(cls):
-                    raise _unknown_key(k, _fields(cls), arg)
+            data = {_field_key(cls, k, arg): v for k, v in read_yaml(arg).items()}
             merged.update(data)
             sources.update(dict.fromkeys(data, arg))
         elif arg.startswith("-"):
@@ -221,18 +223,34 @@ def parse_values(cls: type, argv: list[str], prog: str) -> tuple[dict[str, Any],
     return merged, sources
 
 
-def _flag_values(argv: list[str]) -> list[str]:
-    """``--resume RUN_DIR`` (two words) as ``resume=RUN_DIR``."""
+def _flag_values(cls: type, argv: list[str]) -> list[str]:
+    """Flags in the two-word form as ``key=value``: ``--resume RUN_DIR`` -> ``resume=RUN_DIR``,
+    ``--learning_rate 1e-5`` -> ``learning_rate=1e-5`` (as TRL's and transformers' scripts take them),
+    ``--config FILE.yaml`` -> ``FILE.yaml``; a boolean option alone (``--gradient_checkpointing``) is true."""
     out, i = [], 0
     while i < len(argv):
-        if argv[i] == "--resume":
-            if i + 1 >= len(argv) or "=" in argv[i + 1]:
-                raise ConfigError("--resume needs a run folder: --resume RUN_DIR (or resume=auto)")
-            out.append(f"resume={argv[i + 1]}")
+        arg = argv[i]
+        following = argv[i + 1] if i + 1 < len(argv) else None
+        takes_next = following is not None and not following.startswith("--") and "=" not in following
+        if arg == "--resume" and not takes_next:
+            raise ConfigError("--resume needs a run folder: --resume RUN_DIR (or resume=auto)")
+        if arg == "--config" and takes_next:
+            out.append(following)
             i += 2
+            continue
+        key = canonical_key(arg[2:].replace("-", "_"), _fields(cls)) if arg.startswith("--") and "=" not in arg else None
+        is_bool = key is not None and _base_type(typing.get_type_hints(cls)[key])[0] is bool
+        if key is not None and takes_next and (not is_bool or str(following).lower() in BOOL_WORDS):
+            out.append(f"{key}={following}")
+            i += 2
+            continue
+        if is_bool:
+            out.append(f"{key}=true")
+        elif key is not None:
+            raise ConfigError(f"{arg} needs a value: {arg} VALUE or {arg[2:]}=VALUE (see --help)")
         else:
-            out.append(argv[i])
-            i += 1
+            out.append(arg)
+        i += 1
     return out
 
 
