@@ -89,3 +89,11 @@ def test_listing_into_a_closed_pipe_ends_quietly():
     proc.stdout.close()  # like `head -c 10`
     err = proc.stderr.read().decode()
     assert proc.wait(timeout=60) == 141 and err == ""
+
+
+def test_help_names_the_aliases():
+    from rlhfkit.runtime.config import help_text
+
+    text = help_text(GRPOConfig, "rlhfkit grpo")
+    assert "  group_size (int, default 8) (also: num_generations, rloo_k)" in text
+    assert "  lr (float, default 0.0003) (also: learning_rate)" in text

@@ -92,6 +92,12 @@ def canonical_key(key: str, fields: Iterable[str]) -> str | None:
     return next((name for name in ALIASES.get(key, ()) if name in fields), None)
 
 
+def aliases_of(name: str, fields: Iterable[str]) -> list[str]:
+    """The other names that mean option `name` in a command with these `fields` (for --help)."""
+    fields = set(fields)
+    return [alias for alias in ALIASES if alias not in fields and canonical_key(alias, fields) == name]
+
+
 def alias_hint(key: str, fields: Iterable[str]) -> str:
     """What to write instead of an unknown `key`: ``(did you mean 'group_size'? ...)``, a HINTS line, or ""."""
     fields = list(fields)

@@ -17,7 +17,7 @@ from typing import Any, TypeVar
 import yaml
 
 from rlhfkit.errors import ConfigError
-from rlhfkit.runtime.aliases import alias_hint, canonical_key
+from rlhfkit.runtime.aliases import alias_hint, aliases_of, canonical_key
 
 C = TypeVar("C")
 BOOL_WORDS = ("1", "true", "yes", "on", "0", "false", "no", "off")
@@ -280,12 +280,15 @@ def help_text(cls: type, prog: str) -> str:
     doc = (cls.__doc__ or "").strip().splitlines()[0] if cls.__doc__ else ""
     lines = [f"usage: {prog} [CONFIG.yaml] [key=value ...]", "", doc, "", "options (key=value):"]
     hints = typing.get_type_hints(cls)
+    fields = _fields(cls)
     for f in dataclasses.fields(cls):
         base, optional = _base_type(hints[f.name])
         tname = _type_name(base) + (" | None" if optional else "")
         default = f.default if f.default is not dataclasses.MISSING else f.default_factory()  # type: ignore[misc]
         choices = f.metadata.get("choices")
         extra = f" {{{'|'.join(map(str, choices))}}}" if choices else ""
+        also = aliases_of(f.name, fields)
+        extra += f" (also: {', '.join(also)})" if also else ""
         lines.append(f"  {f.name} ({tname}, default {default!r}){extra}")
         lines.append(f"      {f.metadata.get('help', '')}")
     return "\n".join(lines)
