@@ -30,6 +30,7 @@ from rlhfkit.errors import UserError
 from rlhfkit.rewards.scoring import mean_std
 from rlhfkit.rollout import Rollout, SamplingParams, generate
 from rlhfkit.rollout.logprobs import logprob_pass as teacher_forced_pass
+from rlhfkit.rollout.score import score_rollout
 from rlhfkit.runtime.allocator import trim_heap
 from rlhfkit.runtime.distributed import generation_weights, mean_over_processes
 from rlhfkit.runtime.precision import autocast
@@ -50,14 +51,16 @@ def env_prompts(cfg, make_env=None) -> str:
 
 def prepare_data(cfg, make_env=None) -> tuple:
     """(reward_fn, train records, held-out records). With `env` the environment rewards: reward_fn is None."""
-    from rlhfkit.data.prompts import load_prompts
-    from rlhfkit.rewards import get_reward
+    from rlhfkit.data.prompts import info_columns, load_prompts
+    from rlhfkit.rewards import check_reward_call, get_rewards
 
-    reward_fn = None if getattr(cfg, "env", "") else get_reward(cfg.reward)
+    reward_fn = None if getattr(cfg, "env", "") else get_rewards(cfg.reward, getattr(cfg, "reward_weights", None))
     prompts = env_prompts(cfg, make_env)
     train = load_prompts(prompts, split="train", seed=cfg.seed)
     if not train:
         raise UserError(f"prompts: '{prompts}' has no training prompts")
+    if reward_fn is not None:  # before any model loads: a signature that cannot take the call stops here
+        check_reward_call(reward_fn, info_columns(train))
     held_out: list[dict] = []
     if cfg.num_eval_prompts > 0:
         spec = cfg.eval_prompts or prompts
@@ -90,8 +93,6 @@ def sample_rollout(actor, tok, records, cfg, params: SamplingParams, seed: int, 
     """Sample one response per record and score it with the reward. `backend`
     (rollout/backends.py) samples; the default is HF's left-padded, KV-cached generate on the policy.
     `make_env`: one multi-turn episode per record instead (rollout/multiturn.py), scored by the env."""
-    from rlhfkit.rewards import score_batch
-
     if make_env is not None:
         return sample_episodes(actor, tok, records, cfg, params, seed, device, make_env, backend)
     t0 = time.perf_counter()
@@ -107,10 +108,10 @@ def sample_rollout(actor, tok, records, cfg, params: SamplingParams, seed: int, 
     t1 = time.perf_counter()
     rollout.prompts = [str(r["prompt"]) for r in records]
     rollout.info = info_lists(records)
-    scores = score_batch(reward_fn, rollout.prompts, rollout.completions, rollout.info)
-    rollout.scores = torch.tensor([float(s) for s in scores], dtype=torch.float32)
+    score_rollout(rollout, records, reward_fn)
     rollout.timings = {"timing/generate_s": t1 - t0, "timing/reward_s": time.perf_counter() - t1}
     return rollout
+
 
 
 def sample_episodes(actor, tok, records, cfg, params: SamplingParams, seed: int, device, make_env,
@@ -270,6 +271,7 @@ class RLRun:
         metrics.update({"params/lr": run.scheduler.get_last_lr()[0], "params/max_grad_norm": self.cfg.max_grad_norm,
                         "timing/rollout_s": t1 - t0, "timing/update_s": t2 - t1,
                         "throughput/tokens_per_s": rollout.response_mask.sum().item() / max(t2 - t0, 1e-9)})
+        metrics.update({f"reward/{name}": sum(v) / max(len(v), 1) for name, v in rollout.reward_parts.items()})
         metrics = self.mean_over_processes(metrics)
         metrics["throughput/tokens_per_s"] *= run.world
         run.log(iteration, metrics)

@@ -9,7 +9,9 @@ One optimiser step, as numbered steps in `train`:
   4. step      clip, AdamW (LoRA adapters AND the score head: docs/pitfalls.md#lora-reference), warm-up schedule
   5. evaluate  before training, every `eval_every` steps and at the end, on held-out pairs
   6. log/save  metrics.jsonl; RUN/final = backbone (adapter or full) + score head + tokenizer +
-               rlhfkit_rm.json with the score mean/std on the training responses (for centring)
+               rlhfkit_rm.json with the score mean/std on the training responses (for centring);
+               RUN/final/sequence_classification: the same model as a transformers
+               AutoModelForSequenceClassification (causal backbones; models/classifier_reward.py)
 """
 
 from __future__ import annotations
@@ -160,6 +162,7 @@ def train(cfg: RMConfig) -> dict:
     from rlhfkit.data.prefs import load_preferences
     from rlhfkit.data.splits import subset, train_eval_split
     from rlhfkit.data.stream import PromptStream
+    from rlhfkit.models.classifier_reward import STANDARD_DIR, save_classifier
     from rlhfkit.models.reward_model import save_reward_model, score_texts
     from rlhfkit.rewards.scoring import mean_std
 
@@ -212,7 +215,8 @@ def train(cfg: RMConfig) -> dict:
 
     def save(folder, state):
         save_reward_model(run.core, tok, folder, info, merge=cfg.save_merged, state_dict=state)
-        return {"final": str(folder)}
+        standard = save_classifier(run.core, tok, folder / STANDARD_DIR) if state is None else None
+        return {"final": str(folder), **({"sequence_classification": str(standard)} if standard else {})}
 
     return run.finish(save)
 
