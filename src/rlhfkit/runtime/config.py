@@ -92,10 +92,25 @@ def _convert(raw: Any, base: Any) -> Any:
         element = (typing.get_args(base) or (None,))[0]
         return items if element is None else [_convert(x, element) for x in items]
     if base is str:
+        if in_memory(raw):  # the Python API: a reward function, a datasets.Dataset, records in memory
+            return raw
         if isinstance(raw, (dict, list)):
             raise ValueError
         return str(raw)
     return raw
+
+
+def in_memory(raw: Any) -> bool:
+    """A value only the Python API gives a text option: a callable (reward), a datasets.Dataset or
+    DatasetDict, a list of record dicts or of callables (several rewards)."""
+    if isinstance(raw, str):
+        return False
+    if callable(raw) or (hasattr(raw, "column_names") and hasattr(raw, "num_rows")):
+        return True
+    if not isinstance(raw, (list, tuple)) or not raw:
+        return False
+    return all(isinstance(x, dict) for x in raw) or (any(callable(x) for x in raw)
+                                                     and all(callable(x) or isinstance(x, str) for x in raw))
 
 
 def _as_list(raw: Any) -> list:
@@ -295,7 +310,11 @@ def help_text(cls: type, prog: str) -> str:
 
 
 def to_dict(cfg: Any) -> dict[str, Any]:
-    return dataclasses.asdict(cfg)
+    """The config as YAML can hold it: a callable reward as its import path, a Dataset as a note
+    (runtime/recorded.py)."""
+    from rlhfkit.runtime.recorded import recorded_value
+
+    return {f.name: recorded_value(getattr(cfg, f.name)) for f in dataclasses.fields(cfg)}
 
 
 def save_config(cfg: Any, path: str | Path) -> None:

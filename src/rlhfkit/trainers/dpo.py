@@ -47,7 +47,7 @@ __all__ = ["eval_records", "judged_after", "judged_samples", "train", "win_rate"
 
 def resolve_prefs(spec: str) -> str:
     """File path of a preference spec; `builtin:prefs_reviews` is shipped in rlhfkit/data/builtin."""
-    if spec.startswith("builtin:") and spec[len("builtin:"):].strip() in BUILTIN_PREFS:
+    if isinstance(spec, str) and spec.startswith("builtin:") and spec[len("builtin:"):].strip() in BUILTIN_PREFS:
         from importlib import resources
 
         return str(resources.files("rlhfkit.data") / "builtin" / BUILTIN_PREFS[spec[len("builtin:"):].strip()])

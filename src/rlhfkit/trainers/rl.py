@@ -27,7 +27,7 @@ import torch
 from rlhfkit.data.chat import format_prompts
 from rlhfkit.data.prompts import info_lists
 from rlhfkit.errors import UserError
-from rlhfkit.rewards.scoring import mean_std
+from rlhfkit.rewards.scoring import mean_std, reward_name
 from rlhfkit.rollout import Rollout, SamplingParams, generate
 from rlhfkit.rollout.logprobs import logprob_pass as teacher_forced_pass
 from rlhfkit.rollout.score import score_rollout
@@ -310,7 +310,7 @@ class RLRun:
         yield
         after = evaluate()
         run.print(line("after training: ", after))
-        source = f"env={cfg.env}" if self.make_env is not None else f"reward={cfg.reward}"
+        source = f"env={cfg.env}" if self.make_env is not None else f"reward={reward_name(self.reward_fn)}"
         run.print(f"[eval] change: {after['mean'] - before['mean']:+.3f} on {len(self.eval_records)} held-out prompts, "
                   f"{after['n']} samples ({source}, T={cfg.temperature})")
         run.summary.update({"eval_after": after, "eval_change": after["mean"] - before["mean"]})
