@@ -251,6 +251,32 @@ def load_tokenizer(name_or_path: str, padding_side: str = "left"):
     return tok
 
 
+def set_chat_template(tok, path: str | None):
+    """`tok` with the chat template of `path` (a Jinja file, or a folder whose tokenizer has one: TRL's
+    `chat_template_path`); unchanged for None. A one-line UserError names a path that has none."""
+    if not path:
+        return tok
+    p = Path(path)
+    if p.is_file():
+        try:
+            tok.chat_template = p.read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as e:
+            raise UserError(f"chat_template_path: {p}: cannot read it ({_first_line(e)})") from None
+        return tok
+    if not p.is_dir():
+        raise UserError(f"chat_template_path: {p}: no such file or folder (expected a Jinja file or a tokenizer folder)")
+    from transformers import AutoTokenizer
+
+    try:
+        template = AutoTokenizer.from_pretrained(p).chat_template
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise UserError(f"chat_template_path: {p}: could not load its tokenizer ({_first_line(e)})") from None
+    if not template:
+        raise UserError(f"chat_template_path: {p}: its tokenizer has no chat template")
+    tok.chat_template = template
+    return tok
+
+
 def _adapter_base(path: Path) -> str:
     import json
 

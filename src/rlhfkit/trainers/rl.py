@@ -85,6 +85,15 @@ def prompt_limit(cfg, tok, model, *record_sets) -> int | None:
     return limit
 
 
+def planned_optimizer_steps(cfg) -> int:
+    """The optimiser steps an RL run plans (the length of a linear/cosine lr schedule): per iteration,
+    every update epoch's mini-batches. Groups dropped for a zero reward spread make fewer."""
+    epochs = getattr(cfg, "ppo_epochs", None) or getattr(cfg, "update_epochs", 1)
+    rows = getattr(cfg, "rollout_batch_size", None) or 1
+    mini = getattr(cfg, "mini_batch_size", None) or rows
+    return cfg.iterations * epochs * max(1, rows // mini)
+
+
 # ----------------------------------------------------------------------------- sampling
 
 
@@ -183,7 +192,7 @@ class RLRun:
         from rlhfkit.data.stream import PromptStream
         from rlhfkit.models.loading import resolve_model_path
         from rlhfkit.rollout.backends import make_backend
-        from rlhfkit.runtime.optim import make_optimizer
+        from rlhfkit.runtime.optim import optimizer_for
 
         self.cfg, self.run = cfg, Run(cfg, command)
         run = self.run
@@ -201,8 +210,7 @@ class RLRun:
             actor, self.reference, self.tok = build_models(cfg)
         max_prompt_length = prompt_limit(cfg, self.tok, actor, train_records, self.eval_records)
         run.open(total=cfg.iterations)
-        optimizer, scheduler = make_optimizer(actor.parameters(), cfg.lr, cfg.warmup_steps, cfg.weight_decay,
-                                              cfg.adam_eps)
+        optimizer, scheduler = optimizer_for(actor.parameters(), cfg, planned_optimizer_steps(cfg))
         self.stream = PromptStream(train_records, cfg.seed, run.rank, run.world)
         self.generator = torch.Generator().manual_seed(cfg.seed)  # the update's shuffles
         self.model = run.prepare(actor, optimizer, scheduler, cfg.micro_batch_size, stream=self.stream,

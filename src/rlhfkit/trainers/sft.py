@@ -151,7 +151,7 @@ def train(cfg: SFTConfig) -> dict:
     from rlhfkit.data.sft import load_sft_examples, tokenize_examples
     from rlhfkit.data.splits import subset, train_eval_split
     from rlhfkit.data.stream import PromptStream
-    from rlhfkit.runtime.optim import make_optimizer
+    from rlhfkit.runtime.optim import optimizer_for
     from rlhfkit.trainers.build import build_policy
 
     run = Run(cfg, "sft")
@@ -170,12 +170,12 @@ def train(cfg: SFTConfig) -> dict:
     run.open(total=steps, unit="step", train_examples=len(train_ex), eval_examples=len(eval_ex), steps=steps)
     if dropped:
         run.print(f"[sft] dropped {dropped} examples whose response did not fit in max_length={cfg.max_length}")
-    optimizer, scheduler = make_optimizer(model.parameters(), cfg.lr, cfg.warmup_steps, cfg.weight_decay, cfg.adam_eps)
+    optimizer, scheduler = optimizer_for(model.parameters(), cfg, steps)
     stream = PromptStream(train_ex, cfg.seed)
     module = run.prepare(ResponseNLL(model), optimizer, scheduler, cfg.micro_batch_size, stream=stream)
     run.resume()  # when resuming: weights, optimiser, data position, RNG, before-eval
 
-    rouge_rows = eval_rows[: cfg.rouge_examples]
+    rouge_rows = [r for r in eval_rows if r["prompt"] != ""][: cfg.rouge_examples]  # text records have no reference
 
     def evaluate(with_rouge: bool = False) -> dict:
         stats = eval_stats(run.core, eval_ex, pad_id, cfg, run.device)
