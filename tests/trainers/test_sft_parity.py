@@ -16,6 +16,7 @@ from rlhfkit.runtime.config import build_config
 from rlhfkit.runtime.optim import make_optimizer
 from rlhfkit.trainers.sft import train
 from rlhfkit.trainers.sft_config import SFTConfig
+
 from tiny_lm import build_tokenizer
 
 CONV = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"},
