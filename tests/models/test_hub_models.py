@@ -140,12 +140,12 @@ def test_uncached_hub_id_offline_is_one_line_with_exit_2(hub_cache, tmp_path, ca
     assert rc == 2 and len(err.splitlines()) == 1, err
     assert "model: 'nobody/missing-model' is not in the Hugging Face cache" in err
     assert f"HF_HOME={hub_cache.parent}" in err and "HF_HUB_OFFLINE=1" in err
-    assert "`huggingface-cli download nobody/missing-model`" in err
+    assert "`hf download nobody/missing-model`" in err  # the installed huggingface_hub has `hf`, not huggingface-cli
     assert not (tmp_path / "runs" / "x").exists()  # nothing left behind
 
 
 def test_uncached_revision_names_it_in_the_download_hint(hub_cache):
-    with pytest.raises(UserError, match=r"huggingface-cli download tiny-org/tiny-llama --revision v9`"):
+    with pytest.raises(UserError, match=r"`hf download tiny-org/tiny-llama --revision v9`"):
         loading.load_causal_lm(f"{REPO}@v9")
 
 

@@ -187,16 +187,16 @@ def hub_snapshot(repo_id: str, revision: str | None = None) -> Path:
 
     spec = repo_id + (f"@{revision}" if revision else "")
     offline = hub_offline()
-    get = f"`huggingface-cli download {repo_id}" + (f" --revision {revision}`" if revision else "`")
+    get = f"`hf download {repo_id}" + (f" --revision {revision}`" if revision else "`")
     try:
         folder = snapshot_download(repo_id, revision=revision, cache_dir=hub_cache(), local_files_only=offline,
                                    ignore_patterns=_SKIP_FILES)
     except GatedRepoError as e:
         raise UserError(f"model '{spec}': gated on the Hub; accept its licence on huggingface.co and run "
-                        f"`huggingface-cli login` ({_first_line(e)})") from None
+                        f"`hf auth login` ({_first_line(e)})") from None
     except RepositoryNotFoundError:
         raise UserError(f"model '{spec}' not found: not a local folder and not a model on the Hugging Face Hub "
-                        "(a private one needs `huggingface-cli login`)") from None
+                        "(a private one needs `hf auth login`)") from None
     except RevisionNotFoundError:
         raise UserError(f"model '{spec}': the Hub has no revision '{revision}' of {repo_id}") from None
     except LocalEntryNotFoundError as e:
