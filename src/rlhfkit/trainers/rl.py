@@ -313,10 +313,16 @@ class RLRun:
             tools = f", tool-call rate {r['tool_call_rate']:.1%}" if "tool_call_rate" in r else ""
             return f"[eval] {when} mean reward {r['mean']:.3f} (sd {r['std']:.3f}, n={r['n']}){tools}"
 
-        before = run.once("eval_before", evaluate)
+        def evaluate_shown(step: int) -> dict:  # a bar while it samples; the mean to TensorBoard / W&B
+            with run.tracker.phase("evaluation", None):
+                result = run.once("eval_before", evaluate) if step == 0 else evaluate()
+            run.tracker.log_sinks(step, {f"eval/reward_{k}": result[k] for k in ("mean", "std")})
+            return result
+
+        before = evaluate_shown(0)
         run.print(line("before training:", before))
         yield
-        after = evaluate()
+        after = evaluate_shown(run.total)
         run.print(line("after training: ", after))
         source = f"env={cfg.env}" if self.make_env is not None else f"reward={reward_name(self.reward_fn)}"
         run.print(f"[eval] change: {after['mean'] - before['mean']:+.3f} on {len(self.eval_records)} held-out prompts, "
