@@ -39,6 +39,15 @@ CONFIGS: dict[str, tuple[str, str]] = {
 }
 
 
+# command -> its config class (`rlhfkit COMMAND` parses into this)
+COMMAND_CONFIGS: dict[str, str] = {
+    "ppo": "PPOConfig", "trpo": "TRPOConfig", "sft": "SFTConfig", "rm": "RMConfig", "dpo": "DPOConfig",
+    "simpo": "SimPOConfig", "orpo": "ORPOConfig", "kto": "KTOConfig", "online-dpo": "OnlineDPOConfig",
+    "grpo": "GRPOConfig", "rloo": "RLOOConfig", "gspo": "GSPOConfig", "dapo": "DAPOConfig",
+    "reinforce_pp": "ReinforcePPConfig",
+}
+
+
 def config_class(name: str) -> type:
     """The config class called `name` (e.g. "GRPOConfig")."""
     return getattr(importlib.import_module(CONFIGS[name][0]), name)

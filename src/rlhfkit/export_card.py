@@ -33,7 +33,7 @@ def model_card(info: Any, *, merged: bool, base_id: str | None, has_template: bo
     use = reward_usage(name) if getattr(info, "reward_model", False) else usage(name, merged, info.value_head is not None)
     parts = [front_matter(info, merged, base_id), f"# {name}", "", what, "",
              table(["", ""], overview(info, merged, base_id, has_template)), "",
-             "## Evaluation", "", evaluation(info.summary), "",
+             "## Evaluation", "", evaluation(info.summary, cfg), "",
              "## Settings", "", "From the run's `config.yaml`:", "",
              table(["setting", "value"], [[f"`{k}`", fmt(cfg[k])] for k in SETTING_KEYS if k in cfg]), "",
              "## Use", "", use, ""]
@@ -82,11 +82,12 @@ def overview(info: Any, merged: bool, base_id: str | None, has_template: bool) -
     return rows
 
 
-def evaluation(summary: dict) -> str:
-    """Before/after rows for the scalars of eval_before/eval_after, then the other results."""
-    before, after = (summary.get(k) if isinstance(summary.get(k), dict) else {} for k in BEFORE_AFTER)
-    rows = [[k, fmt(before.get(k)), fmt(after.get(k))] for k in dict.fromkeys([*before, *after])
-            if k not in NOT_RESULTS and _scalar(before.get(k, after.get(k)))]
+def evaluation(summary: dict, config: dict | None = None) -> str:
+    """Before/after rows for the numbers of eval_before/eval_after, each named by what it measures
+    ("mean held-out reward (reward=sentiment)"), then the other results."""
+    from rlhfkit.diagnostics.headline import before_after
+
+    rows = [[name, fmt(b), fmt(a)] for name, b, a in before_after(summary, config or {})]
     others = []
     for key, value in summary.items():
         if key in BEFORE_AFTER or key in NOT_RESULTS:
