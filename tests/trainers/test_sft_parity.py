@@ -100,3 +100,41 @@ def test_sft_run_with_schedule_chat_template_path_and_every_assistant_turn(tmp_p
     # logged after each step: linear warm-up W = 1 then decay over T = 4 steps: lr x (4 - s) / 3 at s = 1..4
     assert lrs == pytest.approx([1e-3 * (4 - s) / 3 for s in range(1, 5)], abs=1e-12)
     assert AutoTokenizer.from_pretrained(run / "final").chat_template == template
+
+
+def test_packing_keeps_examples_apart_golden(tiny_model_dir):
+    """A packed row's per-token NLL equals each example's NLL computed alone (positions restart,
+    no attention across examples, no loss on an example's first token)."""
+    from transformers import AutoModelForCausalLM
+
+    from rlhfkit.data.sft import collate, pack_examples
+    from rlhfkit.trainers.sft import ResponseNLL
+
+    tok = build_tokenizer()
+    rows = [{"prompt": "", "text": t, "response": t} for t in ("The film was great.", "I hated it.", "Kind staff.")]
+    examples, _ = tokenize_examples(tok, rows, _cfg(), 512)
+    packed = pack_examples(examples, max_length=64)
+    assert len(packed) == 1 and packed[0]["position_ids"][: len(examples[0]["input_ids"])] == list(
+        range(len(examples[0]["input_ids"])))
+    module = ResponseNLL(AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32).eval())
+    with torch.no_grad():
+        nll_packed, mask_packed = module(**collate(packed, tok.pad_token_id))
+        alone = []
+        for ex in sorted(examples, key=lambda e: -len(e["input_ids"])):  # the packing order
+            nll, mask = module(**collate([ex], tok.pad_token_id))
+            alone.append(nll[mask])
+    want = torch.cat(alone)
+    assert mask_packed.sum().item() == sum(len(e["input_ids"]) - 1 for e in examples)
+    assert torch.allclose(nll_packed[mask_packed], want, rtol=1e-5, atol=1e-5 * want.abs().max().item())
+    # first-fit by decreasing length: examples of 11, 9 and 8 tokens in rows of 20 -> [11 + 9, 8]
+    assert [len(e["input_ids"]) for e in examples] == [11, 9, 8]
+    assert [len(r["input_ids"]) for r in pack_examples(examples, max_length=20)] == [20, 8]
+
+
+def test_sft_trains_on_packed_rows(tmp_path, tiny_model_dir, capsys):
+    (tmp_path / "d.jsonl").write_text("\n".join(json.dumps({"text": f"Review {i}: it was great."}) for i in range(8)))
+    summary = train(_cfg(model=str(tiny_model_dir), data=str(tmp_path / "d.jsonl"), eval_fraction=0.25, packing=True,
+                         max_length=64, max_steps=1, batch_size=1, micro_batch_size=1, rouge_examples=0,
+                         output_dir=str(tmp_path / "runs"), run_name="p"))
+    assert "[sft] packed 6 examples into 2 rows of up to 64 tokens" in capsys.readouterr().out
+    assert summary["eval_after"]["loss"] > 0

@@ -184,9 +184,33 @@ def tokenize_spans(tok, text: str, spans: list[tuple[int, int]], max_length: int
     return {"input_ids": ids, "attention_mask": [1] * len(ids), "labels": labels}
 
 
+def pack_examples(examples: list[dict], max_length: int) -> list[dict]:
+    """Tokenised examples packed into rows of at most `max_length` tokens, first-fit in order of
+    decreasing length (TRL's best-fit packing, near enough). A row keeps each example apart: its
+    ``position_ids`` restart at 0 for each example (transformers then masks attention between them)
+    and the first label of every example is -100 (nothing predicts it from the example before)."""
+    rows: list[list[dict]] = []
+    room: list[int] = []
+    for ex in sorted(examples, key=lambda e: -len(e["input_ids"])):
+        n = len(ex["input_ids"])
+        i = next((k for k, free in enumerate(room) if free >= n), None)
+        if i is None:
+            rows.append([])
+            room.append(max_length)
+            i = len(rows) - 1
+        rows[i].append(ex)
+        room[i] -= n
+    return [{"input_ids": [t for e in row for t in e["input_ids"]],
+             "attention_mask": [1] * sum(len(e["input_ids"]) for e in row),
+             "labels": [x for e in row for x in [IGNORE_INDEX, *e["labels"][1:]]],
+             "position_ids": [p for e in row for p in range(len(e["input_ids"]))]} for row in rows]
+
+
 def collate(examples: list[dict], pad_id: int, width: int | None = None) -> dict[str, torch.Tensor]:
     """Right-padded input_ids / attention_mask / labels (-100 on padding). (B, L), L = the longest
-    example, or `width` (at least that long: the chunks of one micro-batch share its shape)."""
+    example, or `width` (at least that long: the chunks of one micro-batch share its shape). Packed
+    rows (`pack_examples`) also get their position_ids; the padding counts 0, 1, ... as a segment of
+    its own."""
     L = max(len(e["input_ids"]) for e in examples) if width is None else width
     B = len(examples)
     ids = torch.full((B, L), pad_id, dtype=torch.long)
@@ -197,7 +221,15 @@ def collate(examples: list[dict], pad_id: int, width: int | None = None) -> dict
         ids[i, :n] = torch.tensor(e["input_ids"])
         mask[i, :n] = 1
         labels[i, :n] = torch.tensor(e["labels"])
-    return {"input_ids": ids, "attention_mask": mask, "labels": labels}
+    out = {"input_ids": ids, "attention_mask": mask, "labels": labels}
+    if any("position_ids" in e for e in examples):
+        pos = torch.arange(L).repeat(B, 1)  # (B, L)
+        for i, e in enumerate(examples):
+            n = len(e["input_ids"])
+            pos[i, :n] = torch.tensor(e["position_ids"])
+            pos[i, n:] = torch.arange(L - n)
+        out["position_ids"] = pos
+    return out
 
 
 def question_answer(record: dict[str, Any]) -> dict[str, Any]:

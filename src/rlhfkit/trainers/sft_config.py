@@ -27,6 +27,9 @@ class SFTConfig(ModelArgs, OptimizerArgs, RunArgs):
     max_length: int = option(512, "tokens per example (prompt + response), cut from the right")
     completion_only_loss: bool = option(True, "prompt/response records: the loss covers the response only (false: "
                                         "the prompt too)")
+    packing: bool = option(False, "concatenate training examples into rows of up to max_length tokens (first-fit by "
+                           "length), each example attending only to itself (position ids restart per example): "
+                           "fewer padded positions; batch_size then counts rows. Evaluation stays unpacked")
     assistant_only_loss: bool = option(False, "conversations (messages): the loss covers every assistant turn; "
                                        "false (TRL's default) = every token of the conversation")
     lr: float = option(2e-4, "AdamW learning rate (LoRA default; use ~2e-5 for full fine-tuning)")
