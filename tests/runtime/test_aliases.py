@@ -58,8 +58,8 @@ def test_two_word_flags_as_trl_scripts_write_them():
 
 
 @pytest.mark.parametrize(("argv", "hint"), [
-    (["num_generation=4"], "did you mean 'group_size', which num_generations names?"),
-    (["max_completion_lenght=64"], "did you mean 'max_new_tokens', which max_completion_length names?"),
+    (["num_generation=4"], "did you mean 'num_generations'? rlhfkit calls it 'group_size'"),
+    (["max_completion_lenght=64"], "did you mean 'max_completion_length'? rlhfkit calls it 'max_new_tokens'"),
     (["group_sise=4"], "did you mean 'group_size'?"),
     (["gradient_accumulation_steps=4"], "rlhfkit derives accumulation: batch_size (RL: mini_batch_size) / "
                                         "micro_batch_size per process"),

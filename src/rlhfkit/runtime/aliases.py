@@ -110,4 +110,4 @@ def alias_hint(key: str, fields: Iterable[str]) -> str:
         return ""
     said = close[0]
     target = names[said]
-    return f" (did you mean '{target}'?)" if said == target else f" (did you mean '{target}', which {said} names?)"
+    return f" (did you mean '{target}'?)" if said == target else f" (did you mean '{said}'? rlhfkit calls it '{target}')"
