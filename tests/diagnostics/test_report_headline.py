@@ -60,3 +60,9 @@ def test_the_report_of_a_run_opens_with_its_before_after_block(tmp_path, tiny_mo
     assert "held-out samples before and after training" in html and "{&#x27;prompt&#x27;" not in html
     assert "Keys that differ from the defaults of <code>rlhfkit grpo</code>" in html
     assert re.search(r"<tr><td><code>iterations</code></td><td>3</td><td class='muted'>30</td></tr>", html)
+
+
+def test_per_reward_metrics_are_described():
+    from rlhfkit.diagnostics.glossary import describe
+
+    assert describe("reward/python:r.py:exact").startswith("Batch mean of one of several rewards")
