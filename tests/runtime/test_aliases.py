@@ -55,6 +55,11 @@ def test_two_word_flags_as_trl_scripts_write_them():
     with pytest.raises(ConfigError, match=r"^--lr needs a value: --lr VALUE or lr=VALUE"):
         _values(GRPOConfig, ["--lr"])
     assert _values(GRPOConfig, ["--lora", "false"]) == {"lora": False}
+    # a value may hold "=" (a data spec's options); a following key=value is not taken as a value
+    assert _values(GRPOConfig, ["--prompts", "hf:org/set?split=train", "--seed", "1"]) == {
+        "prompts": "hf:org/set?split=train", "seed": 1}
+    with pytest.raises(ConfigError, match="--prompts needs a value"):
+        _values(GRPOConfig, ["--prompts", "seed=1"])
 
 
 @pytest.mark.parametrize(("argv", "hint"), [

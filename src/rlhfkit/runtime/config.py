@@ -246,7 +246,9 @@ def _flag_values(cls: type, argv: list[str]) -> list[str]:
     while i < len(argv):
         arg = argv[i]
         following = argv[i + 1] if i + 1 < len(argv) else None
-        takes_next = following is not None and not following.startswith("--") and "=" not in following
+        pair = following is not None and "=" in following and canonical_key(
+            following.partition("=")[0].replace("-", "_"), _fields(cls)) is not None  # key=value, not a value
+        takes_next = following is not None and not following.startswith("--") and not pair
         if arg == "--resume" and not takes_next:
             raise ConfigError("--resume needs a run folder: --resume RUN_DIR (or resume=auto)")
         if arg == "--config" and takes_next:
