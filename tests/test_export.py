@@ -97,8 +97,9 @@ def test_model_card_states_base_data_method_settings_and_evaluation(ppo_run, tmp
     assert meta == {"library_name": "transformers", "pipeline_tag": "text-generation", "tags": ["rlhfkit", "ppo"]}
     summary = json.loads((ppo_run / "summary.json").read_text())
     before, after = summary["eval_before"], summary["eval_after"]
-    assert f"| mean | {before['mean']:.4g} | {after['mean']:.4g} |" in card
-    assert f"| n | {before['n']} | {after['n']} |" in card and f"| eval_change | {summary['eval_change']:.4g} |" in card
+    # the evaluation names its metric (it said "mean")
+    assert f"| mean held-out reward (reward=length:3) | {before['mean']:.4g} | {after['mean']:.4g} |" in card
+    assert f"| samples | {before['n']} | {after['n']} |" in card and f"| eval_change | {summary['eval_change']:.4g} |" in card
     assert "`rlhfkit ppo`, LoRA r=16, alpha=32" in card and "| `kl_coef` | 0.03 |" in card
     assert f"| prompts | `{ppo_run.parent.parent / 'prompts.txt'}` |" in card and "| reward | `length:3` |" in card
     assert "[report/report.html](report/report.html)" in card and (out / "report" / "report.html").is_file()

@@ -9,7 +9,9 @@ own command.
 from __future__ import annotations
 
 import importlib
+import os
 import sys
+import warnings
 
 from rlhfkit import __version__
 
@@ -53,8 +55,29 @@ def _usage() -> str:
         "commands:",
     ]
     lines += [f"  {name.ljust(width)}  {desc}" for name, (_, desc) in COMMANDS.items()]
-    lines += ["", "options:", "  --version  print the version", "  --debug    show tracebacks for errors"]
+    lines += ["", "options:", "  --version  print the version",
+              "  --debug    show tracebacks for errors (and the libraries' warnings; also RLHFKIT_VERBOSE=1)"]
     return "\n".join(lines)
+
+
+def quiet_libraries(debug: bool) -> None:
+    """transformers' advisories and the libraries' FutureWarnings off for this command (and their
+    loading bars when stderr is not a terminal: a log file); RLHFKIT_VERBOSE=1 or --debug keeps them.
+    Environment settings the user made win (setdefault). Set before transformers is imported."""
+    if debug or os.environ.get("RLHFKIT_VERBOSE", "").strip() not in ("", "0"):
+        return
+    os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+    os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
+    if not sys.stderr.isatty():
+        os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+    warnings.filterwarnings("ignore", category=FutureWarning)
+
+
+def command_name(typed: str) -> str:
+    """The command `typed` names, with `-` and `_` interchangeable (`online_dpo`, `reinforce-pp`)."""
+    if typed in COMMANDS:
+        return typed
+    return next((name for name in COMMANDS if name.replace("-", "_") == typed.replace("-", "_")), typed)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -68,7 +91,7 @@ def main(argv: list[str] | None = None) -> int:
     if argv[0] in ("-V", "--version"):
         print(f"rlhfkit {__version__}")
         return 0
-    name, rest = argv[0], argv[1:]
+    name, rest = command_name(argv[0]), argv[1:]
     if name not in COMMANDS:
         import difflib
 
@@ -78,6 +101,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     target, _ = COMMANDS[name]
     module_name, func_name = target.split(":")
+    quiet_libraries(debug)
     from rlhfkit.errors import run_guarded
 
     def call() -> int:

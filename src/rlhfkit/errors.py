@@ -23,6 +23,9 @@ class DataError(UserError):
     """A malformed or missing data file; the message names the file and line."""
 
 
+SIGPIPE_EXIT = 141  # 128 + SIGPIPE: what a shell reports for a reader that stopped early
+
+
 def debug_requested() -> bool:
     """RLHFKIT_DEBUG set to anything but empty, 0, false, no or off."""
     return os.environ.get("RLHFKIT_DEBUG", "").strip().lower() not in ("", "0", "false", "no", "off")
@@ -40,7 +43,13 @@ def run_guarded(func: Callable[[], int], debug: bool = False) -> int:
     """
     debug = debug or debug_requested()
     try:
-        return func()
+        code = func()
+        sys.stdout.flush()  # a closed pipe shows up here, not at interpreter exit
+        return code
+    except BrokenPipeError:
+        # `rlhfkit doctor --list-rules | head`: the reader left; say nothing, write nothing more.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return SIGPIPE_EXIT
     except UserError as e:
         if debug:
             traceback.print_exc()

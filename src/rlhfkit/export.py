@@ -29,6 +29,7 @@ from rlhfkit.errors import UserError
 
 BUILTIN_HUB_IDS = {"smollm2-135m-instruct": "HuggingFaceTB/SmolLM2-135M-Instruct"}
 VALUE_HEAD_DIR = "value_head"
+STANDARD_DIR = "sequence_classification"  # models/classifier_reward.py: `rlhfkit rm`'s standard copy
 
 
 @dataclass
@@ -42,6 +43,7 @@ class RunInfo:
     method: str
     adapter: bool  # final/ holds a LoRA adapter (else full weights)
     value_head: Path | None  # final/value_head.safetensors when the run has one
+    reward_model: bool = False  # `rlhfkit rm`: `final` is its AutoModelForSequenceClassification copy
 
 
 def read_run(run_dir: Path) -> RunInfo:
@@ -54,9 +56,13 @@ def read_run(run_dir: Path) -> RunInfo:
     if not final.is_dir():
         raise UserError(f"{run_dir}: no final/ folder (the run has not finished; a stopped run continues with "
                         f"--resume {run_dir})")
-    if (final / "rlhfkit_rm.json").is_file():
-        raise UserError(f"{run_dir}: a reward model (rlhfkit rm); export shares policies "
-                        "(sft, ppo, dpo, grpo, ...)")
+    reward_model = (final / "rlhfkit_rm.json").is_file()
+    if reward_model:
+        final = final / STANDARD_DIR
+        if not final.is_dir():
+            raise UserError(f"{run_dir}: a reward model without a {STANDARD_DIR}/ copy in final/ (an encoder "
+                            "backbone or mean pooling has no standard form); use it as reward=model:"
+                            f"{run_dir}/final")
     adapter = (final / "adapter_config.json").is_file()
     if not adapter and not (final / "config.json").is_file():
         raise UserError(f"{final}: neither a LoRA adapter (adapter_config.json) nor model weights (config.json)")
@@ -66,8 +72,8 @@ def read_run(run_dir: Path) -> RunInfo:
     except (OSError, ValueError):
         summary = {}
     head = final / "value_head.safetensors"
-    return RunInfo(run_dir, final, config, summary, run_method(run_dir, config), adapter,
-                   head if head.is_file() else None)
+    return RunInfo(run_dir, final, config, summary, "rm" if reward_model else run_method(run_dir, config), adapter,
+                   head if head.is_file() else None, reward_model)
 
 
 def run_method(run_dir: Path, config: dict) -> str:
@@ -111,6 +117,12 @@ def write_export(info: RunInfo, out: Path, merged: bool) -> None:
     from rlhfkit.export_card import model_card
 
     tok = AutoTokenizer.from_pretrained(info.final)
+    if info.reward_model:  # already a plain transformers folder
+        shutil.copytree(info.final, out, dirs_exist_ok=True)
+        card = model_card(info, merged=True, base_id=base_model_id(info.config),
+                          has_template=bool(getattr(tok, "chat_template", None)), report=write_report(info, out))
+        (out / "README.md").write_text(card, encoding="utf-8")
+        return
     if merged or not info.adapter:
         model = load_policy(info, merge=True)
         model.save_pretrained(out)  # config.json, model.safetensors, generation_config.json

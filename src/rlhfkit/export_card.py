@@ -25,14 +25,18 @@ BUILTIN_NOTE = ("trained on the weights rlhfkit dequantises from the Q4_1 GGUF o
 def model_card(info: Any, *, merged: bool, base_id: str | None, has_template: bool, report: str | None) -> str:
     """README.md text for the export of run `info` (export.RunInfo)."""
     cfg, name = info.config, info.run_dir.name
-    parts = [front_matter(info, merged, base_id), f"# {name}", "",
-             f"A policy trained with **{info.method}** by rlhfkit {__version__}: "
-             + ("merged full weights." if merged else "a LoRA adapter for its base model (below)."), "",
+    what = ("A reward model trained with **rm** (Bradley-Terry on preference pairs) by rlhfkit "
+            f"{__version__}: a transformers `AutoModelForSequenceClassification`, the score is `logits[:, 0]`."
+            if getattr(info, "reward_model", False) else
+            f"A policy trained with **{info.method}** by rlhfkit {__version__}: "
+            + ("merged full weights." if merged else "a LoRA adapter for its base model (below)."))
+    use = reward_usage(name) if getattr(info, "reward_model", False) else usage(name, merged, info.value_head is not None)
+    parts = [front_matter(info, merged, base_id), f"# {name}", "", what, "",
              table(["", ""], overview(info, merged, base_id, has_template)), "",
-             "## Evaluation", "", evaluation(info.summary), "",
+             "## Evaluation", "", evaluation(info.summary, cfg), "",
              "## Settings", "", "From the run's `config.yaml`:", "",
              table(["setting", "value"], [[f"`{k}`", fmt(cfg[k])] for k in SETTING_KEYS if k in cfg]), "",
-             "## Use", "", usage(name, merged, info.value_head is not None), ""]
+             "## Use", "", use, ""]
     if report:
         parts += ["## Training report", "", f"Every logged metric, the training-health findings and sample "
                   f"completions: [{report}]({report}) (self-contained HTML).", ""]
@@ -51,7 +55,8 @@ def front_matter(info: Any, merged: bool, base_id: str | None) -> str:
             spec = None
         if spec is not None and spec.kind == "hub" and spec.name not in datasets:
             datasets.append(spec.name)
-    lines = ["---", f"library_name: {'transformers' if merged else 'peft'}", "pipeline_tag: text-generation",
+    task = "text-classification" if getattr(info, "reward_model", False) else "text-generation"
+    lines = ["---", f"library_name: {'transformers' if merged else 'peft'}", f"pipeline_tag: {task}",
              "tags:", "- rlhfkit", f"- {info.method}"] + ([] if merged else ["- lora"])
     if base_id:
         lines.append(f"base_model: {base_id}")
@@ -77,11 +82,12 @@ def overview(info: Any, merged: bool, base_id: str | None, has_template: bool) -
     return rows
 
 
-def evaluation(summary: dict) -> str:
-    """Before/after rows for the scalars of eval_before/eval_after, then the other results."""
-    before, after = (summary.get(k) if isinstance(summary.get(k), dict) else {} for k in BEFORE_AFTER)
-    rows = [[k, fmt(before.get(k)), fmt(after.get(k))] for k in dict.fromkeys([*before, *after])
-            if k not in NOT_RESULTS and _scalar(before.get(k, after.get(k)))]
+def evaluation(summary: dict, config: dict | None = None) -> str:
+    """Before/after rows for the numbers of eval_before/eval_after, each named by what it measures
+    ("mean held-out reward (reward=sentiment)"), then the other results."""
+    from rlhfkit.diagnostics.headline import before_after
+
+    rows = [[name, fmt(b), fmt(a)] for name, b, a in before_after(summary, config or {})]
     others = []
     for key, value in summary.items():
         if key in BEFORE_AFTER or key in NOT_RESULTS:
@@ -112,6 +118,19 @@ def usage(name: str, merged: bool, has_value_head: bool) -> str:
     if has_value_head:
         text += "\n\nThe PPO value head (a linear map from the last hidden state) is kept apart in `value_head/`."
     return text
+
+
+def reward_usage(name: str) -> str:
+    code = ("import torch\nfrom transformers import AutoModelForSequenceClassification, AutoTokenizer\n\n"
+            f'model = AutoModelForSequenceClassification.from_pretrained("{name}")\n'
+            f'tok = AutoTokenizer.from_pretrained("{name}")\n'
+            'messages = [{"role": "user", "content": "Hello!"}, {"role": "assistant", "content": "Hi, how can I help?"}]\n'
+            'text = tok.apply_chat_template(messages[:1], tokenize=False, add_generation_prompt=True) + '
+            'messages[1]["content"] + tok.eos_token\n'
+            "with torch.no_grad():\n"
+            '    print(model(**tok(text, return_tensors="pt", add_special_tokens=False)).logits[0, 0].item())')
+    return (f"Replace `{name}` with this folder or its Hub repository.\n\n```python\n{code}\n```\n\n"
+            f"As a reward in rlhfkit: `rlhfkit grpo reward=model:{name}`; in TRL: `reward_funcs=\"{name}\"`.")
 
 
 def table(header: list[str], rows: list[list[str]]) -> str:

@@ -40,15 +40,14 @@ def model_generation_config(model, tokenizer, max_new_tokens: int, overrides: di
 def sample_and_score(model, tokenizer, records: list[dict], formatted: list[str], reward_fn, params: SamplingParams,
                      seed: int, batch_size: int = 16, dtype: str = "fp32") -> tuple[list[str], list[float]]:
     """Sample one completion per prompt and score it with `reward_fn`."""
-    from rlhfkit.data.prompts import info_lists
+    from rlhfkit.data.prompts import info_lists, reward_inputs
     from rlhfkit.rewards import score_batch
     from rlhfkit.runtime.precision import autocast
 
     device = next(model.parameters()).device
     with autocast(dtype, device):
         completions = generate_texts(model, tokenizer, formatted, params, seed, batch_size)
-    prompts = [r["prompt"] if isinstance(r["prompt"], str) else str(r["prompt"]) for r in records]
-    scores = score_batch(reward_fn, prompts, completions, info_lists(records))
+    scores = score_batch(reward_fn, *reward_inputs(records, completions), info_lists(records))
     return completions, [float(s) for s in scores]
 
 

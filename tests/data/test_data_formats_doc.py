@@ -25,6 +25,8 @@ EXPECTED = {
     ("Supervised fine-tuning", "TRL conversational prompt-completion"): ("", {"response": "Paris."}),
     ("Supervised fine-tuning", "Chat messages"): ("", {"response": "Rome."}),
     ("Supervised fine-tuning", "GSM8K"): ("", {"response": "10 - 4 = 6\n#### 6"}),
+    ("Supervised fine-tuning", "Plain text (TRL language modelling)"): (
+        "", {"prompt": "", "text": "The bakery on the corner sells the best rye bread in town."}),
     ("Preference pairs", "TRL standard preference"): ("", {"chosen": "Lovely coffee and kind staff."}),
     ("Preference pairs", "TRL conversational preference"): ("", {"prompt": "Capital of Spain?", "rejected": "Seville."}),
     ("Preference pairs", "TRL implicit prompt (conversational)"): (

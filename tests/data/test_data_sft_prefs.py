@@ -64,7 +64,7 @@ def test_chat_messages_become_prompt_messages_and_response(tmp_path):
     "row, match",
     [
         ({"prompt": "Hi"}, r"missing field 'response' \(expected one of: response, completion, messages\)"),
-        ({"response": "x"}, r"missing field 'prompt' \(expected one of: prompt, messages\)"),
+        ({"response": "x"}, r"missing field 'prompt' \(expected one of: prompt, messages, text\)"),
         ({"prompt": "Hi", "response": ""}, "field 'response' must be a non-empty string"),
         (
             {"messages": [{"role": "user", "content": "Hi"}]},

@@ -45,7 +45,7 @@ def test_quiet_mode_prints_one_plain_line_per_iteration():
     lines = buf.getvalue().splitlines()
     its = [line for line in lines if line.startswith("it ")]
     assert len(its) == 3
-    assert its[0].startswith("it 0/3 reward=0.312 kl=1.5 clip=0.05 lr=1e-05")
+    assert its[0].startswith("it 1/3 reward=0.312 kl=1.5 clip=0.05 lr=1e-05")  # counted from 1 on screen
     assert "\x1b" not in buf.getvalue()  # no progress bar escape codes
     assert "[critical] policy_clip_frac @ it 7: policy clip fraction averages 0.8 [bold]x[/bold]" in buf.getvalue()
     assert "[rlhfkit] saved checkpoint" in lines
@@ -57,7 +57,7 @@ def test_not_a_tty_has_no_bars_but_a_table():
     assert rc.bars is False
     _run(rc)
     out = buf.getvalue()
-    assert "iteration 2/3" in out and "reward" in out and "0.312" in out
+    assert "iteration 3/3" in out and "reward" in out and "0.312" in out  # the last of 3 is 3/3
     assert "CRITICAL policy_clip_frac @ it 7" in out and "-> reduce the learning rate" in out
     assert "[bold]x[/bold]" in out and "[rlhfkit] saved checkpoint" in out  # no markup interpreted
 
@@ -79,7 +79,7 @@ def test_phase_without_with_and_default_console(capsys):
     phase.close()
     rc.log_iteration(0, {})
     rc.close()
-    assert "iteration 0" in capsys.readouterr().out
+    assert "iteration 1" in capsys.readouterr().out  # row 0 of metrics.jsonl, shown counted from 1
 
 
 # ---- sinks --------------------------------------------------------------------------------------

@@ -27,6 +27,7 @@ def test_report_and_doctor_on_a_tiny_real_run(tmp_path, tiny_model_dir, capsys):
         assert key in html, key
     assert "<b>something</b>" not in html and "&lt;b&gt;something&lt;/b&gt;" in html  # prompts escaped
     assert "http://" not in html.replace("http://www.w3.org", "")  # opens offline: nothing fetched
+    capsys.readouterr()  # the run's own output (it ends with a "[done] ..." line): only doctor's JSON below
     rc = cli_main(["doctor", str(run), "--json"])
     assert rc in (0, 1)  # 1 only when a critical finding exists
     printed = capsys.readouterr().out

@@ -239,7 +239,7 @@ def test_stats_into_a_closed_pipe_ends_quietly(tmp_path: Path, lab) -> None:
 
 @pytest.mark.parametrize(
     ("argv", "message"),
-    [(["serve"], "rlhfkit label serve: the following arguments are required: --pairs"),
+    [(["serve"], "the following arguments are required: --pairs (see `rlhfkit label serve --help`)"),
      (["stats", "--db", "a", "--pairs", "b"], "argument --pairs: not allowed with argument --db"),
      (["nope"], "argument COMMAND: invalid choice: 'nope'"),
      (["serve", "--pairs", "p", "--port", "abc"], "argument --port: invalid int value: 'abc'")],
@@ -247,4 +247,5 @@ def test_stats_into_a_closed_pipe_ends_quietly(tmp_path: Path, lab) -> None:
 def test_argument_errors_are_one_line(capsys, argv: list[str], message: str) -> None:
     assert rlhfkit_main(["label", *argv]) == 2
     line = _error_line(capsys)
-    assert line.startswith("rlhfkit: error: command line: rlhfkit label") and message in line
+    assert line.startswith("rlhfkit: error: command line: ") and message in line
+    assert line.count("rlhfkit") == 2  # the prefix once, then the --help hint (no "rlhfkit label:" repeated)

@@ -140,12 +140,12 @@ def test_uncached_hub_id_offline_is_one_line_with_exit_2(hub_cache, tmp_path, ca
     assert rc == 2 and len(err.splitlines()) == 1, err
     assert "model: 'nobody/missing-model' is not in the Hugging Face cache" in err
     assert f"HF_HOME={hub_cache.parent}" in err and "HF_HUB_OFFLINE=1" in err
-    assert "`huggingface-cli download nobody/missing-model`" in err
+    assert "`hf download nobody/missing-model`" in err  # the installed huggingface_hub has `hf`, not huggingface-cli
     assert not (tmp_path / "runs" / "x").exists()  # nothing left behind
 
 
 def test_uncached_revision_names_it_in_the_download_hint(hub_cache):
-    with pytest.raises(UserError, match=r"huggingface-cli download tiny-org/tiny-llama --revision v9`"):
+    with pytest.raises(UserError, match=r"`hf download tiny-org/tiny-llama --revision v9`"):
         loading.load_causal_lm(f"{REPO}@v9")
 
 
@@ -193,3 +193,22 @@ def test_estimate_memory_reads_the_config_of_a_cached_hub_id(hub_cache):
     assert resolve_shape(REPO) == resolve_shape(f"{REPO}@v2") == ModelShape.from_config(config)
     with pytest.raises(UserError, match=r"model='tiny-org/not-cached': .*Hub id"):
         resolve_shape("tiny-org/not-cached")
+
+
+def test_a_sequence_classification_reward_model_by_hub_id_from_the_cache(hub_cache, tmp_path):
+    """TRL's and the Hub's reward models: any AutoModelForSequenceClassification, named by its Hub id."""
+    from transformers import LlamaConfig, LlamaForSequenceClassification
+
+    from rlhfkit.rewards import get_rewards, score_batch
+
+    tok = build_tokenizer()
+    torch.manual_seed(0)
+    model = LlamaForSequenceClassification(LlamaConfig(
+        vocab_size=len(tok), hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, num_labels=1, pad_token_id=0)).eval()
+    model.save_pretrained(tmp_path / "rm-src")
+    tok.save_pretrained(tmp_path / "rm-src")
+    add_snapshot(hub_cache, "tiny-org/tiny-rm", MAIN_COMMIT, tmp_path / "rm-src", ("main",))
+    by_id = score_batch(get_rewards("model:tiny-org/tiny-rm"), ["Say hi."], ["Hi there."])
+    by_folder = score_batch(get_rewards(f"model:{tmp_path / 'rm-src'}"), ["Say hi."], ["Hi there."])
+    assert by_id == by_folder and by_id[0] != 0.0

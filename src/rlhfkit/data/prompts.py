@@ -82,7 +82,20 @@ def _from_messages(out: dict[str, Any], messages: list[dict[str, str]], where: s
     return out
 
 
+def reward_inputs(records: list[dict], completions: list[str]) -> tuple[list, list]:
+    """(prompts, completions) as a reward function receives them, TRL's way: text, or for a
+    conversational record (one with `messages`) the conversation up to the prompt and
+    ``[{"role": "assistant", "content": completion}]``."""
+    prompts = [r["messages"] if r.get("messages") else str(r["prompt"]) for r in records]
+    return prompts, [[{"role": "assistant", "content": c}] if r.get("messages") else c
+                     for r, c in zip(records, completions)]
+
+
+def info_columns(records: list[dict]) -> list[str]:
+    """The prompt fields a reward function receives as keywords (every field but prompt, split, messages)."""
+    return sorted({k for r in records for k in r if k not in ("prompt", "split", "messages")})
+
+
 def info_lists(records: list[dict]) -> dict[str, list]:
     """Per-sample extra fields (e.g. 'answer') as lists, for reward functions."""
-    keys = {k for r in records for k in r if k not in ("prompt", "split", "messages")}
-    return {k: [r.get(k) for r in records] for k in sorted(keys)}
+    return {k: [r.get(k) for r in records] for k in info_columns(records)}

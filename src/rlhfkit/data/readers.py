@@ -261,6 +261,12 @@ def _read_hf_folder(p: Path, shown: str, split: str | None) -> Records:
         ds = datasets.load_from_disk(str(p))
     except Exception as e:  # corrupt folder: arrow, json and fs errors alike
         raise DataError(f"{shown}: cannot load the saved dataset: {one_line_error(e)}") from None
+    return dataset_records(ds, shown, split)
+
+
+def dataset_records(ds: Any, shown: str, split: str | None) -> Records:
+    """The rows of a datasets.Dataset, or of one split of a DatasetDict (`split`, else train, else
+    its only split), as Records named `shown`."""
     if isinstance(ds, Mapping):  # DatasetDict
         names = sorted(ds.keys())
         chosen = split if split is not None else ("train" if "train" in ds else None)

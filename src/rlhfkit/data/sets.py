@@ -16,7 +16,7 @@ from typing import Any
 
 from rlhfkit.data import arithmetic
 from rlhfkit.data.formats import cut_prompts, rename_columns
-from rlhfkit.data.readers import Records, printable, read_records
+from rlhfkit.data.readers import Records, dataset_records, printable, read_records
 from rlhfkit.data.spec import parse_spec
 from rlhfkit.errors import ConfigError, DataError
 
@@ -37,7 +37,7 @@ def builtin_path(name: str) -> str:
 
 def builtin_name(spec: str) -> str | None:
     """``"reviews"`` for ``"builtin:reviews"``; None for a path. Unknown names raise DataError."""
-    if not spec.startswith(BUILTIN_PREFIX):
+    if not isinstance(spec, str) or not spec.startswith(BUILTIN_PREFIX):  # a path, or data given in Python
         return None
     name = spec[len(BUILTIN_PREFIX) :].strip()
     if name not in BUILTIN_NAMES:
@@ -51,8 +51,11 @@ def builtin_name(spec: str) -> str | None:
 def load_split(spec: str, split: str | None = "train") -> Records:
     """Records of ``spec`` for ``split`` (None: every record), with locations for errors.
 
-    The ``split`` field is dropped from records it was used to select.
+    The ``split`` field is dropped from records it was used to select. In Python ``spec`` may also
+    be a ``datasets.Dataset`` / ``DatasetDict`` or a list of record dicts.
     """
+    if not isinstance(spec, str):
+        return _select_split(in_memory_records(spec, split), split, "<in-memory data>")
     parsed = parse_spec(spec)
     name = builtin_name(spec)
     if name is not None:
@@ -76,6 +79,15 @@ def load_split(spec: str, split: str | None = "train") -> Records:
             records = records.subset(range(min(parsed.take, len(records))))
     records = cut_prompts(rename_columns(records, parsed.columns), parsed.words)
     return _select_split(records, parsed.split or split, spec)
+
+
+def in_memory_records(data: Any, split: str | None) -> Records:
+    """Records of data given in Python: a datasets.Dataset or DatasetDict, or a list of dicts."""
+    if isinstance(data, (list, tuple)) and all(isinstance(r, dict) for r in data):
+        return Records([dict(r) for r in data], source="<records>", unit="record")
+    if hasattr(data, "column_names"):
+        return dataset_records(data, f"<{type(data).__name__}>", split)
+    raise DataError(f"data: expected a spec string, a datasets.Dataset or a list of dicts, got {type(data).__name__}")
 
 
 def _select_split(records: Records, split: str | None, spec: str) -> Records:

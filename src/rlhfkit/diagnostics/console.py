@@ -194,13 +194,15 @@ class RunConsole:
             self._progress.stop()
 
     # ---- per-iteration output ----------------------------------------------------------------
-    def _timing(self) -> str:
+    def _timing(self, iteration: int) -> str:
+        """``s/it`` over the iterations this process ran, and the ETA of those left after `iteration`
+        (0-based), so a resumed run counts from where it resumed."""
         if self._done == 0:
             return ""
         start = self._t0 if self._t0 is not None else self._created
         per_it = (time.monotonic() - start) / self._done
         text = f"{per_it:.1f} s/it"
-        left = self.total_iterations - self._done
+        left = self.total_iterations - (iteration + 1)
         if self.total_iterations and left > 0:
             text += f", ETA {_duration(per_it * left)}"
         return text
@@ -209,17 +211,18 @@ class RunConsole:
         """Show the key metrics of one iteration: a compact table, or one plain line when quiet."""
         self._done += 1
         if self._progress is not None and self._iter_task is not None:
-            self._progress.update(self._iter_task, completed=self._done)
+            self._progress.update(self._iter_task, completed=iteration + 1)
         pairs = key_metrics(metrics)
         total = f"/{self.total_iterations}" if self.total_iterations else ""
-        timing = self._timing()
+        timing = self._timing(iteration)
+        shown = iteration + 1  # counted from 1 on screen ("3/3" is the last); metrics.jsonl keeps 0-based rows
         if self.quiet:
-            line = f"it {iteration}{total} " + " ".join(f"{k}={fmt(v)}" for k, v in pairs)
+            line = f"it {shown}{total} " + " ".join(f"{k}={fmt(v)}" for k, v in pairs)
             self.console.print(line + (f" | {timing}" if timing else ""), markup=False,
                                highlight=False, soft_wrap=True)
             return
         cols = max(1, min(len(pairs), (self.console.width - 4) // 24)) if pairs else 1
-        table = Table(title=f"iteration {iteration}{total}" + (f" | {timing}" if timing else ""),
+        table = Table(title=f"iteration {shown}{total}" + (f" | {timing}" if timing else ""),
                       title_justify="left", show_header=False, box=None, padding=(0, 1), expand=False)
         for _ in range(cols):
             table.add_column(style="dim", justify="right", no_wrap=True)
@@ -247,5 +250,12 @@ class RunConsole:
             self.console.print(Text(f"         -> {f.action}", style="dim"))
 
     def print(self, msg: str) -> None:
-        """Print a message (above the bars when they are shown); no rich markup is interpreted."""
-        self.console.print(msg, markup=False, highlight=False)
+        """Print a message (above the bars when they are shown); no rich markup is interpreted, and
+        a long line stays one line (a log file is not wrapped at the console's 80 columns)."""
+        self.console.print(msg, markup=False, highlight=False, soft_wrap=True)
+
+
+def closing_line(run_dir: Any) -> str:
+    """The last line of a run: where it is and what to run next."""
+    return (f"[done] {run_dir}; next: rlhfkit doctor {run_dir} | rlhfkit report {run_dir} | "
+            f"rlhfkit export {run_dir} --out DIR")

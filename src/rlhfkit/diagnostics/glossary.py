@@ -184,8 +184,14 @@ BEGIN = "<!-- glossary: generated from src/rlhfkit/diagnostics/glossary.py by `p
 END = "<!-- end of generated glossary -->"
 
 
+PER_REWARD = ("Batch mean of one of several rewards (reward=a,b), before its weight (reward_weights); "
+              "rollout/score_mean is their weighted sum")
+
+
 def describe(metric: str) -> str:
-    """The metric's definition, or "" when it is not in the glossary."""
+    """The metric's definition, or "" when it is not in the glossary. `reward/NAME`: one of several rewards."""
+    if metric not in METRICS and metric.startswith("reward/"):
+        return PER_REWARD
     return METRICS.get(metric, "")
 
 

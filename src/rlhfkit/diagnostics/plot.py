@@ -126,7 +126,7 @@ def layout_chart(title: str, series: list[Series], markers: list[Marker] | None 
         return y1 - (v - y_lo) / (y_hi - y_lo) * (y1 - y0)
 
     out.yticks = [(py(v), tick_label(v)) for v in nice_ticks(y_lo, y_hi) if y_lo <= v <= y_hi]
-    xt = [v for v in nice_ticks(x_lo, x_hi, 6) if float(v).is_integer() or x_hi - x_lo < 5]
+    xt = [v for v in nice_ticks(x_lo, x_hi, 6) if float(v).is_integer()]  # iterations are whole numbers
     out.xticks = [(px(v), tick_label(v)) for v in xt if x_lo <= v <= x_hi]
     for s in series:
         runs: list[list[Pixel]] = [[]]

@@ -18,6 +18,13 @@ from typing import Any
 
 from rlhfkit.diagnostics.findings import SEVERITIES, Finding, summarize
 from rlhfkit.diagnostics.glossary import describe, sort_metrics
+from rlhfkit.diagnostics.headline import (
+    before_after,
+    config_defaults,
+    differing_keys,
+    key_first,
+    paired_samples,
+)
 from rlhfkit.diagnostics.history import fmt, to_float
 from rlhfkit.diagnostics.monitor import diagnose
 from rlhfkit.diagnostics.plot import PALETTE, Marker, Series, layout_chart, svg
@@ -167,31 +174,30 @@ def _metrics_section(runs: Sequence[RunData], labels: list[str], findings: list[
         legend = " ".join(f"<span style='color:{PALETTE[k % len(PALETTE)]}'>&#9632;</span> {e(lb)}"
                           for k, lb in enumerate(labels))
         parts.append(f"<p>{legend}</p>")
-    group = None
-    for metric in names:
-        g = metric.split("/", 1)[0] if "/" in metric else "other"
-        if g != group:
-            if group is not None:
-                parts.append("</div>")
-            parts.append(f"<h3>{e(g)}/</h3><div class='charts'>")
-            group = g
-        series = _series(runs, labels, metric)
-        markers = _markers(metric, labels, findings)
-        chart = svg(layout_chart(metric, series, markers), describe(metric))
-        link = ""
-        if png:
-            (out_dir / PLOTS_DIR).mkdir(parents=True, exist_ok=True)
-            name = png_name(metric)
-            (out_dir / PLOTS_DIR / name).write_bytes(render_png(metric, series, markers))
-            written.append(f"{PLOTS_DIR}/{name}")
-            link = f" <a href='{e(PLOTS_DIR)}/{e(name)}'>png</a>"
-        parts.append(f"<figure id='m-{e(png_name(metric)[:-4])}'>{chart}<figcaption>{e(describe(metric))}"
-                     f"{link}</figcaption></figure>")
-    if group is not None:
+    for title, section in key_first(names):  # the key charts first, timing and throughput last
+        parts.append(f"<h3>{e(title)}</h3><div class='charts'>")
+        parts += [_chart(runs, labels, findings, metric, out_dir, png, written) for metric in section]
         parts.append("</div>")
     if not names:
         parts.append("<p>No metrics logged yet.</p>")
     return "".join(parts), written
+
+
+def _chart(runs: Sequence[RunData], labels: list[str], findings: list[list[Finding]], metric: str, out_dir: Path,
+           png: bool, written: list[str]) -> str:
+    """One metric's figure (inline SVG, a PNG beside it when `png`; its path joins `written`)."""
+    series = _series(runs, labels, metric)
+    markers = _markers(metric, labels, findings)
+    chart = svg(layout_chart(metric, series, markers), describe(metric))
+    link = ""
+    if png:
+        (out_dir / PLOTS_DIR).mkdir(parents=True, exist_ok=True)
+        name = png_name(metric)
+        (out_dir / PLOTS_DIR / name).write_bytes(render_png(metric, series, markers))
+        written.append(f"{PLOTS_DIR}/{name}")
+        link = f" <a href='{e(PLOTS_DIR)}/{e(name)}'>png</a>"
+    return (f"<figure id='m-{e(png_name(metric)[:-4])}'>{chart}<figcaption>{e(describe(metric))}"
+            f"{link}</figcaption></figure>")
 
 
 def _value(v: Any) -> str:
@@ -229,6 +235,52 @@ def _samples_section(runs: Sequence[RunData], labels: list[str], requested: Sequ
     return "".join(out)
 
 
+def _headline_section(runs: Sequence[RunData], labels: list[str]) -> str:
+    """Before / after training, each number named by what it measures (headline.before_after)."""
+    rows = []
+    for run, label in zip(runs, labels):
+        for name, b, a in before_after(run.summary or {}, run.config):
+            rows.append(f"<tr><td>{e(label)}</td><td>{e(name)}</td><td class='num'>{_value(b)}</td>"
+                        f"<td class='num'><b>{_value(a)}</b></td><td class='num'>{e(f'{a - b:+.4g}')}</td></tr>")
+    if not rows:
+        return ("<section id='headline'><h2>Before / after training</h2><p>No evaluation before and after "
+                "training in summary.json.</p></section>")
+    return ("<section id='headline'><h2>Before / after training</h2><table><tr><th>run</th><th>metric</th>"
+            "<th>before</th><th>after</th><th>change</th></tr>" + "".join(rows) + "</table></section>")
+
+
+def _paired_samples_section(runs: Sequence[RunData], labels: list[str]) -> str:
+    """The evaluation's samples before and after training, side by side (same prompts, same seed)."""
+    out = []
+    for run, label in zip(runs, labels):
+        pairs = paired_samples(run.summary or {})
+        if not pairs:
+            continue
+        rows = "".join(f"<tr><td><pre>{e(prompt)}</pre></td><td><pre>{e(b.get('completion', ''))}</pre></td>"
+                       f"<td class='num'>{_value(b.get('score'))}</td><td><pre>{e(a.get('completion', ''))}</pre></td>"
+                       f"<td class='num'>{_value(a.get('score'))}</td></tr>" for prompt, b, a in pairs)
+        out.append(f"<h3>{e(label)}: held-out samples before and after training</h3><table><tr><th>prompt</th>"
+                   "<th>before</th><th>score</th><th>after</th><th>score</th></tr>" + rows + "</table>")
+    return "".join(out)
+
+
+def _config_section(runs: Sequence[RunData], labels: list[str]) -> str:
+    """The keys that differ (between runs, or from the command's defaults), then the whole config."""
+    configs = [r.config for r in runs]
+    found = config_defaults(runs[0].path, configs[0]) if len(runs) == 1 and configs[0] else None
+    command, defaults = found if found else (None, None)
+    keys = differing_keys(configs, defaults)
+    head = "".join(f"<th>{e(lb)}</th>" for lb in labels) + ("<th>default</th>" if defaults else "")
+    rows = "".join(f"<tr><td><code>{e(k)}</code></td>" + "".join(f"<td>{_value(c.get(k))}</td>" for c in configs)
+                   + (f"<td class='muted'>{_value(defaults.get(k))}</td>" if defaults else "") + "</tr>" for k in keys)
+    against = f"the defaults of <code>rlhfkit {e(command)}</code>" if command else "each other"
+    differs = (f"<h3>Keys that differ from {against}</h3><table><tr><th>key</th>{head}</tr>{rows}</table>" if keys
+               else f"<p>Every key has the value of {against}.</p>" if (command or len(runs) > 1) else "")
+    full = _table_by_run("Config", "config", configs, labels, "No config.yaml.")
+    title_end = full.index("</h2>") + len("</h2>")
+    return full[:title_end] + differs + "<details><summary>every key</summary>" + full[title_end:] + "</details>"
+
+
 def _table_by_run(title: str, anchor: str, dicts: list[dict[str, Any]], labels: list[str], empty: str) -> str:
     flat = [flatten(d) for d in dicts]
     keys = sorted({k for d in flat for k in d})
@@ -248,6 +300,11 @@ def _thresholds_section(t: Thresholds) -> str:
     rows = "".join(f"<tr><td><code>{e(k)}</code></td><td class='num'>{e(v)}</td></tr>" for k, v in t.to_dict().items())
     return ("<h2 id='thresholds'>Thresholds</h2><details><summary>Diagnostic thresholds used "
             "(docs/diagnostics.md explains each)</summary><table>" + rows + "</table></details>")
+
+
+def _without_samples(summary: dict[str, Any]) -> dict[str, Any]:
+    """summary.json without its sample lists (shown as a table of their own, not as Python text)."""
+    return {k: (_without_samples(v) if isinstance(v, dict) else v) for k, v in summary.items() if k != "samples"}
 
 
 def png_note(path: Path) -> str:
@@ -272,18 +329,20 @@ def build_report(runs: Sequence[RunData], out_dir: str | Path, *, iterations: Se
     title = title or "rlhfkit report: " + ", ".join(labels)
     metrics_html, _ = _metrics_section(runs, labels, findings, out_dir, png)
     nav = "".join(f"<a href='#{a}'>{t}</a>" for a, t in (
-        ("runs", "runs"), ("findings", "findings"), ("metrics", "metrics"), ("samples", "samples"),
+        ("headline", "before/after"), ("runs", "runs"), ("findings", "findings"), ("metrics", "metrics"),
+        ("samples", "samples"),
         ("summary", "summary"), ("config", "config"), ("thresholds", "thresholds")))
     body = [
         f"<header><h1>{e(title)}</h1><p>generated {e(time.strftime('%Y-%m-%d %H:%M:%S'))} by "
         f"rlhfkit report; self-contained, opens offline</p><nav>{nav}</nav></header><main>",
+        _headline_section(runs, labels),
         _runs_section(runs, labels, findings),
         _findings_section(runs, labels, findings),
         metrics_html,
-        _samples_section(runs, labels, iterations, samples_per_iteration),
-        _table_by_run("Summary (before / after)", "summary", [r.summary or {} for r in runs], labels,
-                      "No summary.json (the run may still be running)."),
-        _table_by_run("Config", "config", [r.config for r in runs], labels, "No config.yaml."),
+        _samples_section(runs, labels, iterations, samples_per_iteration) + _paired_samples_section(runs, labels),
+        _table_by_run("Summary (before / after)", "summary", [_without_samples(r.summary or {}) for r in runs],
+                      labels, "No summary.json (the run may still be running)."),
+        _config_section(runs, labels),
         _thresholds_section(thresholds),
         "</main>",
     ]

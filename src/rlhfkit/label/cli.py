@@ -17,7 +17,6 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import os
 import sys
 from pathlib import Path
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
@@ -27,7 +26,6 @@ from rlhfkit.label.options import OneLineParser, check_duration, check_number, c
 
 DEFAULT_MODEL = "smollm2-135m-instruct"
 DEFAULT_URL = "http://127.0.0.1:8000/"
-SIGPIPE_EXIT = 141  # 128 + SIGPIPE: what a shell reports for a reader that stopped early
 
 __all__ = ["build_parser", "default_db", "main"]
 
@@ -268,14 +266,7 @@ COMMANDS = {"pairs": cmd_pairs, "serve": _serve, "invite": cmd_invite, "export":
 def main(argv: list[str] | None = None) -> int:
     """Entry point used by `rlhfkit label ...`."""
     args = build_parser().parse_args(sys.argv[1:] if argv is None else argv)
-    try:
-        code = COMMANDS[args.command](args)
-        sys.stdout.flush()  # a closed pipe shows up here, not at interpreter exit
-    except BrokenPipeError:
-        # `rlhfkit label stats | head`: the reader left; say nothing, write nothing more.
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-        return SIGPIPE_EXIT
-    return code
+    return COMMANDS[args.command](args)  # a closed pipe (`| head`): errors.run_guarded
 
 
 if __name__ == "__main__":

@@ -22,7 +22,7 @@ class OneLineParser(argparse.ArgumentParser):
     ``UserError``), like every other rlhfkit error, instead of a usage block."""
 
     def error(self, message: str) -> NoReturn:
-        raise UserError(f"command line: {self.prog}: {message} (see `{self.prog} --help`)")
+        raise UserError(f"command line: {message} (see `{self.prog} --help`)")  # "rlhfkit: error: " comes first
 
 
 def check_number(option: str, value: float, low: float, high: float) -> None:

@@ -187,16 +187,16 @@ def hub_snapshot(repo_id: str, revision: str | None = None) -> Path:
 
     spec = repo_id + (f"@{revision}" if revision else "")
     offline = hub_offline()
-    get = f"`huggingface-cli download {repo_id}" + (f" --revision {revision}`" if revision else "`")
+    get = f"`hf download {repo_id}" + (f" --revision {revision}`" if revision else "`")
     try:
         folder = snapshot_download(repo_id, revision=revision, cache_dir=hub_cache(), local_files_only=offline,
                                    ignore_patterns=_SKIP_FILES)
     except GatedRepoError as e:
         raise UserError(f"model '{spec}': gated on the Hub; accept its licence on huggingface.co and run "
-                        f"`huggingface-cli login` ({_first_line(e)})") from None
+                        f"`hf auth login` ({_first_line(e)})") from None
     except RepositoryNotFoundError:
         raise UserError(f"model '{spec}' not found: not a local folder and not a model on the Hugging Face Hub "
-                        "(a private one needs `huggingface-cli login`)") from None
+                        "(a private one needs `hf auth login`)") from None
     except RevisionNotFoundError:
         raise UserError(f"model '{spec}': the Hub has no revision '{revision}' of {repo_id}") from None
     except LocalEntryNotFoundError as e:
@@ -248,6 +248,32 @@ def load_tokenizer(name_or_path: str, padding_side: str = "left"):
     tok.padding_side = padding_side
     if tok.pad_token_id is None:  # many causal LMs have none; eos is the usual stand-in
         tok.pad_token = tok.eos_token
+    return tok
+
+
+def set_chat_template(tok, path: str | None):
+    """`tok` with the chat template of `path` (a Jinja file, or a folder whose tokenizer has one: TRL's
+    `chat_template_path`); unchanged for None. A one-line UserError names a path that has none."""
+    if not path:
+        return tok
+    p = Path(path)
+    if p.is_file():
+        try:
+            tok.chat_template = p.read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as e:
+            raise UserError(f"chat_template_path: {p}: cannot read it ({_first_line(e)})") from None
+        return tok
+    if not p.is_dir():
+        raise UserError(f"chat_template_path: {p}: no such file or folder (expected a Jinja file or a tokenizer folder)")
+    from transformers import AutoTokenizer
+
+    try:
+        template = AutoTokenizer.from_pretrained(p).chat_template
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise UserError(f"chat_template_path: {p}: could not load its tokenizer ({_first_line(e)})") from None
+    if not template:
+        raise UserError(f"chat_template_path: {p}: its tokenizer has no chat template")
+    tok.chat_template = template
     return tok
 
 

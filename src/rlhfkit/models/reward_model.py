@@ -36,6 +36,7 @@ from rlhfkit.algos import last_valid_index
 from rlhfkit.errors import UserError
 from rlhfkit.models.lora import check_lora_targets, fan_in_fan_out
 from rlhfkit.models.policy import output_width, position_ids_from_mask
+from rlhfkit.rewards.builtins import text_of
 
 META_FILE = "rlhfkit_rm.json"
 HEAD_FILE = "score_head.safetensors"
@@ -217,7 +218,8 @@ def read_meta(path: str | Path) -> dict:
     folder = Path(path)
     f = folder / META_FILE
     if not f.is_file():
-        raise UserError(f"{folder}: not a reward model folder (no {META_FILE}); train one with `rlhfkit rm`")
+        raise UserError(f"{folder}: not a reward model folder (no {META_FILE} from `rlhfkit rm`, no config.json of "
+                        "a ...ForSequenceClassification model)")
     try:
         return json.loads(f.read_text())
     except ValueError as e:
@@ -317,12 +319,19 @@ class RewardScorer:
                            self.meta.get("max_length", 512), self.meta.get("add_special_tokens", False), self.dtype)
 
     def __call__(self, prompts: Sequence, completions: Sequence[str], **info: Any) -> list[float]:
-        raw = self.raw_scores(prompts, completions)
+        raw = self.raw_scores(prompts, [text_of(c) for c in completions])
         return normalise(raw, self.normalize, self.meta.get("score_mean", 0.0), self.meta.get("score_std", 1.0))
 
 
-def load_reward_scorer(path: str, batch_size: int = 16, device: str | None = None) -> RewardScorer:
-    """The reward function behind `reward=model:PATH` (a folder written by `rlhfkit rm`)."""
+def load_reward_scorer(path: str, batch_size: int = 16, device: str | None = None):
+    """The reward function behind `reward=model:PATH`: a folder written by `rlhfkit rm`, or any
+    transformers AutoModelForSequenceClassification folder or Hub id (models/classifier_reward.py)."""
+    from rlhfkit.models.classifier_reward import is_classifier_folder, load_classifier_scorer
+    from rlhfkit.models.loading import hub_reference, resolve_model_path
+
+    folder = resolve_model_path(str(path)) if hub_reference(str(path)) else Path(path)
+    if not (folder / META_FILE).is_file() and is_classifier_folder(folder):
+        return load_classifier_scorer(folder, batch_size=batch_size, device=device)
     model, tok, meta = load_reward_model(path)
     dev = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
     scorer = RewardScorer(model.to(dev), tok, meta, batch_size=batch_size)

@@ -3,7 +3,8 @@
 A reward function is a plain callable
 ``(prompts: list[str], completions: list[str], **info) -> list[float]`` where
 ``info`` holds per-sample lists of extra prompt fields (e.g. ``answer=[...]``).
-Every built-in accepts and ignores info it does not use.
+Every built-in accepts and ignores info it does not use, and takes a completion as text or,
+for conversational data, as TRL's message list (`text_of`).
 """
 
 from __future__ import annotations
@@ -25,6 +26,14 @@ DEFAULT_LENGTH_TARGET = 30
 _NUMBER = re.compile(r"(?:(?<![\w.)])[-\u2212])?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?")
 
 
+def text_of(item: Any) -> str:
+    """The text of a prompt or completion: a string as is; a message list (conversational data,
+    ``[{"role": "assistant", "content": ...}]``) as its last message's content."""
+    if isinstance(item, (list, tuple)) and item and isinstance(item[-1], dict):
+        return str(item[-1].get("content", ""))
+    return item if isinstance(item, str) else str(item)
+
+
 # --------------------------------------------------------------------------- sentiment
 
 
@@ -39,7 +48,7 @@ def _analyzer() -> Any:
 def sentiment(prompts: Sequence[str], completions: Sequence[str], **info: Any) -> list[float]:
     """VADER compound sentiment of each completion, in [-1, 1] (0 for empty text)."""
     analyzer = _analyzer()
-    return [float(analyzer.polarity_scores(c)["compound"]) for c in completions]
+    return [float(analyzer.polarity_scores(text_of(c))["compound"]) for c in completions]
 
 
 # --------------------------------------------------------------------------- arithmetic
@@ -102,7 +111,7 @@ def arithmetic(
         )
         if ref is None:
             raise UserError(f"reward 'arithmetic': sample {i} has no numeric answer")
-        got = extract_final_number(completion)
+        got = extract_final_number(text_of(completion))
         rewards.append(1.0 if got is not None and math.isclose(got, ref, rel_tol=0, abs_tol=1e-6) else 0.0)
     return rewards
 
@@ -120,7 +129,7 @@ def make_length_reward(target_words: int = DEFAULT_LENGTH_TARGET) -> RewardFn:
         raise UserError(f"length reward target must be a positive number of words, got {target_words!r}")
 
     def length(prompts: Sequence[str], completions: Sequence[str], **info: Any) -> list[float]:
-        return [-min(1.0, abs(len(c.split()) - target_words) / target_words) for c in completions]
+        return [-min(1.0, abs(len(text_of(c).split()) - target_words) / target_words) for c in completions]
 
     length.__doc__ = f"Length reward with a target of {target_words} words (0 best, -1 worst)."
     length.target_words = target_words  # type: ignore[attr-defined]

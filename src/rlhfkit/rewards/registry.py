@@ -2,13 +2,16 @@
 
 Specs: ``sentiment``, ``arithmetic``, ``length`` / ``length:N``,
 ``python:module:function``, ``python:path/to/file.py:function`` and
-``model:PATH`` (a reward model trained with ``rlhfkit rm``).
+``model:PATH`` (a reward model trained with ``rlhfkit rm``, or any transformers
+``AutoModelForSequenceClassification`` folder or Hub id). ``get_rewards`` takes several,
+``a,b``, summed with weights.
 """
 
 from __future__ import annotations
 
 import difflib
 import functools
+from collections.abc import Sequence
 from typing import Any
 
 from rlhfkit.errors import UserError
@@ -54,12 +57,66 @@ def get_reward(spec: str | RewardFn) -> RewardFn:
     raise UserError(f"unknown reward {spec!r}{hint}; expected one of: {', '.join(SPEC_FORMS)}")
 
 
+class WeightedRewards:
+    """Several rewards as one, TRL's ``reward_funcs`` with ``reward_weights``: the score is
+    sum_i w_i r_i(prompts, completions, **columns); `parts` holds (name, reward, weight) and each
+    part is logged on its own (rewards.scoring.score_parts)."""
+
+    def __init__(self, parts: list[tuple[str, RewardFn, float]]):
+        self.parts = parts
+        self.reward_name = " + ".join(f"{w:g} x {name}" for name, _, w in parts)
+
+    def __call__(self, prompts: Any, completions: Any, **info: Any) -> list[float]:
+        from rlhfkit.rewards.scoring import score_parts
+
+        return score_parts(self, prompts, completions, info)[0]
+
+
+def get_rewards(spec: Any, weights: Sequence[float] | None = None) -> RewardFn:
+    """One reward function from ``spec``: a spec string, ``a,b`` (several, summed with `weights`,
+    default 1 each), a callable, or a list of specs and callables (the Python API)."""
+    specs = _as_specs(spec)
+    if weights is not None and len(weights) != len(specs):
+        raise UserError(f"reward_weights has {len(weights)} values for {len(specs)} rewards "
+                        f"({', '.join(map(_spec_label, specs))}): give one weight per reward")
+    if len(specs) == 1 and weights is None:
+        return get_reward(specs[0])
+    labels = _unique([_spec_label(s) for s in specs])
+    return WeightedRewards([(label, get_reward(s), float(w))
+                            for label, s, w in zip(labels, specs, weights or [1.0] * len(specs))])
+
+
+def _as_specs(spec: Any) -> list:
+    if isinstance(spec, str):
+        return [s.strip() for s in spec.split(",") if s.strip()] or [spec]
+    if isinstance(spec, (list, tuple)):
+        if not spec:
+            raise UserError("reward: an empty list; give at least one reward")
+        return [s for item in spec for s in (_as_specs(item) if isinstance(item, str) else [item])]
+    return [spec]
+
+
+def _spec_label(spec: Any) -> str:
+    """A reward's name in logs: the spec string, or a function's name."""
+    return spec if isinstance(spec, str) else getattr(spec, "__name__", None) or type(spec).__name__
+
+
+def _unique(labels: list[str]) -> list[str]:
+    """Labels made unique with #2, #3, ... (two rewards from the same function)."""
+    seen: dict[str, int] = {}
+    out = []
+    for label in labels:
+        seen[label] = seen.get(label, 0) + 1
+        out.append(label if seen[label] == 1 else f"{label}#{seen[label]}")
+    return out
+
+
 def _named(fn: RewardFn, name: str) -> RewardFn:
     """A thin wrapper carrying ``reward_name``, so user functions are never mutated."""
 
-    @functools.wraps(fn)
-    def reward(prompts: Any, completions: Any, **info: Any) -> Any:
-        return fn(prompts, completions, **info)
+    @functools.wraps(fn)  # the signature seen by scoring.takes_keywords is fn's own
+    def reward(*args: Any, **kwargs: Any) -> Any:
+        return fn(*args, **kwargs)
 
     reward.reward_name = name  # type: ignore[attr-defined]
     return reward
@@ -97,7 +154,7 @@ def _python_reward(target: str, spec: str) -> RewardFn:
 
 def _model_reward(path: str, spec: str) -> RewardFn:
     if not path:
-        raise UserError(f"reward {spec!r}: expected 'model:PATH' with the folder of a trained reward model")
+        raise UserError(f"reward {spec!r}: expected 'model:PATH' with the folder or Hub id of a reward model")
     try:
         from rlhfkit.models.reward_model import load_reward_scorer
     except ModuleNotFoundError as e:

@@ -3,10 +3,17 @@
 Every trainer scores through here, so a bad reward (wrong length, NaN, an
 exception) becomes one clear line naming the reward and the sample, not a
 NaN loss twenty steps later.
+
+Two calling conventions are taken, decided from the function's signature (`takes_keywords`):
+TRL's ``fn(prompts=..., completions=..., **columns)`` for a function that names ``completions``
+or takes only ``**kwargs`` (``def reward(completions, **kwargs)``), and rlhfkit's positional
+``fn(prompts, completions, **columns)`` for any other (``def reward(p, c, **info)``).
+`check_reward_call` binds the call against the data's columns before any model loads.
 """
 
 from __future__ import annotations
 
+import inspect
 import math
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -51,7 +58,7 @@ def score_batch(
         if isinstance(value, (list, tuple)) and len(value) != n:
             raise RewardError(f"reward {name!r}: info field {key!r} has {len(value)} values for {n} samples")
     try:
-        result = reward_fn(list(prompts), list(completions), **info)
+        result = call_reward(reward_fn, list(prompts), list(completions), info)
     except UserError:
         raise  # already a clear one-line message (e.g. a missing 'answer' field)
     except Exception as e:
@@ -69,6 +76,68 @@ def score_batch(
             raise RewardError(f"reward {name!r} gave {what} for {_sample(i, prompts, completions)}")
         out.append(x)
     return out
+
+
+def _signature(fn: Any) -> inspect.Signature | None:
+    try:
+        return inspect.signature(fn)
+    except (TypeError, ValueError):  # some builtins and C callables have none
+        return None
+
+
+def takes_keywords(fn: Any) -> bool:
+    """TRL's convention (``fn(prompts=..., completions=..., **columns)``): `fn` names a parameter
+    ``completions`` that takes a keyword, or has no named parameter besides ``**kwargs``."""
+    sig = _signature(fn)
+    if sig is None:
+        return False
+    params = list(sig.parameters.values())
+    named = [p for p in params if p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
+    if any(p.name == "completions" and p.kind != p.POSITIONAL_ONLY for p in named):
+        return True
+    return not named and any(p.kind == p.VAR_KEYWORD for p in params)
+
+
+def call_reward(fn: RewardFn, prompts: list, completions: list, info: Mapping[str, Any]) -> Any:
+    """``fn`` called in its convention (`takes_keywords`) with the per-sample columns in `info`."""
+    if takes_keywords(fn):
+        return fn(prompts=prompts, completions=completions, **info)
+    return fn(prompts, completions, **info)
+
+
+def check_reward_call(fn: RewardFn, columns: Sequence[str], name: str | None = None) -> None:
+    """Raise RewardError unless `fn` can be called with prompts, completions and the data's
+    `columns` as keywords: the check TRL-style rewards need before a model loads, not after the
+    first rollout. Several weighted rewards check each one."""
+    for part_name, part, _ in getattr(fn, "parts", ()):
+        check_reward_call(part, columns, part_name)
+    sig = _signature(fn)
+    if sig is None or getattr(fn, "parts", None):
+        return
+    name = name or reward_name(fn)
+    kwargs = dict.fromkeys(columns, [])
+    try:
+        if takes_keywords(fn):
+            sig.bind(prompts=[], completions=[], **kwargs)
+        else:
+            sig.bind([], [], **kwargs)
+    except TypeError as e:
+        given = ", ".join(["prompts", "completions", *columns])
+        raise RewardError(f"reward {name!r}: its signature {sig} does not take the call with {given} ({e}); "
+                          "a reward receives every prompt field as a keyword: add **kwargs") from None
+
+
+def score_parts(reward_fn: RewardFn, prompts: Sequence, completions: Sequence,
+                info: Mapping[str, Sequence[Any]] | None = None) -> tuple[list[float], dict[str, list[float]]]:
+    """(scores, {name: scores of each reward}) where `reward_fn` sums several weighted rewards
+    (registry.WeightedRewards: sum_i w_i r_i, each checked as score_batch checks one); else
+    (score_batch's scores, {})."""
+    parts = getattr(reward_fn, "parts", None)
+    if not parts:
+        return score_batch(reward_fn, prompts, completions, info), {}
+    each = {name: score_batch(fn, prompts, completions, info, name=name) for name, fn, _ in parts}
+    total = [sum(w * each[name][i] for name, _, w in parts) for i in range(len(prompts))]
+    return total, each
 
 
 def _as_list(result: Any) -> list | None:
@@ -106,7 +175,7 @@ def _locate_failure(
     for i in range(n):
         one = {k: (v[i : i + 1] if _per_sample(v, n) else v) for k, v in info.items()}
         try:
-            reward_fn([prompts[i]], [completions[i]], **one)
+            call_reward(reward_fn, [prompts[i]], [completions[i]], one)
         except Exception as e:
             return RewardError(
                 f"reward {name!r} failed on {_sample(i, prompts, completions)}: {_describe(e)}"

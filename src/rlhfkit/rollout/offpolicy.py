@@ -129,7 +129,7 @@ class OneStepOffPolicy:
         """(the batch iteration `it` trains on, scored, its records): the prefetched one (sampled one
         update ago, with sampler log-probs) or, with none, one sampled on-policy now. Then starts
         sampling batch it+1."""
-        from rlhfkit.rewards import score_batch
+        from rlhfkit.rollout.score import score_rollout
 
         rl, cfg = self.rl, self.cfg
 
@@ -145,9 +145,7 @@ class OneStepOffPolicy:
         else:
             (rollout, rows, self.sampler_pass_s), self.prefetched = self.prefetched, None
             t0 = time.perf_counter()
-            scores = score_batch(rl.reward_fn, rollout.prompts, rollout.completions, rollout.info)
-            rollout.scores = torch.tensor([float(s) for s in scores], dtype=torch.float32,
-                                          device=rollout.response_ids.device)
+            score_rollout(rollout, rows, rl.reward_fn)
             rollout.timings["timing/reward_s"] = time.perf_counter() - t0
         rl.iteration = it
         if it + 1 < rl.run.total:

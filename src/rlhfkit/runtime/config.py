@@ -8,7 +8,6 @@ Validation errors are one line naming the key, the value and what was expected.
 from __future__ import annotations
 
 import dataclasses
-import difflib
 import math
 import types
 import typing
@@ -18,8 +17,10 @@ from typing import Any, TypeVar
 import yaml
 
 from rlhfkit.errors import ConfigError
+from rlhfkit.runtime.aliases import alias_hint, aliases_of, canonical_key
 
 C = TypeVar("C")
+BOOL_WORDS = ("1", "true", "yes", "on", "0", "false", "no", "off")
 
 
 def option(default: Any, help: str, choices: tuple | None = None) -> Any:
@@ -74,7 +75,7 @@ def _convert(raw: Any, base: Any) -> Any:
         if isinstance(raw, bool):
             return raw
         text = str(raw).lower()
-        if text in ("1", "true", "yes", "on", "0", "false", "no", "off"):
+        if text in BOOL_WORDS:
             return text in ("1", "true", "yes", "on")
         raise ValueError
     if base is int:
@@ -91,10 +92,25 @@ def _convert(raw: Any, base: Any) -> Any:
         element = (typing.get_args(base) or (None,))[0]
         return items if element is None else [_convert(x, element) for x in items]
     if base is str:
+        if in_memory(raw):  # the Python API: a reward function, a datasets.Dataset, records in memory
+            return raw
         if isinstance(raw, (dict, list)):
             raise ValueError
         return str(raw)
     return raw
+
+
+def in_memory(raw: Any) -> bool:
+    """A value only the Python API gives a text option: a callable (reward), a datasets.Dataset or
+    DatasetDict, a list of record dicts or of callables (several rewards)."""
+    if isinstance(raw, str):
+        return False
+    if callable(raw) or (hasattr(raw, "column_names") and hasattr(raw, "num_rows")):
+        return True
+    if not isinstance(raw, (list, tuple)) or not raw:
+        return False
+    return all(isinstance(x, dict) for x in raw) or (any(callable(x) for x in raw)
+                                                     and all(callable(x) or isinstance(x, str) for x in raw))
 
 
 def _as_list(raw: Any) -> list:
@@ -114,10 +130,17 @@ def _fields(cls: type) -> dict[str, dataclasses.Field]:
 
 def _unknown_key(key: Any, known: typing.Iterable[str], source: str) -> ConfigError:
     key = str(key)  # YAML keys may be numbers, null, booleans
-    close = difflib.get_close_matches(key, list(known), n=1)
-    hint = f" (did you mean '{close[0]}'?)" if close else ""
     where = f"{source}: " if source else ""
-    return ConfigError(f"{where}unknown config key {key!r}{hint}")
+    return ConfigError(f"{where}unknown config key {key!r}{alias_hint(key, known)}")
+
+
+def _field_key(cls: type, key: Any, source: str) -> str:
+    """The option of `cls` that `key` names (its own name or an alias: TRL's `learning_rate` is `lr`,
+    runtime/aliases.py), or a one-line ConfigError with a hint."""
+    name = canonical_key(str(key), _fields(cls))
+    if name is None:
+        raise _unknown_key(key, _fields(cls), source)
+    return name
 
 
 def build_config(cls: type[C], values: dict[str, Any], source: str = "",
@@ -131,10 +154,9 @@ def build_config(cls: type[C], values: dict[str, Any], source: str = "",
     fields = _fields(cls)
     hints = typing.get_type_hints(cls)
     kwargs = {}
-    for key, raw in values.items():
-        if key not in fields:
-            raise _unknown_key(key, fields, source)
-        where = (sources or {}).get(key, source)
+    for given, raw in values.items():
+        key = _field_key(cls, given, source)
+        where = (sources or {}).get(given, (sources or {}).get(key, source))
         kwargs[key] = _coerce(key, raw, hints[key], fields[key].metadata.get("choices"), where)
     cfg = cls(**kwargs)
     for klass in reversed(type(cfg).__mro__):
@@ -199,19 +221,14 @@ def parse_values(cls: type, argv: list[str], prog: str) -> tuple[dict[str, Any],
         return None
     merged: dict[str, Any] = {}
     sources: dict[str, str] = {}
-    for arg in _flag_values(argv):
+    for arg in _flag_values(cls, argv):
         if "=" in arg:
             key, _, val = arg.partition("=")
-            key = key.lstrip("-").replace("-", "_")
-            if key not in _fields(cls):
-                raise _unknown_key(key, _fields(cls), "command line")
+            key = _field_key(cls, key.lstrip("-").replace("-", "_"), "command line")
             merged[key] = _cli_value(cls, key, val)
             sources.pop(key, None)
         elif arg.endswith((".yaml", ".yml")):
-            data = read_yaml(arg)
-            for k in data:
-                if k not in _fields(cls):
-                    raise _unknown_key(k, _fields(cls), arg)
+            data = {_field_key(cls, k, arg): v for k, v in read_yaml(arg).items()}
             merged.update(data)
             sources.update(dict.fromkeys(data, arg))
         elif arg.startswith("-"):
@@ -221,18 +238,36 @@ def parse_values(cls: type, argv: list[str], prog: str) -> tuple[dict[str, Any],
     return merged, sources
 
 
-def _flag_values(argv: list[str]) -> list[str]:
-    """``--resume RUN_DIR`` (two words) as ``resume=RUN_DIR``."""
+def _flag_values(cls: type, argv: list[str]) -> list[str]:
+    """Flags in the two-word form as ``key=value``: ``--resume RUN_DIR`` -> ``resume=RUN_DIR``,
+    ``--learning_rate 1e-5`` -> ``learning_rate=1e-5`` (as TRL's and transformers' scripts take them),
+    ``--config FILE.yaml`` -> ``FILE.yaml``; a boolean option alone (``--gradient_checkpointing``) is true."""
     out, i = [], 0
     while i < len(argv):
-        if argv[i] == "--resume":
-            if i + 1 >= len(argv) or "=" in argv[i + 1]:
-                raise ConfigError("--resume needs a run folder: --resume RUN_DIR (or resume=auto)")
-            out.append(f"resume={argv[i + 1]}")
+        arg = argv[i]
+        following = argv[i + 1] if i + 1 < len(argv) else None
+        pair = following is not None and "=" in following and canonical_key(
+            following.partition("=")[0].replace("-", "_"), _fields(cls)) is not None  # key=value, not a value
+        takes_next = following is not None and not following.startswith("--") and not pair
+        if arg == "--resume" and not takes_next:
+            raise ConfigError("--resume needs a run folder: --resume RUN_DIR (or resume=auto)")
+        if arg == "--config" and takes_next:
+            out.append(following)
             i += 2
+            continue
+        key = canonical_key(arg[2:].replace("-", "_"), _fields(cls)) if arg.startswith("--") and "=" not in arg else None
+        is_bool = key is not None and _base_type(typing.get_type_hints(cls)[key])[0] is bool
+        if key is not None and takes_next and (not is_bool or str(following).lower() in BOOL_WORDS):
+            out.append(f"{key}={following}")
+            i += 2
+            continue
+        if is_bool:
+            out.append(f"{key}=true")
+        elif key is not None:
+            raise ConfigError(f"{arg} needs a value: {arg} VALUE or {arg[2:]}=VALUE (see --help)")
         else:
-            out.append(argv[i])
-            i += 1
+            out.append(arg)
+        i += 1
     return out
 
 
@@ -262,19 +297,26 @@ def help_text(cls: type, prog: str) -> str:
     doc = (cls.__doc__ or "").strip().splitlines()[0] if cls.__doc__ else ""
     lines = [f"usage: {prog} [CONFIG.yaml] [key=value ...]", "", doc, "", "options (key=value):"]
     hints = typing.get_type_hints(cls)
+    fields = _fields(cls)
     for f in dataclasses.fields(cls):
         base, optional = _base_type(hints[f.name])
         tname = _type_name(base) + (" | None" if optional else "")
         default = f.default if f.default is not dataclasses.MISSING else f.default_factory()  # type: ignore[misc]
         choices = f.metadata.get("choices")
         extra = f" {{{'|'.join(map(str, choices))}}}" if choices else ""
+        also = aliases_of(f.name, fields)
+        extra += f" (also: {', '.join(also)})" if also else ""
         lines.append(f"  {f.name} ({tname}, default {default!r}){extra}")
         lines.append(f"      {f.metadata.get('help', '')}")
     return "\n".join(lines)
 
 
 def to_dict(cfg: Any) -> dict[str, Any]:
-    return dataclasses.asdict(cfg)
+    """The config as YAML can hold it: a callable reward as its import path, a Dataset as a note
+    (runtime/recorded.py)."""
+    from rlhfkit.runtime.recorded import recorded_value
+
+    return {f.name: recorded_value(getattr(cfg, f.name)) for f in dataclasses.fields(cfg)}
 
 
 def save_config(cfg: Any, path: str | Path) -> None:

@@ -1,4 +1,5 @@
-"""The optimiser every trainer uses: AdamW with a linear learning-rate warm-up."""
+"""The optimiser every trainer uses: AdamW with a linear learning-rate warm-up, then a constant,
+linearly decaying or cosine learning rate (`lr_scheduler_type`, transformers' schedules)."""
 
 from __future__ import annotations
 
@@ -14,9 +15,23 @@ def single_process() -> bool:
     return int(os.environ.get("WORLD_SIZE", "1")) <= 1
 
 
-def make_optimizer(params, lr: float, warmup_steps: int, weight_decay: float = 0.0, eps: float = 1e-8):
+SCHEDULES = ("constant", "linear", "cosine")
+
+
+def optimizer_for(params, cfg, total_steps: int | None):
+    """make_optimizer with a trainer config's OptimizerArgs (lr, warmup_steps, weight_decay, adam_eps,
+    lr_scheduler_type) over a run of `total_steps` optimiser steps."""
+    return make_optimizer(params, cfg.lr, cfg.warmup_steps, cfg.weight_decay, cfg.adam_eps,
+                          schedule=getattr(cfg, "lr_scheduler_type", "constant"), total_steps=total_steps)
+
+
+def make_optimizer(params, lr: float, warmup_steps: int, weight_decay: float = 0.0, eps: float = 1e-8,
+                   schedule: str = "constant", total_steps: int | None = None):
     """(AdamW, LambdaLR): linear warm-up over `warmup_steps` optimiser steps, then a constant lr.
     The warm-up tames the approx-KL spike of Adam's first, large updates (docs/pitfalls.md#adam-warmup).
+    The constant schedule's first step already runs at lr / warmup_steps. `schedule` linear or
+    cosine: transformers' get_linear/cosine_schedule_with_warmup over `total_steps` (their warm-up
+    starts at 0: step s < warmup_steps runs at lr * s / warmup_steps), decaying to 0 at the end.
 
     `params`: parameters (those without grad are dropped) or parameter groups (dicts with their own
     "lr"). Single-process runs use torch's fused AdamW (one kernel per parameter group: on CPU its
@@ -30,5 +45,11 @@ def make_optimizer(params, lr: float, warmup_steps: int, weight_decay: float = 0
     tensors = [p for g in groups for p in g["params"]]
     fused = single_process() and all(p.dtype in (torch.float32, torch.bfloat16, torch.float16) for p in tensors)
     opt = torch.optim.AdamW(groups, lr=lr, weight_decay=weight_decay, eps=eps, fused=fused or None)
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda step: min(1.0, (step + 1) / max(1, warmup_steps)))
-    return opt, sched
+    if schedule == "constant":
+        sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda step: min(1.0, (step + 1) / max(1, warmup_steps)))
+        return opt, sched
+    from transformers import get_scheduler
+
+    if schedule not in SCHEDULES:
+        raise ValueError(f"schedule must be one of {SCHEDULES}, got {schedule!r}")
+    return opt, get_scheduler(schedule, opt, num_warmup_steps=warmup_steps, num_training_steps=max(1, total_steps or 1))

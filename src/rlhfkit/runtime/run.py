@@ -205,5 +205,8 @@ class Run:
         if self.is_main:
             self.summary.update(save(self.run_dir / "final", state) or {})
             self.tracker.write_json("summary.json", self.summary)
+            from rlhfkit.diagnostics.console import closing_line
+
+            self.print(closing_line(self.run_dir))
         self.tracker.close()
         return self.summary

@@ -114,6 +114,13 @@ class Tracker:
             print(f"it {iteration}: " + " ".join(f"{k}={metrics[k]:.4g}" for k in keys), flush=True)
         return findings
 
+    def log_sinks(self, step: int, metrics: dict[str, float]) -> None:
+        """Metrics for TensorBoard / W&B only (the held-out evaluation before and after training),
+        not a metrics.jsonl row."""
+        if self.is_main:
+            for sink in self.sinks:
+                sink.log(step, metrics)
+
     def log_samples(self, iteration: int, rows: list[dict]) -> None:
         if not self.is_main:
             return

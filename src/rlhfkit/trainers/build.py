@@ -10,13 +10,13 @@ from rlhfkit.trainers.options import ModelArgs
 def build_policy(args: ModelArgs, trainable: bool = True):
     """(model, tokenizer). With LoRA the frozen base is stored in the compute dtype."""
     from rlhfkit.models import load_causal_lm, load_tokenizer
-    from rlhfkit.models.loading import resolve_dtype, set_gradient_checkpointing
+    from rlhfkit.models.loading import resolve_dtype, set_chat_template, set_gradient_checkpointing
     from rlhfkit.models.lora import add_lora
 
     args.dtype = resolve_dtype(args.dtype)
     base_dtype = "bf16" if (args.dtype == "bf16" and args.lora) else "fp32"
     model = load_causal_lm(args.model, dtype=base_dtype, trainable=True)  # first: "not a causal LM" wins
-    tok = load_tokenizer(args.model, padding_side="left")
+    tok = set_chat_template(load_tokenizer(args.model, padding_side="left"), getattr(args, "chat_template_path", None))
     if args.lora and trainable:
         model = add_lora(model, args.lora_r, args.lora_alpha, args.lora_dropout, args.lora_target_modules,
                          args.lora_layers)

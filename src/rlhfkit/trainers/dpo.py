@@ -48,7 +48,7 @@ __all__ = ["eval_records", "judged_after", "judged_samples", "train", "win_rate"
 
 def resolve_prefs(spec: str) -> str:
     """File path of a preference spec; `builtin:prefs_reviews` is shipped in rlhfkit/data/builtin."""
-    if spec.startswith("builtin:") and spec[len("builtin:"):].strip() in BUILTIN_PREFS:
+    if isinstance(spec, str) and spec.startswith("builtin:") and spec[len("builtin:"):].strip() in BUILTIN_PREFS:
         from importlib import resources
 
         return str(resources.files("rlhfkit.data") / "builtin" / BUILTIN_PREFS[spec[len("builtin:"):].strip()])
@@ -286,7 +286,7 @@ def train(cfg: DPOConfig) -> dict:
     """Run DPO; returns the summary (also written to RUN/summary.json)."""
     from rlhfkit.models.policy import save_actor
     from rlhfkit.rewards import get_reward
-    from rlhfkit.runtime.optim import make_optimizer
+    from rlhfkit.runtime.optim import optimizer_for
 
     run = Run(cfg, getattr(type(cfg), "command", "dpo"))
     device, world = run.device, run.world
@@ -307,7 +307,7 @@ def train(cfg: DPOConfig) -> dict:
     held_ref, ref_table = reference_tables(run, reference, data, held, batches)  # 2. reference
     if ref_table is not None and reference is not None and reference.frozen is not None:
         reference = None  # the frozen copy is no longer needed: free its memory
-    optimizer, scheduler = make_optimizer(model.parameters(), cfg.lr, cfg.warmup_steps, cfg.weight_decay, cfg.adam_eps)
+    optimizer, scheduler = optimizer_for(model.parameters(), cfg, len(batches))
     judged: dict = {}  # the starting model's judged scores, kept in checkpoints
     wrapped = run.prepare(model, optimizer, scheduler, cfg.micro_batch_size, judged=judged)
     run.shard_reference(reference)  # under FSDP2 a frozen copy still in use is sharded like the policy

@@ -37,7 +37,11 @@ class GRPOConfig(EnvArgs, GenerationArgs, ReferenceArgs, SamplingArgs, ModelArgs
     prompts: str = option("builtin:arithmetic", "prompts: builtin:arithmetic|reviews|stories|instructions or a JSONL/CSV/TXT file")
     eval_prompts: str | None = option(None, "held-out prompts for the before/after check (default: test split of `prompts`)")
     num_eval_prompts: int = option(100, "held-out prompts sampled (at `temperature`) before and after training (0 = skip)")
-    reward: str = option("arithmetic", "arithmetic (exact match) | sentiment | length[:N] | model:PATH | python:module:function")
+    reward: str = option("arithmetic", "arithmetic (exact match) | sentiment | length[:N] | model:PATH (an `rlhfkit rm` "
+                         "folder, or any AutoModelForSequenceClassification folder or Hub id) | python:module:function "
+                         "(called as TRL calls rewards: prompts=, completions=, each prompt field as a keyword); "
+                         "a,b = several, summed with reward_weights, each logged as reward/NAME. In Python: a callable or a list")
+    reward_weights: list[float] | None = option(None, "one weight per reward in `reward` (None: 1 each)")
     solved_threshold: float = option(1.0, "a sample counts as solved when its score is >= this (rollout/solved_fraction)")
     # rollout
     iterations: int = option(30, "iterations (rollout + update)")

@@ -99,7 +99,7 @@ def concat_rollouts(parts: list[Rollout], pad_id: int) -> Rollout:
         values = [getattr(p, f.name) for p in parts]
         if f.name in ("prompts", "completions"):
             kw[f.name] = [x for v in values for x in v]
-        elif f.name == "info":
+        elif f.name in ("info", "reward_parts"):  # per-sample lists by name
             kw[f.name] = {k: [x for v in values for x in v[k]] for k in values[0]}
         elif f.name == "timings":
             kw[f.name] = {k: sum(v.get(k, 0.0) for v in values) for k in values[0]}

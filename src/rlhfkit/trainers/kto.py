@@ -211,7 +211,7 @@ def train(cfg: KTOConfig) -> dict:
     """Run KTO; returns the summary (also written to RUN/summary.json)."""
     from rlhfkit.models.policy import save_actor
     from rlhfkit.rewards import get_reward
-    from rlhfkit.runtime.optim import make_optimizer
+    from rlhfkit.runtime.optim import optimizer_for
 
     run = Run(cfg, "kto")
     device, world = run.device, run.world
@@ -236,7 +236,7 @@ def train(cfg: KTOConfig) -> dict:
         reference = None  # the tables are all training needs: a frozen copy's memory is freed
     ref = reference_rows(reference, data, cfg, device, table)
     run.summary["precomputed_ref_logps"] = precompute
-    optimizer, scheduler = make_optimizer(model.parameters(), cfg.lr, cfg.warmup_steps, cfg.weight_decay, cfg.adam_eps)
+    optimizer, scheduler = optimizer_for(model.parameters(), cfg, len(batches))
     judged: dict = {}  # the starting model's judged scores, kept in checkpoints
     wrapped = run.prepare(model, optimizer, scheduler, cfg.micro_batch_size, judged=judged)
     run.shard_reference(reference)  # under FSDP2 a frozen copy still in use is sharded like the policy

@@ -65,6 +65,9 @@ class OptimizerArgs:
 
     lr: float = option(1e-4, "AdamW learning rate")
     warmup_steps: int = option(4, "linear lr warm-up, in optimiser steps")
+    lr_scheduler_type: str = option("constant", "the lr after warm-up: constant; linear = decays to 0 at the last "
+                                    "planned step; cosine = half a cosine to 0 (transformers' schedules; RL runs plan "
+                                    "iterations x update epochs x mini-batches steps)", ("constant", "linear", "cosine"))
     weight_decay: float = option(0.0, "AdamW weight decay")
     adam_eps: float = option(1e-8, "AdamW epsilon")
     max_grad_norm: float = option(1.0, "gradient-norm clip threshold (params/grad_norm is logged before clipping)")
@@ -82,6 +85,9 @@ class ModelArgs(PromptFormatArgs):
     model: str = option("smollm2-135m-instruct", "policy: 'smollm2-135m-instruct' (built in), a local HF model folder, "
                         "or a Hub id org/name[@revision] (downloaded once into the HF_HOME cache)")
     model_revision: str | None = option(None, "Hub revision (branch, tag or commit) of `model` when it is a Hub id")
+    chat_template_path: str | None = option(None, "a Jinja chat template file, or a model/tokenizer folder whose "
+                                            "template to use, replacing the tokenizer's own (saved with the trained "
+                                            "model's tokenizer)")
     dtype: str = option("auto", "compute dtype. bf16: frozen base weights in bf16 and bf16 autocast (fast on GPUs and "
                         "CPUs with AVX-512 BF16, slow on CPUs without: docs/benchmarks.md); trainable weights and "
                         "optimiser state stay fp32. auto: bf16 where it is fast, else fp32", ("auto", "fp32", "bf16"))

@@ -37,7 +37,11 @@ class ActorCriticArgs(EnvArgs, GenerationArgs, ReferenceArgs, SamplingArgs, Mode
     num_eval_prompts: int = option(64, "held-out prompts sampled before and after training (0 = skip)")
     eval_samples_per_prompt: int = option(3, "completions per held-out prompt, before and after (the same random "
                                           "draws both times)")
-    reward: str = option("sentiment", "sentiment | arithmetic | length[:N] | model:PATH | python:module:function")
+    reward: str = option("sentiment", "sentiment | arithmetic | length[:N] | model:PATH (an `rlhfkit rm` "
+                         "folder, or any AutoModelForSequenceClassification folder or Hub id) | python:module:function "
+                         "(called as TRL calls rewards: prompts=, completions=, each prompt field as a keyword); "
+                         "a,b = several, summed with reward_weights, each logged as reward/NAME. In Python: a callable or a list")
+    reward_weights: list[float] | None = option(None, "one weight per reward in `reward` (None: 1 each)")
     # rollout
     iterations: int = option(18, "iterations (rollout + update)")
     rollout_batch_size: int = option(16, "prompts sampled per iteration, per process (N processes sample N x this "

@@ -27,9 +27,10 @@ import torch
 from rlhfkit.data.chat import format_prompts
 from rlhfkit.data.prompts import info_lists
 from rlhfkit.errors import UserError
-from rlhfkit.rewards.scoring import mean_std
+from rlhfkit.rewards.scoring import mean_std, reward_name
 from rlhfkit.rollout import Rollout, SamplingParams, generate
 from rlhfkit.rollout.logprobs import logprob_pass as teacher_forced_pass
+from rlhfkit.rollout.score import score_rollout
 from rlhfkit.runtime.allocator import trim_heap
 from rlhfkit.runtime.devices import HOST
 from rlhfkit.runtime.distributed import mean_over_processes
@@ -51,14 +52,16 @@ def env_prompts(cfg, make_env=None) -> str:
 
 def prepare_data(cfg, make_env=None) -> tuple:
     """(reward_fn, train records, held-out records). With `env` the environment rewards: reward_fn is None."""
-    from rlhfkit.data.prompts import load_prompts
-    from rlhfkit.rewards import get_reward
+    from rlhfkit.data.prompts import info_columns, load_prompts
+    from rlhfkit.rewards import check_reward_call, get_rewards
 
-    reward_fn = None if getattr(cfg, "env", "") else get_reward(cfg.reward)
+    reward_fn = None if getattr(cfg, "env", "") else get_rewards(cfg.reward, getattr(cfg, "reward_weights", None))
     prompts = env_prompts(cfg, make_env)
     train = load_prompts(prompts, split="train", seed=cfg.seed)
     if not train:
         raise UserError(f"prompts: '{prompts}' has no training prompts")
+    if reward_fn is not None:  # before any model loads: a signature that cannot take the call stops here
+        check_reward_call(reward_fn, info_columns(train))
     held_out: list[dict] = []
     if cfg.num_eval_prompts > 0:
         spec = cfg.eval_prompts or prompts
@@ -83,6 +86,15 @@ def prompt_limit(cfg, tok, model, *record_sets) -> int | None:
     return limit
 
 
+def planned_optimizer_steps(cfg) -> int:
+    """The optimiser steps an RL run plans (the length of a linear/cosine lr schedule): per iteration,
+    every update epoch's mini-batches. Groups dropped for a zero reward spread make fewer."""
+    epochs = getattr(cfg, "ppo_epochs", None) or getattr(cfg, "update_epochs", 1)
+    rows = getattr(cfg, "rollout_batch_size", None) or 1
+    mini = getattr(cfg, "mini_batch_size", None) or rows
+    return cfg.iterations * epochs * max(1, rows // mini)
+
+
 # ----------------------------------------------------------------------------- sampling
 
 
@@ -91,8 +103,6 @@ def sample_rollout(actor, tok, records, cfg, params: SamplingParams, seed: int, 
     """Sample one response per record and score it with the reward. `backend`
     (rollout/backends.py) samples; the default is HF's left-padded, KV-cached generate on the policy.
     `make_env`: one multi-turn episode per record instead (rollout/multiturn.py), scored by the env."""
-    from rlhfkit.rewards import score_batch
-
     if make_env is not None:
         return sample_episodes(actor, tok, records, cfg, params, seed, device, make_env, backend)
     t0 = time.perf_counter()
@@ -108,11 +118,10 @@ def sample_rollout(actor, tok, records, cfg, params: SamplingParams, seed: int, 
     t1 = time.perf_counter()
     rollout.prompts = [str(r["prompt"]) for r in records]
     rollout.info = info_lists(records)
-    scores = score_batch(reward_fn, rollout.prompts, rollout.completions, rollout.info)
-    rollout.scores = torch.tensor([float(s) for s in scores], dtype=torch.float32,
-                                  device=rollout.response_ids.device)
+    score_rollout(rollout, records, reward_fn)
     rollout.timings = {"timing/generate_s": t1 - t0, "timing/reward_s": time.perf_counter() - t1}
     return rollout
+
 
 
 def sample_episodes(actor, tok, records, cfg, params: SamplingParams, seed: int, device, make_env,
@@ -184,7 +193,7 @@ class RLRun:
         from rlhfkit.data.stream import PromptStream
         from rlhfkit.models.loading import resolve_model_path
         from rlhfkit.rollout.backends import make_backend
-        from rlhfkit.runtime.optim import make_optimizer
+        from rlhfkit.runtime.optim import optimizer_for
 
         self.cfg, self.run = cfg, Run(cfg, command)
         run = self.run
@@ -202,8 +211,7 @@ class RLRun:
             actor, self.reference, self.tok = build_models(cfg)
         max_prompt_length = prompt_limit(cfg, self.tok, actor, train_records, self.eval_records)
         run.open(total=cfg.iterations)
-        optimizer, scheduler = make_optimizer(actor.parameters(), cfg.lr, cfg.warmup_steps, cfg.weight_decay,
-                                              cfg.adam_eps)
+        optimizer, scheduler = optimizer_for(actor.parameters(), cfg, planned_optimizer_steps(cfg))
         self.stream = PromptStream(train_records, cfg.seed, run.rank, run.world)
         self.generator = torch.Generator(device=HOST).manual_seed(cfg.seed)  # the update's shuffles
         self.model = run.prepare(actor, optimizer, scheduler, cfg.micro_batch_size, stream=self.stream,
@@ -273,6 +281,7 @@ class RLRun:
         metrics.update({"params/lr": run.scheduler.get_last_lr()[0], "params/max_grad_norm": self.cfg.max_grad_norm,
                         "timing/rollout_s": t1 - t0, "timing/update_s": t2 - t1,
                         "throughput/tokens_per_s": rollout.response_mask.sum().item() / max(t2 - t0, 1e-9)})
+        metrics.update({f"reward/{name}": sum(v) / max(len(v), 1) for name, v in rollout.reward_parts.items()})
         metrics = self.mean_over_processes(metrics)
         metrics["throughput/tokens_per_s"] *= run.world
         run.log(iteration, metrics)
@@ -306,12 +315,18 @@ class RLRun:
             tools = f", tool-call rate {r['tool_call_rate']:.1%}" if "tool_call_rate" in r else ""
             return f"[eval] {when} mean reward {r['mean']:.3f} (sd {r['std']:.3f}, n={r['n']}){tools}"
 
-        before = run.once("eval_before", evaluate)
+        def evaluate_shown(step: int) -> dict:  # a bar while it samples; the mean to TensorBoard / W&B
+            with run.tracker.phase("evaluation", None):
+                result = run.once("eval_before", evaluate) if step == 0 else evaluate()
+            run.tracker.log_sinks(step, {f"eval/reward_{k}": result[k] for k in ("mean", "std")})
+            return result
+
+        before = evaluate_shown(0)
         run.print(line("before training:", before))
         yield
-        after = evaluate()
+        after = evaluate_shown(run.total)
         run.print(line("after training: ", after))
-        source = f"env={cfg.env}" if self.make_env is not None else f"reward={cfg.reward}"
+        source = f"env={cfg.env}" if self.make_env is not None else f"reward={reward_name(self.reward_fn)}"
         run.print(f"[eval] change: {after['mean'] - before['mean']:+.3f} on {len(self.eval_records)} held-out prompts, "
                   f"{after['n']} samples ({source}, T={cfg.temperature})")
         run.summary.update({"eval_after": after, "eval_change": after["mean"] - before["mean"]})

@@ -9,7 +9,9 @@ One optimiser step, as numbered steps in `train`:
   4. step      clip, AdamW (LoRA adapters AND the score head: docs/pitfalls.md#lora-reference), warm-up schedule
   5. evaluate  before training, every `eval_every` steps and at the end, on held-out pairs
   6. log/save  metrics.jsonl; RUN/final = backbone (adapter or full) + score head + tokenizer +
-               rlhfkit_rm.json with the score mean/std on the training responses (for centring)
+               rlhfkit_rm.json with the score mean/std on the training responses (for centring);
+               RUN/final/sequence_classification: the same model as a transformers
+               AutoModelForSequenceClassification (causal backbones; models/classifier_reward.py)
 """
 
 from __future__ import annotations
@@ -37,7 +39,7 @@ def build_reward_model(cfg: RMConfig):
     """(RewardModel, tokenizer, info for rlhfkit_rm.json). LoRA keeps the head outside the adapter,
     fully trainable; with LoRA the frozen base is stored in the compute dtype."""
     from rlhfkit.models import DEFAULT_MODEL, load_tokenizer, resolve_model_path
-    from rlhfkit.models.loading import hub_reference
+    from rlhfkit.models.loading import hub_reference, set_chat_template
     from rlhfkit.models.policy import output_width
     from rlhfkit.models.reward_model import (
         RewardModel,
@@ -62,7 +64,7 @@ def build_reward_model(cfg: RMConfig):
     head = ScoreHead(output_width(backbone))
     model = RewardModel(backbone, head, causal=causal, pooling=resolve_pooling(cfg.pooling, causal))
     padding_side = "left" if causal else "right"  # encoders have absolute positions and no position_ids here
-    tok = load_tokenizer(cfg.model, padding_side=padding_side)
+    tok = set_chat_template(load_tokenizer(cfg.model, padding_side=padding_side), cfg.chat_template_path)
     # a Hub id stays one (resolved from the cache when loaded), not this machine's cache path
     hub = cfg.model == DEFAULT_MODEL or hub_reference(cfg.model) is not None
     base = cfg.model if hub else str(resolve_model_path(cfg.model).resolve())
@@ -145,14 +147,14 @@ def rm_step(model, optimizer, scheduler, accelerator, tok, batch: list[dict], in
     return out
 
 
-def make_rm_optimizer(model, cfg: RMConfig):
+def make_rm_optimizer(model, cfg: RMConfig, total_steps: int | None = None):
     """AdamW over the trainable backbone parameters and the score head (its own lr when head_lr is
     set), with the warm-up of runtime/optim.py."""
-    from rlhfkit.runtime.optim import make_optimizer
+    from rlhfkit.runtime.optim import optimizer_for
 
     groups = [{"params": list(model.backbone.parameters()), "lr": cfg.lr},
               {"params": list(model.head.parameters()), "lr": cfg.head_lr or cfg.lr}]
-    return make_optimizer(groups, cfg.lr, cfg.warmup_steps, cfg.weight_decay, cfg.adam_eps)
+    return optimizer_for(groups, cfg, total_steps)
 
 
 def train(cfg: RMConfig) -> dict:
@@ -160,6 +162,7 @@ def train(cfg: RMConfig) -> dict:
     from rlhfkit.data.prefs import load_preferences
     from rlhfkit.data.splits import subset, train_eval_split
     from rlhfkit.data.stream import PromptStream
+    from rlhfkit.models.classifier_reward import STANDARD_DIR, save_classifier
     from rlhfkit.models.reward_model import save_reward_model, score_texts
     from rlhfkit.rewards.scoring import mean_std
 
@@ -175,7 +178,7 @@ def train(cfg: RMConfig) -> dict:
     check(cfg.batch_size % run.world == 0, f"batch_size ({cfg.batch_size}) must be divisible by the {run.world} processes")
     steps = cfg.max_steps or cfg.epochs * -(-len(train_pairs) // cfg.batch_size)
     run.open(total=steps, unit="step", train_pairs=len(train_pairs), eval_pairs=len(eval_pairs), steps=steps)
-    optimizer, scheduler = make_rm_optimizer(model, cfg)
+    optimizer, scheduler = make_rm_optimizer(model, cfg, steps)
     stream = PromptStream(train_pairs, cfg.seed)
     model = run.prepare(model, optimizer, scheduler, cfg.micro_batch_size, stream=stream)
     run.resume()  # when resuming: weights, optimiser, data position, RNG, before-eval
@@ -212,7 +215,8 @@ def train(cfg: RMConfig) -> dict:
 
     def save(folder, state):
         save_reward_model(run.core, tok, folder, info, merge=cfg.save_merged, state_dict=state)
-        return {"final": str(folder)}
+        standard = save_classifier(run.core, tok, folder / STANDARD_DIR) if state is None else None
+        return {"final": str(folder), **({"sequence_classification": str(standard)} if standard else {})}
 
     return run.finish(save)
 

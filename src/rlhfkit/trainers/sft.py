@@ -45,22 +45,27 @@ __all__ = ["ResponseNLL", "SFTConfig", "mean_nll", "sft_step", "train"]
 class ResponseNLL(nn.Module):
     """Per-token negative log-likelihood of the labelled (response) tokens.
 
-    forward(input_ids, attention_mask, labels) -> (nll (B, L-1), mask (B, L-1)); position t
-    predicts token t+1, and the LM head runs only where a label exists (prompt logits are
-    never computed). Wrapping the model in one module lets Accelerate/DDP see the forward.
+    forward(input_ids, attention_mask, labels[, position_ids]) -> (nll (B, L-1), mask (B, L-1));
+    position t predicts token t+1, and the LM head runs only where a label exists (prompt logits
+    are never computed). Packed rows give `position_ids` that restart per example and no mask:
+    transformers then lets each example attend only to itself. Wrapping the model in one module
+    lets Accelerate/DDP see the forward.
     """
 
     def __init__(self, model: nn.Module):
         super().__init__()
         self.model = model
 
-    def forward(self, input_ids, attention_mask, labels):
+    def forward(self, input_ids, attention_mask, labels, position_ids=None):
         from rlhfkit.models.policy import output_logits, position_ids_from_mask
 
         get_base = getattr(self.model, "get_base_model", None)
         lm = get_base() if callable(get_base) else self.model  # LoRA layers stay injected
-        hidden = lm.get_decoder()(input_ids=input_ids, attention_mask=attention_mask,
-                                  position_ids=position_ids_from_mask(attention_mask),
+        if position_ids is not None:  # packed: the restarts of position_ids mark the examples
+            attention_mask = None
+        else:
+            position_ids = position_ids_from_mask(attention_mask)
+        hidden = lm.get_decoder()(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
                                   use_cache=False).last_hidden_state[:, :-1]  # (B, L-1, H)
         targets = labels[:, 1:]  # (B, L-1)
         mask = targets != IGNORE_INDEX
@@ -149,10 +154,10 @@ def sft_step(module, optimizer, scheduler, accelerator, batch: list[dict], pad_i
 
 def train(cfg: SFTConfig) -> dict:
     """Run SFT; returns the summary (also written to RUN/summary.json)."""
-    from rlhfkit.data.sft import load_sft_examples, tokenize_examples
+    from rlhfkit.data.sft import load_sft_examples, pack_examples, tokenize_examples
     from rlhfkit.data.splits import subset, train_eval_split
     from rlhfkit.data.stream import PromptStream
-    from rlhfkit.runtime.optim import make_optimizer
+    from rlhfkit.runtime.optim import optimizer_for
     from rlhfkit.trainers.build import build_policy
 
     run = Run(cfg, "sft")
@@ -166,17 +171,22 @@ def train(cfg: SFTConfig) -> dict:
     eval_ex, _ = tokenize_examples(tok, eval_rows, cfg, cfg.max_length)
     if not train_ex:
         raise UserError(f"data: every example of {cfg.data} lost its response to max_length={cfg.max_length}")
+    n_examples = len(train_ex)
+    if cfg.packing:
+        train_ex = pack_examples(train_ex, cfg.max_length)
     check(cfg.batch_size % run.world == 0, f"batch_size ({cfg.batch_size}) must be divisible by the {run.world} processes")
     steps = cfg.max_steps or cfg.epochs * math.ceil(len(train_ex) / cfg.batch_size)
     run.open(total=steps, unit="step", train_examples=len(train_ex), eval_examples=len(eval_ex), steps=steps)
     if dropped:
         run.print(f"[sft] dropped {dropped} examples whose response did not fit in max_length={cfg.max_length}")
-    optimizer, scheduler = make_optimizer(model.parameters(), cfg.lr, cfg.warmup_steps, cfg.weight_decay, cfg.adam_eps)
+    if cfg.packing:
+        run.print(f"[sft] packed {n_examples} examples into {len(train_ex)} rows of up to {cfg.max_length} tokens")
+    optimizer, scheduler = optimizer_for(model.parameters(), cfg, steps)
     stream = PromptStream(train_ex, cfg.seed)
     module = run.prepare(ResponseNLL(model), optimizer, scheduler, cfg.micro_batch_size, stream=stream)
     run.resume()  # when resuming: weights, optimiser, data position, RNG, before-eval
 
-    rouge_rows = eval_rows[: cfg.rouge_examples]
+    rouge_rows = [r for r in eval_rows if r["prompt"] != ""][: cfg.rouge_examples]  # text records have no reference
 
     def evaluate(with_rouge: bool = False) -> dict:
         stats = eval_stats(run.core, eval_ex, pad_id, cfg, run.device)

@@ -10,10 +10,11 @@ from rlhfkit.trainers.options import ModelArgs, OptimizerArgs, RunArgs
 
 @dataclass
 class SFTConfig(ModelArgs, OptimizerArgs, RunArgs):
-    """Supervised fine-tuning on (prompt, response) pairs; the loss covers the response tokens only."""
+    """Supervised fine-tuning on (prompt, response) pairs, conversations or plain text."""
 
     data: str = option("builtin:instructions", "training examples: builtin:instructions|arithmetic, or a JSONL/CSV/"
-                       "Parquet file or saved `datasets` folder with prompt+response (or completion) or chat messages")
+                       "Parquet file or saved `datasets` folder with prompt+response (or completion), chat messages, "
+                       "or text (every token trained); in Python also a datasets.Dataset")
     eval_data: str | None = option(None, "held-out examples (default: the test split of `data`; for a file without "
                                    "a split field, eval_fraction of it)")
     eval_fraction: float = option(0.1, "share of `data` held out for eval when it has no split field and no eval_data")
@@ -24,6 +25,13 @@ class SFTConfig(ModelArgs, OptimizerArgs, RunArgs):
     batch_size: int = option(8, "examples per optimiser step (all processes together)")
     micro_batch_size: int = option(4, "examples per forward/backward (gradient accumulation = batch / micro)")
     max_length: int = option(512, "tokens per example (prompt + response), cut from the right")
+    completion_only_loss: bool = option(True, "prompt/response records: the loss covers the response only (false: "
+                                        "the prompt too)")
+    packing: bool = option(False, "concatenate training examples into rows of up to max_length tokens (first-fit by "
+                           "length), each example attending only to itself (position ids restart per example): "
+                           "fewer padded positions; batch_size then counts rows. Evaluation stays unpacked")
+    assistant_only_loss: bool = option(False, "conversations (messages): the loss covers every assistant turn; "
+                                       "false (TRL's default) = every token of the conversation")
     lr: float = option(2e-4, "AdamW learning rate (LoRA default; use ~2e-5 for full fine-tuning)")
     rouge_examples: int = option(32, "held-out examples whose greedy responses are scored with ROUGE-1/2/L against "
                                  "the reference responses before and after training (0 = skip)")

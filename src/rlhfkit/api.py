@@ -1,0 +1,70 @@
+"""The Python API: one `train(config)` for every trainer, chosen by the config's class.
+
+    from rlhfkit import GRPOConfig, train
+
+    def reward(completions, **kwargs):          # TRL's reward signature
+        return [float(len(c) < 40) for c in completions]
+
+    summary = train(GRPOConfig(prompts=my_dataset, reward=reward, iterations=10))
+
+A config built directly is checked as the command line checks it (types, ranges, the options'
+relations) before anything loads; values only Python can give (a reward function, a
+``datasets.Dataset``) pass through and config.yaml records them by import path or with a note
+(runtime/recorded.py). docs/python-api.md has runnable examples.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+from typing import Any
+
+# config class -> "module:class" of the config and the module whose train() runs it (subclasses:
+# RLOO/GSPO/DAPO/REINFORCE++ run GRPO's train, SimPO/ORPO DPO's)
+CONFIGS: dict[str, tuple[str, str]] = {
+    "PPOConfig": ("rlhfkit.trainers.ppo_config", "rlhfkit.trainers.ppo"),
+    "TRPOConfig": ("rlhfkit.trainers.trpo_config", "rlhfkit.trainers.trpo"),
+    "SFTConfig": ("rlhfkit.trainers.sft_config", "rlhfkit.trainers.sft"),
+    "RMConfig": ("rlhfkit.trainers.rm_config", "rlhfkit.trainers.rm"),
+    "DPOConfig": ("rlhfkit.trainers.dpo_config", "rlhfkit.trainers.dpo"),
+    "SimPOConfig": ("rlhfkit.trainers.dpo_config", "rlhfkit.trainers.dpo"),
+    "ORPOConfig": ("rlhfkit.trainers.dpo_config", "rlhfkit.trainers.dpo"),
+    "KTOConfig": ("rlhfkit.trainers.kto_config", "rlhfkit.trainers.kto"),
+    "OnlineDPOConfig": ("rlhfkit.trainers.online_dpo_config", "rlhfkit.trainers.online_dpo"),
+    "GRPOConfig": ("rlhfkit.trainers.grpo_config", "rlhfkit.trainers.grpo"),
+    "RLOOConfig": ("rlhfkit.trainers.grpo_config", "rlhfkit.trainers.grpo"),
+    "GSPOConfig": ("rlhfkit.trainers.grpo_config", "rlhfkit.trainers.grpo"),
+    "DAPOConfig": ("rlhfkit.trainers.grpo_config", "rlhfkit.trainers.grpo"),
+    "ReinforcePPConfig": ("rlhfkit.trainers.grpo_config", "rlhfkit.trainers.grpo"),
+}
+
+
+# command -> its config class (`rlhfkit COMMAND` parses into this)
+COMMAND_CONFIGS: dict[str, str] = {
+    "ppo": "PPOConfig", "trpo": "TRPOConfig", "sft": "SFTConfig", "rm": "RMConfig", "dpo": "DPOConfig",
+    "simpo": "SimPOConfig", "orpo": "ORPOConfig", "kto": "KTOConfig", "online-dpo": "OnlineDPOConfig",
+    "grpo": "GRPOConfig", "rloo": "RLOOConfig", "gspo": "GSPOConfig", "dapo": "DAPOConfig",
+    "reinforce_pp": "ReinforcePPConfig",
+}
+
+
+def config_class(name: str) -> type:
+    """The config class called `name` (e.g. "GRPOConfig")."""
+    return getattr(importlib.import_module(CONFIGS[name][0]), name)
+
+
+def checked(cfg: Any) -> Any:
+    """`cfg` rebuilt through runtime.config.build_config: coerced and validated like a command line."""
+    from rlhfkit.runtime.config import build_config
+
+    values = {f.name: getattr(cfg, f.name) for f in dataclasses.fields(cfg)}
+    return build_config(type(cfg), values, source="config")
+
+
+def train(cfg: Any) -> dict:
+    """Train with any rlhfkit config (GRPOConfig, PPOConfig, SFTConfig, DPOConfig, ...); returns the
+    run's summary (also RUN/summary.json). Bad values raise rlhfkit.errors.UserError (one line)."""
+    name = next((k.__name__ for k in type(cfg).__mro__ if k.__name__ in CONFIGS), None)
+    if name is None or not dataclasses.is_dataclass(cfg):
+        raise TypeError(f"train() takes an rlhfkit config ({', '.join(CONFIGS)}), got {type(cfg).__name__}")
+    return importlib.import_module(CONFIGS[name][1]).train(checked(cfg))

@@ -1,0 +1,44 @@
+"""The README: its first screen is the quickstart with the user's own model, data and reward (and the
+two scripts), the quickstart runs as written (a tiny model in place of the user's), and the
+Documentation list names every page in docs/."""
+
+from __future__ import annotations
+
+import re
+import shlex
+import subprocess
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+README = (ROOT / "README.md").read_text(encoding="utf-8")
+FIRST_SCREEN = "\n".join(README.splitlines()[:40])
+
+
+def test_the_first_screen_is_the_quickstart():
+    assert "## Quickstart: your model, your data, your reward" in FIRST_SCREEN
+    assert "`bash scripts/demo.sh`" in FIRST_SCREEN and "`bash scripts/test.sh`" in FIRST_SCREEN
+    assert "model=" in FIRST_SCREEN and "prompts=my_prompts.jsonl" in FIRST_SCREEN and "reward=python:" in FIRST_SCREEN
+    assert FIRST_SCREEN.count("| --- |") == 0  # no benchmark table before it
+    assert "dequantised from the Q4_1 GGUF" in README and "hf download" in README
+
+
+def test_the_quickstart_runs_as_written(tmp_path, tiny_model_dir):
+    from rlhfkit.cli import main as cli_main
+
+    block = re.search(r"^```bash\n(.*?)^```", FIRST_SCREEN + "\n```", re.S | re.M).group(1)
+    setup, command = block.rsplit("\n.venv/bin/rlhfkit ", 1)
+    subprocess.run(["bash", "-c", setup], cwd=tmp_path, check=True)
+    argv = [a.replace("Qwen/Qwen2.5-0.5B-Instruct", str(tiny_model_dir)) for a in shlex.split(command)]
+    argv = [a.replace("my_", str(tmp_path / "my_")) if "my_" in a else a for a in argv]
+    small = ["iterations=1", "rollout_batch_size=8", "group_size=4", "mini_batch_size=8", "micro_batch_size=4",
+             "max_new_tokens=4", "num_eval_prompts=1", f"output_dir={tmp_path / 'runs'}", "run_name=q",
+             "quiet=true", "tensorboard=false"]
+    assert cli_main([*argv, *small]) == 0
+    assert (tmp_path / "runs" / "q" / "final").is_dir()
+
+
+def test_the_documentation_list_names_every_page():
+    listed = README[README.index("## Documentation"):README.index("## Tests")]
+    pages = sorted(p.name for p in (ROOT / "docs").glob("*.md"))
+    assert [p for p in pages if f"docs/{p}" not in listed] == []
+    assert "docs/learn/" in listed
