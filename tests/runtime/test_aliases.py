@@ -102,3 +102,11 @@ def test_help_names_the_aliases():
     text = help_text(GRPOConfig, "rlhfkit grpo")
     assert "  group_size (int, default 8) (also: num_generations, rloo_k)" in text
     assert "  lr (float, default 0.0003) (also: learning_rate)" in text
+
+
+def test_a_yaml_list_of_rewards_as_trl_writes_reward_funcs(tmp_path):
+    (tmp_path / "c.yaml").write_text("reward_funcs: [sentiment, 'length:20']\nreward_weights: [1.0, 0.5]\n")
+    cfg = parse_args(GRPOConfig, [str(tmp_path / "c.yaml")], "rlhfkit grpo")
+    assert (cfg.reward, cfg.reward_weights) == ("sentiment,length:20", [1.0, 0.5])
+    with pytest.raises(ConfigError, match="model=.*expected str"):
+        build_config(GRPOConfig, {"model": ["a", "b"]})  # other text options still take one text

@@ -23,11 +23,14 @@ C = TypeVar("C")
 BOOL_WORDS = ("1", "true", "yes", "on", "0", "false", "no", "off")
 
 
-def option(default: Any, help: str, choices: tuple | None = None) -> Any:
-    """A config field with its help text (and optional allowed values)."""
-    meta = {"help": help}
+def option(default: Any, help: str, choices: tuple | None = None, several: bool = False) -> Any:
+    """A config field with its help text (and optional allowed values). `several`: a text option that
+    also takes a YAML list of texts, kept as ``a,b`` (TRL's ``reward_funcs: [a, b]``)."""
+    meta: dict[str, Any] = {"help": help}
     if choices is not None:
         meta["choices"] = tuple(choices)
+    if several:
+        meta["several"] = True
     if isinstance(default, (list, dict)):
         return dataclasses.field(default_factory=lambda: type(default)(default), metadata=meta)
     return dataclasses.field(default=default, metadata=meta)
@@ -157,6 +160,8 @@ def build_config(cls: type[C], values: dict[str, Any], source: str = "",
     for given, raw in values.items():
         key = _field_key(cls, given, source)
         where = (sources or {}).get(given, (sources or {}).get(key, source))
+        if fields[key].metadata.get("several") and isinstance(raw, (list, tuple)) and all(isinstance(x, str) for x in raw):
+            raw = ",".join(raw)  # reward: [a, b] is reward=a,b
         kwargs[key] = _coerce(key, raw, hints[key], fields[key].metadata.get("choices"), where)
     cfg = cls(**kwargs)
     for klass in reversed(type(cfg).__mro__):

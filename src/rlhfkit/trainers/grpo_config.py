@@ -40,7 +40,8 @@ class GRPOConfig(EnvArgs, GenerationArgs, ReferenceArgs, SamplingArgs, ModelArgs
     reward: str = option("arithmetic", "arithmetic (exact match) | sentiment | length[:N] | model:PATH (an `rlhfkit rm` "
                          "folder, or any AutoModelForSequenceClassification folder or Hub id) | python:module:function "
                          "(called as TRL calls rewards: prompts=, completions=, each prompt field as a keyword); "
-                         "a,b = several, summed with reward_weights, each logged as reward/NAME. In Python: a callable or a list")
+                         "a,b (or a YAML list) = several, summed with reward_weights, each logged as reward/NAME. In Python: a "
+                         "callable or a list", several=True)
     reward_weights: list[float] | None = option(None, "one weight per reward in `reward` (None: 1 each)")
     solved_threshold: float = option(1.0, "a sample counts as solved when its score is >= this (rollout/solved_fraction)")
     # rollout

@@ -40,7 +40,8 @@ class ActorCriticArgs(EnvArgs, GenerationArgs, ReferenceArgs, SamplingArgs, Mode
     reward: str = option("sentiment", "sentiment | arithmetic | length[:N] | model:PATH (an `rlhfkit rm` "
                          "folder, or any AutoModelForSequenceClassification folder or Hub id) | python:module:function "
                          "(called as TRL calls rewards: prompts=, completions=, each prompt field as a keyword); "
-                         "a,b = several, summed with reward_weights, each logged as reward/NAME. In Python: a callable or a list")
+                         "a,b (or a YAML list) = several, summed with reward_weights, each logged as reward/NAME. In Python: a "
+                         "callable or a list", several=True)
     reward_weights: list[float] | None = option(None, "one weight per reward in `reward` (None: 1 each)")
     # rollout
     iterations: int = option(18, "iterations (rollout + update)")
