@@ -1,4 +1,4 @@
-"""One rlhfkit command on two source trees at once: an older commit and the working tree (issue 24).
+"""One rlhfkit command on two source trees at once: an older commit and the working tree.
 
 Both run side by side, one torch thread each (one per core of a 2-core machine, so neither waits on
 the other), in fresh processes. Prints each side's peak RSS (the kernel's ru_maxrss), CPU time, and

@@ -1,4 +1,4 @@
-"""What one training position costs in memory on the CPU, for `rlhfkit estimate-memory` (issue 24).
+"""What one training position costs in memory on the CPU, for `rlhfkit estimate-memory`.
 
 1. Activation bytes: the default model's decoder runs a forward with gradients on B rows x L random tokens
    (train mode, the trainers' autocast) and the bytes glibc holds afterwards (mallinfo2: in use plus mmapped)

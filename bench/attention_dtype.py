@@ -1,4 +1,4 @@
-"""One layer's attention on the CPU: bf16 flash attention against q, k, v cast to float32 (issue 24).
+"""One layer's attention on the CPU: bf16 flash attention against q, k, v cast to float32.
 
 torch.nn.functional.scaled_dot_product_attention forward + backward at SmolLM2's head shape (9 heads of
 64) with a float additive mask (causal, as transformers builds it), for the row x length shapes of the

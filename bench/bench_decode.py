@@ -1,4 +1,4 @@
-"""Sampling speed (issue 24): HF generate (rollout/core.py, the reference path) against the lean decode
+"""Sampling speed: HF generate (rollout/core.py, the reference path) against the lean decode
 loop (rollout/decode.py) on the default model, back to back in one process, written to docs/benchmarks.md.
 
 Model as the PPO demo builds it (`build_policy` with PPOConfig defaults: SmolLM2-135M-Instruct, dtype auto,

@@ -1,4 +1,4 @@
-"""GRPO and DPO step speed and peak memory against trl's stable trainers (issue 5), written to docs/benchmarks.md.
+"""GRPO and DPO step speed and peak memory against trl's stable trainers, written to docs/benchmarks.md.
 
 Standard GRPO work = `rlhfkit grpo` defaults (read from GRPOConfig at run time): SmolLM2-135M-Instruct with LoRA
 (r=16, alpha=32, attention+MLP projections), builtin:arithmetic, 8 prompts x G=8 = 64 completions per rollout,
@@ -88,7 +88,7 @@ TRL_HOW = {"trl-grpo": {}, "trl-dpo": {}, "trl-dpo-ref-on-the-fly": {},
            "trl-dpo-best": {"bf16": True, "micro": 4}, "trl-dpo-best-ckpt": {"bf16": True, "ckpt": True, "micro": 4},
            # bf16=True alone (fp32 weights, autocast only): what TrainingArguments' flag does by itself on a CPU
            "trl-dpo-best-autocast": {"bf16": True, "fp32_weights": True, "micro": 4}}
-# (label, TRL config, rlhfkit config, speed-up target, memory-ratio target): issue 24's targets.
+# (label, TRL config, rlhfkit config, speed-up target, memory-ratio target): the CPU speed targets.
 TARGETS = [("GRPO like for like (every row, LoRA every layer, fp32)", "trl-grpo", "grpo-all-rows", 3.0, 0.3),
            ("GRPO default vs TRL fp32", "trl-grpo", "grpo-default", 4.0, 0.3),
            ("GRPO default vs TRL best", "trl-grpo-best", "grpo-default", 4.0, 0.3),
@@ -692,8 +692,8 @@ def render(header: str, results: dict, grpo_steps: int, dpo_steps: int, peak: di
     steps_per_rollout = c.update_epochs * (c.rollout_batch_size // c.optimiser_batch)
     accum = c.optimiser_batch // c.micro_batch_size
     lines = [f"Machine: {header}.",
-             "Targets (issue 24): like for like >= 3x and rlhfkit's defaults >= 4x faster per unit than trl's "
-             "trainers, at <= 0.3x their peak memory (issue 5 asked >= 1.5x at equal or lower memory). Speed-up = "
+             "CPU speed targets: like for like >= 3x and rlhfkit's defaults >= 4x faster per unit than trl's "
+             "trainers, at <= 0.3x their peak memory (the first target: >= 1.5x at equal or lower memory). Speed-up = "
              "TRL CPU s / rlhfkit CPU s per unit (time.process_time of each configuration's process: with one "
              "thread per configuration it equals wall time on an idle core and other jobs do not inflate it; the "
              "wall-time ratio is shown next to it); memory = rlhfkit peak RSS / TRL peak RSS (each configuration "
@@ -758,7 +758,7 @@ def render(header: str, results: dict, grpo_steps: int, dpo_steps: int, peak: di
         if cmp:
             lines += ["", *[h.format(u="step") for h in CMP_HEAD], *cmp]
     if any(k in TRL_CONFIGS for k in results):
-        lines += ["", "Against issue 24's targets (speed-up of CPU s per unit):", "",
+        lines += ["", "Against the CPU speed targets (speed-up of CPU s per unit):", "",
                   benchdoc.ratio_table([t for t in TARGETS if t[1] in results or t[2] in results], results)]
     floors = floor_rows(results, peak) if peak else []
     if floors:

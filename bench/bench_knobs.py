@@ -1,4 +1,4 @@
-"""Memory and speed knobs (issue 9): one PPO iteration of the real default model per configuration,
+"""Memory and speed knobs: one PPO iteration of the real default model per configuration,
 written to docs/benchmarks.md between the bench_knobs markers.
 
 Knobs: gradient checkpointing, full fine-tuning with and without reference offload, the scoring /

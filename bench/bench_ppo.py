@@ -1,4 +1,4 @@
-"""PPO iteration speed on the standard work (issue 3), written to docs/benchmarks.md.
+"""PPO iteration speed on the standard work, written to docs/benchmarks.md.
 
 Standard work: SmolLM2-135M-Instruct, 16 prompts per iteration (builtin:reviews), 48 new tokens,
 temperature 1, 2 PPO epochs, mini-batch 8, sentiment reward; LoRA and full fine-tuning, fp32 and
@@ -59,7 +59,7 @@ TRL_CONFIGS = {
     "trl-best": {"lora": True, "bf16": True, "ckpt": False, "vs": ["default", "lora-bf16"]},
     "trl-best-ckpt": {"lora": True, "bf16": True, "ckpt": True, "vs": ["default", "lora-bf16"]},
 }
-# (label, TRL config, rlhfkit config, speed-up target, memory-ratio target): issue 24's targets.
+# (label, TRL config, rlhfkit config, speed-up target, memory-ratio target): the CPU speed targets.
 TARGETS = [("like for like (LoRA every layer, fp32)", "trl-lora-fp32", "lora-fp32", 3.0, 0.3),
            ("default vs TRL fp32", "trl-lora-fp32", "default", 4.0, 0.3),
            ("default vs TRL best", "trl-best", "default", 4.0, 0.3),
@@ -306,7 +306,7 @@ def render_trl(results: dict) -> list[str]:
                          f"| {ours['cpu_s']:.1f} | {ours['wall_unit_s']:.1f} | {t['cpu_s'] / ours['cpu_s']:.2f}x "
                          f"| {t['iteration_s'] / ours['wall_unit_s']:.2f}x | {ours['peak_rss_gb']:.2f} "
                          f"| {ours['peak_rss_gb'] / t['peak_rss_gb']:.2f} |")
-    lines += ["", "Against issue 24's targets (speed-up of CPU s per iteration):", "",
+    lines += ["", "Against the CPU speed targets (speed-up of CPU s per iteration):", "",
               benchdoc.ratio_table(TARGETS, results)]
     lines += ["", "TRL needs a reward *model* and a separate value model (its design), so it also runs a 135M "
               "reward-model forward per rollout and trains a full 135M value model; rlhfkit puts a value head on "

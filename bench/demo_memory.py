@@ -1,4 +1,4 @@
-"""Peak resident memory of every trainer's default demo (issue 24), against `rlhfkit estimate-memory`.
+"""Peak resident memory of every trainer's default demo, against `rlhfkit estimate-memory`.
 
 Each demo runs in a fresh process under bench/memory_phases.py (phases wrapped, each phase's exact
 peak) with one torch thread; the whole run's peak is the highest of the phases' exact peaks (the
@@ -80,10 +80,10 @@ ESTIMATES = {
     "rm": "method=rm lora_layers=4 micro_batch_size=8 prompt_length=54 max_new_tokens=37",
 }
 COMMON_ESTIMATE = "model=smollm2-135m device=cpu dtype=bf16"
-# Demos whose code path the changes of issue 24 (row chunks, micro-batch columns, heap trims around
+# Demos whose code path the memory work of 2026-11-24 (row chunks, micro-batch columns, heap trims around
 # the RL update) left as it was: their peak before is the peak after.
 UNCHANGED = {"sft", "rm"}
-MIDDLE = "after_v3_session11"  # the results label of session 11's figures (the table's middle column)
+MIDDLE = "after_v3_session11"  # the results label of the figures before 91d48a8 (the table's middle column)
 
 
 def measure(name: str, out_dir: str, pythonpath: str | None) -> dict:
@@ -149,7 +149,7 @@ shapes (sampling after the update, an evaluation after training, a micro-batch o
 not reuse them and grows the heap anew, so RSS summed the phases' peaks.
 
 Cuts (the same results up to float rounding, tests/trainers/test_chunked_passes.py): on the CPU a
-micro-batch of more than 512 response positions ran (since session 12: more than 640 positions run,
+micro-batch of more than 512 response positions ran (since 91d48a8: more than 640 positions run,
 below) in near-equal row chunks with the micro-batch's
 columns (rollout/logprobs.py `row_chunks`, `rows_of`: the scoring pass, the update, DPO's reference
 table, steps and held-out pass cut alike, so the first update chunk still repeats the scoring pass
@@ -169,7 +169,7 @@ stages now start at 0.6-1.0 GiB; the peak moved to the SFT stage's steps). The s
 left its peak where it was (2.67 against 2.66 GB, max RSS of `rlhfkit dpo max_steps=5`) and cost up to
 1 s a step, so DPO, SFT and the reward model have none.
 
-Added 2026-11-24 (session 12): the chunk budget counts the positions a forward runs, prompt and
+Added 2026-11-24 (91d48a8): the chunk budget counts the positions a forward runs, prompt and
 response (R per row, P per distinct prompt, since a shared prompt runs once), at most 640
 (`cpu_chunk_positions`), where it had counted response positions only (512), and SFT's steps cut
 their micro-batches the same way. Before, KTO (3.41 GB), REINFORCE++ (3.07) and the pipeline (2.60)
@@ -188,7 +188,7 @@ old cut back (4 x 128 + 260 = 772 positions).
 Estimate: `rlhfkit estimate-memory` now counts at most max(cpu_chunk_positions, one row) positions
 per chunk whatever the widths (an upper bound for the chunk); the pipeline's estimate is the largest
 of its stages'. TRPO's policy step was not modelled then (its estimate was the PPO one, 0.58 of the
-measured peak); since session 14 it is (below).
+measured peak); since a44bde6 it is (below).
 The table's demos are shortened (first iteration or first steps). The whole `rlhfkit grpo` demo (30
 iterations, one thread) peaked at 2.44 GB (max RSS; 5% -> 36% held-out accuracy), against 1.43 for its
 first iteration: in bf16 glibc's bytes in use grow by about 30 MiB per iteration (0.64 GiB after the first
@@ -205,7 +205,7 @@ control: with ONEDNN_PRIMITIVE_CACHE_CAPACITY=0 or 64 the level is ~370-390 MiB)
 micro-batch width is a new shape. Bounded, but the whole grpo demo reached 2.44 GB, next to the 2.5 GB
 target, where its first iteration peaked at 1.43.
 
-Fixed (session 13): the trainers cap both caches at 64 entries (runtime/allocator.py `cap_kernel_caches`:
+Fixed 2026-11-24 (356666b): the trainers cap both caches at 64 entries (runtime/allocator.py `cap_kernel_caches`:
 ONEDNN_PRIMITIVE_CACHE_CAPACITY and ideep's LRU_CACHE_CAPACITY, unless the user set them; both are read at
 the first oneDNN matmul, so `Run` sets them first). bench/shape_cache.py over 300 steps of new row counts:
 685 MiB in use uncapped, 418 with LRU_CACHE_CAPACITY=16 alone, 105 with both (flat; fixed M: 97). A whole
@@ -220,12 +220,12 @@ through the 30 iterations (bench/memory_phases.py grpo); what still moves the pe
 heap (0.77 -> 0.94 GiB) after a micro-batch of a new, longer width. The whole multi-turn demo (10
 iterations) peaked at 2.27 GB.
 
-In session 13 (the kernel caps, and bf16 attention in float32 up to 256 keys: rlhfkit/models/attention.py),
-against session 12: DPO, SimPO, ORPO and KTO 0.07-0.12 GB lower, DAPO, REINFORCE++ and online DPO 0.03-0.07
+On the code of 29b7522 (the kernel caps, and bf16 attention in float32 up to 256 keys: rlhfkit/models/attention.py),
+against that of 91d48a8: DPO, SimPO, ORPO and KTO 0.07-0.12 GB lower, DAPO, REINFORCE++ and online DPO 0.03-0.07
 higher, TRPO 2.30 -> 2.25, the pipeline 2.34 -> 2.38; all under 2.5 GB.
 
-The "peak after" column is the session-14 code (e9cde13: TRPO's step in row chunks, grouped
-key/value heads in the CPU attention kernel), every demo measured again. Against session 13: TRPO 2.25 ->
+The "peak after" column is the code of e9cde13 (TRPO's step in row chunks, grouped
+key/value heads in the CPU attention kernel), every demo measured again. Against 29b7522's: TRPO 2.25 ->
 1.95, DAPO 2.00 -> 1.81, REINFORCE++ 2.04 -> 1.94, DPO / SimPO / ORPO 1.79-1.80 -> 1.68-1.71, KTO 1.85 -> 1.78,
 online DPO 2.00 -> 1.92, the pipeline 2.38 -> 2.31; PPO, GRPO, multi-turn GRPO, GSPO, SFT and the reward model
 within 0.03; RLOO 1.37 -> 1.48 (its second held-out evaluation, after one update: bytes in use 0.53 GiB in
@@ -233,9 +233,9 @@ both runs, free heap 0.53 -> 0.63 GiB; the update differs by float rounding, so 
 other responses). The
 estimate column is `estimate-memory` with the activation bytes of bench/activation_bytes.py (section above)
 and the process baseline measured with the model loaded: 15 of the 16 demos within 20% of the measured peak,
-9 of them within 5%; DAPO was under by 21% (session 15 found why: below).
+9 of them within 5%; DAPO was under by 21% (1d0aa27 found why: below).
 
-Session 15: the GRPO family (grpo, rloo, dapo, gspo, reinforce_pp) is measured whole, 30 iterations.
+Since 6a058ae the GRPO family (grpo, rloo, dapo, gspo, reinforce_pp) is measured whole, 30 iterations.
 Shortened to its first iteration, `rlhfkit grpo`, `rloo` and `gspo` had updated 8 rows (the one group
 whose rewards differed: the model solves ~5% of the arithmetic at first), so their peak was the held-out
 sampling; later updates run up to all 64 rows. And the estimate counted 2 prompts per 16-row micro-batch
@@ -252,7 +252,7 @@ instrumented run, none lowered it: every micro-batch at the rollout's full width
 same: 1.76 GiB), the gradients allocated once in one flat buffer and zeroed in place instead of freed
 (1.72), glibc's own settings instead of the trainers' malloc tuning (`RLHFKIT_TUNE_MALLOC=0`: 1.71).
 
-TRPO (session 14). Its policy step was the one pass that ran 8-row micro-batches whole on the CPU, and its
+TRPO (a44bde6). Its policy step was the one pass that ran 8-row micro-batches whole on the CPU, and its
 gradient terms computed the token KL too (whose gradient is 0 at theta_old): bench/memory_phases.py with the
 step's parts wrapped (`trpo iterations=1 num_eval_prompts=0 --wrap rlhfkit.trainers.trpo:summed_flat_grad:grad
 --wrap rlhfkit.trainers.trpo:gauss_newton_fvp:fisher_build --wrap rlhfkit.trainers.trpo:trpo_step:cg_and_search`)
@@ -277,7 +277,7 @@ def cell(r: dict | None) -> str:
 def table(results: dict) -> str:
     before, after = results.get("before", {}), results.get("after", {})
     middle = results.get(MIDDLE, {})
-    rows = ["| trainer | demo command (shortened to) | peak before, GB | session 11, GB | peak after, GB | "
+    rows = ["| trainer | demo command (shortened to) | peak before, GB | before 91d48a8, GB | peak after, GB | "
             "phase of the peak | estimate, GB | estimate / measured |",
             "| --- | --- | ---: | ---: | ---: | --- | ---: | ---: |"]
     for name in DEMOS:
@@ -297,9 +297,9 @@ def table(results: dict) -> str:
             "the policy update, step = a DPO-family optimiser step). Estimate: `rlhfkit estimate-memory "
             f"{COMMON_ESTIMATE} ...` with the demo's shapes (bench/demo_memory.py ESTIMATES). Before = the code "
             "before the row chunks and heap trims reached the demo's path (pipeline: before its stage trims); \"= after\": a demo whose code path they do not change (`UNCHANGED`); "
-            "\"-\": not measured before. Session 11: the figures of 2026-11-24 before the chunk budget counted "
+            "\"-\": not measured before. Before 91d48a8: the figures of 2026-11-24 before the chunk budget counted "
             "prompt positions (sft and rm were not measured again: their demos' micro-batches run whole under "
-            "both budgets). \"whole\": the demo unshortened (the GRPO family since session 15; its earlier "
+            "both budgets). \"whole\": the demo unshortened (the GRPO family since 6a058ae; its earlier "
             "columns are of the first iteration).")
     return "\n".join(rows) + "\n" + note + "\n" + FINDINGS
 

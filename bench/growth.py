@@ -1,4 +1,4 @@
-"""How the cost of a PPO iteration grows (issue 24): seconds per iteration and peak RSS against the
+"""How the cost of a PPO iteration grows: seconds per iteration and peak RSS against the
 rollout batch, the response length and the model size, with fitted growth laws.
 
 Each point runs bench/bench_ppo.py's standard work (LoRA on the top 12 layers, dtype=auto) with one

@@ -1,4 +1,4 @@
-"""Where a command's peak resident memory goes, phase by phase (issue 24).
+"""Where a command's peak resident memory goes, phase by phase.
 
 Runs an rlhfkit command in this process with its phases wrapped (sampling, log-prob pass, update,
 backward, optimiser step, evaluation; DPO: reference tables, training steps, held-out metrics). At

@@ -1,4 +1,4 @@
-"""Does malloc's in-use memory grow with the number of distinct matmul shapes? (issue 24)
+"""Does malloc's in-use memory grow with the number of distinct matmul shapes?
 
 Two linear layers of SmolLM2-135M's MLP shape (576 -> 1536 -> 576, frozen weights in the given dtype)
 run forward and backward under autocast, once per step, on an input of M rows: M fixed, or drawn

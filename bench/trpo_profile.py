@@ -1,4 +1,4 @@
-"""Where one `rlhfkit trpo` iteration spends its time (issue 21), on the default model and settings.
+"""Where one `rlhfkit trpo` iteration spends its time, on the default model and settings.
 
 One process: builds the run as `rlhfkit trpo` does (SmolLM2-135M-Instruct, LoRA on the top 12
 layers, 16 prompts x 48 new tokens, micro-batch 8), samples and scores one rollout and runs the

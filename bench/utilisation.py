@@ -1,4 +1,4 @@
-"""Utilisation of the standard PPO work (issue 24): model FLOPs per second per phase against this
+"""Utilisation of the standard PPO work: model FLOPs per second per phase against this
 machine's measured matmul peak, written to docs/benchmarks.md.
 
 1. Peak: torch.mm GFLOP/s in fp32 and bf16 at the default model's shapes (hidden 576, intermediate

@@ -1,5 +1,5 @@
 """The least model arithmetic a GRPO rollout or a DPO step needs, for the FLOP floors of
-bench/bench_grpo_dpo.py (issue 24: how far a speed-up target is from the hardware).
+bench/bench_grpo_dpo.py (how far a CPU speed-up target is from the hardware).
 
 Counted by rlhfkit.runtime.flops (its docstring has the rules) on unpadded lengths, with a prompt shared
 by several rows run once (rlhfkit's share_prompts), the prefix every prompt of a forward call shares (a

@@ -1,4 +1,4 @@
-"""Row chunks of long micro-batches (rollout/logprobs.py `row_chunks`, issue 24: bounded activations
+"""Row chunks of long micro-batches (rollout/logprobs.py `row_chunks`: bounded activations
 on the CPU): the cut itself by hand and as a property, and whole runs with chunks equal to runs
 without them (the loss is a sum over rows or pairs, so chunks only change float rounding)."""
 

@@ -1,4 +1,4 @@
-"""One short run of each method of issue 22 on the real default model (slow: SmolLM2-135M-Instruct):
+"""One short run of each newer algorithm on the real default model (slow: SmolLM2-135M-Instruct):
 gspo, dapo, reinforce_pp, simpo, orpo, kto, online-dpo, each from its command line with its
 documented defaults and only the length and batch sizes cut down; the RL methods on the review
 prompts with the sentiment reward (a continuous score, so that groups have a spread and the update runs:

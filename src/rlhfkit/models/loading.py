@@ -386,8 +386,7 @@ def contiguous_head_input(model) -> None:
     generate's prefill calls the output layer on `hidden[:, -1:, :]`, a strided view. torch's
     bf16 CPU linear on such a 3-D view with a frozen weight falls back to a batched matmul that
     copies the (V, H) weight once per row: 64 rows of SmolLM2 took 3.5 GB for that one call
-    (issue 24). A contiguous
-    (B, 1, H) input folds into one plain matmul."""
+    (commit 711d305, 2026-11-23). A contiguous (B, 1, H) input folds into one plain matmul."""
     head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
     if isinstance(head, torch.nn.Linear):
         head.register_forward_pre_hook(_contiguous_input)

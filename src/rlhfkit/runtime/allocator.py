@@ -64,7 +64,7 @@ def trim_heap() -> bool:
     its settings; returns whether it did. For the boundaries between phases (sampling, the update,
     evaluation): the tuning keeps freed blocks for the next micro-batch of the same phase, but a
     phase of other shapes does not reuse them and grows the heap anew, so without a trim RSS sums
-    the phases' peaks instead of taking the largest (issue 24: bench/demo_memory.py)."""
+    the phases' peaks instead of taking the largest (bench/demo_memory.py)."""
     if _applied is None:
         return False
     try:
