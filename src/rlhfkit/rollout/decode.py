@@ -22,7 +22,7 @@ from rlhfkit.models.attention import native_attention
 from rlhfkit.models.lora import merged_lora
 from rlhfkit.models.policy import position_ids_from_mask
 from rlhfkit.models.shared_prompts import shared_prefix_prompts, shared_prompt_cache
-from rlhfkit.rollout.core import Rollout, SamplingParams, generate_ids, rollout_from_tokens
+from rlhfkit.rollout.core import Rollout, SamplingParams, generate_ids, rollout_from_tokens, rows_per_call
 from rlhfkit.rollout.sampling import exponential_race
 from rlhfkit.runtime.devices import HOST
 
@@ -121,9 +121,9 @@ def lean_generate_ids(model: torch.nn.Module, tokenizer, ids: torch.Tensor, mask
     model.eval()
     stop_ids = tuple(params.stop_ids) or (tokenizer.eos_token_id,)
     device = next(model.parameters()).device
-    step = batch_size or len(ids)
     rows: list[torch.Tensor] = []
     with merged_lora(model), native_attention():  # no backward here (models/attention.py)
+        step = rows_per_call(model, ids, params.max_new_tokens, batch_size)  # CUDA: as many as fit (rollout/core.py)
         for i in range(0, len(ids), step):
             chunk_ids, chunk_mask = ids[i : i + step].to(device), mask[i : i + step].to(device)
             cache = shared_prompt_cache(model, chunk_ids, chunk_mask) if share_prompts else None

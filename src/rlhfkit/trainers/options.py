@@ -50,7 +50,9 @@ class JudgedEvalArgs:
     eval_samples_per_prompt: int = option(2, "completions per held-out prompt, before and after training")
     max_new_tokens: int = option(64, "response length limit of the evaluation samples")
     temperature: float = option(1.0, "sampling temperature of the evaluation samples")
-    generation_batch_size: int = option(16, "prompts per generate() call")
+    generation_batch_size: int = option(16, "prompts per generate() call on the CPU; on a CUDA GPU at "
+                                        "least this many, all of them where free GPU memory holds their KV "
+                                        "cache (rollout/core.py generation_rows)")
 
     def validate(self) -> None:
         for k in ("max_new_tokens", "eval_samples_per_prompt", "generation_batch_size"):
