@@ -15,7 +15,7 @@ from rlhfkit.rollout import decode as decode_mod
 from rlhfkit.rollout import static_decode as static_mod
 from rlhfkit.rollout.core import generate
 from rlhfkit.rollout.decode import lean_generate
-from rlhfkit.rollout.static_decode import next_bucket, static_decode
+from rlhfkit.rollout.static_decode import cache_columns, next_bucket, static_decode
 
 from test_decode import (
     PROMPTS,
@@ -163,3 +163,7 @@ def test_captured_steps_give_the_uncaptured_tokens_on_cuda(monkeypatch):
     assert_same_rollout(captured[0], eager)
     assert_same_rollout(captured[1], eager)
     assert_same_rollout(generate(model, tok, PROMPTS, params), eager)
+
+
+def test_cache_columns_round_up_to_a_multiple_of_64():
+    assert [cache_columns(n) for n in (1, 64, 65, 130)] == [64, 64, 128, 192]

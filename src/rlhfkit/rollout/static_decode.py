@@ -24,8 +24,8 @@ The capture is the only CUDA-only part: elsewhere the same step runs eagerly, wh
 tests check (tests/rollout/test_static_decode.py); its `gpu`-marked test checks on CUDA that the
 captured step gives the uncaptured one's tokens.
 
-Notation: B rows, n rows of the current bucket, P prompt width, M = P + max_new_tokens cache
-columns, V vocabulary.
+Notation: B rows, n rows of the current bucket, P prompt width, M >= P + max_new_tokens cache
+columns (`cache_columns`), V vocabulary.
 """
 
 from __future__ import annotations
@@ -36,6 +36,8 @@ import torch
 
 from rlhfkit.rollout.decode import check_temperature, decode, draw, prefill
 from rlhfkit.runtime.devices import HOST
+
+COLUMN_MULTIPLE = 64  # static cache columns come in multiples of this (`cache_columns`); masked when unused
 
 
 def static_supported(config) -> bool:
@@ -58,6 +60,12 @@ def static_cache(config, layers: list[tuple[torch.Tensor, torch.Tensor]], rows: 
     return cache
 
 
+def cache_columns(positions: int) -> int:
+    """Columns of the static cache for `positions` prompt + new tokens: rounded up to a multiple of
+    COLUMN_MULTIPLE, so rollouts whose prompts differ in width by a few tokens share graphs."""
+    return -(-positions // COLUMN_MULTIPLE) * COLUMN_MULTIPLE
+
+
 def kv_of(cache) -> list[tuple[torch.Tensor, torch.Tensor]]:
     return [(layer.keys, layer.values) for layer in cache.layers]
 
@@ -77,7 +85,9 @@ def decode_step(model: torch.nn.Module, tok: torch.Tensor, pos: torch.Tensor, ma
 
 @functools.cache
 def _captured_step():
-    return torch.compile(decode_step, mode="reduce-overhead", dynamic=False)
+    # dynamic=None: a second shape makes torch.compile trace the sizes symbolically instead of
+    # recompiling per bucket and prompt width; each new shape is then one more graph capture.
+    return torch.compile(decode_step, mode="reduce-overhead")
 
 
 def step_for(device: torch.device):
@@ -104,12 +114,12 @@ def static_decode(model: torch.nn.Module, input_ids: torch.Tensor, attention_mas
     if not static_supported(model.config):
         return decode(model, input_ids, attention_mask, max_new_tokens, stop_ids, temperature, cache)
     B, P = input_ids.shape
-    device, M = input_ids.device, P + max_new_tokens
+    device, M = input_ids.device, cache_columns(P + max_new_tokens)
     logits, dynamic, positions = prefill(model, input_ids, attention_mask, cache)
     rows = torch.arange(B, device=device)  # the original row of each slot; B: a filler slot
     cache = static_cache(model.config, kv_of(dynamic), rows, P, M)
     del dynamic
-    mask = torch.cat([attention_mask, attention_mask.new_zeros(B, max_new_tokens)], dim=1)  # (n, M)
+    mask = torch.cat([attention_mask, attention_mask.new_zeros(B, M - P)], dim=1)  # (n, M)
     step = step_for(device)
     stops = torch.tensor(stop_ids, dtype=torch.long, device=device)
     tokens = torch.zeros(B + 1, max_new_tokens, dtype=torch.long, device=device)  # row B: fillers' sink
