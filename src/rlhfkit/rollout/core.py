@@ -77,6 +77,11 @@ class Rollout:
             kw[f.name] = v[idx] if isinstance(v, torch.Tensor) else type(v)()
         return Rollout(**kw)
 
+    def to(self, device) -> Rollout:
+        """Every tensor field on `device` (the same tensors where they already are there)."""
+        return Rollout(**{f.name: (v.to(device) if isinstance(v, torch.Tensor) else v)
+                          for f in fields(self) for v in (getattr(self, f.name),)})
+
     @property
     def input_ids(self) -> torch.Tensor:  # (B, P + R)
         return torch.cat([self.query_ids, self.response_ids], dim=1)
