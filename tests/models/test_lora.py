@@ -62,6 +62,19 @@ def test_merged_lora_is_a_no_op_under_grad_and_without_lora():
         assert dict(plain.named_parameters()) == before
 
 
+def test_merged_lora_merges_off_the_cpu_too():
+    """A GPU samples with merged weights as the CPU does (one matmul, one launch per layer and step).
+    The meta device stands in for CUDA here: any device other than the CPU."""
+    model, _ = lora_model()
+    model.to("meta")
+    bases = [layer.base_layer for layer in lora_layers(model)]
+    originals = [b.weight for b in bases]
+    with torch.no_grad(), merged_lora(model):
+        assert all(b.weight is not w and b.weight.is_meta for b, w in zip(bases, originals))
+        assert all(layer.disable_adapters for layer in lora_layers(model))
+    assert all(b.weight is w for b, w in zip(bases, originals))
+
+
 
 
 # ----------------------------------------------------------------------------- lean forward

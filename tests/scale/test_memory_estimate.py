@@ -7,7 +7,7 @@ import pytest
 from rlhfkit.errors import ConfigError
 from rlhfkit.models.lora import add_lora
 from rlhfkit.runtime.config import build_config
-from rlhfkit.runtime.memory import MemoryArgs, estimate, main
+from rlhfkit.runtime.memory import MemoryArgs, estimate, kv_cache_bytes, main
 from rlhfkit.runtime.model_shape import PRESETS, ModelShape
 
 from tiny_lm import build_tiny_model, build_tokenizer
@@ -55,7 +55,7 @@ def test_components_by_hand_for_the_cpu_demo():
     assert est["peak"] == max(est["training phase"], est["generation phase"])
 
 
-def test_cpu_lora_sampling_counts_a_merged_copy_of_the_adapted_weights():
+def test_lora_sampling_counts_a_merged_copy_of_the_adapted_weights():
     base = dict(model="smollm2-135m", dtype="fp32", prompt_length=64, max_new_tokens=48)
     cpu = estimate(build_config(MemoryArgs, {**base, "device": "cpu"}))
     per_layer = 576 * 576 * 2 + 576 * 192 * 2 + 576 * 1536 * 3  # q, o; k, v; gate, up, down
@@ -64,8 +64,15 @@ def test_cpu_lora_sampling_counts_a_merged_copy_of_the_adapted_weights():
         + cpu["value head"] + cpu["KV cache"] + cpu["merged LoRA"]
     top = estimate(build_config(MemoryArgs, {**base, "device": "cpu", "lora_layers": 12}))
     assert top["merged LoRA"] == 12 * per_layer * 4
-    for other in ({}, {"lora": False}, {"num_devices": 2}, {"method": "dpo"}):  # GPU, no LoRA, 2 processes, no sampling
-        assert estimate(build_config(MemoryArgs, {**base, "device": "cpu", **other} if other else base))["merged LoRA"] == 0
+    assert estimate(build_config(MemoryArgs, base))["merged LoRA"] == 30 * per_layer * 4  # a GPU merges alike
+    for other in ({"lora": False}, {"num_devices": 2}, {"method": "dpo"}):  # no LoRA, 2 processes, no sampling
+        for device in ("cpu", "gpu"):
+            assert estimate(build_config(MemoryArgs, {**base, "device": device, **other}))["merged LoRA"] == 0
+
+
+def test_kv_cache_bytes_is_two_tensors_per_layer_of_every_cached_position():
+    # SmolLM2-1.7B: 24 layers, 32 key/value heads of 64; 64 rows x (256 + 256) positions in bf16
+    assert kv_cache_bytes(24, 32, 64, 64 * 512, 2) == 2 * 24 * 32 * 64 * 32768 * 2 == 6_442_450_944
 
 
 def test_sharding_reference_offload_and_checkpointing():

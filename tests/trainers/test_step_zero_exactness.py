@@ -98,3 +98,13 @@ def test_dpo_starts_at_log_2(tmp_path, tiny_model_dir, dtype, lora):
     first = json.loads((tmp_path / "runs" / "t" / "metrics.jsonl").read_text().splitlines()[0])
     assert first["loss/dpo"] == pytest.approx(math.log(2), rel=1e-6, abs=0)
     assert first["rewards/margin"] == 0.0
+
+
+@pytest.mark.parametrize("command, share_key", [("ppo", "share_prefix"), ("grpo", "share_prompts")])
+def test_static_cache_rollouts_give_ratio_one_at_step_zero(tmp_path, tiny_model_dir, command, share_key):
+    """generation_backend=graph (rollout/static_decode.py) samples; the trainer's own pass scores, so
+    step 0 stays exact (bf16, LoRA on every layer, shared prefix or prompts)."""
+    rows = run_rows(tmp_path, command, {"model": str(tiny_model_dir), "dtype": "bf16", share_key: True,
+                                        "generation_backend": "graph", **MODELS["lora-all"]})
+    assert rows[0]["params/ratio_first_microbatch_maxdev"] == 0.0
+    assert rows[0]["rollout/kl"] == 0.0

@@ -2,7 +2,9 @@
 
 Notation: B batch, T response length. Each loss returns ``(loss, metrics)``; metrics are
 python floats computed without gradient over the valid tokens of *this* call (one
-micro-batch on one rank): average them over micro-batches/ranks for logging.
+micro-batch on one rank): average them over micro-batches/ranks for logging. The PPO losses
+take ``tensor_metrics=True`` to return them as 0-d tensors instead: no host read per metric,
+for a caller that reads a whole optimiser step's at once (trainers/rl_update.py).
 """
 
 from __future__ import annotations
@@ -28,6 +30,13 @@ AGG_MODES = ("token-mean", "seq-mean", "constant")
 
 def _bool(mask: torch.Tensor) -> torch.Tensor:
     return mask if mask.dtype == torch.bool else mask != 0
+
+
+def read_metrics(metrics: dict[str, torch.Tensor | float], tensor_metrics: bool) -> dict:
+    """`metrics` as they are (0-d tensors, `tensor_metrics`) or as python floats (one host read each)."""
+    if tensor_metrics:
+        return metrics
+    return {k: v.item() if isinstance(v, torch.Tensor) else v for k, v in metrics.items()}
 
 
 def aggregate_loss(
@@ -97,6 +106,7 @@ def ppo_policy_loss(
     num_seqs: float | torch.Tensor | None = None,
     constant: float | None = None,
     clip_eps_high: float | None = None,
+    tensor_metrics: bool = False,
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """PPO clipped surrogate, Schulman et al. 2017, eq. 7, as a loss to minimise:
 
@@ -130,12 +140,12 @@ def ppo_policy_loss(
         ratio_valid = torch.where(m, ratio, zero)  # exp(0) = 1 on padding would bias mean/max
         metrics = {
             # On padding A = 0, so both terms are 0 and never "strictly greater".
-            "policy_clip_frac": ((clipped > unclipped) & m).sum().div(n).item(),
-            "approx_kl": (0.5 * log_ratio**2).sum().div(n).item(),  # log_ratio is 0 on padding
-            "ratio_mean": ratio_valid.sum().div(n).item(),
-            "ratio_max": ratio_valid.max().item() if ratio_valid.numel() else 0.0,
+            "policy_clip_frac": ((clipped > unclipped) & m).sum().div(n),
+            "approx_kl": (0.5 * log_ratio**2).sum().div(n),  # log_ratio is 0 on padding
+            "ratio_mean": ratio_valid.sum().div(n),
+            "ratio_max": ratio_valid.max() if ratio_valid.numel() else 0.0,
         }
-    return loss, metrics
+    return loss, read_metrics(metrics, tensor_metrics)
 
 
 def ppo_value_loss(
@@ -148,6 +158,7 @@ def ppo_value_loss(
     num_tokens: float | torch.Tensor | None = None,
     num_seqs: float | torch.Tensor | None = None,
     constant: float | None = None,
+    tensor_metrics: bool = False,
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """Clipped value loss (PPO2 baselines; Ziegler et al. 2019 lm-human-preferences):
 
@@ -174,11 +185,11 @@ def ppo_value_loss(
     loss = aggregate_loss(per_token, m, agg_mode, num_tokens, num_seqs, constant)
     with torch.no_grad():
         metrics = {
-            "value_clip_frac": masked_mean((clipped_err > err).float(), m).item(),
-            "value_mean": masked_mean(v, m).item(),
-            "value_error": masked_mean(err, m).item(),
+            "value_clip_frac": masked_mean((clipped_err > err).float(), m),
+            "value_mean": masked_mean(v, m),
+            "value_error": masked_mean(err, m),
         }
-    return loss, metrics
+    return loss, read_metrics(metrics, tensor_metrics)
 
 
 def entropy_loss(

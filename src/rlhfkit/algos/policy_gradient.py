@@ -4,7 +4,8 @@ importance-sampling (TIS) correction for rollouts whose sampler is not the train
 
 Notation: B batch, T response length, G group size, |y_i| the valid tokens of row i.
 Each function is pure torch; losses return ``(loss, metrics)`` with python-float metrics over
-the valid tokens of *this* call (one micro-batch), like ``ppo_policy_loss``.
+the valid tokens of *this* call (one micro-batch), like ``ppo_policy_loss`` (0-d tensors with
+``tensor_metrics=True``).
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ import torch
 
 from .advantages import discounted_reverse_cumsum
 from .kl import kl_k3
-from .losses import _bool, aggregate_loss
+from .losses import _bool, aggregate_loss, read_metrics
 from .masks import masked_mean
 
 __all__ = [
@@ -52,6 +53,7 @@ def clipped_policy_loss(
     clip_eps_high: float | None = None,
     level: str = "token",
     weights: torch.Tensor | None = None,
+    tensor_metrics: bool = False,
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """The clipped surrogate with the importance ratio taken per token or per sequence:
 
@@ -102,17 +104,20 @@ def clipped_policy_loss(
         n = m.sum().clamp(min=1)
         rows = m.any(-1)
         metrics = {
-            "policy_clip_frac": ((clipped > unclipped) & m).sum().div(n).item(),
-            "approx_kl": (0.5 * log_ratio**2).sum().div(n).item(),
-            "ratio_mean": rho.sum().div(n).item(),
-            "ratio_max": rho.max().item() if rho.numel() else 0.0,
-            "seq_ratio_mean": seq_lr.exp()[rows].mean().item() if rows.any() else 1.0,
+            "policy_clip_frac": ((clipped > unclipped) & m).sum().div(n),
+            "approx_kl": (0.5 * log_ratio**2).sum().div(n),
+            "ratio_mean": rho.sum().div(n),
+            "ratio_max": rho.max() if rho.numel() else 0.0,
+            # 1 without a valid row; a masked sum, not a boolean index (that would read the count on the host)
+            "seq_ratio_mean": torch.where(rows.any(), torch.where(rows, seq_lr.exp(), zero).sum()
+                                          / rows.sum().clamp(min=1), 1.0),
         }
-    return loss, metrics
+    return loss, read_metrics(metrics, tensor_metrics)
 
 
 def truncated_is_weights(
-    trainer_logp: torch.Tensor, sampler_logp: torch.Tensor, mask: torch.Tensor, cap: float
+    trainer_logp: torch.Tensor, sampler_logp: torch.Tensor, mask: torch.Tensor, cap: float,
+    tensor_metrics: bool = False,
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """Truncated importance-sampling weights for tokens drawn by a sampler that is not the trainer
     (vLLM's kernels, an older copy of the weights): w_t = min(pi_train(y_t) / pi_sampler(y_t), C)
@@ -137,11 +142,11 @@ def truncated_is_weights(
     n = known.sum().clamp(min=1)
     k3 = torch.where(known, kl_k3(torch.nan_to_num(sampler_logp), trainer_logp), zero)
     metrics = {
-        "is_weight_mean": torch.where(known, weights, zero).sum().div(n).item() if known.any() else 1.0,
-        "is_clip_frac": ((raw > cap) & known).sum().div(n).item(),
-        "mismatch_kl": k3.sum().div(n).item(),
+        "is_weight_mean": torch.where(known.any(), torch.where(known, weights, zero).sum().div(n), 1.0),
+        "is_clip_frac": ((raw > cap) & known).sum().div(n),
+        "mismatch_kl": k3.sum().div(n),
     }
-    return weights, metrics
+    return weights, read_metrics(metrics, tensor_metrics)
 
 
 def overlong_penalty(lengths: torch.Tensor, max_length: int, buffer: int, factor: float = 1.0) -> torch.Tensor:

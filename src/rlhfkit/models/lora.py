@@ -7,9 +7,10 @@ gathers them in module hooks.
    over (x A^T) and B^T with alpha = s. peft computes B (A x), multiplies by s and adds: two more
    full-size (tokens x out) passes in the forward and one in the backward, for each of up to
    210 adapted layers of a 135M model.
-2. `merged_lora`: sampling on the CPU runs each adapted layer as one linear layer with a
+2. `merged_lora`: sampling (CPU and GPU alike) runs each adapted layer as one linear layer with a
    temporary merged weight W + s * B A, and the adapters off: one matmul per layer and decoding
-   step instead of three.
+   step instead of three (on a GPU: one kernel launch instead of three, where a decoding step is
+   bound by launches, not by arithmetic).
 
 Notation: N tokens, in/out the layer's widths, r the LoRA rank, s = alpha / r.
 """
@@ -23,6 +24,7 @@ import torch
 from torch import nn
 
 from rlhfkit.errors import UserError
+from rlhfkit.runtime.devices import free_cuda_bytes
 
 
 def lora_layers(model: nn.Module) -> list[nn.Module]:
@@ -47,11 +49,11 @@ def _distributed() -> bool:
     return torch.distributed.is_available() and torch.distributed.is_initialized()
 
 
-def _whole_cpu_weight(linear: nn.Linear) -> bool:
-    """The weight is the whole matrix, in CPU memory (not a ZeRO-3 placeholder or an FSDP shard).
-    GPUs are left alone: there the extra copy can cost more memory than the run has to spare."""
+def _whole_weight(linear: nn.Linear) -> bool:
+    """The weight is the whole matrix (not a ZeRO-3 placeholder or an FSDP shard), on any device:
+    the merged copy is counted by `rlhfkit estimate-memory` on the CPU and GPUs alike."""
     w = linear.weight
-    return (type(w.data) is torch.Tensor and not hasattr(w, "ds_id") and w.device.type == "cpu"
+    return (type(w.data) is torch.Tensor and not hasattr(w, "ds_id")
             and tuple(w.shape) == (linear.out_features, linear.in_features))
 
 
@@ -115,7 +117,17 @@ def _lean_class() -> type:
 
 
 def _mergeable(layer: nn.Module) -> bool:
-    return _vanilla(layer) and _whole_cpu_weight(layer.base_layer)
+    return _vanilla(layer) and _whole_weight(layer.base_layer)
+
+
+def _copy_fits(layers: list[nn.Module]) -> bool:
+    """On CUDA, free memory holds twice the merged copy (a long run's peak may be the sampling phase
+    there: the adapters then run unmerged rather than fail); elsewhere always."""
+    weight = layers[0].base_layer.weight
+    if weight.device.type != "cuda":
+        return True
+    copy = sum(layer.base_layer.weight.numel() * layer.base_layer.weight.element_size() for layer in layers)
+    return 2 * copy <= free_cuda_bytes(weight.device)
 
 
 @contextlib.contextmanager
@@ -125,14 +137,15 @@ def merged_lora(model: nn.Module):
     The base weights are not modified: each adapted layer's weight parameter is swapped for a
     temporary merged copy and swapped back on exit, so the frozen base (the reference policy
     under LoRA) keeps its exact bits. A no-op without LoRA layers, when one cannot be merged
-    here, off the CPU, in multi-process runs and under gradient tracking (inference only).
+    here, on a GPU without the memory for the copy, in multi-process runs and under gradient
+    tracking (inference only).
 
     Memory: one extra copy of every adapted weight while the block runs (`rlhfkit
-    estimate-memory device=cpu` counts it).
+    estimate-memory` counts it, "merged LoRA").
     """
     layers = lora_layers(model)
     if (not layers or not hasattr(model, "disable_adapter") or _distributed() or torch.is_grad_enabled()
-            or not all(_mergeable(layer) for layer in layers)):
+            or not all(_mergeable(layer) for layer in layers) or not _copy_fits(layers)):
         yield model
         return
     originals = []

@@ -1,5 +1,7 @@
 """Generation backends for rollouts: HF `generate` (default, runs everywhere), rlhfkit's lean decode
-loop (`lean`, rollout/decode.py: the model's forward per step, finished rows dropped) or vLLM (GPU only).
+loop (`lean`, rollout/decode.py: the model's forward per step, finished rows dropped), the same loop
+with a static KV cache whose steps run as captured CUDA graphs on CUDA (`graph`,
+rollout/static_decode.py) or vLLM (GPU only).
 
 Either backend returns only the sampled TOKENS as a Rollout. Log-probs, values and reference
 log-probs always come from the trainer's own teacher-forced pass (`logprob_pass`), so the first
@@ -18,6 +20,7 @@ tested only against a fake engine (tests/scale/test_generation_backends.py).
 from __future__ import annotations
 
 import dataclasses
+import functools
 import importlib.util
 import os
 from collections.abc import Iterator
@@ -26,10 +29,11 @@ from pathlib import Path
 import torch
 
 from rlhfkit.rollout.core import Rollout, SamplingParams, generate, generate_ids, rollout_from_tokens
-from rlhfkit.rollout.decode import lean_generate, lean_generate_ids
+from rlhfkit.rollout.decode import decode, lean_generate, lean_generate_ids
+from rlhfkit.rollout.static_decode import static_decode
 from rlhfkit.runtime.devices import HOST
 
-BACKENDS = ("hf", "lean", "vllm")
+BACKENDS = ("hf", "lean", "graph", "vllm")
 
 
 def vllm_unavailable_reason() -> str | None:
@@ -74,12 +78,22 @@ class LeanBackend(HFBackend):
 
     name = "lean"
     generate_ids = staticmethod(lean_generate_ids)
+    decoder = staticmethod(decode)  # the loop (rollout/decode.py's signature)
 
     def generate(self, policy, tokenizer, texts: list[str], params: SamplingParams, seed: int,
                  batch_size: int | None = None, share_prompts: bool = False, share_prefix: bool = False) -> Rollout:
         torch.manual_seed(seed)
         return lean_generate(policy, tokenizer, texts, params, batch_size=batch_size, share_prompts=share_prompts,
-                             share_prefix=share_prefix)
+                             share_prefix=share_prefix, decoder=self.decoder)
+
+
+class GraphBackend(LeanBackend):
+    """The lean loop with a static KV cache (rollout/static_decode.py): on CUDA each decoding step is
+    one captured CUDA graph; elsewhere the same steps run eagerly. Greedy, HF generate's tokens."""
+
+    name = "graph"
+    generate_ids = staticmethod(functools.partial(lean_generate_ids, decoder=static_decode))
+    decoder = staticmethod(static_decode)
 
 
 class VLLMBackend:
@@ -217,7 +231,7 @@ def make_backend(cfg, model_path, num_processes: int = 1, log=print):
     name, message = select_backend(getattr(cfg, "generation_backend", "hf"))
     if message:
         log(f"[rlhfkit] {message}")
-    if name in ("hf", "lean"):
-        return HFBackend() if name == "hf" else LeanBackend()
+    if name in ("hf", "lean", "graph"):
+        return {"hf": HFBackend, "lean": LeanBackend, "graph": GraphBackend}[name]()
     return VLLMBackend.create(model_path, cfg.dtype, cfg.vllm_gpu_memory_utilization, cfg.vllm_max_model_len,
                               cfg.seed, num_processes)

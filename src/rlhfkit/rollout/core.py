@@ -18,6 +18,7 @@ from rlhfkit.models.attention import native_attention
 from rlhfkit.models.lora import merged_lora
 from rlhfkit.models.shared_prompts import shared_prefix_prompts, shared_prompt_cache
 from rlhfkit.rollout.sampling import ExponentialRaceSampler
+from rlhfkit.runtime.devices import free_cuda_bytes
 
 
 @dataclass
@@ -76,6 +77,11 @@ class Rollout:
             v = getattr(self, f.name)
             kw[f.name] = v[idx] if isinstance(v, torch.Tensor) else type(v)()
         return Rollout(**kw)
+
+    def to(self, device) -> Rollout:
+        """Every tensor field on `device` (the same tensors where they already are there)."""
+        return Rollout(**{f.name: (v.to(device) if isinstance(v, torch.Tensor) else v)
+                          for f in fields(self) for v in (getattr(self, f.name),)})
 
     @property
     def input_ids(self) -> torch.Tensor:  # (B, P + R)
@@ -176,9 +182,9 @@ def generate_ids(
     else:
         gen_cfg, processors, settings = generation_config, [], contextlib.nullcontext()
     device = next(model.parameters()).device
-    step = batch_size or len(ids)
     outs = []
     with merged_lora(model), settings, native_attention():  # no backward here (models/attention.py)
+        step = rows_per_call(model, ids, params.max_new_tokens, batch_size)  # after merging: its copy is not free
         for i in range(0, len(ids), step):
             chunk_ids = ids[i : i + step].to(device)
             chunk_mask = mask[i : i + step].to(device)
@@ -193,6 +199,49 @@ def generate_ids(
             outs.append(seq[:, chunk_ids.shape[1] :].cpu())
     model.train(was_training)
     return [row for o in outs for row in o]
+
+
+# Share of the free GPU memory the rows of one generate() call may fill (`generation_rows`); the rest
+# is headroom for what the per-row figure leaves out (the allocator's rounding, small workspaces).
+GPU_GENERATION_SHARE = 0.8
+
+
+def generation_rows(n_rows: int, batch_size: int | None, row_bytes: int | None = None,
+                    free_bytes: int | None = None) -> int:
+    """Rows per generate() call for `n_rows` rows. On the CPU (row_bytes None) `batch_size`, all rows
+    when None. On a CUDA GPU, where a decoding step costs about the same for 16 rows as for 256
+    (launch-bound), the whole batch in one call when GPU_GENERATION_SHARE of `free_bytes` holds
+    `n_rows` x `row_bytes` (`decode_row_bytes`), else as many rows as it holds; never fewer than
+    `batch_size` (what the user asked for, as before)."""
+    if row_bytes is None or free_bytes is None:
+        return batch_size or n_rows
+    fit = int(GPU_GENERATION_SHARE * free_bytes) // max(row_bytes, 1)
+    return max(1, min(n_rows, max(fit, batch_size or 1)))
+
+
+def decode_row_bytes(config, width: int, bytes_per_value: int) -> int:
+    """GPU memory one sampled row takes: its KV cache of `width` positions (prompt + new tokens;
+    runtime/memory.py `kv_cache_bytes`, the estimate's formula), one decoder layer's prefill
+    transient over the prompt part (bounded by `width`: q, k, v, o and the MLP's three
+    intermediates) and the step's three float32 (V,) rows (logits, probabilities, the race's noise)."""
+    from rlhfkit.runtime.memory import kv_cache_bytes
+
+    hidden, layers = config.hidden_size, config.num_hidden_layers
+    heads = config.num_attention_heads
+    kv_heads = getattr(config, "num_key_value_heads", None) or heads
+    head_dim = getattr(config, "head_dim", None) or hidden // heads
+    inter = getattr(config, "intermediate_size", None) or 4 * hidden
+    prefill = width * (4 * hidden + 3 * inter) * bytes_per_value
+    return kv_cache_bytes(layers, kv_heads, head_dim, width, bytes_per_value) + prefill + 3 * config.vocab_size * 4
+
+
+def rows_per_call(model: torch.nn.Module, ids: torch.Tensor, max_new_tokens: int, batch_size: int | None) -> int:
+    """`generation_rows` for context rows `ids` (N, L) on the model's device (free memory counts on CUDA only)."""
+    param = next(model.parameters())
+    if param.device.type != "cuda":
+        return generation_rows(len(ids), batch_size)
+    row = decode_row_bytes(model.config, ids.shape[1] + max_new_tokens, param.element_size())
+    return generation_rows(len(ids), batch_size, row, free_cuda_bytes(param.device))
 
 
 def sampling_config(params: SamplingParams, tokenizer, stop_ids: tuple[int, ...]):

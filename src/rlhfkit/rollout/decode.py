@@ -16,13 +16,15 @@ Notation: B rows, P padded prompt width, C cached prompt columns (shared prompt 
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 
 from rlhfkit.models.attention import native_attention
 from rlhfkit.models.lora import merged_lora
 from rlhfkit.models.policy import position_ids_from_mask
 from rlhfkit.models.shared_prompts import shared_prefix_prompts, shared_prompt_cache
-from rlhfkit.rollout.core import Rollout, SamplingParams, generate_ids, rollout_from_tokens
+from rlhfkit.rollout.core import Rollout, SamplingParams, generate_ids, rollout_from_tokens, rows_per_call
 from rlhfkit.rollout.sampling import exponential_race
 from rlhfkit.runtime.devices import HOST
 
@@ -41,6 +43,31 @@ def lean_supported(params: SamplingParams) -> bool:
     return params.temperature == 0 or (params.top_k in (0, None) and params.top_p >= 1.0)
 
 
+def check_temperature(temperature: float) -> None:
+    if not temperature >= 0:  # as ExponentialRaceSampler: a negative T would sample softmax(-z / |T|)
+        raise ValueError(f"temperature must be >= 0 (0: greedy), got {temperature}")
+
+
+def prefill(model: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor, cache=None):
+    """(logits (B, V) of the last prompt column, the cache holding all P prompt columns, positions
+    (B, P) from the mask). `cache`: None, or a cache already holding the first C columns of every
+    row (models/shared_prompts.py), which then run no more."""
+    from transformers import DynamicCache
+
+    positions = position_ids_from_mask(attention_mask)
+    if cache is None:
+        cache = DynamicCache(config=model.config)
+    done_cols = cache.get_seq_length()
+    # The last column's logits only, picked by an index tensor: that gives a contiguous (B, 1, H)
+    # copy; logits_to_keep=1 slices a strided view, which torch's matmul cannot fold to 2-D, and it
+    # then expands the (V, H) head weight to (B, H, V) for a bmm (0.9 GB copied at B = 16).
+    last = torch.tensor([input_ids.shape[1] - done_cols - 1], device=input_ids.device)
+    logits = model(input_ids=input_ids[:, done_cols:], attention_mask=attention_mask,
+                   position_ids=positions[:, done_cols:], past_key_values=cache, use_cache=True,
+                   logits_to_keep=last).logits[:, -1]  # (B, V)
+    return logits, cache, positions
+
+
 @torch.no_grad()
 def decode(model: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor, max_new_tokens: int,
            stop_ids: tuple[int, ...], temperature: float, cache=None) -> list[torch.Tensor]:
@@ -51,23 +78,10 @@ def decode(model: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torc
     columns of every row (models/shared_prompts.py), or None. Rows leave the batch when they
     stop: the forward of step t runs only the rows still going.
     """
-    from transformers import DynamicCache
-
-    if not temperature >= 0:  # as ExponentialRaceSampler: a negative T would sample softmax(-z / |T|)
-        raise ValueError(f"temperature must be >= 0 (0: greedy), got {temperature}")
+    check_temperature(temperature)
     B, P = input_ids.shape
     device = input_ids.device
-    positions = position_ids_from_mask(attention_mask)
-    if cache is None:
-        cache = DynamicCache(config=model.config)
-    done_cols = cache.get_seq_length()
-    # The last column's logits only, picked by an index tensor: that gives a contiguous (B, 1, H)
-    # copy; logits_to_keep=1 slices a strided view, which torch's matmul cannot fold to 2-D, and it
-    # then expands the (V, H) head weight to (B, H, V) for a bmm (0.9 GB copied at B = 16).
-    last = torch.tensor([input_ids.shape[1] - done_cols - 1], device=device)
-    logits = model(input_ids=input_ids[:, done_cols:], attention_mask=attention_mask,
-                   position_ids=positions[:, done_cols:], past_key_values=cache, use_cache=True,
-                   logits_to_keep=last).logits[:, -1]  # (B, V)
+    logits, cache, positions = prefill(model, input_ids, attention_mask, cache)
     stops = torch.tensor(stop_ids, dtype=torch.long, device=device)
     tokens = torch.zeros(B, max_new_tokens, dtype=torch.long, device=device)
     lengths = torch.full((B,), max_new_tokens, dtype=torch.long, device=HOST)  # read row by row on the host
@@ -95,35 +109,37 @@ def decode(model: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torc
 
 
 def lean_generate(model: torch.nn.Module, tokenizer, prompt_texts: list[str], params: SamplingParams,
-                  batch_size: int | None = None, share_prompts: bool = False, share_prefix: bool = False) -> Rollout:
-    """generate() (rollout/core.py) with the lean loop: the same arguments, prompt encoding and
-    token layout (`rollout_from_tokens`)."""
+                  batch_size: int | None = None, share_prompts: bool = False, share_prefix: bool = False,
+                  decoder: Callable = decode) -> Rollout:
+    """generate() (rollout/core.py) with the lean loop (or `decoder`, a loop with decode's
+    signature: rollout/static_decode.py): the same arguments, prompt encoding and token layout
+    (`rollout_from_tokens`)."""
     enc = tokenizer(prompt_texts, return_tensors="pt", padding=True, add_special_tokens=False)
     if params.max_prompt_length is not None:  # left padding: the last columns hold every prompt's end
         enc = {k: v[:, -params.max_prompt_length :] for k, v in enc.items()}
     stop_ids = tuple(params.stop_ids) or (tokenizer.eos_token_id,)
     rows = lean_generate_ids(model, tokenizer, enc["input_ids"], enc["attention_mask"], params, batch_size,
-                             share_prompts, share_prefix)
+                             share_prompts, share_prefix, decoder)
     return rollout_from_tokens(tokenizer, enc, rows, stop_ids)
 
 
 @torch.no_grad()
 def lean_generate_ids(model: torch.nn.Module, tokenizer, ids: torch.Tensor, mask: torch.Tensor, params: SamplingParams,
                       batch_size: int | None = None, share_prompts: bool = False,
-                      share_prefix: bool = False) -> list[torch.Tensor]:
-    """generate_ids() (rollout/core.py) with the lean loop: N left-padded context rows ids, mask
-    (N, L) -> N rows of up to params.max_new_tokens ids, each ending at its first stop token, on
-    the CPU. Shared prompt/prefix caches and merged LoRA as there; truncated sampling (top_k /
-    top_p) runs HF generate instead."""
+                      share_prefix: bool = False, decoder: Callable = decode) -> list[torch.Tensor]:
+    """generate_ids() (rollout/core.py) with the lean loop (or `decoder`): N left-padded context rows
+    ids, mask (N, L) -> N rows of up to params.max_new_tokens ids, each ending at its first stop
+    token, on the CPU. Shared prompt/prefix caches and merged LoRA as there; truncated sampling
+    (top_k / top_p) runs HF generate instead."""
     if not lean_supported(params):
         return generate_ids(model, tokenizer, ids, mask, params, batch_size, share_prompts, share_prefix)
     was_training = model.training
     model.eval()
     stop_ids = tuple(params.stop_ids) or (tokenizer.eos_token_id,)
     device = next(model.parameters()).device
-    step = batch_size or len(ids)
     rows: list[torch.Tensor] = []
     with merged_lora(model), native_attention():  # no backward here (models/attention.py)
+        step = rows_per_call(model, ids, params.max_new_tokens, batch_size)  # CUDA: as many as fit (rollout/core.py)
         for i in range(0, len(ids), step):
             chunk_ids, chunk_mask = ids[i : i + step].to(device), mask[i : i + step].to(device)
             cache = shared_prompt_cache(model, chunk_ids, chunk_mask) if share_prompts else None
@@ -131,6 +147,6 @@ def lean_generate_ids(model: torch.nn.Module, tokenizer, ids: torch.Tensor, mask
                 shared = shared_prefix_prompts(model, chunk_ids, chunk_mask)
                 if shared is not None:  # prefix moved to the front; positions and response columns unchanged
                     chunk_ids, chunk_mask, cache = shared
-            rows += decode(model, chunk_ids, chunk_mask, params.max_new_tokens, stop_ids, params.temperature, cache)
+            rows += decoder(model, chunk_ids, chunk_mask, params.max_new_tokens, stop_ids, params.temperature, cache)
     model.train(was_training)
     return rows

@@ -13,3 +13,10 @@ from __future__ import annotations
 import torch
 
 HOST = torch.device("cpu")
+
+
+def free_cuda_bytes(device: torch.device) -> int:
+    """Bytes a new CUDA tensor on `device` can take: what the driver reports free plus what torch's
+    caching allocator holds unused (reserved - allocated)."""
+    free, _ = torch.cuda.mem_get_info(device)
+    return free + torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device)

@@ -14,8 +14,8 @@ b_c = bytes of the compute dtype (2 for bf16, 4 for fp32), N devices.
   KV cache         2 * L * kv * d * generation_batch * (prompt + new tokens) * b_c
   generation gather  sharding=zero3 only: P * b_c, the full policy gathered while it samples (DeepSpeed
                    ZeRO-3 and FSDP2 full shard both gather it once per generation)
-  merged LoRA      CPU, one process, LoRA: A * b_c, a merged copy of the A adapted base weights
-                   while sampling (models/lora.py)
+  merged LoRA      one process, LoRA: A * b_c, a merged copy of the A adapted base weights
+                   while sampling (models/lora.py; CPU and GPU alike)
   activations      L_bw * m * S * H * 34 * b_c / 2 (Korthikanti et al. 2022, with fused attention);
                    with gradient checkpointing L_bw * m * S * H * b_c + one layer's 34 * m * S * H * b_c / 2
   logits           m * R * V * 8 (the fused head's fp32 buffers: log-softmax and probabilities; kept for
@@ -115,9 +115,8 @@ class MemoryArgs:
     lora_r: int = option(16, "LoRA rank")
     lora_layers: int | None = option(None, "adapt only the top N layers (None: all)")
     dtype: str = option("bf16", "compute dtype", ("bf16", "fp32"))
-    device: str = option("gpu", "where the run computes: on the CPU the process's own memory counts (imports), "
-                         "LoRA sampling holds a merged copy of the adapted weights and long micro-batches run "
-                         "in row chunks", ("gpu", "cpu"))
+    device: str = option("gpu", "where the run computes: on the CPU the process's own memory counts (imports) "
+                         "and long micro-batches run in row chunks", ("gpu", "cpu"))
     num_devices: int = option(1, "data-parallel devices (GPUs, or processes)")
     sharding: str = option("none", "none = DDP (full copy per device); zero2 = gradients+optimiser sharded; "
                            "zero3 = also weights (DeepSpeed ZeRO-3 or FSDP full shard)", ("none", "zero2", "zero3"))
@@ -167,7 +166,7 @@ def estimate(args: MemoryArgs, shape: ModelShape | None = None) -> dict[str, flo
         optim = TRPO_FLAT_VECTORS * T * 4
     has_ref = args.method in ("ppo", "trpo", "grpo", "dpo") and not args.lora and not args.offload_reference
     sampling = args.method in ("ppo", "trpo", "grpo")
-    merged_sampling = sampling and args.lora and args.device == "cpu" and N == 1
+    merged_sampling = sampling and args.lora and N == 1
     S, R = args.prompt_length + args.max_new_tokens, args.max_new_tokens
     cpu = args.device == "cpu"
     per_position = cpu_activation_bytes(args) if cpu else 34 * bc / 2  # bytes per layer and hidden unit
@@ -182,7 +181,7 @@ def estimate(args: MemoryArgs, shape: ModelShape | None = None) -> dict[str, flo
         # the frozen copy keeps its linear layers in b_c, embeddings, norms and head in fp32 (models/policy.py)
         "reference": ((P - s.kept_fp32_in_reference()) * bc + s.kept_fp32_in_reference() * 4) if has_ref else 0,
         "value head": (s.hidden + 1) * 16 if args.method in ("ppo", "trpo") else 0,
-        "KV cache": 2 * s.layers * s.kv_heads * s.d * args.generation_batch_size * S * bc if sampling else 0,
+        "KV cache": kv_cache_bytes(s.layers, s.kv_heads, s.d, args.generation_batch_size * S, bc) if sampling else 0,
         "generation gather": P * bc if sampling and args.sharding == "zero3" else 0,
         "merged LoRA": s.adapted_count(args.lora_layers) * bc if merged_sampling else 0,
         "activations": acts,
@@ -204,6 +203,13 @@ def estimate(args: MemoryArgs, shape: ModelShape | None = None) -> dict[str, flo
     out["peak"] = max(out["generation phase"], out["training phase"])
     out["parameters"], out["trainable"] = P, T
     return out
+
+
+def kv_cache_bytes(layers: int, kv_heads: int, head_dim: int, positions: int, bytes_per_value: int) -> int:
+    """Bytes of the keys and values a decoder caches for `positions` positions (rows x columns):
+    2 x L x kv x d x positions x b_c. The estimate's "KV cache" line, and what sampling on a GPU
+    sizes its generate() calls by (rollout/core.py `generation_rows`)."""
+    return 2 * layers * kv_heads * head_dim * positions * bytes_per_value
 
 
 def cpu_activation_bytes(args: MemoryArgs) -> float:

@@ -138,21 +138,24 @@ def micro_batch_loss(model, mb: Rollout, cfg: GRPOConfig, n_tokens: float, n_seq
     if cfg.tis_cap is not None:  # HF sampling is the trainer itself: no sampler log-probs, weight exactly 1
         stats = {"is_weight_mean": 1.0, "is_clip_frac": 0.0, "mismatch_kl": 0.0}
         if mb.sampler_logprobs is not None:
-            weights, stats = truncated_is_weights(old_lp, mb.sampler_logprobs.to(device), mask, cfg.tis_cap)
+            weights, stats = truncated_is_weights(old_lp, mb.sampler_logprobs.to(device), mask, cfg.tis_cap,
+                                                  tensor_metrics=True)
     if cfg.importance_level == "token" and weights is None:
         pl, pm = ppo_policy_loss(logp, old_lp, mb.advantages.to(device), mask, cfg.clip_eps,
-                                 clip_eps_high=cfg.clip_eps_high, **agg)
+                                 clip_eps_high=cfg.clip_eps_high, tensor_metrics=True, **agg)
     else:
         pl, pm = clipped_policy_loss(logp, old_lp, mb.advantages.to(device), mask, cfg.clip_eps,
-                                     clip_eps_high=cfg.clip_eps_high, level=cfg.importance_level, weights=weights, **agg)
+                                     clip_eps_high=cfg.clip_eps_high, level=cfg.importance_level, weights=weights,
+                                     tensor_metrics=True, **agg)
     loss = pl
     if cfg.beta > 0:
         per_token = KL_ESTIMATORS[cfg.kl_loss_estimator](logp, mb.ref_logprobs.to(device))
         kl = aggregate_loss(per_token, mask, cfg.loss_agg, n_tokens, n_seqs, constant)
         loss = loss + cfg.beta * kl
-        stats["loss/kl"] = kl.item()
-    ratio_dev = ((logp - old_lp).exp() - 1).abs().masked_fill(mask == 0, 0).max().item()
-    stats.update({"loss/policy": pl.item(), "loss/total": loss.item(), "ratio_dev": ratio_dev, **pm})
+        stats["loss/kl"] = kl.detach()
+    ratio_dev = ((logp - old_lp).exp() - 1).abs().masked_fill(mask == 0, 0).max()
+    # 0-d tensors (or constants), read on the host once per optimiser step (trainers/rl_update.py)
+    stats.update({"loss/policy": pl.detach(), "loss/total": loss.detach(), "ratio_dev": ratio_dev.detach(), **pm})
     return loss, stats
 
 

@@ -50,7 +50,9 @@ class GRPOConfig(EnvArgs, GenerationArgs, ReferenceArgs, SamplingArgs, ModelArgs
                                      "group_size (N processes: N x this; mini/micro batch sizes are per process)")
     group_size: int = option(8, "G: completions sampled per prompt (the group the baseline is taken over)")
     max_new_tokens: int = option(16, "response length limit")
-    generation_batch_size: int = option(64, "prompts per generate() call")
+    generation_batch_size: int = option(64, "prompts per generate() call on the CPU; on a CUDA GPU at "
+                                        "least this many, all of them where free GPU memory holds their KV "
+                                        "cache (rollout/core.py generation_rows)")
     share_prompts: bool = option(True, "run each prompt once per generate() call and per micro-batch instead of once "
                                  "per completion (its keys/values are copied to the G rows; equal up to float "
                                  "rounding); a mini-batch's rows are ordered by group so its micro-batches hold "

@@ -40,7 +40,9 @@ class OnlineDPOConfig(GenerationArgs, ReferenceArgs, SamplingArgs, ModelArgs, Op
     prompts_per_iteration: int = option(16, "prompts per iteration and process, two completions each (N processes: N x "
                                         "this pairs per optimiser step)")
     max_new_tokens: int = option(64, "response length limit (training samples and the judged evaluation)")
-    generation_batch_size: int = option(32, "completions per generate() call")
+    generation_batch_size: int = option(32, "completions per generate() call on the CPU; on a CUDA GPU at "
+                                        "least this many, all of them where free GPU memory holds their KV "
+                                        "cache (rollout/core.py generation_rows)")
     share_prompts: bool = option(True, "run a pair's prompt once when sampling and in the DPO step, and a header all "
                                  "prompts share (a long system prompt) once per micro-batch (off under "
                                  "gradient_checkpointing)")

@@ -50,7 +50,9 @@ class JudgedEvalArgs:
     eval_samples_per_prompt: int = option(2, "completions per held-out prompt, before and after training")
     max_new_tokens: int = option(64, "response length limit of the evaluation samples")
     temperature: float = option(1.0, "sampling temperature of the evaluation samples")
-    generation_batch_size: int = option(16, "prompts per generate() call")
+    generation_batch_size: int = option(16, "prompts per generate() call on the CPU; on a CUDA GPU at "
+                                        "least this many, all of them where free GPU memory holds their KV "
+                                        "cache (rollout/core.py generation_rows)")
 
     def validate(self) -> None:
         for k in ("max_new_tokens", "eval_samples_per_prompt", "generation_batch_size"):
@@ -148,11 +150,13 @@ class ReferenceArgs:
 class GenerationArgs:
     generation_backend: str = option("hf", "who samples rollouts: hf = HF generate on the training policy; lean = "
                                      "rlhfkit's own decode loop on the training policy (rollout/decode.py: same "
-                                     "distribution, finished rows dropped; also for env's turns); vllm = a "
+                                     "distribution, finished rows dropped; also for env's turns); graph = that "
+                                     "loop with a static KV cache, each step one captured CUDA graph on CUDA "
+                                     "(rollout/static_decode.py; the same steps uncaptured elsewhere); vllm = a "
                                      "vLLM engine on this GPU, its weights synced from the policy every iteration "
                                      "(extra `vllm`, CUDA only, untested by the project; falls back to hf with a "
                                      "message when unavailable). Log-probs always come from the trainer",
-                                     ("hf", "lean", "vllm"))
+                                     ("hf", "lean", "graph", "vllm"))
     vllm_gpu_memory_utilization: float = option(0.3, "vllm: share of GPU memory the engine may take (weights + KV "
                                                  "cache); the rest stays for training")
     vllm_max_model_len: int | None = option(None, "vllm: longest prompt + response (None: the model's maximum)")

@@ -85,23 +85,25 @@ def compute_advantages(rollout: Rollout, cfg: PPOConfig, kl_coef: float, acceler
 def micro_batch_loss(actor, mb: Rollout, cfg: PPOConfig, kl_coef: float, n_tokens: int, device,
                      n_seqs: float | None = None):
     """Loss of one micro-batch, normalised by the mini-batch token (or sequence) count of all
-    processes (docs/pitfalls.md#loss-aggregation)."""
+    processes (docs/pitfalls.md#loss-aggregation), and its stats as 0-d tensors (no host read)."""
     mask = mb.response_mask.to(device)
     with autocast(cfg.dtype, device):
         logp, values, ent = forward_logprobs(actor, mb, cfg.temperature, with_values=True, with_entropy=True,
                                              entropy_grad=cfg.ent_coef != 0)  # else a metric only
     agg = {"agg_mode": cfg.loss_agg, "num_tokens": n_tokens, "num_seqs": n_seqs or cfg.mini_batch_size}
     old_lp = mb.logprobs.to(device)
-    pl, pm = ppo_policy_loss(logp, old_lp, mb.advantages.to(device), mask, cfg.clip_eps, **agg)
-    vl, vm = ppo_value_loss(values, mb.values.to(device), mb.returns.to(device), mask, cfg.value_clip_eps, **agg)
+    pl, pm = ppo_policy_loss(logp, old_lp, mb.advantages.to(device), mask, cfg.clip_eps, tensor_metrics=True, **agg)
+    vl, vm = ppo_value_loss(values, mb.values.to(device), mb.returns.to(device), mask, cfg.value_clip_eps,
+                            tensor_metrics=True, **agg)
     ent_term = entropy_loss(ent, mask, **agg)
     loss = pl + cfg.vf_coef * vl - cfg.ent_coef * ent_term
     if cfg.kl_penalty == "loss" and mb.ref_logprobs is not None:
         kl = KL_ESTIMATORS[cfg.kl_loss_estimator](logp, mb.ref_logprobs.to(device))
         loss = loss + kl_coef * aggregate_loss(kl, mask, **agg)
-    ratio_dev = ((logp - old_lp).exp() - 1).abs().masked_fill(mask == 0, 0).max().item()
-    stats = {"loss/policy": pl.item(), "loss/value": vl.item(), "loss/entropy": ent_term.item(),
-             "loss/total": loss.item(), "ratio_dev": ratio_dev, **pm, **vm}
+    ratio_dev = ((logp - old_lp).exp() - 1).abs().masked_fill(mask == 0, 0).max()
+    # 0-d tensors, read on the host once per optimiser step (trainers/rl_update.py)
+    stats = {"loss/policy": pl.detach(), "loss/value": vl.detach(), "loss/entropy": ent_term.detach(),
+             "loss/total": loss.detach(), "ratio_dev": ratio_dev.detach(), **pm, **vm}
     return loss, stats
 
 

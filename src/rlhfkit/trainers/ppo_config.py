@@ -48,7 +48,9 @@ class ActorCriticArgs(EnvArgs, GenerationArgs, ReferenceArgs, SamplingArgs, Mode
     rollout_batch_size: int = option(16, "prompts sampled per iteration, per process (N processes sample N x this "
                                      "different prompts; mini/micro batch sizes are per process too)")
     max_new_tokens: int = option(48, "response length limit")
-    generation_batch_size: int = option(16, "prompts per generate() call")
+    generation_batch_size: int = option(16, "prompts per generate() call on the CPU; on a CUDA GPU at "
+                                        "least this many, all of them where free GPU memory holds their KV "
+                                        "cache (rollout/core.py generation_rows)")
     # update (the critic's optimiser: lr, warmup_steps, ...)
     micro_batch_size: int = option(8, "sequences per forward/backward")
     lr: float = option(1e-3, "AdamW learning rate (LoRA default; use ~1e-5 for full fine-tuning)")

@@ -22,7 +22,8 @@ from rlhfkit.runtime.faults import NonFiniteGuard, guarded_step
 
 # loss_fn(micro_batch, global token count, global sequence count) -> (loss, stats). Stats named
 # "loss/..." are already normalised by the global counts (they add up over micro-batches); the
-# others are token means of this micro-batch and must include "ratio_dev" = max |ratio - 1|.
+# others are token means of this micro-batch and must include "ratio_dev" = max |ratio - 1|. Stats
+# are 0-d tensors (or floats), read on the host once per optimiser step (`read_on_host`).
 LossFn = Callable[[Rollout, float, float], tuple[torch.Tensor, dict[str, float]]]
 
 
@@ -114,24 +115,21 @@ def update_policy(model, optimizer, scheduler, accelerator, rollout: Rollout, lo
             # Global token and sequence counts of this mini-batch (all micro-batches, all processes).
             counts = torch.tensor([rollout.response_mask[mini].sum().item(), float(len(mini))], device=device)
             n_tok, n_seq = (max(float(c), 1.0) for c in accelerator.reduce(counts, "sum"))
-            mini_loss = 0.0
-            # a long micro-batch runs in row chunks, cut as the scoring pass cut it (bounded activations)
+            # a long micro-batch runs in row chunks, cut as the scoring pass cut it (bounded activations);
+            # cut, weighed and moved to the device before the loop, which then never waits for the device
             chunks = micro_batch_chunks(mini, micro_batch_size, rollout, device)
-            for i, (rows, micro) in enumerate(chunks):
-                mb = rows_of(rollout, rows, micro)
-                loss, st = loss_fn(mb, n_tok, n_seq)
-                mini_loss += loss.item()
-                if first_dev is None:  # the largest of all processes, so they all raise or none does
-                    first_dev = max_over_processes(accelerator, st["ratio_dev"])
-                    if first_dev > ratio_check_tol:
-                        raise RatioCheckError(
-                            f"max |ratio - 1| = {first_dev:.3g} on the first micro-batch (tolerance "
-                            f"{ratio_check_tol}): log-prob reconstruction is broken (check padding, position "
-                            "ids, temperature, dropout)")
-                accumulate_backward(accelerator, model, loss, sync=i == len(chunks) - 1)
-                w = mb.response_mask.sum().item() / n_tok
+            micro = [rows_of(rollout, rows, m) for rows, m in chunks]
+            shares = [mb.response_mask.sum().item() / n_tok for mb in micro]  # of the mini-batch's tokens
+            stats = read_on_host(accumulate_gradients(model, accelerator, [mb.to(device) for mb in micro], loss_fn,
+                                                      n_tok, n_seq))
+            if first_dev is None:  # the largest of all processes, so they all raise or none does
+                first_dev = max_over_processes(accelerator, stats[0]["ratio_dev"])
+                check_first_ratio(first_dev, ratio_check_tol)
+            for w, st in zip(shares, stats):
                 for k, v in st.items():
-                    sums[k] += v if k.startswith("loss/") else v * w
+                    if k != "loss":
+                        sums[k] += v if k.startswith("loss/") else v * w
+            mini_loss = sum(st["loss"] for st in stats)
             grad_norm, skip = guarded_step(model.parameters(), optimizer, scheduler, accelerator, max_grad_norm,
                                            loss=mini_loss, guard=guard, where=f"{where}optimiser step {n_steps + 1}")
             sums["grad_norm"] += grad_norm
@@ -144,6 +142,39 @@ def update_policy(model, optimizer, scheduler, accelerator, rollout: Rollout, lo
     out["ratio_first_microbatch_maxdev"] = float(first_dev)
     out["skipped_steps"] = float(skipped)
     return out
+
+
+def accumulate_gradients(model, accelerator, micro: list[Rollout], loss_fn: LossFn, n_tok: float,
+                         n_seq: float) -> list[dict[str, torch.Tensor | float]]:
+    """Forward and backward of each micro-batch of one optimiser step, the gradients accumulating:
+    the micro-batch loop, with no host synchronisation in it (no .item(), no Python branch on a
+    device value), so the device runs ahead of Python. Returns each micro-batch's stats as
+    `loss_fn` gave them (0-d tensors) plus its "loss", for `read_on_host` after the loop."""
+    out = []
+    for i, mb in enumerate(micro):
+        loss, st = loss_fn(mb, n_tok, n_seq)
+        accumulate_backward(accelerator, model, loss, sync=i == len(micro) - 1)
+        out.append({**st, "loss": loss.detach()})
+    return out
+
+
+def read_on_host(stats: list[dict[str, torch.Tensor | float]]) -> list[dict[str, float]]:
+    """`stats` with every tensor read as a Python float, all in one host read (one synchronisation
+    per optimiser step). float64 holds any float32 or bf16 value exactly: the floats equal `.item()`'s."""
+    tensors = [v for st in stats for v in st.values() if isinstance(v, torch.Tensor)]
+    if not tensors:
+        return stats
+    device = tensors[0].device
+    values = iter(torch.stack([t.to(device=device, dtype=torch.float64) for t in tensors]).tolist())
+    return [{k: next(values) if isinstance(v, torch.Tensor) else v for k, v in st.items()} for st in stats]
+
+
+def check_first_ratio(max_dev: float, tol: float) -> None:
+    """RatioCheckError when the first micro-batch's max |ratio - 1| exceeds `tol`."""
+    if max_dev > tol:
+        raise RatioCheckError(
+            f"max |ratio - 1| = {max_dev:.3g} on the first micro-batch (tolerance {tol}): log-prob "
+            "reconstruction is broken (check padding, position ids, temperature, dropout)")
 
 
 def policy_update_metrics(m: dict[str, float]) -> dict[str, float]:
