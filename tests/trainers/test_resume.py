@@ -13,6 +13,7 @@ import json
 import signal
 
 import pytest
+import torch
 
 from rlhfkit.runtime import tracker as tracker_mod
 from rlhfkit.runtime.checkpoint import latest_checkpoint
@@ -100,7 +101,8 @@ def _train(name):
 def make_cfg(name, tmp_path, tiny_model_dir, run_name, **over):
     cls, kw = TRAINERS[name](tmp_path)
     kw.update(model=str(tiny_model_dir), dtype="fp32", output_dir=str(tmp_path / "runs"), run_name=run_name,
-              quiet=True, tensorboard=False, **over)
+              quiet=True, tensorboard=False)
+    kw.update(over)
     return build_config(cls, kw)
 
 
@@ -214,3 +216,30 @@ def test_resume_errors_are_one_line(tmp_path, tiny_model_dir):
     for bad in ("save_every=-1", "keep_checkpoints=0", "max_nonfinite_steps=0"):
         with pytest.raises(ConfigError, match=bad.split("=")[0]):
             parse_args(SFTConfig, [bad], "rlhfkit sft")
+
+
+def test_lr_weight_decay_and_eps_overrides_apply_on_resume(tmp_path, tiny_model_dir):
+    """`--resume RUN lr=... weight_decay=... adam_eps=...`: the optimiser takes the new values, not
+    the checkpoint's, and params/lr shows the new lr on the warm-up schedule at once."""
+    from rlhfkit.trainers.sft import SFTConfig, train
+
+    runs = tmp_path / "runs"
+    train(make_cfg("sft", tmp_path, tiny_model_dir, "over", max_steps=2, warmup_steps=8))
+    seen = []
+    real = torch.optim.AdamW.step
+
+    def step(self, *a, **kw):
+        seen.append([(g["lr"], g["weight_decay"], g["eps"]) for g in self.param_groups])
+        return real(self, *a, **kw)
+
+    cfg = parse_args(SFTConfig, ["--resume", str(runs / "over"), "max_steps=4", "lr=1e-3", "weight_decay=0.5",
+                                 "adam_eps=1e-6"], "rlhfkit sft")
+    with pytest.MonkeyPatch.context() as m:
+        m.setattr(torch.optim.AdamW, "step", step)
+        train(cfg)
+    rows = read_jsonl(runs / "over" / "metrics.jsonl")
+    # warm-up factor (s + 1) / 8 after optimiser step s (0-based): steps 2 and 3 -> 4/8, 5/8 of 1e-3
+    assert [r["params/lr"] for r in rows[2:]] == pytest.approx([1e-3 * 4 / 8, 1e-3 * 5 / 8], rel=1e-12)
+    # the optimiser stepped with lr 1e-3 x 3/8 (the factor in force after 2 steps), then 4/8
+    assert [s[0] for s in seen] == [(pytest.approx(1e-3 * 3 / 8, rel=1e-12), 0.5, 1e-6),
+                                    (pytest.approx(1e-3 * 4 / 8, rel=1e-12), 0.5, 1e-6)]

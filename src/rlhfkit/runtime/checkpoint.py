@@ -70,6 +70,15 @@ def checkpoints(run_dir: str | Path) -> list[Path]:
     return [p for _, p in sorted(found) if is_complete(p)]
 
 
+def checkpoint_step(path: Path) -> int:
+    """The step a checkpoint folder was written after (its meta.json's, else its name's)."""
+    try:
+        step = json.loads((Path(path) / META).read_text()).get("step")
+    except (OSError, ValueError, AttributeError):
+        step = None
+    return step if isinstance(step, int) else (step_of(Path(path)) or 0)
+
+
 def latest_checkpoint(run_dir: str | Path) -> Path | None:
     """The newest complete checkpoint of a run folder, or None."""
     found = checkpoints(run_dir)

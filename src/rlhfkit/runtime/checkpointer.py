@@ -13,10 +13,8 @@ from rlhfkit.errors import UserError
 from rlhfkit.runtime.checkpoint import (
     CHECKPOINTS,
     CONFIG,
-    META,
     clean_leftovers,
     get_state,
-    latest_checkpoint,
     load_rng,
     load_state,
     load_trainable,
@@ -25,24 +23,39 @@ from rlhfkit.runtime.checkpoint import (
     write_checkpoint,
 )
 
+# Optimiser settings that come from the configuration, not from training: a resumed run takes them
+# from its (possibly overridden) config, not from the checkpoint's optimiser state.
+SETTINGS = ("initial_lr", "weight_decay", "eps")
 
-def open_run_dir(cfg, command: str) -> tuple[Path, Path | None]:
-    """(run folder, checkpoint to resume from or None) for `cfg.resume`: None starts a new run;
-    "auto" continues output_dir/run_name when it holds a checkpoint; a run folder must hold one."""
-    from rlhfkit.runtime.tracker import make_run_dir
 
-    resume = getattr(cfg, "resume", None)
-    if resume in (None, "", "auto"):
-        run_dir = make_run_dir(cfg.output_dir, cfg.run_name, command)
-        return run_dir, latest_checkpoint(run_dir) if resume == "auto" else None
-    run_dir = Path(resume)
-    if not run_dir.is_dir():
-        raise UserError(f"resume: {run_dir} is not a run folder")
-    found = latest_checkpoint(run_dir)
-    if found is None:
-        raise UserError(f"resume: {run_dir} has no complete checkpoint ({CHECKPOINTS}/step-N with {META}); "
-                        "checkpoints are written every save_every iterations and when a run is stopped")
-    return run_dir, found
+def _schedule(scheduler):
+    return getattr(scheduler, "scheduler", scheduler)  # accelerate wraps it
+
+
+def optimizer_settings(optimizer, scheduler) -> tuple[list[dict], list[float]]:
+    """(per parameter group: initial_lr, weight_decay, eps; the schedule's base lrs) as configured."""
+    groups = [{k: g[k] for k in SETTINGS if k in g} for g in optimizer.param_groups]
+    return groups, list(_schedule(scheduler).base_lrs)
+
+
+def apply_optimizer_settings(optimizer, scheduler, settings: tuple[list[dict], list[float]]) -> None:
+    """Put configured settings back after a checkpoint's optimiser and schedule state were loaded
+    (`rlhfkit sft --resume RUN lr=1e-5` trains at 1e-5). A changed base lr also changes the lr in
+    force now: base lr x the schedule's factor at its step (LambdaLR: warm-up and decay schedules),
+    so params/lr shows it at once. Unchanged settings leave everything bit-exact."""
+    groups, base_lrs = settings
+    for group, configured in zip(optimizer.param_groups, groups):
+        group.update(configured)
+    schedule = _schedule(scheduler)
+    if list(schedule.base_lrs) == base_lrs:
+        return
+    schedule.base_lrs = base_lrs
+    factors = getattr(schedule, "lr_lambdas", None)
+    if factors is None:  # another schedule: its next step applies the new base
+        return
+    for group, base, factor in zip(optimizer.param_groups, base_lrs, factors):
+        group["lr"] = base * factor(schedule.last_epoch)
+    schedule._last_lr = [group["lr"] for group in optimizer.param_groups]
 
 
 def _sharded(accelerator) -> bool:
@@ -98,8 +111,10 @@ class Checkpointer:
             raise UserError("resume: not supported under FSDP/DeepSpeed; resume with plain DDP or one process")
         load_trainable(self.model, path)
         state = load_state(path)
+        configured = optimizer_settings(self.optimizer, self.scheduler)  # this run's lr, weight_decay, eps
         self.optimizer.load_state_dict(state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
+        apply_optimizer_settings(self.optimizer, self.scheduler, configured)
         for name, obj in self.objects.items():
             if name in state["objects"]:
                 set_state(obj, state["objects"][name])
@@ -110,9 +125,6 @@ class Checkpointer:
         else:
             set_rng_state(rng)
         self.start = self.saved_step = int(state["step"])
-        if self.total is not None and self.start > self.total:
-            raise UserError(f"resume: {path} is after {self.start} {self.unit}s, but this run is set to "
-                            f"{self.total}: ask for at least {self.start} (iterations / max_steps)")
         kept = truncate_logs(self.run_dir, self.start) if self.accelerator.is_main_process else []
         self.tracker.resume(kept)
         self.tracker.print(f"[resume] {path}: continuing at {self.unit} {self.start}{self._config_changes(path)}")

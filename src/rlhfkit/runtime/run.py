@@ -20,11 +20,52 @@ mode (dropout stays off: models/loading.disable_dropout; gradient checkpointing 
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Iterator
+from contextvars import ContextVar
 from pathlib import Path
 from typing import Any
 
 import torch
+
+from rlhfkit.errors import UserError
+
+# The runs opened inside the current `train(cfg)` call (see `closes_its_runs`); a fresh list per call.
+_LIVE_RUNS: ContextVar[list] = ContextVar("rlhfkit_live_runs")
+
+
+def closes_its_runs(train: Callable) -> Callable:
+    """Decorator of a trainer's `train(cfg)`: however the call ends, the run folders it opened are
+    released (their lock dropped); a failed run's folder is removed when the run created it and
+    had logged nothing yet, else marked failed (runtime/run_folder.py). A stop by a signal (Interrupted) is not a failure: its
+    checkpoint is there to resume from."""
+    from rlhfkit.runtime.faults import Interrupted
+
+    @functools.wraps(train)
+    def wrapper(cfg, *args, **kwargs):
+        token = _LIVE_RUNS.set([])
+        try:
+            return train(cfg, *args, **kwargs)
+        except BaseException as e:
+            for run in _LIVE_RUNS.get():
+                run.close(None if isinstance(e, Interrupted) else e)
+            raise
+        finally:
+            for run in _LIVE_RUNS.get():
+                run.close()
+            _LIVE_RUNS.reset(token)
+
+    return wrapper
+
+
+def check_resume_fits(checkpoint: Path, total: int, unit: str) -> None:
+    """A checkpoint after more steps than this run is set to is refused before anything is written."""
+    from rlhfkit.runtime.checkpoint import checkpoint_step
+
+    step = checkpoint_step(checkpoint)
+    if step > total:
+        raise UserError(f"resume: {checkpoint} is after {step} {unit}s, but this run is set to {total}: ask for "
+                        f"at least {step} (iterations / max_steps)")
 
 
 class Run:
@@ -36,6 +77,7 @@ class Run:
         from rlhfkit.models.loading import resolve_dtype
         from rlhfkit.rollout.logprobs import set_chunk_positions
         from rlhfkit.runtime.allocator import cap_kernel_caches, tune_malloc
+        from rlhfkit.runtime.run_folder import check_run_folder
         from rlhfkit.runtime.seeding import seed_everything
 
         cap_kernel_caches()  # before any matmul: each new shape's kernels stay cached (runtime/allocator.py)
@@ -46,6 +88,8 @@ class Run:
         if hasattr(cfg, "cpu_chunk_positions"):  # the row-chunk budget every pass of this run cuts by
             set_chunk_positions(cfg.cpu_chunk_positions)
         cfg.dtype = resolve_dtype(cfg.dtype)  # 'auto' -> bf16 where bf16 matmuls are fast; config.yaml records it
+        check_run_folder(cfg)  # before any model loads: a run that cannot have its folder stops now
+        self.folder: Any = None
         self.run_dir: Path | None = None
         self.tracker: Any = None
         self.guard: Any = None
@@ -83,21 +127,34 @@ class Run:
 
     # ---- set-up -------------------------------------------------------------------------
     def open(self, total: int, unit: str = "iteration", **summary: Any) -> Run:
-        """After the inputs are checked: the run folder (new, or the one resumed), config.yaml, the
-        tracker (`total` steps for its progress bar) and the non-finite guard. `summary` seeds
-        summary.json."""
-        from rlhfkit.runtime.checkpointer import open_run_dir
-        from rlhfkit.runtime.config import save_config
-        from rlhfkit.runtime.distributed import agree_on_run_name
+        """After the inputs are checked: the run folder (new, or the one resumed; locked for this
+        run: runtime/run_folder.py), config.yaml, the tracker (`total` steps for its progress bar)
+        and the non-finite guard. `summary` seeds summary.json. A resumed run writes config.yaml
+        once `resume` has restored the checkpoint (a refused resume changes nothing)."""
+        from rlhfkit.runtime.config import save_config, to_dict
+        from rlhfkit.runtime.distributed import decided_on_main
         from rlhfkit.runtime.faults import NonFiniteGuard
+        from rlhfkit.runtime.run_folder import RunFolder, claim_run_folder
         from rlhfkit.runtime.tracker import Tracker
 
         cfg = self.cfg
-        agree_on_run_name(self.accelerator, cfg, self.command)
-        self.run_dir, self._resume_from = open_run_dir(cfg, self.command)
-        if self.is_main:
+
+        def claim() -> tuple[Path, Path | None]:
+            self.folder = claim_run_folder(cfg, self.command)
+            live = _LIVE_RUNS.get(None)
+            if live is not None:  # inside a `closes_its_runs` train(): released however it ends
+                live.append(self)
+            return self.folder.path, self.folder.resume_from
+
+        self.run_dir, self._resume_from = decided_on_main(self.accelerator, claim)
+        if not self.is_main:
+            self.folder = RunFolder(self.run_dir, self._resume_from)
+        if self._resume_from is not None:
+            check_resume_fits(self._resume_from, total, unit)
+        elif self.is_main:
             save_config(cfg, self.run_dir / "config.yaml")
-        self.tracker = Tracker(self.run_dir, total, cfg.quiet, self.is_main, cfg.tensorboard, cfg.wandb)
+        self.tracker = Tracker(self.run_dir, total, cfg.quiet, self.is_main, cfg.tensorboard, cfg.wandb,
+                               config=to_dict(cfg))
         self.summary.update({"run_dir": str(self.run_dir), **summary})
         self.guard = NonFiniteGuard.for_config(cfg, self.tracker.print)
         self.total, self._unit = total, unit
@@ -124,7 +181,12 @@ class Run:
     def resume(self, **objects: Any) -> int:
         """Register more state to checkpoint (e.g. kl_ctl=...), then, when resuming, restore
         everything from the checkpoint and cut the logs back to it. Returns the first step."""
-        return self.checkpointer.resume(self._resume_from, **objects)
+        from rlhfkit.runtime.config import save_config
+
+        start = self.checkpointer.resume(self._resume_from, **objects)
+        if self._resume_from is not None and self.is_main:
+            save_config(self.cfg, self.run_dir / "config.yaml")
+        return start
 
     # ---- the loop -----------------------------------------------------------------------
     def once(self, key: str, compute: Callable[[], Any]) -> Any:
@@ -166,4 +228,13 @@ class Run:
             self.summary.update(save(self.run_dir / "final", state) or {})
             self.tracker.write_json("summary.json", self.summary)
         self.tracker.close()
+        self.close()
         return self.summary
+
+    def close(self, error: BaseException | None = None) -> None:
+        """Release the run folder (idempotent); after an `error`, remove or mark it
+        (runtime/run_folder.py RunFolder.close)."""
+        if self.folder is not None:
+            folder, self.folder = self.folder, None
+            if self.is_main:
+                folder.close(error, logged=self.tracker is not None and self.tracker.logged > 0)

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import json
 import math
-import time
 from pathlib import Path
 from typing import Any
 
@@ -34,13 +33,6 @@ def read_config(run_dir: Path) -> dict | None:
     return data if isinstance(data, dict) else None
 
 
-def make_run_dir(output_dir: str, run_name: str | None, command: str) -> Path:
-    name = run_name or f"{command}-{time.strftime('%Y%m%d-%H%M%S')}"
-    path = Path(output_dir) / name
-    path.mkdir(parents=True, exist_ok=True)
-    return path
-
-
 class Tracker:
     """Writes metrics/samples files, shows progress and findings, feeds optional sinks."""
 
@@ -52,6 +44,7 @@ class Tracker:
         self.console = None
         self.monitor = None
         self.sinks: list = []
+        self.logged = 0  # metric rows this process logged
         if not is_main:
             return
         try:
@@ -102,6 +95,7 @@ class Tracker:
         row = {"iteration": iteration, **{k: _clean(v) for k, v in metrics.items()}}
         with open(self.run_dir / "metrics.jsonl", "a") as f:
             f.write(json.dumps(row) + "\n")
+        self.logged += 1
         for sink in self.sinks:
             sink.log(iteration, metrics)
         findings = self.monitor.observe(iteration, metrics) if self.monitor is not None else []

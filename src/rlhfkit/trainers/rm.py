@@ -23,7 +23,7 @@ from rlhfkit.runtime.config import check, config_main
 from rlhfkit.runtime.distributed import accumulate_backward
 from rlhfkit.runtime.faults import guarded_step
 from rlhfkit.runtime.precision import autocast
-from rlhfkit.runtime.run import Run
+from rlhfkit.runtime.run import Run, closes_its_runs
 from rlhfkit.trainers.rm_config import RMConfig
 
 __all__ = ["RMConfig", "build_reward_model", "pair_loss", "evaluate_pairs", "rm_step", "train"]
@@ -155,6 +155,7 @@ def make_rm_optimizer(model, cfg: RMConfig):
     return make_optimizer(groups, cfg.lr, cfg.warmup_steps, cfg.weight_decay, cfg.adam_eps)
 
 
+@closes_its_runs
 def train(cfg: RMConfig) -> dict:
     """Train a reward model; returns the summary (also written to RUN/summary.json)."""
     from rlhfkit.data.prefs import load_preferences
