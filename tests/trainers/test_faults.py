@@ -193,7 +193,8 @@ def test_non_finite_steps_in_a_row_stop_the_run_with_a_diagnosis(tmp_path, tiny_
 
     seen = _nan_forward_at(monkeypatch, set(range(100)))
     cfg = parse_args(SFTConfig, sft_argv(tmp_path, tiny_model_dir, "diverged", max_steps=10), "rlhfkit sft")
-    with pytest.raises(NonFiniteError, match=r"3 optimiser steps in a row .*lower lr \(now 0.01\).*dtype=fp32"):
+    with pytest.raises(NonFiniteError, match=r"3 optimiser steps in a row .*lower lr \(now 0.01\).*dtype=fp32.*"
+                       r"no checkpoint was written"):
         train(cfg)
     assert len(seen) == 3 and _same(seen[0], seen[2])  # nothing was ever applied
     rows = read_jsonl(tmp_path / "runs" / "diverged" / "metrics.jsonl")
@@ -294,3 +295,59 @@ def test_other_runtime_errors_are_not_mistaken_for_memory():
 
     with pytest.raises(RuntimeError, match="shapes"):
         run_guarded(run)
+
+
+@pytest.mark.parametrize("arg", ["lr=inf", "kl_coef=inf", "max_grad_norm=-inf", "lr=.inf", "lr=1e400"])
+def test_non_finite_options_are_refused(arg):
+    from rlhfkit.errors import ConfigError
+    from rlhfkit.trainers.ppo_config import PPOConfig
+
+    key = arg.split("=")[0]
+    with pytest.raises(ConfigError, match=rf"{key}=.*: expected float \(a finite number\)"):
+        parse_args(PPOConfig, [arg], "rlhfkit ppo")
+
+
+def test_non_finite_options_are_refused_in_yaml(tmp_path):
+    from rlhfkit.errors import ConfigError
+    from rlhfkit.trainers.sft import SFTConfig
+
+    (tmp_path / "c.yaml").write_text("lr: .inf\n")
+    with pytest.raises(ConfigError, match=r"c.yaml: lr=inf: expected float \(a finite number\)"):
+        parse_args(SFTConfig, [str(tmp_path / "c.yaml")], "rlhfkit sft")
+
+
+def _nan_weights_after(monkeypatch, steps: int):
+    """After optimiser step `steps` (1-based), the first trainable tensor becomes NaN while the loss
+    and gradient norm stay finite (what lr=inf did): only the weights show it."""
+    real, count = torch.optim.AdamW.step, []
+
+    def step(self, *a, **kw):
+        out = real(self, *a, **kw)
+        count.append(1)
+        if len(count) >= steps:
+            with torch.no_grad():
+                self.param_groups[0]["params"][0].fill_(float("nan"))
+        return out
+
+    monkeypatch.setattr(torch.optim.AdamW, "step", step)
+
+
+@pytest.mark.parametrize("save_every", [0, 1])
+def test_non_finite_weights_are_never_saved(save_every, tmp_path, tiny_model_dir, monkeypatch, capsys):
+    """NaN weights after step 2: no checkpoint of them, no final/, exit 2; with save_every=1 the
+    step-1 checkpoint stays the newest and the message says to resume from it, without one it
+    says to start again (no --resume advice where there is nothing to resume)."""
+    from rlhfkit.cli import main
+
+    _nan_weights_after(monkeypatch, 2)
+    rc = main(["sft", *sft_argv(tmp_path, tiny_model_dir, "nanw", save_every=save_every)])
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    run = tmp_path / "runs" / "nanw"
+    assert rc == 2 and not (run / "final").exists() and not (run / "summary.json").exists()
+    assert "trained tensors hold NaN/inf" in err and "nothing saved" in err
+    if save_every:
+        assert latest_checkpoint(run).name == "step-1" and f"--resume {run}" in err
+        assert "after 2 steps" in err
+    else:
+        assert latest_checkpoint(run) is None and "--resume" not in err and "no checkpoint was written" in err
+        assert "after 4 steps" in err

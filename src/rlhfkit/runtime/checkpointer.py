@@ -148,6 +148,25 @@ class Checkpointer:
         return {"step": step, "optimizer": self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict(),
                 "objects": {name: get_state(obj) for name, obj in self.objects.items()}}
 
+    def resume_hint(self) -> str:
+        """How to go on after a failure: from the newest checkpoint, or afresh when there is none."""
+        from rlhfkit.runtime.checkpoint import latest_checkpoint
+
+        if latest_checkpoint(self.run_dir) is None:
+            return "no checkpoint was written, so start the run again with the changes (overwrite=true)"
+        return f"then continue from the last checkpoint: rlhfkit {self.command} --resume {self.run_dir}"
+
+    def check_finite(self, step: int) -> None:
+        """Weights with NaN/inf are never saved (a checkpoint of them would also push a good one out)."""
+        from rlhfkit.runtime.faults import NonFiniteError, non_finite_tensors
+
+        bad = non_finite_tensors(self.model)
+        if bad:
+            total = sum(p.requires_grad for p in self.model.parameters())
+            advice = f"{self.guard.advice}; " if self.guard is not None else ""
+            raise NonFiniteError(f"after {step} {self.unit}{'s' * (step != 1)} {len(bad)} of {total} trained "
+                                 f"tensors hold NaN/inf (e.g. {bad[0]}): nothing saved; {advice}{self.resume_hint()}")
+
     def save(self, step: int) -> Path | None:
         import yaml
 
@@ -156,6 +175,7 @@ class Checkpointer:
         acc = self.accelerator
         if self.sharded:
             return None
+        self.check_finite(step)
         if acc.is_main_process:
             clean_leftovers(self.run_dir / CHECKPOINTS)
         path = write_checkpoint(self.run_dir, step, model=self.model, state=self.state(step),
@@ -177,10 +197,13 @@ class Checkpointer:
     def end_step(self, step: int) -> None:
         """After step `step` (0-based) is done and logged: stop if too many optimiser steps in a row
         were non-finite; checkpoint when due; after a signal, checkpoint and raise Interrupted."""
-        from rlhfkit.runtime.faults import Interrupted
+        from rlhfkit.runtime.faults import Interrupted, NonFiniteError
 
         if self.guard is not None:
-            self.guard.check()
+            try:
+                self.guard.check()
+            except NonFiniteError as e:
+                raise NonFiniteError(f"{e}; {self.resume_hint()}") from None
         done = step + 1
         signum = self._stop_signal()
         path = self.save(done) if signum or (self.every and done % self.every == 0) else None

@@ -57,7 +57,8 @@ def _coerce(key: str, raw: Any, tp: Any, choices: tuple | None, source: str) -> 
     try:
         value = _convert(raw, base)
     except (TypeError, ValueError, OverflowError):
-        raise ConfigError(f"{where}{key}={raw!r}: expected {_type_name(base)}") from None
+        finite = " (a finite number)" if base is float or "float" in _type_name(base) else ""
+        raise ConfigError(f"{where}{key}={raw!r}: expected {_type_name(base)}{finite}") from None
     if choices is not None and value not in choices:
         raise ConfigError(f"{where}{key}={value!r}: expected one of {', '.join(map(str, choices))}")
     return value
@@ -83,7 +84,7 @@ def _convert(raw: Any, base: Any) -> Any:
         return int(float(raw)) if isinstance(raw, str) and "e" in raw.lower() else int(raw)
     if base is float:
         value = float(raw) if not isinstance(raw, (bool, dict, list)) else None
-        if value is None or math.isnan(value):
+        if value is None or not math.isfinite(value):  # nan, inf: no option means them
             raise ValueError
         return value
     if base is list or typing.get_origin(base) is list:

@@ -85,7 +85,7 @@ class NonFiniteGuard:
     @classmethod
     def for_config(cls, cfg, log=print) -> NonFiniteGuard:
         advice = (f"lower lr (now {cfg.lr:g}) or max_grad_norm, use dtype=fp32 (now {cfg.dtype}), and check "
-                  "the data and rewards for extreme values; then resume from the last checkpoint with --resume")
+                  "the data and rewards for extreme values")
         return cls(cfg.max_nonfinite_steps, advice, log)
 
     def record(self, skipped: bool, where: str, detail: str = "") -> None:
@@ -108,6 +108,11 @@ class NonFiniteGuard:
 
     def load_state_dict(self, state: dict) -> None:
         self.streak, self.total = state["streak"], state["total"]
+
+
+def non_finite_tensors(model: torch.nn.Module) -> list[str]:
+    """Names of the trainable parameters holding NaN or inf (what must never be saved)."""
+    return [n for n, p in model.named_parameters() if p.requires_grad and not bool(torch.isfinite(p).all())]
 
 
 def guarded_step(params, optimizer, scheduler, accelerator, max_grad_norm: float, *, loss: float = 0.0,

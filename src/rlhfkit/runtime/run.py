@@ -223,6 +223,7 @@ class Run:
         summary."""
         from rlhfkit.runtime.distributed import full_state_dict
 
+        self.checkpointer.check_finite(self.total)  # never a final model of NaNs with exit 0
         state = full_state_dict(self.accelerator, self.model)  # every process takes part in the gather
         if self.is_main:
             self.summary.update(save(self.run_dir / "final", state) or {})
