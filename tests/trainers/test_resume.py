@@ -243,3 +243,20 @@ def test_lr_weight_decay_and_eps_overrides_apply_on_resume(tmp_path, tiny_model_
     # the optimiser stepped with lr 1e-3 x 3/8 (the factor in force after 2 steps), then 4/8
     assert [s[0] for s in seen] == [(pytest.approx(1e-3 * 3 / 8, rel=1e-12), 0.5, 1e-6),
                                     (pytest.approx(1e-3 * 4 / 8, rel=1e-12), 0.5, 1e-6)]
+
+
+def test_the_judged_evaluation_is_logged_once_however_often_a_run_is_resumed(tmp_path, tiny_model_dir):
+    """dpo logs its after-training judged samples (2 prompts x 1 sample) once: resuming the finished
+    run, or extending it, replaces them instead of adding a second copy."""
+    from rlhfkit.trainers.dpo import train
+
+    cfg = make_cfg("dpo", tmp_path, tiny_model_dir, "judged", max_steps=2)
+    run = tmp_path / "runs" / "judged"
+    train(cfg)
+    first = read_jsonl(run / "samples.jsonl")
+    assert len(first) == 2
+    train(dataclasses.replace(cfg, resume=str(run)))  # the finished run again
+    assert read_jsonl(run / "samples.jsonl") == first
+    train(dataclasses.replace(cfg, resume=str(run), max_steps=3))  # one step more
+    rows = read_jsonl(run / "samples.jsonl")
+    assert len(rows) == 2 and {r["iteration"] for r in rows} == {3}
