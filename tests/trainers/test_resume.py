@@ -260,3 +260,19 @@ def test_the_judged_evaluation_is_logged_once_however_often_a_run_is_resumed(tmp
     train(dataclasses.replace(cfg, resume=str(run), max_steps=3))  # one step more
     rows = read_jsonl(run / "samples.jsonl")
     assert len(rows) == 2 and {r["iteration"] for r in rows} == {3}
+
+
+def test_a_truncated_newest_checkpoint_is_skipped_with_a_notice_naming_the_file(tmp_path, tiny_model_dir, capsys):
+    from rlhfkit.trainers.sft import train
+
+    cfg = make_cfg("sft", tmp_path, tiny_model_dir, "damaged", max_steps=3, save_every=1)
+    train(cfg)
+    run = tmp_path / "runs" / "damaged"
+    weights = run / "checkpoints" / "step-3" / "trainable.safetensors"
+    weights.write_bytes(weights.read_bytes()[:1000])  # a full disk or a bad copy
+    capsys.readouterr()
+    train(dataclasses.replace(cfg, resume=str(run), max_steps=4))
+    out = "".join(capsys.readouterr().out.split())  # the console wraps long lines
+    assert "".join(f"[resume] skipping step-3: {weights} has 1000 bytes".split()) in out
+    assert "resumingfromstep-2instead" in out
+    assert [r["iteration"] for r in read_jsonl(run / "metrics.jsonl")] == [0, 1, 2, 3]

@@ -9,19 +9,48 @@ from typing import Any
 
 import torch
 
-from rlhfkit.errors import UserError
+from rlhfkit.errors import UserError, one_line
 from rlhfkit.runtime.checkpoint import (
     CHECKPOINTS,
     CONFIG,
+    STATE,
+    WEIGHTS,
+    checkpoint_step,
     clean_leftovers,
     get_state,
     load_rng,
     load_state,
     load_trainable,
+    rng_file,
     set_state,
     truncate_logs,
     write_checkpoint,
 )
+
+
+def read_file(path: Path, read):
+    """`read()` of a checkpoint file; a file that cannot be read is a one-line UserError naming it
+    (checkpoints written before sizes and hashes were recorded are only checked here)."""
+    try:
+        return read()
+    except UserError:
+        raise
+    except Exception as e:  # safetensors, pickle, zip errors of a damaged file
+        raise UserError(f"resume: cannot read {path} ({type(e).__name__}: {one_line(e)[:160]}); delete that "
+                        "checkpoint folder to resume from the one before") from None
+
+
+def load_checked(path: Path, model) -> dict:
+    """Load a checkpoint's weights into `model` and return its state, after checking that the step
+    in state.pt is the checkpoint's own (files of two checkpoints mixed are refused)."""
+    read_file(path / WEIGHTS, lambda: load_trainable(model, path))
+    state = read_file(path / STATE, lambda: load_state(path))
+    step = checkpoint_step(path)
+    if int(state.get("step", -1)) != step:
+        raise UserError(f"resume: {path / STATE} is from step {state.get('step')}, but the checkpoint is "
+                        f"step-{step}: its files come from different checkpoints")
+    return state
+
 
 # Optimiser settings that come from the configuration, not from training: a resumed run takes them
 # from its (possibly overridden) config, not from the checkpoint's optimiser state.
@@ -109,8 +138,7 @@ class Checkpointer:
             return self.start
         if self.sharded:
             raise UserError("resume: not supported under FSDP/DeepSpeed; resume with plain DDP or one process")
-        load_trainable(self.model, path)
-        state = load_state(path)
+        state = load_checked(path, self.model)
         configured = optimizer_settings(self.optimizer, self.scheduler)  # this run's lr, weight_decay, eps
         self.optimizer.load_state_dict(state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
@@ -118,7 +146,8 @@ class Checkpointer:
         for name, obj in self.objects.items():
             if name in state["objects"]:
                 set_state(obj, state["objects"][name])
-        rng = load_rng(path, self.accelerator.process_index)
+        rng = read_file(path / rng_file(self.accelerator.process_index),
+                        lambda: load_rng(path, self.accelerator.process_index))
         if rng is None:
             self.tracker.print(f"[resume] {path} has no RNG state for process {self.accelerator.process_index} "
                                "(another number of processes?): the continuation is not bit-exact")

@@ -155,6 +155,8 @@ class Run:
             save_config(cfg, self.run_dir / "config.yaml")
         self.tracker = Tracker(self.run_dir, total, cfg.quiet, self.is_main, cfg.tensorboard, cfg.wandb,
                                config=to_dict(cfg))
+        for notice in self.folder.notices:  # a damaged newer checkpoint was skipped
+            self.tracker.print(notice)
         self.summary.update({"run_dir": str(self.run_dir), **summary})
         self.guard = NonFiniteGuard.for_config(cfg, self.tracker.print)
         self.total, self._unit = total, unit

@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from rlhfkit.errors import UserError
-from rlhfkit.runtime.checkpoint import CHECKPOINTS, META, latest_checkpoint
+from rlhfkit.runtime.checkpoint import CHECKPOINTS, META, latest_checkpoint, resumable_checkpoint
 
 LOCK, FAILED = ".lock", "failed.json"
 
@@ -135,7 +135,9 @@ def check_run_folder(cfg) -> None:
         raise UserError(_existing_message(path))
 
 
-def no_checkpoint_message(path: Path) -> str:
+def no_checkpoint_message(path: Path, notices: list[str] = ()) -> str:
+    if notices:  # checkpoints there, none usable: say why the oldest is not
+        return f"resume: {path} has no usable checkpoint: {notices[-1].removeprefix('[resume] skipping ')}"
     return (f"resume: {path} has no complete checkpoint ({CHECKPOINTS}/step-N with {META}); checkpoints are "
             "written every save_every iterations and when a run is stopped")
 
@@ -147,6 +149,7 @@ class RunFolder:
     path: Path
     resume_from: Path | None = None
     created: list[Path] = field(default_factory=list)  # folders this run made (removed if it fails early)
+    notices: list[str] = field(default_factory=list)  # newer checkpoints skipped as damaged, and why
     fd: int | None = None
 
     def release(self) -> None:
@@ -238,10 +241,10 @@ def claim_run_folder(cfg, command: str) -> RunFolder:
     if resume not in (None, "", "auto"):
         path = Path(resume)
         folder = RunFolder(path, fd=_lock(path, fresh=False))
-        folder.resume_from = latest_checkpoint(path)
-        if folder.resume_from is None:  # deleted since the check
+        folder.resume_from, folder.notices = resumable_checkpoint(path)
+        if folder.resume_from is None:
             folder.release()
-            raise UserError(no_checkpoint_message(path))
+            raise UserError(no_checkpoint_message(path, folder.notices))
         return folder
     if not cfg.run_name:
         path, made = _default_folder(Path(cfg.output_dir), command)
@@ -255,7 +258,11 @@ def claim_run_folder(cfg, command: str) -> RunFolder:
             raise UserError(_existing_message(path))
         return RunFolder(path, fd=_lock(path, fresh=True))
     folder = RunFolder(path, fd=_lock(path, fresh=False))
-    folder.resume_from = latest_checkpoint(path) if resume == "auto" else None
+    if resume == "auto":
+        folder.resume_from, folder.notices = resumable_checkpoint(path)
+        if folder.resume_from is None and folder.notices:  # damaged checkpoints are not a dead attempt
+            folder.release()
+            raise UserError(no_checkpoint_message(path, folder.notices))
     if folder.resume_from is None:  # overwrite, or resume=auto with nothing to continue: start afresh
         _clear(path)
         folder.created = [path]
