@@ -351,3 +351,41 @@ def test_non_finite_weights_are_never_saved(save_every, tmp_path, tiny_model_dir
     else:
         assert latest_checkpoint(run) is None and "--resume" not in err and "no checkpoint was written" in err
         assert "after 4 steps" in err
+
+
+# ----------------------------------------------------------------------------- a full disk
+
+
+def test_a_resume_on_a_full_disk_cleans_leftovers_before_it_cuts_the_logs(tmp_path, tiny_model_dir, monkeypatch,
+                                                                          capsys):
+    import errno
+    import pathlib
+
+    from rlhfkit.cli import main
+
+    full_disk = OSError(errno.ENOSPC, "No space left on device")
+
+    assert main(["sft", *sft_argv(tmp_path, tiny_model_dir, "full", max_steps=2)]) == 0
+    run = tmp_path / "runs" / "full"
+    leftover = run / CHECKPOINTS / ".tmp-step-3"
+    leftover.mkdir()
+    (leftover / "state.pt").write_bytes(b"x" * 1000)  # what a crash in a checkpoint write left
+    metrics = (run / "metrics.jsonl").read_text()
+    real = pathlib.Path.write_text
+    seen_leftover = []
+
+    def full(self, text, *a, **kw):
+        if self.name.endswith(".tmp"):  # the cut logs' temporary files: the disk is still full
+            seen_leftover.append(leftover.exists())
+            raise full_disk
+        return real(self, text, *a, **kw)
+
+    monkeypatch.setattr(pathlib.Path, "write_text", full)
+    capsys.readouterr()
+    assert main(["sft", "--resume", str(run), "max_steps=3"]) == 2
+    err = [ln for ln in capsys.readouterr().err.splitlines() if ln.startswith("rlhfkit:")]
+    assert err == [f"rlhfkit: error: no space left on device writing {run / 'metrics.jsonl'}; free space, then "
+                   f"--resume {run}"]
+    assert seen_leftover == [False]  # cleaned before the logs were cut
+    assert (run / "metrics.jsonl").read_text() == metrics
+    assert [json.loads(x)["iteration"] for x in metrics.splitlines()] == [0, 1]

@@ -217,6 +217,22 @@ def write_checkpoint(run_dir: Path, step: int, *, model: torch.nn.Module, state:
     Called on every process: process 0 writes the weights and state, every process its RNG file;
     `barrier` (e.g. accelerator.wait_for_everyone) orders the steps across processes.
     """
+    from rlhfkit.runtime.disk import out_of_space
+
+    root = Path(run_dir) / CHECKPOINTS
+    tmp = root / f".tmp-step-{step}"
+    try:
+        with out_of_space(tmp, Path(run_dir)):
+            return _write_checkpoint(run_dir, step, model=model, state=state, config_text=config_text, rank=rank,
+                                     world_size=world_size, keep=keep, barrier=barrier, meta=meta)
+    except BaseException:
+        if rank == 0:  # a full disk, a signal, ...: no half-written folder stays behind
+            shutil.rmtree(tmp, ignore_errors=True)
+        raise
+
+
+def _write_checkpoint(run_dir: Path, step: int, *, model: torch.nn.Module, state: dict, config_text: str,
+                      rank: int, world_size: int, keep: int, barrier: Callable[[], None], meta: dict | None) -> Path:
     from rlhfkit.runtime.seeding import rng_state
 
     root = Path(run_dir) / CHECKPOINTS
@@ -315,7 +331,10 @@ def set_state(obj: Any, state: Any) -> None:
 
 def truncate_logs(run_dir: Path, step: int) -> list[dict]:
     """Keep only rows with iteration < `step` in the run's jsonl logs (a resumed run writes the
-    later ones again); returns the kept metrics rows. A torn last line is dropped."""
+    later ones again); returns the kept metrics rows. A torn last line is dropped. Each file is
+    replaced in one rename (a full disk leaves it as it was, with one line naming it)."""
+    from rlhfkit.runtime.disk import write_atomic
+
     kept_metrics: list[dict] = []
     for name in TRAINING_LOGS:
         path = Path(run_dir) / name
@@ -331,9 +350,7 @@ def truncate_logs(run_dir: Path, step: int) -> list[dict]:
                 keep.append(line)
                 if name == "metrics.jsonl":
                     kept_metrics.append(row)
-        tmp = path.with_name(path.name + ".tmp")
-        tmp.write_text("".join(line + "\n" for line in keep))
-        os.replace(tmp, path)
+        write_atomic(path, "".join(line + "\n" for line in keep), Path(run_dir))
     return kept_metrics
 
 

@@ -154,6 +154,8 @@ class Checkpointer:
         else:
             set_rng_state(rng)
         self.start = self.saved_step = int(state["step"])
+        if self.accelerator.is_main_process:  # leftovers first: their space may be what the logs need
+            clean_leftovers(self.run_dir / CHECKPOINTS)
         kept = truncate_logs(self.run_dir, self.start) if self.accelerator.is_main_process else []
         self.tracker.resume(kept)
         self.tracker.print(f"[resume] {path}: continuing at {self.unit} {self.start}{self._config_changes(path)}")

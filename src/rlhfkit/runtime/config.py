@@ -297,7 +297,10 @@ def to_dict(cfg: Any) -> dict[str, Any]:
 
 
 def save_config(cfg: Any, path: str | Path) -> None:
-    Path(path).write_text(yaml.safe_dump(to_dict(cfg), sort_keys=False))
+    """Write config.yaml in one rename (never an empty or half-written file, even on a full disk)."""
+    from rlhfkit.runtime.disk import write_atomic
+
+    write_atomic(Path(path), yaml.safe_dump(to_dict(cfg), sort_keys=False), Path(path).parent)
 
 
 def check(cond: bool, message: str) -> None:

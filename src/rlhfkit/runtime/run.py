@@ -223,12 +223,21 @@ class Run:
         RUN/final on the main process; `state_dict` is the gathered full weights when they are
         sharded (FSDP / ZeRO-3), else None (save the live model). Whatever it returns joins the
         summary."""
+        import shutil
+
+        from rlhfkit.runtime.disk import out_of_space
         from rlhfkit.runtime.distributed import full_state_dict
 
         self.checkpointer.check_finite(self.total)  # never a final model of NaNs with exit 0
         state = full_state_dict(self.accelerator, self.model)  # every process takes part in the gather
         if self.is_main:
-            self.summary.update(save(self.run_dir / "final", state) or {})
+            final = self.run_dir / "final"
+            try:
+                with out_of_space(final, self.run_dir):
+                    self.summary.update(save(final, state) or {})
+            except BaseException:
+                shutil.rmtree(final, ignore_errors=True)  # no half-written final model
+                raise
             self.tracker.write_json("summary.json", self.summary)
         self.tracker.close()
         self.close()

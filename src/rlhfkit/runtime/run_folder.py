@@ -21,6 +21,7 @@ file (fcntl.flock, released by the kernel when the process ends, even by kill -9
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -168,8 +169,9 @@ class RunFolder:
         if logged:
             from rlhfkit.errors import one_line
 
-            (self.path / FAILED).write_text(json.dumps({"error": one_line(error), "type": type(error).__name__,
-                                                        "time": time.time()}, indent=2))
+            with contextlib.suppress(OSError):  # a full disk may be the error
+                (self.path / FAILED).write_text(json.dumps({"error": one_line(error), "type": type(error).__name__,
+                                                            "time": time.time()}, indent=2))
         elif self.created:
             shutil.rmtree(self.path, ignore_errors=True)
             for parent in self.created[1:]:

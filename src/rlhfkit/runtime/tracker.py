@@ -15,6 +15,8 @@ import math
 from pathlib import Path
 from typing import Any
 
+from rlhfkit.runtime.disk import append_text, write_atomic
+
 
 def _clean(v: Any) -> Any:
     if isinstance(v, float) and not math.isfinite(v):
@@ -93,8 +95,7 @@ class Tracker:
         if not self.is_main:
             return []
         row = {"iteration": iteration, **{k: _clean(v) for k, v in metrics.items()}}
-        with open(self.run_dir / "metrics.jsonl", "a") as f:
-            f.write(json.dumps(row) + "\n")
+        append_text(self.run_dir / "metrics.jsonl", json.dumps(row) + "\n", self.run_dir)
         self.logged += 1
         for sink in self.sinks:
             sink.log(iteration, metrics)
@@ -111,15 +112,14 @@ class Tracker:
     def log_samples(self, iteration: int, rows: list[dict]) -> None:
         if not self.is_main:
             return
-        with open(self.run_dir / "samples.jsonl", "a") as f:
-            for r in rows:
-                f.write(json.dumps({"iteration": iteration, **r}) + "\n")
+        append_text(self.run_dir / "samples.jsonl",
+                    "".join(json.dumps({"iteration": iteration, **r}) + "\n" for r in rows), self.run_dir)
         for sink in self.sinks:
             sink.log_samples(iteration, rows)
 
     def write_json(self, name: str, data: dict) -> None:
         if self.is_main:
-            (self.run_dir / name).write_text(json.dumps(data, indent=2))
+            write_atomic(self.run_dir / name, json.dumps(data, indent=2), self.run_dir)
 
     def close(self) -> None:
         for sink in self.sinks:
