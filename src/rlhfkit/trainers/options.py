@@ -185,6 +185,7 @@ class RunArgs:
         check(self.save_every >= 0, f"save_every ({self.save_every}) must be >= 0 (0 = only when stopped)")
         check(self.keep_checkpoints >= 1, f"keep_checkpoints ({self.keep_checkpoints}) must be >= 1")
         check(self.max_nonfinite_steps >= 1, f"max_nonfinite_steps ({self.max_nonfinite_steps}) must be >= 1")
+        check(0 <= self.seed < 2**63, f"seed ({self.seed}) must be in [0, 2**63 - 1]")
 
 
 @dataclass
