@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import math
 import time
 from collections.abc import Callable
 
@@ -32,6 +33,7 @@ from rlhfkit.rollout import Rollout, SamplingParams, generate
 from rlhfkit.rollout.logprobs import logprob_pass as teacher_forced_pass
 from rlhfkit.runtime.allocator import trim_heap
 from rlhfkit.runtime.distributed import generation_weights, mean_over_processes
+from rlhfkit.runtime.memory import check_rollout_fits
 from rlhfkit.runtime.precision import autocast
 from rlhfkit.runtime.run import Run
 from rlhfkit.trainers.rl_update import LossFn, env_rates, update_policy
@@ -199,6 +201,7 @@ class RLRun:
             self.reward_fn, train_records, self.eval_records = prepare_data(cfg)
             actor, self.reference, self.tok = build_models(cfg)
         max_prompt_length = prompt_limit(cfg, self.tok, actor, train_records, self.eval_records)
+        check_rollout_fits(math.ceil(cfg.rollout_batch_size / run.world), max_prompt_length or 0, cfg.max_new_tokens)
         run.open(total=cfg.iterations)
         optimizer, scheduler = make_optimizer(actor.parameters(), cfg.lr, cfg.warmup_steps, cfg.weight_decay,
                                               cfg.adam_eps)
