@@ -389,3 +389,63 @@ def test_a_resume_on_a_full_disk_cleans_leftovers_before_it_cuts_the_logs(tmp_pa
     assert seen_leftover == [False]  # cleaned before the logs were cut
     assert (run / "metrics.jsonl").read_text() == metrics
     assert [json.loads(x)["iteration"] for x in metrics.splitlines()] == [0, 1]
+
+
+# ----------------------------------------------------------------------------- signals: SIGHUP, during writes, twice
+
+
+def test_sighup_stops_with_a_checkpoint_like_sigterm(tmp_path, tiny_model_dir, monkeypatch, capsys):
+    """A closed terminal (SIGHUP) must not lose a save_every=0 run: checkpoint, exit 128 + 1."""
+    from rlhfkit.cli import main
+
+    stop_after(monkeypatch, 0, signal.SIGHUP)
+    assert main(["sft", *sft_argv(tmp_path, tiny_model_dir, "hup", save_every=0)]) == 129
+    run = tmp_path / "runs" / "hup"
+    assert latest_checkpoint(run).name == "step-1"
+    assert f"rlhfkit: stopped: SIGHUP after 1 step; checkpoint {run / CHECKPOINTS / 'step-1'}" in capsys.readouterr().err
+
+
+def _signal_while_writing(monkeypatch, step: int):
+    """SIGTERM arrives while checkpoint step-`step` is being written."""
+    import rlhfkit.runtime.checkpointer as checkpointer
+
+    real = checkpointer.write_checkpoint
+
+    def write(run_dir, at, **kw):
+        if at == step:
+            signal.raise_signal(signal.SIGTERM)
+        return real(run_dir, at, **kw)
+
+    monkeypatch.setattr(checkpointer, "write_checkpoint", write)
+
+
+@pytest.mark.parametrize("max_steps, save_every, at", [(4, 1, 1), (2, 2, 2), (3, 2, 3)],
+                         ids=["periodic", "last-periodic", "final"])
+def test_a_signal_during_a_checkpoint_write_stops_right_after_it(max_steps, save_every, at, tmp_path,
+                                                                 tiny_model_dir, monkeypatch):
+    """The signal is not lost and costs no further step: the run stops once step-`at` is written
+    (a periodic one, the last step's, or the final one after the loop), exit 143, no summary."""
+    from rlhfkit.trainers.sft import SFTConfig, train
+
+    _signal_while_writing(monkeypatch, at)
+    cfg = parse_args(SFTConfig, sft_argv(tmp_path, tiny_model_dir, "sigw", max_steps=max_steps,
+                                         save_every=save_every), "rlhfkit sft")
+    with pytest.raises(Interrupted) as stopped:
+        train(cfg)
+    run = tmp_path / "runs" / "sigw"
+    assert stopped.value.exit_code == 143 and f"--resume {run}" in str(stopped.value)
+    assert latest_checkpoint(run).name == f"step-{at}"
+    assert len(read_jsonl(run / "metrics.jsonl")) == at and not (run / "summary.json").exists()
+
+
+def test_a_second_signal_stops_at_once_naming_the_checkpoint_that_remains(tmp_path, capfd):
+    from rlhfkit.runtime.faults import StopSignals
+
+    signals = StopSignals(lambda: f"the newest checkpoint is {tmp_path}/checkpoints/step-3")
+    with signals:
+        signals._handle(signal.SIGTERM, None)
+        with pytest.raises(SystemExit) as stopped:
+            signals._handle(signal.SIGTERM, None)
+    assert stopped.value.code == 143
+    assert capfd.readouterr().err.strip().splitlines()[-1] == (
+        f"rlhfkit: SIGTERM again: stopping at once; the newest checkpoint is {tmp_path}/checkpoints/step-3")

@@ -1,5 +1,5 @@
 """When a training loop checkpoints and how it resumes: every `save_every` steps, at the end, and
-on SIGINT/SIGTERM; the checkpoint files themselves are runtime/checkpoint.py's."""
+on SIGINT/SIGTERM/SIGHUP; the checkpoint files themselves are runtime/checkpoint.py's."""
 
 from __future__ import annotations
 
@@ -96,7 +96,7 @@ def _sharded(accelerator) -> bool:
 
 
 class Checkpointer:
-    """Checkpoints of one training loop (every `save_every` steps, at the end, on SIGINT/SIGTERM)
+    """Checkpoints of one training loop (every `save_every` steps, at the end, on SIGINT/SIGTERM/SIGHUP)
     and the resume from one. The loop calls `resume` once before training, runs its steps from
     `start`, calls `end_step(step)` after logging each one and `finish(steps)` after the last.
 
@@ -121,7 +121,7 @@ class Checkpointer:
         self.every, self.keep = cfg.save_every, cfg.keep_checkpoints
         self.start = 0
         self.saved_step: int | None = None
-        self.signals = StopSignals()
+        self.signals = StopSignals(self.remaining_checkpoint)
         self.sharded = _sharded(accelerator)
         if self.sharded and self.every:
             tracker.print("[checkpoint] not written under FSDP/DeepSpeed (sharded weights and optimiser state "
@@ -178,6 +178,15 @@ class Checkpointer:
     def state(self, step: int) -> dict:
         return {"step": step, "optimizer": self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict(),
                 "objects": {name: get_state(obj) for name, obj in self.objects.items()}}
+
+    def remaining_checkpoint(self) -> str:
+        """What a run stopped at once leaves: its newest checkpoint (to resume), or none."""
+        from rlhfkit.runtime.checkpoint import latest_checkpoint
+
+        found = latest_checkpoint(self.run_dir)
+        if found is None:
+            return "no checkpoint was written"
+        return f"the newest checkpoint is {found}: continue with rlhfkit {self.command} --resume {self.run_dir}"
 
     def resume_hint(self) -> str:
         """How to go on after a failure: from the newest checkpoint, or afresh when there is none."""
@@ -238,6 +247,8 @@ class Checkpointer:
         done = step + 1
         signum = self._stop_signal()
         path = self.save(done) if signum or (self.every and done % self.every == 0) else None
+        if path is not None and not signum:  # a signal during that write: stop now, not a step later
+            signum = self._stop_signal()
         if signum:
             stopped = f"{signal.Signals(signum).name} after {done} {self.unit}{'s' * (done != 1)}"
             if path is None:
@@ -246,6 +257,13 @@ class Checkpointer:
                               f"{self.run_dir}", signum)
 
     def finish(self, steps: int) -> None:
-        """The final checkpoint (unless save_every = 0 or this step is already saved)."""
+        """The final checkpoint (unless save_every = 0 or this step is already saved). Called with
+        the signals still caught: a signal during it stops the run (Interrupted) once it is written."""
+        from rlhfkit.runtime.faults import Interrupted
+
         if self.every and self.saved_step != steps:
-            self.save(steps)
+            path = self.save(steps)
+            signum = self._stop_signal()
+            if signum and path is not None:
+                raise Interrupted(f"{signal.Signals(signum).name} during the final checkpoint {path}, before the "
+                                  f"final save. Finish with: rlhfkit {self.command} --resume {self.run_dir}", signum)

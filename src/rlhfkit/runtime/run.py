@@ -8,7 +8,7 @@ A trainer's `train(cfg)` reads, with `run = Run(cfg, "sft")`:
     model = run.prepare(model, optimizer, scheduler, micro_batch_size, stream=..., ...)
     run.resume()                       # continue from the checkpoint, when resuming
     before = run.once("eval_before", evaluate)
-    for step in run.steps():           # SIGINT/SIGTERM -> checkpoint and stop; checkpoints when due
+    for step in run.steps():           # SIGINT/SIGTERM/SIGHUP -> checkpoint, stop; checkpoints when due
         ... the method's step ...
         run.log(step, metrics)
     return run.finish(save_final)      # final weights (gathered when sharded), summary.json
@@ -200,13 +200,13 @@ class Run:
 
     def steps(self) -> Iterator[int]:
         """The steps still to run. After each one: stop after too many non-finite steps, checkpoint
-        when due; on SIGINT/SIGTERM checkpoint and raise Interrupted. After the last: the final
+        when due; on SIGINT/SIGTERM/SIGHUP checkpoint and raise Interrupted. After the last: the final
         checkpoint."""
         with self.checkpointer.signals:
             for step in range(self.checkpointer.start, self.total):
                 yield step
                 self.checkpointer.end_step(step)
-        self.checkpointer.finish(self.total)
+            self.checkpointer.finish(self.total)
 
     def eval_due(self, step: int, every: int) -> bool:
         """Evaluate after step `step`: every `every` steps (0: never) and after the last one."""

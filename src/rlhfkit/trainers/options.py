@@ -170,7 +170,7 @@ class RunArgs:
     tensorboard: bool | None = option(None, "log to TensorBoard (None: when installed)")
     wandb: bool = option(False, "log to Weights & Biases (when installed)")
     save_every: int = option(10, "write a checkpoint to RUN/checkpoints every N iterations (sft/rm/dpo: optimiser "
-                             "steps) and at the end; 0 = only when stopped by SIGINT/SIGTERM")
+                             "steps) and at the end; 0 = only when stopped by SIGINT/SIGTERM/SIGHUP")
     keep_checkpoints: int = option(2, "newest checkpoints kept (older ones are deleted)")
     resume: str | None = option(None, "continue from the newest complete checkpoint of a run folder (on the command "
                                 "line: --resume RUN_DIR; its config.yaml is the base, key=value overrides apply), "
