@@ -138,6 +138,8 @@ CASES = [
     ("lone-surrogate", "grpo", {"prompts": "{in}/surrogate.jsonl"}, ["{in}/surrogate.jsonl:2: not valid Unicode"]),
     ("rollout-too-big", "grpo", {"rollout_batch_size": "1e9"},
      ["rollout_batch_size (1000000000) needs ~", "GiB for its rollout tensors alone", "lower rollout_batch_size"]),
+    ("stop-ids-vocabulary", "grpo", {"stop_ids": "5,100000"},
+     ["stop_ids ([5, 100000]) must be token ids of the model's vocabulary (0 .. "]),
     ("seed-range", "ppo", {"seed": "1e23"}, ["seed (99999999999999991611392) must be in [0, 2**63 - 1]"]),
     ("output-dir-file", "sft", {"output_dir": "{in}/a_file.txt"}, ["output_dir: {in}/a_file.txt is a file, not a folder"]),
     ("run-name-outside", "grpo", {"run_name": "../x"}, ["run_name (../x) must be a folder name inside output_dir"]),

@@ -276,3 +276,26 @@ def test_a_truncated_newest_checkpoint_is_skipped_with_a_notice_naming_the_file(
     assert "".join(f"[resume] skipping step-3: {weights} has 1000 bytes".split()) in out
     assert "resumingfromstep-2instead" in out
     assert [r["iteration"] for r in read_jsonl(run / "metrics.jsonl")] == [0, 1, 2, 3]
+
+
+def test_resuming_another_commands_run_or_with_another_model_is_one_line(tmp_path, tiny_model_dir):
+    """`rlhfkit sft --resume DPO_RUN` names the run's command (not "unknown config key 'judge'"),
+    and model= on resume is refused before anything loads (it kept the old before-evaluation)."""
+    from rlhfkit.errors import ConfigError, UserError
+    from rlhfkit.trainers.dpo import train as train_dpo
+    from rlhfkit.trainers.sft import SFTConfig
+    from rlhfkit.trainers.sft import train as train_sft
+
+    runs = tmp_path / "runs"
+    train_dpo(make_cfg("dpo", tmp_path, tiny_model_dir, "pref", max_steps=1))
+    with pytest.raises(ConfigError, match=f"resume: {runs / 'pref'} is a dpo run, not a sft run: continue it with "
+                                          f"rlhfkit dpo --resume {runs / 'pref'}"):
+        parse_args(SFTConfig, ["--resume", str(runs / "pref")], "rlhfkit sft")
+
+    done = make_cfg("sft", tmp_path, tiny_model_dir, "m", max_steps=1)
+    train_sft(done)
+    other = tmp_path / "other-model"
+    with pytest.raises(UserError, match=f"resume: model={other}, but {runs / 'm'} trains {tiny_model_dir}: a run "
+                                        "continues with its own model"):
+        train_sft(dataclasses.replace(done, resume=str(runs / "m"), model=str(other), max_steps=2))
+    train_sft(dataclasses.replace(done, resume=str(runs / "m"), model=str(tiny_model_dir) + "/", max_steps=2))

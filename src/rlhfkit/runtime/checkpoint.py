@@ -148,6 +148,16 @@ def saved_config(run_dir: str | Path) -> dict:
     return read_yaml((resumable_checkpoint(run_dir)[0] or run_dir) / CONFIG)
 
 
+def run_command(run_dir: str | Path) -> str | None:
+    """The command (sft, dpo, ...) that wrote a run folder's newest checkpoint, or None."""
+    found = latest_checkpoint(run_dir)
+    try:
+        command = json.loads((found / META).read_text()).get("command") if found else None
+    except (OSError, ValueError, AttributeError):
+        return None
+    return command if isinstance(command, str) else None
+
+
 # ----------------------------------------------------------------------------- writing
 
 

@@ -206,7 +206,7 @@ def parse_args(cls: type[C], argv: list[str], prog: str) -> C | None:
     if parsed is None:
         return None
     merged, sources = parsed
-    return build_config(cls, _with_resumed_config(cls, merged), sources=sources)
+    return build_config(cls, _with_resumed_config(cls, merged, prog.split()[-1]), sources=sources)
 
 
 def parse_values(cls: type, argv: list[str], prog: str) -> tuple[dict[str, Any], dict[str, str]] | None:
@@ -255,8 +255,9 @@ def _flag_values(argv: list[str]) -> list[str]:
     return out
 
 
-def _with_resumed_config(cls: type, merged: dict[str, Any]) -> dict[str, Any]:
-    """Resuming a run folder: its saved config.yaml is the base that the given keys override."""
+def _with_resumed_config(cls: type, merged: dict[str, Any], command: str = "") -> dict[str, Any]:
+    """Resuming a run folder: its saved config.yaml is the base that the given keys override. A
+    folder of another command's run is named as such (its keys would be unknown here)."""
     resume = merged.get("resume")
     if resume in (None, "", "auto") or "resume" not in _fields(cls):
         return merged
@@ -265,6 +266,12 @@ def _with_resumed_config(cls: type, merged: dict[str, Any]) -> dict[str, Any]:
     base = saved_config(str(resume))
     for k in base:
         if k not in _fields(cls):
+            from rlhfkit.runtime.checkpoint import run_command
+
+            other = run_command(str(resume))
+            if other and other != command:
+                raise ConfigError(f"resume: {resume} is a {other} run, not a {command} run: continue it with "
+                                  f"rlhfkit {other} --resume {resume}")
             raise _unknown_key(k, _fields(cls), f"{resume}/config.yaml")
     return {**base, **merged}
 

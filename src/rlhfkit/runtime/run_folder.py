@@ -128,12 +128,39 @@ def check_run_folder(cfg) -> None:
     if resume not in (None, "", "auto"):
         if latest_checkpoint(path) is None:
             raise UserError(no_checkpoint_message(path))
+        _check_same_model(cfg, latest_checkpoint(path))
     elif resume == "auto":
+        if latest_checkpoint(path) is not None:
+            _check_same_model(cfg, latest_checkpoint(path))
         if latest_checkpoint(path) is None and _is_finished(path):
             raise UserError(f"resume=auto: {path} is a finished run without checkpoints (save_every=0); choose "
                             "another run_name, or replace it with overwrite=true")
     elif not getattr(cfg, "overwrite", False) and _has_content(path):
         raise UserError(_existing_message(path))
+
+
+def _same_model(a: str, b: str) -> bool:
+    """Two model specs that name one model (the same text, or two spellings of one folder)."""
+    if a == b:
+        return True
+    pa, pb = Path(a).expanduser(), Path(b).expanduser()
+    return pa.exists() and pb.exists() and pa.resolve() == pb.resolve()
+
+
+def _check_same_model(cfg, checkpoint: Path) -> None:
+    """A resumed run keeps its model: its weights, optimiser state and before-training evaluation
+    belong to it. Another `model=` is refused (one line) rather than half applied."""
+    import yaml
+
+    try:
+        saved = yaml.safe_load((checkpoint / "config.yaml").read_text()) or {}
+    except (OSError, yaml.YAMLError):
+        return
+    old, new = saved.get("model") if isinstance(saved, dict) else None, getattr(cfg, "model", None)
+    if isinstance(old, str) and isinstance(new, str) and not _same_model(old, new):
+        raise UserError(f"resume: model={new}, but {checkpoint.parent.parent} trains {old}: a run continues with "
+                        "its own model; leave model out to resume, or start a new run (another run_name) for "
+                        "the other model")
 
 
 def no_checkpoint_message(path: Path, notices: list[str] = ()) -> str:

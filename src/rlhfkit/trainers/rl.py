@@ -84,6 +84,12 @@ def prompt_limit(cfg, tok, model, *record_sets) -> int | None:
     return limit
 
 
+def check_stop_ids(stop_ids: list[int] | None, vocab: int) -> None:
+    """Stop ids the model can emit (an id past the vocabulary would never end a response)."""
+    if stop_ids and max(stop_ids) >= vocab:
+        raise UserError(f"stop_ids ({stop_ids}) must be token ids of the model's vocabulary (0 .. {vocab - 1})")
+
+
 # ----------------------------------------------------------------------------- sampling
 
 
@@ -202,6 +208,7 @@ class RLRun:
             actor, self.reference, self.tok = build_models(cfg)
         max_prompt_length = prompt_limit(cfg, self.tok, actor, train_records, self.eval_records)
         check_rollout_fits(math.ceil(cfg.rollout_batch_size / run.world), max_prompt_length or 0, cfg.max_new_tokens)
+        check_stop_ids(cfg.stop_ids, actor.policy.get_input_embeddings().num_embeddings)
         run.open(total=cfg.iterations)
         optimizer, scheduler = make_optimizer(actor.parameters(), cfg.lr, cfg.warmup_steps, cfg.weight_decay,
                                               cfg.adam_eps)
