@@ -164,7 +164,9 @@ class GenerationArgs:
 @dataclass
 class RunArgs:
     output_dir: str = option("runs", "parent folder of run folders")
-    run_name: str | None = option(None, "run folder name (default: COMMAND-DATE-TIME)")
+    run_name: str | None = option(None, "run folder name inside output_dir (default: COMMAND-DATE-TIME). An existing "
+                                  "folder is refused unless resumed or overwrite=true; the live run locks it "
+                                  "(docs/run-folders.md)")
     seed: int = option(0, "seed for initialisation and data order; sampling uses seed + rank * prime + iteration")
     quiet: bool = option(False, "plain one-line logs instead of progress bars (for log files)")
     tensorboard: bool | None = option(None, "log to TensorBoard (None: when installed)")
