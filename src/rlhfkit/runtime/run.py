@@ -83,13 +83,15 @@ class Run:
         cap_kernel_caches()  # before any matmul: each new shape's kernels stay cached (runtime/allocator.py)
         self.cfg, self.command = cfg, command
         self.accelerator = Accelerator(cpu=not torch.cuda.is_available())
+        if self.accelerator.is_main_process:  # before any model loads: a run without its folder stops now
+            check_run_folder(cfg)  # (the main process only: the others may see the folder it has just taken)
+        self.folder: Any = None
         seed_everything(cfg.seed)
         tune_malloc()  # freed CPU tensors stay in the process for reuse (runtime/allocator.py)
         if hasattr(cfg, "cpu_chunk_positions"):  # the row-chunk budget every pass of this run cuts by
             set_chunk_positions(cfg.cpu_chunk_positions)
         cfg.dtype = resolve_dtype(cfg.dtype)  # 'auto' -> bf16 where bf16 matmuls are fast; config.yaml records it
-        check_run_folder(cfg)  # before any model loads: a run that cannot have its folder stops now
-        self.folder: Any = None
+
         self.run_dir: Path | None = None
         self.tracker: Any = None
         self.guard: Any = None

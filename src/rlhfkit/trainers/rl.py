@@ -84,6 +84,14 @@ def prompt_limit(cfg, tok, model, *record_sets) -> int | None:
     return limit
 
 
+def rollout_rows(cfg, world: int) -> tuple[str, int, int]:
+    """(the option that sizes an iteration's rollout, its value, rollout rows per process):
+    rollout_batch_size over the processes, or online-dpo's two completions per prompt."""
+    if hasattr(cfg, "rollout_batch_size"):
+        return "rollout_batch_size", cfg.rollout_batch_size, math.ceil(cfg.rollout_batch_size / world)
+    return "prompts_per_iteration", cfg.prompts_per_iteration, 2 * cfg.prompts_per_iteration
+
+
 def check_stop_ids(stop_ids: list[int] | None, vocab: int) -> None:
     """Stop ids the model can emit (an id past the vocabulary would never end a response)."""
     if stop_ids and max(stop_ids) >= vocab:
@@ -207,7 +215,8 @@ class RLRun:
             self.reward_fn, train_records, self.eval_records = prepare_data(cfg)
             actor, self.reference, self.tok = build_models(cfg)
         max_prompt_length = prompt_limit(cfg, self.tok, actor, train_records, self.eval_records)
-        check_rollout_fits(math.ceil(cfg.rollout_batch_size / run.world), max_prompt_length or 0, cfg.max_new_tokens)
+        name, value, rows = rollout_rows(cfg, run.world)
+        check_rollout_fits(rows, max_prompt_length or 0, cfg.max_new_tokens, option=(name, value))
         check_stop_ids(cfg.stop_ids, actor.policy.get_input_embeddings().num_embeddings)
         run.open(total=cfg.iterations)
         optimizer, scheduler = make_optimizer(actor.parameters(), cfg.lr, cfg.warmup_steps, cfg.weight_decay,
