@@ -60,6 +60,9 @@ INPUTS = {
     "prefs_long.jsonl": _jsonl({"prompt": LONG if i == 1 else f"q {i}", "chosen": f"good {i}",
                                 "rejected": f"bad {i}"} for i in range(8)),
     "bad_key.yaml": "lr: 1e-3\nitertions: 3\n",
+    "dup_key.yaml": "lr: 1e-4\nlr: 5\n",
+    "dup_key.jsonl": '{"prompt": "a"}\n{"prompt": "b", "prompt": "c"}\n',
+    "surrogate.jsonl": '{"prompt": "a"}\n{"prompt": "x\\ud800y"}\n',
     "bad_value.yaml": "lr: fast\n",
     "broken.yaml": "lr: [1,\n",
     "a_file.txt": "not a model\n",
@@ -128,6 +131,18 @@ CASES = [
      ["{in}/bad_key.yaml: unknown config key 'itertions'", "did you mean 'iterations'?"]),
     ("bad-value-yaml", "sft", {"_yaml": "{in}/bad_value.yaml"}, ["{in}/bad_value.yaml: lr='fast': expected float"]),
     ("invalid-yaml", "rm", {"_yaml": "{in}/broken.yaml"}, ["{in}/broken.yaml:2: invalid YAML"]),
+    ("duplicate-key-yaml", "sft", {"_yaml": "{in}/dup_key.yaml"},
+     ["{in}/dup_key.yaml:2: invalid YAML (key 'lr' given twice (first on line 1))"]),
+    ("duplicate-key-jsonl", "ppo", {"prompts": "{in}/dup_key.jsonl"},
+     ["{in}/dup_key.jsonl:2: key 'prompt' given twice in one object"]),
+    ("lone-surrogate", "grpo", {"prompts": "{in}/surrogate.jsonl"}, ["{in}/surrogate.jsonl:2: not valid Unicode"]),
+    ("rollout-too-big", "grpo", {"rollout_batch_size": "1e9"},
+     ["rollout_batch_size (1000000000) needs ~", "GiB for its rollout tensors alone", "lower rollout_batch_size"]),
+    ("stop-ids-vocabulary", "grpo", {"stop_ids": "5,100000"},
+     ["stop_ids ([5, 100000]) must be token ids of the model's vocabulary (0 .. "]),
+    ("seed-range", "ppo", {"seed": "1e23"}, ["seed (99999999999999991611392) must be in [0, 2**63 - 1]"]),
+    ("output-dir-file", "sft", {"output_dir": "{in}/a_file.txt"}, ["output_dir: {in}/a_file.txt is a file, not a folder"]),
+    ("run-name-outside", "grpo", {"run_name": "../x"}, ["run_name (../x) must be a folder name inside output_dir"]),
     ("missing-yaml", "dpo", {"_yaml": "{in}/nope.yaml"}, ["config file not found: {in}/nope.yaml"]),
     ("int", "ppo", {"iterations": "1.5"}, ["iterations=1.5: expected int"]),
     ("bool", "grpo", {"quiet": "maybe"}, ["quiet='maybe': expected bool"]),
@@ -321,3 +336,15 @@ def test_config_values_keep_their_text_and_name_their_yaml_file(tmp_path):
     path.write_text("lr: 2001-13-45\n")
     with pytest.raises(ConfigError, match=r"c\.yaml: cannot read the config \(ValueError: month must be in 1\.\.12\)"):
         parse_args(PPOConfig, [str(path)], "t")
+
+
+@pytest.mark.parametrize("cache, expected", [
+    ("{in}/a_file.txt", "RLHFKIT_CACHE: {in}/a_file.txt is a file, not a folder; set RLHFKIT_CACHE to a writable folder"),
+    ("{in}/a_file.txt/sub", "RLHFKIT_CACHE: {in}/a_file.txt is a file, not a folder"),
+], ids=["file", "below-a-file"])
+def test_an_unusable_model_cache_is_one_line(cache, expected, inputs, work, monkeypatch, capsys):
+    """The default model is materialised into RLHFKIT_CACHE: a cache that cannot be a folder is one
+    line before anything loads (not a traceback from mkdir)."""
+    monkeypatch.setenv("RLHFKIT_CACHE", cache.replace("{in}", str(inputs)))
+    rc = run_cli("sft", inputs, "smollm2-135m-instruct", {})
+    assert_clean_error(rc, capsys.readouterr().err, [expected.replace("{in}", str(inputs))], work)

@@ -124,3 +124,15 @@ def test_name_comes_from_the_spec_and_long_text_is_cut():
     with pytest.raises(RewardError, match=r"reward 'custom' gave nan") as err:
         score_batch(fn, [long_prompt], ["y"], {}, name="custom")
     assert len(str(err.value)) < 200
+
+
+def test_a_reward_that_fails_on_every_sample_blames_none_of_them():
+    """A reward broken for any input (a missing import, a bad signature inside) raises on each sample
+    alone too: that is not "sample 0"'s fault."""
+    def broken(prompts, completions, **info):
+        raise KeyError("model_path")
+
+    with pytest.raises(RewardError) as err:
+        score_batch(broken, PROMPTS, COMPLETIONS, {})
+    assert str(err.value) == ("reward 'broken' failed on each of the 3 samples, alone and as a batch (not on "
+                              "particular samples): KeyError: 'model_path'")

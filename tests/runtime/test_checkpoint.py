@@ -117,3 +117,77 @@ def test_a_checkpoint_written_under_fsdp2_resumes_under_fsdp2_only(tmp_path):
                                 SimpleNamespace(print=print), model=model, optimizer=opt, scheduler=sched)
     with pytest.raises(UserError, match=r"^resume: .*step-1 was written under FSDP2; resume it under FSDP2 too"):
         checkpointer.resume(path)
+
+
+# ----------------------------------------------------------------------------- checks and fallback
+
+
+def test_meta_records_the_size_and_sha256_of_every_file(tmp_path):
+    import hashlib
+
+    path = _write(tmp_path, 3)
+    meta = json.loads((path / META).read_text())
+    assert set(meta["sizes"]) == set(meta["files"]) == set(meta["sha256"])
+    for name in meta["files"]:
+        data = (path / name).read_bytes()
+        assert meta["sizes"][name] == len(data) and meta["sha256"][name] == hashlib.sha256(data).hexdigest()
+
+
+def _damage(path, how):
+    """Damage a checkpoint file the ways a full disk, a bad copy or a bit flip do."""
+    f = path / WEIGHTS
+    data = f.read_bytes()
+    if how == "truncated":
+        f.write_bytes(data[: len(data) // 2])
+    elif how == "flipped":
+        f.write_bytes(data[:-1] + bytes([data[-1] ^ 1]))
+    elif how == "deleted":
+        f.unlink()
+    elif how == "empty-meta":
+        (path / META).write_text("")
+    elif how == "step":
+        meta = json.loads((path / META).read_text())
+        (path / META).write_text(json.dumps({**meta, "step": 1}))
+
+
+@pytest.mark.parametrize("how, problem", [
+    ("truncated", r"trainable.safetensors has \d+ bytes, \d+ were written"),
+    ("flipped", "trainable.safetensors does not match the sha256"),
+    ("deleted", "trainable.safetensors is missing"),
+    ("empty-meta", r"meta.json is unreadable"),
+    ("step", "meta.json says step 1, the folder step-2"),
+])
+def test_a_damaged_newest_checkpoint_falls_back_to_the_one_before_with_a_notice(how, problem, tmp_path):
+    from rlhfkit.runtime.checkpoint import resumable_checkpoint
+
+    one, two = _write(tmp_path, 1), _write(tmp_path, 2)
+    assert resumable_checkpoint(tmp_path) == (two, [])
+    _damage(two, how)
+    found, notices = resumable_checkpoint(tmp_path)
+    assert found == one and len(notices) == 1
+    assert notices[0].startswith(f"[resume] skipping step-2: {two}/") and notices[0].endswith(
+        "; resuming from step-1 instead")
+    assert __import__("re").search(problem, notices[0])
+
+
+def _old_format(path):
+    """A checkpoint as written before sizes and hashes were recorded."""
+    meta = json.loads((path / META).read_text())
+    (path / META).write_text(json.dumps({k: v for k, v in meta.items() if k not in ("sizes", "sha256")}))
+
+
+def test_files_of_two_checkpoints_mixed_or_unreadable_are_one_line(tmp_path):
+    from rlhfkit.runtime.checkpoint import STATE
+    from rlhfkit.runtime.checkpointer import load_checked
+
+    model = _model()
+    three, four = _write(tmp_path, 3, model), _write(tmp_path, 4, model)
+    _old_format(four)
+    (four / STATE).write_bytes((three / STATE).read_bytes())  # step-3's state.pt copied into step-4
+    with pytest.raises(UserError, match="state.pt is from step 3, but the checkpoint is step-4: its files come "
+                                        "from different checkpoints"):
+        load_checked(four, model)
+    _old_format(three)
+    _damage(three, "truncated")
+    with pytest.raises(UserError, match=rf"resume: cannot read {three / WEIGHTS} \(.*\); delete that checkpoint"):
+        load_checked(three, model)

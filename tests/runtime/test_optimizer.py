@@ -84,3 +84,15 @@ def test_logged_grad_norm_is_taken_before_clipping():
     norm, skipped = guarded_step([p], opt, sched, Accelerator(cpu=True), max_grad_norm=1.0, loss=1.0)
     assert (norm, skipped) == (pytest.approx(5.0, rel=1e-6), False)
     assert seen["grad"] == pytest.approx(torch.tensor([0.6, 0.8]), rel=1e-5)
+
+
+def test_a_rollout_larger_than_the_machine_is_refused_up_front():
+    """16 bytes per prompt token and 40 per response token and row (rollout/core.py's tensors)."""
+    from rlhfkit.errors import ConfigError
+    from rlhfkit.runtime.memory import check_rollout_fits, rollout_bytes
+
+    assert rollout_bytes(1000, 100, 50) == 1000 * (16 * 100 + 40 * 50)  # 3.6 MB
+    check_rollout_fits(1000, 100, 50, memory=3_600_000)  # exactly fits
+    with pytest.raises(ConfigError, match=r"rollout_batch_size \(1001\) needs ~0.0 GiB .* more than this "
+                                          r"machine's 0.0 GiB: lower rollout_batch_size"):
+        check_rollout_fits(1001, 100, 50, memory=3_600_000)

@@ -107,8 +107,8 @@ def _calls(tree: ast.AST) -> set[str]:
 @pytest.mark.parametrize("path", sorted(TRAINERS.glob("*.py")), ids=lambda p: p.name)
 def test_no_trainer_has_a_setup_checkpoint_or_save_sequence_of_its_own(path):
     """The harness owns these steps; a trainer that calls them again has grown a second harness."""
-    harness_only = {"Accelerator", "seed_everything", "tune_malloc", "open_run_dir", "save_config", "Tracker",
-                    "Checkpointer", "NonFiniteGuard", "configure_deepspeed", "full_state_dict", "agree_on_run_name",
+    harness_only = {"Accelerator", "seed_everything", "tune_malloc", "claim_run_folder", "save_config", "Tracker",
+                    "Checkpointer", "NonFiniteGuard", "configure_deepspeed", "full_state_dict", "decided_on_main",
                     "accelerator.prepare", "write_json"}
     tree = ast.parse(path.read_text())
     own = _calls(tree) & harness_only

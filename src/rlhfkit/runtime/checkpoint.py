@@ -10,15 +10,21 @@ Layout of one checkpoint, RUN/checkpoints/step-N (N = iterations or optimiser st
                          KL controller, counters, the before-training evaluation
   rng-rank{R}.pt         python, numpy, torch CPU (and CUDA) RNG states of process R
   config.yaml            the configuration at save time
-  meta.json              written last; a folder without it is not a checkpoint
+  meta.json              written last; a folder without it is not a checkpoint. It records the step,
+                         and the size and sha256 of every other file
 
 Files are written into checkpoints/.tmp-step-N, fsynced, and the folder is renamed to step-N in
 one `os.replace`, so a crash (even kill -9) leaves either the whole checkpoint or none of it.
 Old checkpoints are renamed to .del-step-N before they are deleted, for the same reason.
+
+A resume takes the newest checkpoint that passes `checkpoint_problem` (every file present with its
+recorded size and sha256, the step in meta.json that of the folder name); a newer one that fails
+is skipped with a notice naming the file (`resumable_checkpoint`).
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import shutil
@@ -64,6 +70,52 @@ def is_complete(path: Path) -> bool:
     return all((path / f).is_file() for f in meta.get("files", []))
 
 
+def file_digest(path: Path) -> str:
+    """sha256 of a file, read in 1 MiB blocks."""
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def checkpoint_problem(path: Path) -> str | None:
+    """What makes checkpoint folder `path` unusable, naming the file, or None: meta.json unreadable,
+    a file missing, of another size or sha256 than recorded, a step that is not the folder's."""
+    try:
+        meta = json.loads((path / META).read_text())
+        files = meta["files"]
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        return f"{path / META} is unreadable ({type(e).__name__})"
+    if meta.get("step") != step_of(path):
+        return f"{path / META} says step {meta.get('step')}, the folder step-{step_of(path)}"
+    sizes, digests = meta.get("sizes", {}), meta.get("sha256", {})
+    for name in files:
+        f = path / name
+        if not f.is_file():
+            return f"{f} is missing"
+        if name in sizes and f.stat().st_size != sizes[name]:
+            return f"{f} has {f.stat().st_size} bytes, {sizes[name]} were written (truncated or replaced)"
+        if name in digests and file_digest(f) != digests[name]:
+            return f"{f} does not match the sha256 recorded when it was written (changed or damaged)"
+    return None
+
+
+def resumable_checkpoint(run_dir: str | Path) -> tuple[Path | None, list[str]]:
+    """The newest checkpoint of a run folder that passes `checkpoint_problem` (None: none does), and
+    one notice per newer checkpoint skipped, naming what is wrong with it."""
+    root = Path(run_dir) / CHECKPOINTS
+    found = sorted(((step_of(p), p) for p in root.iterdir() if p.is_dir() and step_of(p) is not None),
+                   reverse=True) if root.is_dir() else []
+    notices = []
+    for _, path in found:
+        problem = checkpoint_problem(path)
+        if problem is None:
+            return path, [f"{n}; resuming from {path.name} instead" for n in notices]
+        notices.append(f"[resume] skipping {path.name}: {problem}")
+    return None, notices
+
+
 def checkpoints(run_dir: str | Path) -> list[Path]:
     """Complete checkpoints of a run, oldest first (temporary and half-deleted folders are ignored)."""
     root = Path(run_dir) / CHECKPOINTS
@@ -71,6 +123,15 @@ def checkpoints(run_dir: str | Path) -> list[Path]:
         return []
     found = [(step_of(p), p) for p in root.iterdir() if p.is_dir() and step_of(p) is not None]
     return [p for _, p in sorted(found) if is_complete(p)]
+
+
+def checkpoint_step(path: Path) -> int:
+    """The step a checkpoint folder was written after (its meta.json's, else its name's)."""
+    try:
+        step = json.loads((Path(path) / META).read_text()).get("step")
+    except (OSError, ValueError, AttributeError):
+        step = None
+    return step if isinstance(step, int) else (step_of(Path(path)) or 0)
 
 
 def latest_checkpoint(run_dir: str | Path) -> Path | None:
@@ -87,7 +148,17 @@ def saved_config(run_dir: str | Path) -> dict:
     run_dir = Path(run_dir)
     if not run_dir.is_dir():
         raise UserError(f"resume: {run_dir} is not a run folder")
-    return read_yaml((latest_checkpoint(run_dir) or run_dir) / CONFIG)
+    return read_yaml((resumable_checkpoint(run_dir)[0] or run_dir) / CONFIG)
+
+
+def run_command(run_dir: str | Path) -> str | None:
+    """The command (sft, dpo, ...) that wrote a run folder's newest checkpoint, or None."""
+    found = latest_checkpoint(run_dir)
+    try:
+        command = json.loads((found / META).read_text()).get("command") if found else None
+    except (OSError, ValueError, AttributeError):
+        return None
+    return command if isinstance(command, str) else None
 
 
 # ----------------------------------------------------------------------------- writing
@@ -161,6 +232,22 @@ def write_checkpoint(run_dir: Path, step: int, *, model: torch.nn.Module, state:
     `barrier` (e.g. accelerator.wait_for_everyone) orders the steps across processes. `weights`:
     the trainable weights when `model`'s are sharded (runtime/fsdp2.py `trainable_weights`).
     """
+    from rlhfkit.runtime.disk import out_of_space
+
+    root = Path(run_dir) / CHECKPOINTS
+    tmp = root / f".tmp-step-{step}"
+    try:
+        with out_of_space(tmp, Path(run_dir)):
+            return _write_checkpoint(run_dir, step, model=model, state=state, config_text=config_text, rank=rank,
+                                     world_size=world_size, keep=keep, barrier=barrier, meta=meta)
+    except BaseException:
+        if rank == 0:  # a full disk, a signal, ...: no half-written folder stays behind
+            shutil.rmtree(tmp, ignore_errors=True)
+        raise
+
+
+def _write_checkpoint(run_dir: Path, step: int, *, model: torch.nn.Module, state: dict, config_text: str,
+                      rank: int, world_size: int, keep: int, barrier: Callable[[], None], meta: dict | None) -> Path:
     from rlhfkit.runtime.seeding import rng_state
 
     root = Path(run_dir) / CHECKPOINTS
@@ -183,7 +270,9 @@ def write_checkpoint(run_dir: Path, step: int, *, model: torch.nn.Module, state:
     barrier()
     if rank == 0:
         files = [WEIGHTS, STATE, CONFIG] + [rng_file(r) for r in range(world_size)]
-        info = {"step": step, "world_size": world_size, "files": files, "time": time.time(), **(meta or {})}
+        info = {"step": step, "world_size": world_size, "files": files, "time": time.time(), **(meta or {}),
+                "sizes": {f: (tmp / f).stat().st_size for f in files},
+                "sha256": {f: file_digest(tmp / f) for f in files}}
         (tmp / META).write_text(json.dumps(info, indent=2))
         _fsync_file(tmp / META)
         _fsync_dir(tmp)
@@ -261,7 +350,10 @@ def set_state(obj: Any, state: Any) -> None:
 
 def truncate_logs(run_dir: Path, step: int) -> list[dict]:
     """Keep only rows with iteration < `step` in the run's jsonl logs (a resumed run writes the
-    later ones again); returns the kept metrics rows. A torn last line is dropped."""
+    later ones again); returns the kept metrics rows. A torn last line is dropped. Each file is
+    replaced in one rename (a full disk leaves it as it was, with one line naming it)."""
+    from rlhfkit.runtime.disk import write_atomic
+
     kept_metrics: list[dict] = []
     for name in TRAINING_LOGS:
         path = Path(run_dir) / name
@@ -277,9 +369,7 @@ def truncate_logs(run_dir: Path, step: int) -> list[dict]:
                 keep.append(line)
                 if name == "metrics.jsonl":
                     kept_metrics.append(row)
-        tmp = path.with_name(path.name + ".tmp")
-        tmp.write_text("".join(line + "\n" for line in keep))
-        os.replace(tmp, path)
+        write_atomic(path, "".join(line + "\n" for line in keep), Path(run_dir))
     return kept_metrics
 
 

@@ -1,5 +1,5 @@
 """When a training loop checkpoints and how it resumes: every `save_every` steps, at the end, and
-on SIGINT/SIGTERM; the checkpoint files themselves are runtime/checkpoint.py's."""
+on SIGINT/SIGTERM/SIGHUP; the checkpoint files themselves are runtime/checkpoint.py's."""
 
 from __future__ import annotations
 
@@ -9,41 +9,83 @@ from typing import Any
 
 import torch
 
-from rlhfkit.errors import UserError
+from rlhfkit.errors import UserError, one_line
 from rlhfkit.runtime import fsdp2
 from rlhfkit.runtime.checkpoint import (
     CHECKPOINTS,
     CONFIG,
-    META,
+    STATE,
+    WEIGHTS,
+    checkpoint_step,
     clean_leftovers,
     get_state,
-    latest_checkpoint,
     load_rng,
     load_state,
     load_trainable,
+    rng_file,
     set_state,
     truncate_logs,
     write_checkpoint,
 )
 
 
-def open_run_dir(cfg, command: str) -> tuple[Path, Path | None]:
-    """(run folder, checkpoint to resume from or None) for `cfg.resume`: None starts a new run;
-    "auto" continues output_dir/run_name when it holds a checkpoint; a run folder must hold one."""
-    from rlhfkit.runtime.tracker import make_run_dir
+def read_file(path: Path, read):
+    """`read()` of a checkpoint file; a file that cannot be read is a one-line UserError naming it
+    (checkpoints written before sizes and hashes were recorded are only checked here)."""
+    try:
+        return read()
+    except UserError:
+        raise
+    except Exception as e:  # safetensors, pickle, zip errors of a damaged file
+        raise UserError(f"resume: cannot read {path} ({type(e).__name__}: {one_line(e)[:160]}); delete that "
+                        "checkpoint folder to resume from the one before") from None
 
-    resume = getattr(cfg, "resume", None)
-    if resume in (None, "", "auto"):
-        run_dir = make_run_dir(cfg.output_dir, cfg.run_name, command)
-        return run_dir, latest_checkpoint(run_dir) if resume == "auto" else None
-    run_dir = Path(resume)
-    if not run_dir.is_dir():
-        raise UserError(f"resume: {run_dir} is not a run folder")
-    found = latest_checkpoint(run_dir)
-    if found is None:
-        raise UserError(f"resume: {run_dir} has no complete checkpoint ({CHECKPOINTS}/step-N with {META}); "
-                        "checkpoints are written every save_every iterations and when a run is stopped")
-    return run_dir, found
+
+def load_checked(path: Path, model) -> dict:
+    """Load a checkpoint's weights into `model` and return its state, after checking that the step
+    in state.pt is the checkpoint's own (files of two checkpoints mixed are refused)."""
+    read_file(path / WEIGHTS, lambda: load_trainable(model, path))
+    state = read_file(path / STATE, lambda: load_state(path))
+    step = checkpoint_step(path)
+    if int(state.get("step", -1)) != step:
+        raise UserError(f"resume: {path / STATE} is from step {state.get('step')}, but the checkpoint is "
+                        f"step-{step}: its files come from different checkpoints")
+    return state
+
+
+# Optimiser settings that come from the configuration, not from training: a resumed run takes them
+# from its (possibly overridden) config, not from the checkpoint's optimiser state.
+SETTINGS = ("initial_lr", "weight_decay", "eps")
+
+
+def _schedule(scheduler):
+    return getattr(scheduler, "scheduler", scheduler)  # accelerate wraps it
+
+
+def optimizer_settings(optimizer, scheduler) -> tuple[list[dict], list[float]]:
+    """(per parameter group: initial_lr, weight_decay, eps; the schedule's base lrs) as configured."""
+    groups = [{k: g[k] for k in SETTINGS if k in g} for g in optimizer.param_groups]
+    return groups, list(_schedule(scheduler).base_lrs)
+
+
+def apply_optimizer_settings(optimizer, scheduler, settings: tuple[list[dict], list[float]]) -> None:
+    """Put configured settings back after a checkpoint's optimiser and schedule state were loaded
+    (`rlhfkit sft --resume RUN lr=1e-5` trains at 1e-5). A changed base lr also changes the lr in
+    force now: base lr x the schedule's factor at its step (LambdaLR: warm-up and decay schedules),
+    so params/lr shows it at once. Unchanged settings leave everything bit-exact."""
+    groups, base_lrs = settings
+    for group, configured in zip(optimizer.param_groups, groups):
+        group.update(configured)
+    schedule = _schedule(scheduler)
+    if list(schedule.base_lrs) == base_lrs:
+        return
+    schedule.base_lrs = base_lrs
+    factors = getattr(schedule, "lr_lambdas", None)
+    if factors is None:  # another schedule: its next step applies the new base
+        return
+    for group, base, factor in zip(optimizer.param_groups, base_lrs, factors):
+        group["lr"] = base * factor(schedule.last_epoch)
+    schedule._last_lr = [group["lr"] for group in optimizer.param_groups]
 
 
 def _sharded(accelerator, model) -> bool:
@@ -57,7 +99,7 @@ def _sharded(accelerator, model) -> bool:
 
 
 class Checkpointer:
-    """Checkpoints of one training loop (every `save_every` steps, at the end, on SIGINT/SIGTERM)
+    """Checkpoints of one training loop (every `save_every` steps, at the end, on SIGINT/SIGTERM/SIGHUP)
     and the resume from one. The loop calls `resume` once before training, runs its steps from
     `start`, calls `end_step(step)` after logging each one and `finish(steps)` after the last.
 
@@ -82,7 +124,7 @@ class Checkpointer:
         self.every, self.keep = cfg.save_every, cfg.keep_checkpoints
         self.start = 0
         self.saved_step: int | None = None
-        self.signals = StopSignals()
+        self.signals = StopSignals(self.remaining_checkpoint)
         self.on_fsdp2 = fsdp2.is_sharded(model)  # checkpoints gather the shards (optimizer_format "fsdp2")
         self.sharded = _sharded(accelerator, model) and not self.on_fsdp2  # DeepSpeed: no checkpoints
         if self.sharded and self.every:
@@ -100,30 +142,31 @@ class Checkpointer:
             return self.start
         if self.sharded:
             raise UserError("resume: not supported under DeepSpeed; resume with plain DDP, FSDP2 or one process")
-        state = load_state(path)
+        state = load_checked(path, self.model)
         fmt, mine = state.get("optimizer_format", "torch"), self._optimizer_format()
         if fmt != mine:
             raise UserError(f"resume: {path} was written {'under' if fmt == 'fsdp2' else 'without'} FSDP2; "
                             f"resume it {'under' if fmt == 'fsdp2' else 'without'} FSDP2 too (the accelerate config)")
-        load_trainable(self.model, path)
+        configured = optimizer_settings(self.optimizer, self.scheduler)  # this run's lr, weight_decay, eps
         if self.on_fsdp2:
             fsdp2.load_optimizer_state(self.model, self.optimizer, state["optimizer"])
         else:
             self.optimizer.load_state_dict(state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
+        apply_optimizer_settings(self.optimizer, self.scheduler, configured)
         for name, obj in self.objects.items():
             if name in state["objects"]:
                 set_state(obj, state["objects"][name])
-        rng = load_rng(path, self.accelerator.process_index)
+        rng = read_file(path / rng_file(self.accelerator.process_index),
+                        lambda: load_rng(path, self.accelerator.process_index))
         if rng is None:
             self.tracker.print(f"[resume] {path} has no RNG state for process {self.accelerator.process_index} "
                                "(another number of processes?): the continuation is not bit-exact")
         else:
             set_rng_state(rng)
         self.start = self.saved_step = int(state["step"])
-        if self.total is not None and self.start > self.total:
-            raise UserError(f"resume: {path} is after {self.start} {self.unit}s, but this run is set to "
-                            f"{self.total}: ask for at least {self.start} (iterations / max_steps)")
+        if self.accelerator.is_main_process:  # leftovers first: their space may be what the logs need
+            clean_leftovers(self.run_dir / CHECKPOINTS)
         kept = truncate_logs(self.run_dir, self.start) if self.accelerator.is_main_process else []
         self.tracker.resume(kept)
         self.tracker.print(f"[resume] {path}: continuing at {self.unit} {self.start}{self._config_changes(path)}")
@@ -153,6 +196,34 @@ class Checkpointer:
                 "scheduler": self.scheduler.state_dict(),
                 "objects": {name: get_state(obj) for name, obj in self.objects.items()}}
 
+    def remaining_checkpoint(self) -> str:
+        """What a run stopped at once leaves: its newest checkpoint (to resume), or none."""
+        from rlhfkit.runtime.checkpoint import latest_checkpoint
+
+        found = latest_checkpoint(self.run_dir)
+        if found is None:
+            return "no checkpoint was written"
+        return f"the newest checkpoint is {found}: continue with rlhfkit {self.command} --resume {self.run_dir}"
+
+    def resume_hint(self) -> str:
+        """How to go on after a failure: from the newest checkpoint, or afresh when there is none."""
+        from rlhfkit.runtime.checkpoint import latest_checkpoint
+
+        if latest_checkpoint(self.run_dir) is None:
+            return "no checkpoint was written, so start the run again with the changes (overwrite=true)"
+        return f"then continue from the last checkpoint: rlhfkit {self.command} --resume {self.run_dir}"
+
+    def check_finite(self, step: int) -> None:
+        """Weights with NaN/inf are never saved (a checkpoint of them would also push a good one out)."""
+        from rlhfkit.runtime.faults import NonFiniteError, non_finite_tensors
+
+        bad = non_finite_tensors(self.model)
+        if bad:
+            total = sum(p.requires_grad for p in self.model.parameters())
+            advice = f"{self.guard.advice}; " if self.guard is not None else ""
+            raise NonFiniteError(f"after {step} {self.unit}{'s' * (step != 1)} {len(bad)} of {total} trained "
+                                 f"tensors hold NaN/inf (e.g. {bad[0]}): nothing saved; {advice}{self.resume_hint()}")
+
     def save(self, step: int) -> Path | None:
         import yaml
 
@@ -161,6 +232,7 @@ class Checkpointer:
         acc = self.accelerator
         if self.sharded:
             return None
+        self.check_finite(step)
         if acc.is_main_process:
             clean_leftovers(self.run_dir / CHECKPOINTS)
         weights = fsdp2.trainable_weights(self.model) if self.on_fsdp2 else None  # every process takes part
@@ -184,13 +256,18 @@ class Checkpointer:
     def end_step(self, step: int) -> None:
         """After step `step` (0-based) is done and logged: stop if too many optimiser steps in a row
         were non-finite; checkpoint when due; after a signal, checkpoint and raise Interrupted."""
-        from rlhfkit.runtime.faults import Interrupted
+        from rlhfkit.runtime.faults import Interrupted, NonFiniteError
 
         if self.guard is not None:
-            self.guard.check()
+            try:
+                self.guard.check()
+            except NonFiniteError as e:
+                raise NonFiniteError(f"{e}; {self.resume_hint()}") from None
         done = step + 1
         signum = self._stop_signal()
         path = self.save(done) if signum or (self.every and done % self.every == 0) else None
+        if path is not None and not signum:  # a signal during that write: stop now, not a step later
+            signum = self._stop_signal()
         if signum:
             stopped = f"{signal.Signals(signum).name} after {done} {self.unit}{'s' * (done != 1)}"
             if path is None:
@@ -199,6 +276,13 @@ class Checkpointer:
                               f"{self.run_dir}", signum)
 
     def finish(self, steps: int) -> None:
-        """The final checkpoint (unless save_every = 0 or this step is already saved)."""
+        """The final checkpoint (unless save_every = 0 or this step is already saved). Called with
+        the signals still caught: a signal during it stops the run (Interrupted) once it is written."""
+        from rlhfkit.runtime.faults import Interrupted
+
         if self.every and self.saved_step != steps:
-            self.save(steps)
+            path = self.save(steps)
+            signum = self._stop_signal()
+            if signum and path is not None:
+                raise Interrupted(f"{signal.Signals(signum).name} during the final checkpoint {path}, before the "
+                                  f"final save. Finish with: rlhfkit {self.command} --resume {self.run_dir}", signum)

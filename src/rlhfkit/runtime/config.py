@@ -61,7 +61,8 @@ def _coerce(key: str, raw: Any, tp: Any, choices: tuple | None, source: str) -> 
     try:
         value = _convert(raw, base)
     except (TypeError, ValueError, OverflowError):
-        raise ConfigError(f"{where}{key}={raw!r}: expected {_type_name(base)}") from None
+        finite = " (a finite number)" if base is float or "float" in _type_name(base) else ""
+        raise ConfigError(f"{where}{key}={raw!r}: expected {_type_name(base)}{finite}") from None
     if choices is not None and value not in choices:
         raise ConfigError(f"{where}{key}={value!r}: expected one of {', '.join(map(str, choices))}")
     return value
@@ -87,7 +88,7 @@ def _convert(raw: Any, base: Any) -> Any:
         return int(float(raw)) if isinstance(raw, str) and "e" in raw.lower() else int(raw)
     if base is float:
         value = float(raw) if not isinstance(raw, (bool, dict, list)) else None
-        if value is None or math.isnan(value):
+        if value is None or not math.isfinite(value):  # nan, inf: no option means them
             raise ValueError
         return value
     if base is list or typing.get_origin(base) is list:
@@ -171,12 +172,30 @@ def build_config(cls: type[C], values: dict[str, Any], source: str = "",
     return cfg
 
 
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """yaml.SafeLoader that refuses a key given twice in one mapping (the later would silently win)."""
+
+    def construct_mapping(self, node, deep=False):
+        if isinstance(node, yaml.MappingNode):
+            first: dict = {}
+            for key_node, _ in node.value:
+                key = self.construct_object(key_node, deep=True)
+                try:
+                    line = first.setdefault(key, key_node.start_mark.line + 1)
+                except TypeError:  # an unhashable key: SafeLoader's own error follows
+                    continue
+                if line != key_node.start_mark.line + 1:
+                    raise yaml.constructor.ConstructorError(
+                        None, None, f"key {key!r} given twice (first on line {line})", key_node.start_mark)
+        return super().construct_mapping(node, deep=deep)
+
+
 def read_yaml(path: str | Path) -> dict[str, Any]:
     p = Path(path)
     if not p.is_file():
         raise ConfigError(f"config file not found: {p}")
     try:
-        data = yaml.safe_load(p.read_text(encoding="utf-8")) or {}
+        data = yaml.load(p.read_text(encoding="utf-8"), Loader=_UniqueKeyLoader) or {}
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         line = f":{mark.line + 1}" if mark is not None else ""
@@ -214,7 +233,7 @@ def parse_args(cls: type[C], argv: list[str], prog: str) -> C | None:
     if parsed is None:
         return None
     merged, sources = parsed
-    return build_config(cls, _with_resumed_config(cls, merged), sources=sources)
+    return build_config(cls, _with_resumed_config(cls, merged, prog.split()[-1]), sources=sources)
 
 
 def parse_values(cls: type, argv: list[str], prog: str) -> tuple[dict[str, Any], dict[str, str]] | None:
@@ -276,8 +295,9 @@ def _flag_values(cls: type, argv: list[str]) -> list[str]:
     return out
 
 
-def _with_resumed_config(cls: type, merged: dict[str, Any]) -> dict[str, Any]:
-    """Resuming a run folder: its saved config.yaml is the base that the given keys override."""
+def _with_resumed_config(cls: type, merged: dict[str, Any], command: str = "") -> dict[str, Any]:
+    """Resuming a run folder: its saved config.yaml is the base that the given keys override. A
+    folder of another command's run is named as such (its keys would be unknown here)."""
     resume = merged.get("resume")
     if resume in (None, "", "auto") or "resume" not in _fields(cls):
         return merged
@@ -286,6 +306,12 @@ def _with_resumed_config(cls: type, merged: dict[str, Any]) -> dict[str, Any]:
     base = saved_config(str(resume))
     for k in base:
         if k not in _fields(cls):
+            from rlhfkit.runtime.checkpoint import run_command
+
+            other = run_command(str(resume))
+            if other and other != command:
+                raise ConfigError(f"resume: {resume} is a {other} run, not a {command} run: continue it with "
+                                  f"rlhfkit {other} --resume {resume}")
             raise _unknown_key(k, _fields(cls), f"{resume}/config.yaml")
     return {**base, **merged}
 
@@ -325,7 +351,10 @@ def to_dict(cfg: Any) -> dict[str, Any]:
 
 
 def save_config(cfg: Any, path: str | Path) -> None:
-    Path(path).write_text(yaml.safe_dump(to_dict(cfg), sort_keys=False))
+    """Write config.yaml in one rename (never an empty or half-written file, even on a full disk)."""
+    from rlhfkit.runtime.disk import write_atomic
+
+    write_atomic(Path(path), yaml.safe_dump(to_dict(cfg), sort_keys=False), Path(path).parent)
 
 
 def check(cond: bool, message: str) -> None:

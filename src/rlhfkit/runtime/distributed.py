@@ -159,16 +159,23 @@ def global_mean_var(accelerator, x: torch.Tensor, mask: torch.Tensor) -> tuple[f
     return mean, max(s2 / n - mean * mean, 0.0)
 
 
-def agree_on_run_name(accelerator, cfg, command: str) -> None:
-    """With several processes and no `run_name`, every process takes the main process's
-    COMMAND-DATE-TIME name (each would otherwise stamp its own clock second, and the processes
-    of one run would write checkpoints into different folders)."""
-    if accelerator.num_processes == 1 or cfg.run_name:
-        return
-    import time
-
+def decided_on_main(accelerator, decide):
+    """`decide()` run on the main process only (e.g. claiming the run folder), its result shared with
+    every process; a UserError it raises is raised on every process alike (none waits for ever)."""
+    if accelerator.num_processes == 1:
+        return decide()
     from accelerate.utils import broadcast_object_list
 
-    name = [f"{command}-{time.strftime('%Y%m%d-%H%M%S')}"]
-    broadcast_object_list(name, from_process=0)
-    cfg.run_name = name[0]
+    from rlhfkit.errors import UserError
+
+    box: list = [None]
+    if accelerator.is_main_process:
+        try:
+            box = [("ok", decide())]
+        except UserError as e:
+            box = [("error", str(e))]
+    broadcast_object_list(box, from_process=0)
+    kind, value = box[0]
+    if kind == "error":
+        raise UserError(value)
+    return value

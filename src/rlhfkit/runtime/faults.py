@@ -1,8 +1,10 @@
 """Faults during training: stop signals and non-finite optimiser steps.
 
-- `StopSignals`: while a loop runs, SIGINT/SIGTERM only set a flag; the loop finishes its step,
-  writes a checkpoint and raises `Interrupted` (exit code 128 + signal: 130, 143). A second signal
-  stops at once.
+- `StopSignals`: while a loop runs (checkpoint writes included), SIGINT/SIGTERM/SIGHUP only set a
+  flag; the loop finishes its step, writes a checkpoint and raises `Interrupted` (exit code 128 +
+  signal: 130, 143, 129). A signal that comes during a checkpoint write stops right after it (that
+  checkpoint is the one to resume from). A second signal stops at once, naming the checkpoint that
+  remains.
 - `guarded_step`: clip, then apply the optimiser step only when the loss and the gradient norm are
   finite; otherwise drop the gradients. `NonFiniteGuard` counts such skips; after
   `max_nonfinite_steps` in a row the run stops with a diagnosis (checked once the iteration's
@@ -36,13 +38,15 @@ class NonFiniteError(UserError):
 
 
 class StopSignals:
-    """Context manager: SIGINT/SIGTERM set `signum` instead of stopping the process (main thread
-    only; elsewhere handlers cannot be installed and signals keep their default effect)."""
+    """Context manager: SIGINT/SIGTERM/SIGHUP set `signum` instead of stopping the process (main
+    thread only; elsewhere handlers cannot be installed and signals keep their default effect).
+    `remaining()` says, when a second signal stops the process at once, what it leaves to resume."""
 
-    SIGNALS = (signal.SIGINT, signal.SIGTERM)
+    SIGNALS = tuple(getattr(signal, name) for name in ("SIGINT", "SIGTERM", "SIGHUP") if hasattr(signal, name))
 
-    def __init__(self) -> None:
+    def __init__(self, remaining=lambda: "") -> None:
         self.signum: int | None = None
+        self.remaining = remaining
         self._previous: dict = {}
 
     def __enter__(self) -> StopSignals:
@@ -60,6 +64,7 @@ class StopSignals:
         name = signal.Signals(signum).name
         if self.signum is not None:  # asked twice: stop now, without a checkpoint
             self.__exit__()
+            os.write(2, f"\nrlhfkit: {name} again: stopping at once; {self.remaining()}\n".encode())
             if signum == signal.SIGINT:
                 raise KeyboardInterrupt
             raise SystemExit(128 + signum)
@@ -85,7 +90,7 @@ class NonFiniteGuard:
     @classmethod
     def for_config(cls, cfg, log=print) -> NonFiniteGuard:
         advice = (f"lower lr (now {cfg.lr:g}) or max_grad_norm, use dtype=fp32 (now {cfg.dtype}), and check "
-                  "the data and rewards for extreme values; then resume from the last checkpoint with --resume")
+                  "the data and rewards for extreme values")
         return cls(cfg.max_nonfinite_steps, advice, log)
 
     def record(self, skipped: bool, where: str, detail: str = "") -> None:
@@ -108,6 +113,11 @@ class NonFiniteGuard:
 
     def load_state_dict(self, state: dict) -> None:
         self.streak, self.total = state["streak"], state["total"]
+
+
+def non_finite_tensors(model: torch.nn.Module) -> list[str]:
+    """Names of the trainable parameters holding NaN or inf (what must never be saved)."""
+    return [n for n, p in model.named_parameters() if p.requires_grad and not bool(torch.isfinite(p).all())]
 
 
 def guarded_step(params, optimizer, scheduler, accelerator, max_grad_norm: float, *, loss: float = 0.0,

@@ -358,3 +358,43 @@ def main(argv: list[str]) -> int:
     if parsed is not None:
         run(for_method(*parsed))
     return 0
+
+
+# ----------------------------------------------------------------------------- a rollout's own tensors
+
+# Bytes per rollout row (rollout/core.py Rollout): prompt ids and mask, 16 * P (int64); response ids,
+# 8 * R; eight float32 (B, R) tensors (mask, log-probs, reference log-probs, values, entropy, rewards,
+# advantages, returns), 32 * R. Texts, the trunk cache and the passes' activations come on top.
+ROLLOUT_PROMPT_BYTES, ROLLOUT_RESPONSE_BYTES = 16, 40
+
+
+def rollout_bytes(rows: int, prompt_tokens: int, new_tokens: int) -> float:
+    """The least memory one iteration's rollout of `rows` rows holds."""
+    return float(rows) * (ROLLOUT_PROMPT_BYTES * prompt_tokens + ROLLOUT_RESPONSE_BYTES * new_tokens)
+
+
+def machine_memory() -> int | None:
+    """Physical memory of this machine in bytes (None where the platform does not say)."""
+    import os
+
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        return None
+
+
+def check_rollout_fits(rows: int, prompt_tokens: int, new_tokens: int, memory: int | None = None,
+                       option: tuple[str, int] | None = None) -> None:
+    """Refuse, before anything is allocated, a rollout whose tensors alone outgrow the machine's
+    memory (rollout_batch_size=1e9 would otherwise grow for minutes, deaf to signals while a
+    huge allocation runs). `option`: the setting that makes the rows, and its value, for the message
+    (default: rollout_batch_size = rows)."""
+    from rlhfkit.errors import ConfigError
+
+    memory = machine_memory() if memory is None else memory
+    need = rollout_bytes(rows, prompt_tokens, new_tokens)
+    name, value = option or ("rollout_batch_size", rows)
+    if memory is not None and need > memory:
+        raise ConfigError(f"{name} ({value}) needs ~{need / 2**30:,.1f} GiB for its rollout tensors alone "
+                          f"({prompt_tokens} prompt + {new_tokens} response tokens a row), more than this machine's "
+                          f"{memory / 2**30:,.1f} GiB: lower {name} (rlhfkit estimate-memory shows the rest)")

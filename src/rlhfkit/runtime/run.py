@@ -8,7 +8,7 @@ A trainer's `train(cfg)` reads, with `run = Run(cfg, "sft")`:
     model = run.prepare(model, optimizer, scheduler, micro_batch_size, stream=..., ...)
     run.resume()                       # continue from the checkpoint, when resuming
     before = run.once("eval_before", evaluate)
-    for step in run.steps():           # SIGINT/SIGTERM -> checkpoint and stop; checkpoints when due
+    for step in run.steps():           # SIGINT/SIGTERM/SIGHUP -> checkpoint, stop; checkpoints when due
         ... the method's step ...
         run.log(step, metrics)
     return run.finish(save_final)      # final weights (gathered when sharded), summary.json
@@ -21,11 +21,52 @@ mode (dropout stays off: models/loading.disable_dropout; gradient checkpointing 
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Callable, Iterator
+from contextvars import ContextVar
 from pathlib import Path
 from typing import Any
 
 import torch
+
+from rlhfkit.errors import UserError
+
+# The runs opened inside the current `train(cfg)` call (see `closes_its_runs`); a fresh list per call.
+_LIVE_RUNS: ContextVar[list] = ContextVar("rlhfkit_live_runs")
+
+
+def closes_its_runs(train: Callable) -> Callable:
+    """Decorator of a trainer's `train(cfg)`: however the call ends, the run folders it opened are
+    released (their lock dropped); a failed run's folder is removed when the run created it and
+    had logged nothing yet, else marked failed (runtime/run_folder.py). A stop by a signal (Interrupted) is not a failure: its
+    checkpoint is there to resume from."""
+    from rlhfkit.runtime.faults import Interrupted
+
+    @functools.wraps(train)
+    def wrapper(cfg, *args, **kwargs):
+        token = _LIVE_RUNS.set([])
+        try:
+            return train(cfg, *args, **kwargs)
+        except BaseException as e:
+            for run in _LIVE_RUNS.get():
+                run.close(None if isinstance(e, Interrupted) else e)
+            raise
+        finally:
+            for run in _LIVE_RUNS.get():
+                run.close()
+            _LIVE_RUNS.reset(token)
+
+    return wrapper
+
+
+def check_resume_fits(checkpoint: Path, total: int, unit: str) -> None:
+    """A checkpoint after more steps than this run is set to is refused before anything is written."""
+    from rlhfkit.runtime.checkpoint import checkpoint_step
+
+    step = checkpoint_step(checkpoint)
+    if step > total:
+        raise UserError(f"resume: {checkpoint} is after {step} {unit}s, but this run is set to {total}: ask for "
+                        f"at least {step} (iterations / max_steps)")
 
 
 class Run:
@@ -38,6 +79,7 @@ class Run:
         from rlhfkit.rollout.logprobs import set_chunk_positions
         from rlhfkit.runtime.allocator import cap_kernel_caches, tune_malloc
         from rlhfkit.runtime.fsdp2 import requested_plan
+        from rlhfkit.runtime.run_folder import check_run_folder
         from rlhfkit.runtime.seeding import seed_everything
 
         cap_kernel_caches()  # before any matmul: each new shape's kernels stay cached (runtime/allocator.py)
@@ -47,11 +89,16 @@ class Run:
         self.accelerator = Accelerator(cpu=not torch.cuda.is_available(), step_scheduler_with_optimizer=False)
         distributed = torch.distributed.is_available() and torch.distributed.is_initialized()
         self.fsdp2 = requested_plan() if distributed else None  # the launch asks for FSDP2: rlhfkit shards (prepare)
+        self.accelerator = Accelerator(cpu=not torch.cuda.is_available())
+        if self.accelerator.is_main_process:  # before any model loads: a run without its folder stops now
+            check_run_folder(cfg)  # (the main process only: the others may see the folder it has just taken)
+        self.folder: Any = None
         seed_everything(cfg.seed)
         tune_malloc()  # freed CPU tensors stay in the process for reuse (runtime/allocator.py)
         if hasattr(cfg, "cpu_chunk_positions"):  # the row-chunk budget every pass of this run cuts by
             set_chunk_positions(cfg.cpu_chunk_positions)
         cfg.dtype = resolve_dtype(cfg.dtype)  # 'auto' -> bf16 where bf16 matmuls are fast; config.yaml records it
+
         self.run_dir: Path | None = None
         self.tracker: Any = None
         self.guard: Any = None
@@ -89,21 +136,36 @@ class Run:
 
     # ---- set-up -------------------------------------------------------------------------
     def open(self, total: int, unit: str = "iteration", **summary: Any) -> Run:
-        """After the inputs are checked: the run folder (new, or the one resumed), config.yaml, the
-        tracker (`total` steps for its progress bar) and the non-finite guard. `summary` seeds
-        summary.json."""
-        from rlhfkit.runtime.checkpointer import open_run_dir
-        from rlhfkit.runtime.config import save_config
-        from rlhfkit.runtime.distributed import agree_on_run_name
+        """After the inputs are checked: the run folder (new, or the one resumed; locked for this
+        run: runtime/run_folder.py), config.yaml, the tracker (`total` steps for its progress bar)
+        and the non-finite guard. `summary` seeds summary.json. A resumed run writes config.yaml
+        once `resume` has restored the checkpoint (a refused resume changes nothing)."""
+        from rlhfkit.runtime.config import save_config, to_dict
+        from rlhfkit.runtime.distributed import decided_on_main
         from rlhfkit.runtime.faults import NonFiniteGuard
+        from rlhfkit.runtime.run_folder import RunFolder, claim_run_folder
         from rlhfkit.runtime.tracker import Tracker
 
         cfg = self.cfg
-        agree_on_run_name(self.accelerator, cfg, self.command)
-        self.run_dir, self._resume_from = open_run_dir(cfg, self.command)
-        if self.is_main:
+
+        def claim() -> tuple[Path, Path | None]:
+            self.folder = claim_run_folder(cfg, self.command)
+            live = _LIVE_RUNS.get(None)
+            if live is not None:  # inside a `closes_its_runs` train(): released however it ends
+                live.append(self)
+            return self.folder.path, self.folder.resume_from
+
+        self.run_dir, self._resume_from = decided_on_main(self.accelerator, claim)
+        if not self.is_main:
+            self.folder = RunFolder(self.run_dir, self._resume_from)
+        if self._resume_from is not None:
+            check_resume_fits(self._resume_from, total, unit)
+        elif self.is_main:
             save_config(cfg, self.run_dir / "config.yaml")
-        self.tracker = Tracker(self.run_dir, total, cfg.quiet, self.is_main, cfg.tensorboard, cfg.wandb)
+        self.tracker = Tracker(self.run_dir, total, cfg.quiet, self.is_main, cfg.tensorboard, cfg.wandb,
+                               config=to_dict(cfg))
+        for notice in self.folder.notices:  # a damaged newer checkpoint was skipped
+            self.tracker.print(notice)
         self.summary.update({"run_dir": str(self.run_dir), **summary})
         self.guard = NonFiniteGuard.for_config(cfg, self.tracker.print)
         self.total, self._unit = total, unit
@@ -164,7 +226,12 @@ class Run:
     def resume(self, **objects: Any) -> int:
         """Register more state to checkpoint (e.g. kl_ctl=...), then, when resuming, restore
         everything from the checkpoint and cut the logs back to it. Returns the first step."""
-        return self.checkpointer.resume(self._resume_from, **objects)
+        from rlhfkit.runtime.config import save_config
+
+        start = self.checkpointer.resume(self._resume_from, **objects)
+        if self._resume_from is not None and self.is_main:
+            save_config(self.cfg, self.run_dir / "config.yaml")
+        return start
 
     # ---- the loop -----------------------------------------------------------------------
     def once(self, key: str, compute: Callable[[], Any]) -> Any:
@@ -176,13 +243,13 @@ class Run:
 
     def steps(self) -> Iterator[int]:
         """The steps still to run. After each one: stop after too many non-finite steps, checkpoint
-        when due; on SIGINT/SIGTERM checkpoint and raise Interrupted. After the last: the final
+        when due; on SIGINT/SIGTERM/SIGHUP checkpoint and raise Interrupted. After the last: the final
         checkpoint."""
         with self.checkpointer.signals:
             for step in range(self.checkpointer.start, self.total):
                 yield step
                 self.checkpointer.end_step(step)
-        self.checkpointer.finish(self.total)
+            self.checkpointer.finish(self.total)
 
     def eval_due(self, step: int, every: int) -> bool:
         """Evaluate after step `step`: every `every` steps (0: never) and after the last one."""
@@ -199,14 +266,33 @@ class Run:
         RUN/final on the main process; `state_dict` is the gathered full weights when they are
         sharded (FSDP / ZeRO-3), else None (save the live model). Whatever it returns joins the
         summary."""
+        import shutil
+
+        from rlhfkit.runtime.disk import out_of_space
         from rlhfkit.runtime.distributed import full_state_dict
 
+        self.checkpointer.check_finite(self.total)  # never a final model of NaNs with exit 0
         state = full_state_dict(self.accelerator, self.model)  # every process takes part in the gather
         if self.is_main:
-            self.summary.update(save(self.run_dir / "final", state) or {})
+            final = self.run_dir / "final"
+            try:
+                with out_of_space(final, self.run_dir):
+                    self.summary.update(save(final, state) or {})
+            except BaseException:
+                shutil.rmtree(final, ignore_errors=True)  # no half-written final model
+                raise
             self.tracker.write_json("summary.json", self.summary)
             from rlhfkit.diagnostics.console import closing_line
 
             self.print(closing_line(self.run_dir))
         self.tracker.close()
+        self.close()
         return self.summary
+
+    def close(self, error: BaseException | None = None) -> None:
+        """Release the run folder (idempotent); after an `error`, remove or mark it
+        (runtime/run_folder.py RunFolder.close)."""
+        if self.folder is not None:
+            folder, self.folder = self.folder, None
+            if self.is_main:
+                folder.close(error, logged=self.tracker is not None and self.tracker.logged > 0)

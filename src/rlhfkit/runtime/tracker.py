@@ -12,9 +12,10 @@ from __future__ import annotations
 
 import json
 import math
-import time
 from pathlib import Path
 from typing import Any
+
+from rlhfkit.runtime.disk import append_text, write_atomic
 
 
 def _clean(v: Any) -> Any:
@@ -34,13 +35,6 @@ def read_config(run_dir: Path) -> dict | None:
     return data if isinstance(data, dict) else None
 
 
-def make_run_dir(output_dir: str, run_name: str | None, command: str) -> Path:
-    name = run_name or f"{command}-{time.strftime('%Y%m%d-%H%M%S')}"
-    path = Path(output_dir) / name
-    path.mkdir(parents=True, exist_ok=True)
-    return path
-
-
 class Tracker:
     """Writes metrics/samples files, shows progress and findings, feeds optional sinks."""
 
@@ -52,6 +46,7 @@ class Tracker:
         self.console = None
         self.monitor = None
         self.sinks: list = []
+        self.logged = 0  # metric rows this process logged
         if not is_main:
             return
         try:
@@ -100,8 +95,8 @@ class Tracker:
         if not self.is_main:
             return []
         row = {"iteration": iteration, **{k: _clean(v) for k, v in metrics.items()}}
-        with open(self.run_dir / "metrics.jsonl", "a") as f:
-            f.write(json.dumps(row) + "\n")
+        append_text(self.run_dir / "metrics.jsonl", json.dumps(row) + "\n", self.run_dir)
+        self.logged += 1
         for sink in self.sinks:
             sink.log(iteration, metrics)
         findings = self.monitor.observe(iteration, metrics) if self.monitor is not None else []
@@ -124,15 +119,14 @@ class Tracker:
     def log_samples(self, iteration: int, rows: list[dict]) -> None:
         if not self.is_main:
             return
-        with open(self.run_dir / "samples.jsonl", "a") as f:
-            for r in rows:
-                f.write(json.dumps({"iteration": iteration, **r}) + "\n")
+        append_text(self.run_dir / "samples.jsonl",
+                    "".join(json.dumps({"iteration": iteration, **r}) + "\n" for r in rows), self.run_dir)
         for sink in self.sinks:
             sink.log_samples(iteration, rows)
 
     def write_json(self, name: str, data: dict) -> None:
         if self.is_main:
-            (self.run_dir / name).write_text(json.dumps(data, indent=2))
+            write_atomic(self.run_dir / name, json.dumps(data, indent=2), self.run_dir)
 
     def close(self) -> None:
         for sink in self.sinks:

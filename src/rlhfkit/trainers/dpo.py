@@ -34,7 +34,7 @@ from rlhfkit.runtime.devices import HOST
 from rlhfkit.runtime.distributed import accumulate_backward, sum_over_processes
 from rlhfkit.runtime.faults import guarded_step
 from rlhfkit.runtime.precision import autocast
-from rlhfkit.runtime.run import Run
+from rlhfkit.runtime.run import Run, closes_its_runs
 from rlhfkit.trainers.build import build_actor
 from rlhfkit.trainers.dpo_config import DPOConfig, ORPOConfig, SimPOConfig
 from rlhfkit.trainers.judged import eval_records, judged_after, judged_samples, win_rate
@@ -282,6 +282,7 @@ def held_out_metrics(model, held: Rollout, held_ref: torch.Tensor | None, cfg: D
         return dpo_batch_loss(logps, None if held_ref is None else held_ref.to(device), lengths, cfg, float(n))[1]
 
 
+@closes_its_runs
 def train(cfg: DPOConfig) -> dict:
     """Run DPO; returns the summary (also written to RUN/summary.json)."""
     from rlhfkit.models.policy import save_actor

@@ -47,6 +47,7 @@ from rlhfkit.rollout import Rollout, forward_logprobs
 from rlhfkit.rollout.offpolicy import OneStepOffPolicy
 from rlhfkit.runtime.config import config_main
 from rlhfkit.runtime.precision import autocast
+from rlhfkit.runtime.run import closes_its_runs
 from rlhfkit.trainers.build import build_actor
 from rlhfkit.trainers.grpo_config import (
     REINFORCE_PP,
@@ -221,6 +222,7 @@ def command_name(cfg: GRPOConfig) -> str:
     return getattr(type(cfg), "command", None) or ("rloo" if cfg.advantage == "rloo" else "grpo")
 
 
+@closes_its_runs
 def train(cfg: GRPOConfig) -> dict:
     """Run GRPO or a variant (see the module docstring); returns the summary (also RUN/summary.json)."""
     rl = RLRun(cfg, command_name(cfg), build_policy_model)

@@ -49,7 +49,8 @@ def win_rate(after: list[float], before: list[float]) -> dict[str, float]:
 def judged_after(run: Run, model, tok, records: list[dict], judge, before: list[float], seed: int,
                  which: str) -> None:
     """The trained model's judged samples on `records`, their win rate over the starting model's
-    (`before`, same seed), into the summary and samples.jsonl."""
+    (`before`, same seed), into the summary and samples.jsonl, as iteration `run.total` (after the
+    last step: a resumed run cuts them with the steps it repeats, and logs them once again)."""
     cfg = run.cfg
     completions, after = judged_samples(model, tok, records, judge, cfg, seed)
     wr = win_rate(after, before)
@@ -60,5 +61,5 @@ def judged_after(run: Run, model, tok, records: list[dict], judge, before: list[
               f"(wins {wr['wins']}, ties {wr['ties']}, losses {wr['losses']})")
     run.summary.update({"judge": cfg.judge, "eval_before": mb, "eval_after": ma, **wr})
     recs = [r for r in records for _ in range(cfg.eval_samples_per_prompt)]
-    run.tracker.log_samples(run.total - 1, [{"prompt": str(r["prompt"]), "completion": c, "score": a, "score_before": b}
-                                            for r, c, a, b in zip(recs, completions, after, before)])
+    run.tracker.log_samples(run.total, [{"prompt": str(r["prompt"]), "completion": c, "score": a, "score_before": b}
+                                        for r, c, a, b in zip(recs, completions, after, before)])

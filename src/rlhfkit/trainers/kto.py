@@ -35,7 +35,7 @@ from rlhfkit.runtime.config import check, config_main
 from rlhfkit.runtime.devices import HOST
 from rlhfkit.runtime.distributed import accumulate_backward, sum_over_processes
 from rlhfkit.runtime.faults import guarded_step
-from rlhfkit.runtime.run import Run
+from rlhfkit.runtime.run import Run, closes_its_runs
 from rlhfkit.trainers.build import build_actor
 from rlhfkit.trainers.dpo import (
     check_prompt_lengths,
@@ -207,6 +207,7 @@ def held_out_metrics(model, held: Rollout, held_ref: torch.Tensor, desirable: to
 # ----------------------------------------------------------------------------- loop
 
 
+@closes_its_runs
 def train(cfg: KTOConfig) -> dict:
     """Run KTO; returns the summary (also written to RUN/summary.json)."""
     from rlhfkit.models.policy import save_actor

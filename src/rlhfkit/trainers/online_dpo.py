@@ -26,6 +26,7 @@ from rlhfkit.runtime.allocator import trim_heap
 from rlhfkit.runtime.config import config_main
 from rlhfkit.runtime.distributed import accumulate_backward, sum_over_processes
 from rlhfkit.runtime.faults import guarded_step
+from rlhfkit.runtime.run import closes_its_runs
 from rlhfkit.trainers.build import build_actor
 from rlhfkit.trainers.dpo import dpo_batch_loss, pair_chunks, pair_rows, reference_logps, sequence_logps
 from rlhfkit.trainers.grpo_rollout import keep_rows
@@ -95,6 +96,7 @@ def judge_metrics(scores: torch.Tensor, chosen: torch.Tensor, rejected: torch.Te
             "rollout/judge_margin": (scores[chosen] - scores[rejected]).mean().item() if len(chosen) else 0.0}
 
 
+@closes_its_runs
 def train(cfg: OnlineDPOConfig) -> dict:
     """Run online DPO; returns the summary (also written to RUN/summary.json)."""
     rl = RLRun(cfg, "online-dpo", build_models)

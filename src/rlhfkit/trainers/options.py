@@ -174,17 +174,21 @@ class GenerationArgs:
 @dataclass
 class RunArgs:
     output_dir: str = option("runs", "parent folder of run folders")
-    run_name: str | None = option(None, "run folder name (default: COMMAND-DATE-TIME)")
+    run_name: str | None = option(None, "run folder name inside output_dir (default: COMMAND-DATE-TIME). An existing "
+                                  "folder is refused unless resumed or overwrite=true; the live run locks it "
+                                  "(docs/run-folders.md)")
     seed: int = option(0, "seed for initialisation and data order; sampling uses seed + rank * prime + iteration")
     quiet: bool = option(False, "plain one-line logs instead of progress bars (for log files)")
     tensorboard: bool | None = option(None, "log to TensorBoard (None: when installed)")
     wandb: bool = option(False, "log to Weights & Biases (when installed)")
     save_every: int = option(10, "write a checkpoint to RUN/checkpoints every N iterations (sft/rm/dpo: optimiser "
-                             "steps) and at the end; 0 = only when stopped by SIGINT/SIGTERM")
+                             "steps) and at the end; 0 = only when stopped by SIGINT/SIGTERM/SIGHUP")
     keep_checkpoints: int = option(2, "newest checkpoints kept (older ones are deleted)")
     resume: str | None = option(None, "continue from the newest complete checkpoint of a run folder (on the command "
                                 "line: --resume RUN_DIR; its config.yaml is the base, key=value overrides apply), "
                                 "or auto: continue output_dir/run_name if it has a checkpoint, else start afresh")
+    overwrite: bool = option(False, "replace the run folder output_dir/run_name when it exists (its contents are "
+                             "deleted); without it an existing run folder is refused unless resumed")
     max_nonfinite_steps: int = option(3, "an optimiser step whose loss or gradient norm is NaN/inf is skipped; stop "
                                       "with a diagnosis after this many in a row")
 
@@ -193,6 +197,7 @@ class RunArgs:
         check(self.save_every >= 0, f"save_every ({self.save_every}) must be >= 0 (0 = only when stopped)")
         check(self.keep_checkpoints >= 1, f"keep_checkpoints ({self.keep_checkpoints}) must be >= 1")
         check(self.max_nonfinite_steps >= 1, f"max_nonfinite_steps ({self.max_nonfinite_steps}) must be >= 1")
+        check(0 <= self.seed < 2**63, f"seed ({self.seed}) must be in [0, 2**63 - 1]")
 
 
 @dataclass

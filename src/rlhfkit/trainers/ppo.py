@@ -38,6 +38,7 @@ from rlhfkit.rollout import Rollout, forward_logprobs
 from rlhfkit.runtime.config import config_main
 from rlhfkit.runtime.distributed import global_mean_var
 from rlhfkit.runtime.precision import autocast
+from rlhfkit.runtime.run import closes_its_runs
 from rlhfkit.trainers.build import build_actor_critic
 from rlhfkit.trainers.ppo_config import PPOConfig
 from rlhfkit.trainers.rl import RLRun
@@ -121,6 +122,7 @@ def ppo_update(rl: RLRun, rollout: Rollout, cfg: PPOConfig, kl_coef: float, firs
 # ----------------------------------------------------------------------------- loop
 
 
+@closes_its_runs
 def train(cfg: PPOConfig) -> dict:
     """Run PPO; returns the summary (also written to RUN/summary.json)."""
     rl = RLRun(cfg, "ppo", build_actor_critic)

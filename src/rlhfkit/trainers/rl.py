@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import math
 import time
 from collections.abc import Callable
 
@@ -34,6 +35,7 @@ from rlhfkit.rollout.score import score_rollout
 from rlhfkit.runtime.allocator import trim_heap
 from rlhfkit.runtime.devices import HOST
 from rlhfkit.runtime.distributed import mean_over_processes
+from rlhfkit.runtime.memory import check_rollout_fits
 from rlhfkit.runtime.precision import autocast
 from rlhfkit.runtime.run import Run
 from rlhfkit.trainers.rl_update import LossFn, env_rates, update_policy
@@ -93,6 +95,20 @@ def planned_optimizer_steps(cfg) -> int:
     rows = getattr(cfg, "rollout_batch_size", None) or 1
     mini = getattr(cfg, "mini_batch_size", None) or rows
     return cfg.iterations * epochs * max(1, rows // mini)
+
+
+def rollout_rows(cfg, world: int) -> tuple[str, int, int]:
+    """(the option that sizes an iteration's rollout, its value, rollout rows per process):
+    rollout_batch_size over the processes, or online-dpo's two completions per prompt."""
+    if hasattr(cfg, "rollout_batch_size"):
+        return "rollout_batch_size", cfg.rollout_batch_size, math.ceil(cfg.rollout_batch_size / world)
+    return "prompts_per_iteration", cfg.prompts_per_iteration, 2 * cfg.prompts_per_iteration
+
+
+def check_stop_ids(stop_ids: list[int] | None, vocab: int) -> None:
+    """Stop ids the model can emit (an id past the vocabulary would never end a response)."""
+    if stop_ids and max(stop_ids) >= vocab:
+        raise UserError(f"stop_ids ({stop_ids}) must be token ids of the model's vocabulary (0 .. {vocab - 1})")
 
 
 # ----------------------------------------------------------------------------- sampling
@@ -210,6 +226,9 @@ class RLRun:
             self.reward_fn, train_records, self.eval_records = prepare_data(cfg)
             actor, self.reference, self.tok = build_models(cfg)
         max_prompt_length = prompt_limit(cfg, self.tok, actor, train_records, self.eval_records)
+        name, value, rows = rollout_rows(cfg, run.world)
+        check_rollout_fits(rows, max_prompt_length or 0, cfg.max_new_tokens, option=(name, value))
+        check_stop_ids(cfg.stop_ids, actor.policy.get_input_embeddings().num_embeddings)
         run.open(total=cfg.iterations)
         optimizer, scheduler = optimizer_for(actor.parameters(), cfg, planned_optimizer_steps(cfg))
         self.stream = PromptStream(train_records, cfg.seed, run.rank, run.world)

@@ -26,7 +26,7 @@ from rlhfkit.runtime.devices import HOST
 from rlhfkit.runtime.distributed import accumulate_backward
 from rlhfkit.runtime.faults import guarded_step
 from rlhfkit.runtime.precision import autocast
-from rlhfkit.runtime.run import Run
+from rlhfkit.runtime.run import Run, closes_its_runs
 from rlhfkit.trainers.rm_config import RMConfig
 
 __all__ = ["RMConfig", "build_reward_model", "pair_loss", "evaluate_pairs", "rm_step", "train"]
@@ -157,6 +157,7 @@ def make_rm_optimizer(model, cfg: RMConfig, total_steps: int | None = None):
     return optimizer_for(groups, cfg, total_steps)
 
 
+@closes_its_runs
 def train(cfg: RMConfig) -> dict:
     """Train a reward model; returns the summary (also written to RUN/summary.json)."""
     from rlhfkit.data.prefs import load_preferences

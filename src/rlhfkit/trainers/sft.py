@@ -33,7 +33,7 @@ from rlhfkit.runtime.devices import HOST
 from rlhfkit.runtime.distributed import accumulate_backward
 from rlhfkit.runtime.faults import guarded_step
 from rlhfkit.runtime.precision import autocast
-from rlhfkit.runtime.run import Run
+from rlhfkit.runtime.run import Run, closes_its_runs
 from rlhfkit.trainers.sft_config import SFTConfig
 
 __all__ = ["ResponseNLL", "SFTConfig", "mean_nll", "sft_step", "train"]
@@ -152,6 +152,7 @@ def sft_step(module, optimizer, scheduler, accelerator, batch: list[dict], pad_i
             "params/skipped_steps": float(skipped), "tokens": n_tok}
 
 
+@closes_its_runs
 def train(cfg: SFTConfig) -> dict:
     """Run SFT; returns the summary (also written to RUN/summary.json)."""
     from rlhfkit.data.sft import load_sft_examples, pack_examples, tokenize_examples

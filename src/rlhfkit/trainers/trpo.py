@@ -51,6 +51,7 @@ from rlhfkit.runtime.config import config_main
 from rlhfkit.runtime.devices import HOST
 from rlhfkit.runtime.faults import guarded_step
 from rlhfkit.runtime.precision import autocast
+from rlhfkit.runtime.run import closes_its_runs
 from rlhfkit.trainers.build import build_actor_critic
 from rlhfkit.trainers.ppo import compute_advantages
 from rlhfkit.trainers.rl import RLRun
@@ -211,6 +212,7 @@ def critic_update(rl: RLRun, policy_params: list[torch.Tensor], rollout: Rollout
 # ----------------------------------------------------------------------------- loop
 
 
+@closes_its_runs
 def train(cfg: TRPOConfig) -> dict:
     """Run TRPO; returns the summary (also written to RUN/summary.json)."""
     rl = RLRun(cfg, "trpo", build_actor_critic)
