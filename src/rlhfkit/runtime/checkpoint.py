@@ -239,7 +239,7 @@ def write_checkpoint(run_dir: Path, step: int, *, model: torch.nn.Module, state:
     try:
         with out_of_space(tmp, Path(run_dir)):
             return _write_checkpoint(run_dir, step, model=model, state=state, config_text=config_text, rank=rank,
-                                     world_size=world_size, keep=keep, barrier=barrier, meta=meta)
+                                     world_size=world_size, keep=keep, barrier=barrier, meta=meta, weights=weights)
     except BaseException:
         if rank == 0:  # a full disk, a signal, ...: no half-written folder stays behind
             shutil.rmtree(tmp, ignore_errors=True)
@@ -247,7 +247,8 @@ def write_checkpoint(run_dir: Path, step: int, *, model: torch.nn.Module, state:
 
 
 def _write_checkpoint(run_dir: Path, step: int, *, model: torch.nn.Module, state: dict, config_text: str,
-                      rank: int, world_size: int, keep: int, barrier: Callable[[], None], meta: dict | None) -> Path:
+                      rank: int, world_size: int, keep: int, barrier: Callable[[], None], meta: dict | None,
+                      weights: dict[str, torch.Tensor] | None) -> Path:
     from rlhfkit.runtime.seeding import rng_state
 
     root = Path(run_dir) / CHECKPOINTS
