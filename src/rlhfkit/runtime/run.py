@@ -89,7 +89,6 @@ class Run:
         self.accelerator = Accelerator(cpu=not torch.cuda.is_available(), step_scheduler_with_optimizer=False)
         distributed = torch.distributed.is_available() and torch.distributed.is_initialized()
         self.fsdp2 = requested_plan() if distributed else None  # the launch asks for FSDP2: rlhfkit shards (prepare)
-        self.accelerator = Accelerator(cpu=not torch.cuda.is_available())
         if self.accelerator.is_main_process:  # before any model loads: a run without its folder stops now
             check_run_folder(cfg)  # (the main process only: the others may see the folder it has just taken)
         self.folder: Any = None
