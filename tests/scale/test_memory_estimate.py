@@ -362,3 +362,34 @@ def test_trpo_terms_by_hand_for_its_cpu_demo():
                                                    rel=1e-12)
     with pytest.raises(ConfigError, match="fvp_fraction"):
         build_config(MemoryArgs, {**args, "method": "trpo", "fvp_fraction": 0})
+
+
+def test_the_micro_batch_that_fits_a_gpu_by_hand(capsys):
+    from rlhfkit.runtime.memory import GIB, micro_batch_that_fits
+
+    shape = ModelShape(hidden=64, intermediate=128, layers=2, heads=4, kv_heads=2, vocab=1000, tied=True)
+    args = build_config(MemoryArgs, dict(model="smollm2-135m", method="ppo", micro_batch_size=1, mini_batch_size=48,
+                                         rollout_batch_size=48, prompt_length=32, max_new_tokens=64,
+                                         generation_batch_size=4))
+    # one more row of a micro-batch adds its activations, L x S x H x 34 x b_c / 2 = 2 x 96 x 64 x 34 = 417,792
+    # bytes, and its fused-head buffers, R x V x 8 = 64 x 1000 x 8 = 512,000 bytes
+    per_row = 2 * 96 * 64 * 34 + 64 * 1000 * 8
+    assert per_row == 929_792
+
+    def peak(m):
+        return estimate(build_config(MemoryArgs, {**vars(args), "micro_batch_size": m}), shape)["peak"]
+
+    fixed = peak(1) - per_row  # weights, optimiser, gradients: the same at every micro-batch
+    assert peak(16) == fixed + 16 * per_row and peak(24) == fixed + 24 * per_row
+    # room for 20 rows: the largest divisor of 48 at most 20 is 16 (not 20: 48 / 20 is no whole accumulation)
+    assert micro_batch_that_fits(args, fixed + 20 * per_row, shape) == 16
+    assert micro_batch_that_fits(args, fixed + 24 * per_row, shape) == 24
+    assert micro_batch_that_fits(args, fixed + 24 * per_row - 1, shape) == 16
+    assert micro_batch_that_fits(args, fixed + 10 * GIB, shape) == 48  # the whole mini-batch
+    assert micro_batch_that_fits(args, fixed, shape) is None  # not one row
+    # the command prints it for a GPU run of ppo or grpo, and nothing more otherwise
+    assert main(["model=smollm2-135m", "gpu_memory_gib=80"]) == 0
+    assert "micro_batch_size that fits 90% of 80 GiB (72.0 GiB): 8 (the largest divisor of the mini-batch's 8 rows" \
+        in capsys.readouterr().out
+    assert main(["model=smollm2-135m", "gpu_memory_gib=80", "device=cpu"]) == 0
+    assert "fits" not in capsys.readouterr().out

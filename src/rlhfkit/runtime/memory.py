@@ -56,6 +56,7 @@ counts of what the tensors hold (allocator overhead and CUDA context, ~0.5-1 GiB
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 
@@ -99,6 +100,12 @@ CPU_ACTIVATION_BYTES = {("bf16", "lora"): 54, ("bf16", "dropout"): 88, ("bf16", 
 # most, 0.7-0.9 for the GRPO family's whole runs, whose heaps keep more free space after many
 # updates; 0.5 keeps both within 20%).
 CPU_HEAP_RETENTION = 0.5
+# Of one GPU's memory the estimated peak may fill when `gpu_memory_gib` sizes a micro-batch: the CUDA context
+# (~0.5-1 GiB), the allocator's cache and the estimate's rough activations take the rest.
+GPU_FIT_SHARE = 0.9
+FIT_METHODS = ("ppo", "grpo")
+
+
 @dataclass
 class MemoryArgs:
     """Estimate the memory each device needs for an rlhfkit run (docs/scale.md has the formulas)."""
@@ -138,6 +145,10 @@ class MemoryArgs:
     fvp_fraction: float = option(0.25, "method=trpo: share of the rollout's sequences in the Fisher-vector products")
     cpu_chunk_positions: int = option(CHUNK_POSITIONS, "device=cpu: the trainers' row-chunk budget (their "
                                       "cpu_chunk_positions): positions one forward runs at most")
+    gpu_memory_gib: float | None = option(None, "device=gpu, method ppo or grpo: one GPU's memory in GiB (e.g. 80); "
+                                          "also print the largest micro_batch_size whose estimated peak fits in "
+                                          f"{GPU_FIT_SHARE:.0%} of it, a divisor of the mini-batch (so gradient "
+                                          "accumulation stays whole)")
 
     def validate(self) -> None:
         for k in ("lora_r", "num_devices", "micro_batch_size", "prompt_length", "max_new_tokens",
@@ -148,6 +159,8 @@ class MemoryArgs:
         check(0 < self.fvp_fraction <= 1, f"fvp_fraction ({self.fvp_fraction}) must be in (0, 1]")
         check(self.lora_dropout is None or 0 <= self.lora_dropout < 1,
               f"lora_dropout ({self.lora_dropout}) must be in [0, 1)")
+        check(self.gpu_memory_gib is None or self.gpu_memory_gib > 0,
+              f"gpu_memory_gib ({self.gpu_memory_gib}) must be > 0")
 
 
 def estimate(args: MemoryArgs, shape: ModelShape | None = None) -> dict[str, float]:
@@ -347,9 +360,39 @@ def for_method(values: dict, sources: dict[str, str] | None = None) -> MemoryArg
     return build_config(MemoryArgs, {**defaults, **values}, sources=sources)
 
 
+def micro_batch_that_fits(args: MemoryArgs, budget_bytes: float, shape: ModelShape | None = None) -> int | None:
+    """The largest micro_batch_size whose estimated peak (`estimate`) is at most `budget_bytes`, among the divisors
+    of the rows one optimiser step takes (mini_batch_size, else the rollout), so gradient accumulation stays
+    whole: a mini-batch of 48 tries 48, 24, 16, 12, ... None when not even one row fits (the weights, optimiser or
+    the KV cache alone outgrow it)."""
+    s = shape or resolve_shape(args.model)
+    rows = args.mini_batch_size or args.rollout_batch_size
+    for m in sorted((d for d in range(1, rows + 1) if rows % d == 0), reverse=True):
+        if estimate(dataclasses.replace(args, micro_batch_size=m), s)["peak"] <= budget_bytes:
+            return m
+    return None
+
+
+def fit_line(args: MemoryArgs) -> str | None:
+    """What `gpu_memory_gib` asks: the micro_batch_size that fits GPU_FIT_SHARE of it (None: not asked, or not a
+    GPU run of a method with mini-batches)."""
+    if args.gpu_memory_gib is None or args.device != "gpu" or args.method not in FIT_METHODS:
+        return None
+    budget = GPU_FIT_SHARE * args.gpu_memory_gib * GIB
+    m = micro_batch_that_fits(args, budget)
+    where = f"{GPU_FIT_SHARE:.0%} of {args.gpu_memory_gib:g} GiB ({budget / GIB:.1f} GiB)"
+    if m is None:
+        return f"micro_batch_size that fits {where}: none, even one row's peak is larger"
+    return (f"micro_batch_size that fits {where}: {m} (the largest divisor of the mini-batch's "
+            f"{args.mini_batch_size or args.rollout_batch_size} rows that does)")
+
+
 def run(args: MemoryArgs) -> dict:
     est = estimate(args)
     print(render(args, est))
+    line = fit_line(args)
+    if line:
+        print("\n" + line)
     return est
 
 
