@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import re
 from html import escape
+from pathlib import Path
 
 import pytest
 from diag_synthetic import healthy_grpo, healthy_ppo, with_values, write_run
@@ -85,3 +86,13 @@ def test_two_runs_get_one_overlay_per_run_and_a_grpo_run_no_value_chart(tmp_path
     assert "approx_kl vs clip fraction (ppo)" in titles and "score vs KL (ppo)" in titles
     single = re.search(r"<figure id='m-params__policy_clip_frac'>.*?</figure>", html, re.S).group(0)
     assert "ppo: policy_clip_frac (critical) from iteration 12" in single  # named by run when there are several
+
+
+def test_the_shipped_unhealthy_run_gets_the_findings_entry_17_names_on_its_overlays(tmp_path):
+    """docs/learn/05-reading-a-run.md: approx_kl_high from iteration 0, policy_clip_frac from 2,
+    rollout_kl_high from 3, each in the legend of the overlay of its metric."""
+    run = load_run(Path(__file__).resolve().parents[2] / "docs" / "learn" / "examples" / "unhealthy")
+    html = build_report([run], tmp_path / "out", png=False).read_text(encoding="utf-8")
+    value, clip, score = figures(html, "overlay")
+    assert "approx_kl_high (critical) from iteration 0; policy_clip_frac (warning) from iteration 2." in clip
+    assert "rollout_kl_high (critical) from iteration 3." in score and "Dashed lines mark" not in value
