@@ -37,3 +37,12 @@ def test_a_bad_iteration_count_is_one_line_and_exit_2(tmp_path, capsys):
     assert stop.value.code == 2
     assert "--iterations: expected an integer >= 1, got 0" in capsys.readouterr().err
     assert not any(tmp_path.iterdir())
+
+
+def test_out_naming_a_file_is_one_line_and_exit_2(tmp_path, capsys):
+    file = tmp_path / "f.txt"
+    file.write_text("keep")
+    with pytest.raises(SystemExit) as stop:
+        tiny.main(["--out", str(file)])
+    assert stop.value.code == 2 and f"--out: expected a folder, got the file {file}" in capsys.readouterr().err
+    assert file.read_text() == "keep"

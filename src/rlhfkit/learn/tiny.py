@@ -132,6 +132,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.iterations < 1:
         parser.error(f"--iterations: expected an integer >= 1, got {args.iterations}")
+    if args.out is not None and args.out.exists() and not args.out.is_dir():
+        parser.error(f"--out: expected a folder, got the file {args.out}")
     with tempfile.TemporaryDirectory() as tmp:
         out = args.out or Path(tmp)
         out.mkdir(parents=True, exist_ok=True)
