@@ -8,61 +8,7 @@ from __future__ import annotations
 
 import torch
 
-CHAT_TEMPLATE = (
-    "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
-    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
-)
-CORPUS = [
-    "Write a short review of the new cafe. It was great, lovely coffee and kind staff.",
-    "The film was terrible and boring. I hated the ending but loved the music.",
-    "What is 3 + 4? The answer is 7. Sam has 5 apples and buys 2 more.",
-    "user assistant system: Continue this story about a lighthouse keeper at night.",
-] * 4
-
-
-def build_tokenizer():
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-    from transformers import PreTrainedTokenizerFast
-
-    tk = Tokenizer(models.BPE(unk_token="<|endoftext|>"))
-    tk.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tk.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(
-        vocab_size=320,
-        special_tokens=["<|endoftext|>", "<|im_start|>", "<|im_end|>"],
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-        show_progress=False,
-    )
-    tk.train_from_iterator(CORPUS, trainer)
-    tok = PreTrainedTokenizerFast(
-        tokenizer_object=tk,
-        bos_token="<|im_start|>",
-        eos_token="<|im_end|>",
-        pad_token="<|im_end|>",
-        unk_token="<|endoftext|>",
-    )
-    tok.chat_template = CHAT_TEMPLATE
-    return tok
-
-
-def build_tiny_model(vocab_size: int, seed: int = 0, layers: int = 2):
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    torch.manual_seed(seed)
-    cfg = LlamaConfig(
-        vocab_size=vocab_size,
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=layers,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=256,
-        tie_word_embeddings=True,
-        bos_token_id=1,
-        eos_token_id=2,
-        pad_token_id=2,
-    )
-    return LlamaForCausalLM(cfg)
+from rlhfkit.learn.tiny import CHAT_TEMPLATE, CORPUS, build_tiny_model, build_tokenizer  # noqa: F401
 
 
 def build_tiny_lora_model(seed: int = 0, dropout: float = 0.0):

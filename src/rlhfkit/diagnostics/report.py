@@ -1,4 +1,6 @@
-"""The HTML run report: every metric plotted over iterations (runs overlaid), the findings, sample
+"""The HTML run report: related metrics read together on one chart each (OVERLAYS: value vs return,
+approx_kl vs clip fraction, score vs KL, with how to read them), every metric plotted over
+iterations (runs overlaid), the doctor's findings marked on the charts they concern, sample
 completions with their rewards, the config and the summary. One self-contained file (inline SVG
 and CSS, no scripts, fonts or network), plus a PNG per chart in ``plots/`` beside it (matplotlib,
 the extra ``plots``).
@@ -13,6 +15,7 @@ import math
 import re
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -33,6 +36,40 @@ from rlhfkit.diagnostics.rundir import RunData, flatten
 from rlhfkit.diagnostics.thresholds import Thresholds
 
 PLOTS_DIR = "plots"
+
+
+@dataclass(frozen=True)
+class Overlay:
+    """Related metrics drawn on one chart, with how to read them. `scaled`: the metrics have
+    different units, so each line is divided by its largest absolute value (named in the legend)."""
+
+    title: str
+    metrics: tuple[str, ...]
+    scaled: bool
+    how_to_read: str
+
+
+OVERLAYS = (
+    Overlay("value vs return", ("rollout/value_mean", "rollout/return_mean"), False,
+            "The critic's mean prediction over the response tokens (value) against the mean target it is "
+            "fitted to (return = advantage + value, learning path entry 9). The value head starts at zero, so "
+            "value starts at 0; a healthy critic closes the gap within a few iterations and then follows the "
+            "return. A gap that stays open means every advantage carries the critic's error (entry 6): look at "
+            "loss/value, vf_coef and the learning rate."),
+    Overlay("approx_kl vs clip fraction", ("params/approx_kl", "params/policy_clip_frac"), True,
+            "Two measures of how far one update moved the policy from the one that sampled the rollout: "
+            "approx_kl in nats per token (k2), the clip fraction as the share of tokens whose ratio left "
+            "[1 - clip_eps, 1 + clip_eps] on the side of their advantage. They rise and fall together; both "
+            "high means each update steps too far (lower lr, fewer ppo_epochs, smaller mini-batches). The "
+            "doctor's limits are in the thresholds below (docs/diagnostics.md)."),
+    Overlay("score vs KL", ("rollout/score_mean", "rollout/kl"), True,
+            "What the reward gives (score) against how far the policy has moved from the reference (KL, "
+            "summed nats per answer). Learning: the score rises while the KL grows slowly. A KL that climbs "
+            "with a flat or falling score is drift without gain (raise kl_coef); a score that jumps while the "
+            "KL shoots up can be reward hacking: read the sample completions."),
+)
+SCALED_NOTE = "Each line is divided by its largest absolute value (in the legend): compare shapes, not heights."
+MARKER_NOTE = "Dashed lines mark the iterations where the doctor raised a finding (hover for its message)"
 
 CSS = """
 body{font-family:system-ui,-apple-system,"Segoe UI",Roboto,sans-serif;margin:0;color:#222;background:#f6f7f9}
@@ -155,6 +192,62 @@ def _markers(metric: str, labels: list[str], findings: list[list[Finding]]) -> l
     return out
 
 
+def finding_notes(metrics: Sequence[str], findings: Sequence[Finding]) -> list[str]:
+    """One line per rule that fired on one of `metrics`: its first iteration and its worst severity,
+    e.g. "policy_clip_frac (warning) from iteration 2"."""
+    first: dict[str, tuple[int, str]] = {}
+    for f in findings:
+        if f.evidence.get("metric") in metrics:
+            it, sev = first.get(f.rule, (f.iteration, f.severity))
+            worst = max(sev, f.severity, key=SEVERITIES.index)
+            first[f.rule] = (min(it, f.iteration), worst)
+    return [f"{rule} ({sev}) from iteration {it}" for rule, (it, sev) in sorted(first.items(), key=lambda x: x[1])]
+
+
+def overlay_series(run: RunData, overlay: Overlay) -> list[Series]:
+    """One line per metric of `overlay` that `run` logged; under `overlay.scaled` each divided by its
+    largest absolute value (1 when that is 0), the divisor in its label."""
+    out = []
+    for k, metric in enumerate(overlay.metrics):
+        pts = [(r["iteration"], to_float(r[metric])) for r in run.metrics if metric in r]
+        pts = [(i, v) for i, v in pts if v is not None]
+        if not pts:
+            continue
+        label = metric
+        if overlay.scaled:
+            scale = max((abs(v) for _, v in pts if math.isfinite(v)), default=0.0) or 1.0
+            pts, label = [(i, v / scale) for i, v in pts], f"{metric} / {fmt(scale)}"
+        out.append(Series(label, pts, PALETTE[k % len(PALETTE)]))
+    return out
+
+
+def _caption(text: str, metrics: Sequence[str], by_run: Sequence[tuple[str, Sequence[Finding]]]) -> str:
+    """A chart's legend: what it shows (`text`), then the findings marked on it. `by_run`: (prefix
+    naming the run, or "" for a single run; its findings)."""
+    notes = [prefix + note for prefix, fs in by_run for note in finding_notes(metrics, fs)]
+    marked = f" {MARKER_NOTE}: {e('; '.join(notes))}." if notes else ""
+    return f"{e(text)}{marked}"
+
+
+def _overlays_section(runs: Sequence[RunData], labels: list[str], findings: list[list[Finding]]) -> str:
+    """The OVERLAYS that some run logged: one chart per overlay and run, its legend under it."""
+    parts = []
+    for overlay in OVERLAYS:
+        for run, label, fs in zip(runs, labels, findings):
+            series = overlay_series(run, overlay)
+            if len(series) < 2:
+                continue
+            markers = [m for metric in overlay.metrics for m in _markers(metric, [label], [fs])]
+            title = overlay.title + (f" ({label})" if len(runs) > 1 else "")
+            text = overlay.how_to_read + (" " + SCALED_NOTE if overlay.scaled else "")
+            parts.append(f"<figure class='overlay'>{svg(layout_chart(title, series, markers), overlay.title)}"
+                         f"<figcaption>{_caption(text, overlay.metrics, [('', fs)])}</figcaption></figure>")
+    if not parts:
+        return ""
+    return ("<h2 id='together'>Read together</h2><p class='muted'>Related metrics on one chart, each with how to "
+            "read it.</p><div class='charts'>" + "".join(parts) + "</div>")
+
+
 def _series(runs: Sequence[RunData], labels: list[str], metric: str) -> list[Series]:
     out = []
     for k, (run, label) in enumerate(zip(runs, labels)):
@@ -196,8 +289,9 @@ def _chart(runs: Sequence[RunData], labels: list[str], findings: list[list[Findi
         (out_dir / PLOTS_DIR / name).write_bytes(render_png(metric, series, markers))
         written.append(f"{PLOTS_DIR}/{name}")
         link = f" <a href='{e(PLOTS_DIR)}/{e(name)}'>png</a>"
-    return (f"<figure id='m-{e(png_name(metric)[:-4])}'>{chart}<figcaption>{e(describe(metric))}"
-            f"{link}</figcaption></figure>")
+    prefixes = [f"{label}: " if len(labels) > 1 else "" for label in labels]
+    caption = _caption(describe(metric), [metric], list(zip(prefixes, findings)))
+    return f"<figure id='m-{e(png_name(metric)[:-4])}'>{chart}<figcaption>{caption}{link}</figcaption></figure>"
 
 
 def _value(v: Any) -> str:
@@ -329,7 +423,8 @@ def build_report(runs: Sequence[RunData], out_dir: str | Path, *, iterations: Se
     title = title or "rlhfkit report: " + ", ".join(labels)
     metrics_html, _ = _metrics_section(runs, labels, findings, out_dir, png)
     nav = "".join(f"<a href='#{a}'>{t}</a>" for a, t in (
-        ("headline", "before/after"), ("runs", "runs"), ("findings", "findings"), ("metrics", "metrics"),
+        ("headline", "before/after"), ("runs", "runs"), ("findings", "findings"), ("together", "read together"),
+        ("metrics", "metrics"),
         ("samples", "samples"),
         ("summary", "summary"), ("config", "config"), ("thresholds", "thresholds")))
     body = [
@@ -338,6 +433,7 @@ def build_report(runs: Sequence[RunData], out_dir: str | Path, *, iterations: Se
         _headline_section(runs, labels),
         _runs_section(runs, labels, findings),
         _findings_section(runs, labels, findings),
+        _overlays_section(runs, labels, findings),
         metrics_html,
         _samples_section(runs, labels, iterations, samples_per_iteration) + _paired_samples_section(runs, labels),
         _table_by_run("Summary (before / after)", "summary", [_without_samples(r.summary or {}) for r in runs],

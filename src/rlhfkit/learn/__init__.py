@@ -4,4 +4,5 @@ and a test checks. Nothing here is used by the trainers.
 - bandit:        policy gradients from scratch on a categorical bandit (REINFORCE vs PPO-clip), entry 0
 - ppo_reference: one PPO iteration written out on `rlhfkit.algos` only, entry 22
 - breaks:        classic bugs made on purpose with their symptoms (`rlhfkit selfcheck --break NAME`), entry 29
+- tiny:          a random 2-layer Llama that PPO teaches to use vowels in seconds (`python -m rlhfkit.learn.tiny`), entry 33
 """
