@@ -39,9 +39,3 @@ def tiny_tokenizer():
     return build_tokenizer()
 
 
-@pytest.fixture(autouse=True)
-def _restore_chunk_positions(monkeypatch):
-    """A trainer's Run sets the process-wide CPU chunk budget from its config: restore it after each test."""
-    import rlhfkit.rollout.logprobs as logprobs_mod
-
-    monkeypatch.setattr(logprobs_mod, "CHUNK_POSITIONS", logprobs_mod.CHUNK_POSITIONS)

@@ -125,8 +125,8 @@ def test_grouped_heads_reach_the_cpu_kernel_without_copies_and_give_the_same_out
     (decoding), sampling and CUDA-style decisions outside are left to transformers."""
     from transformers.integrations import sdpa_attention
 
-    attention._patch_grouped_heads()
-    attention._patch_grouped_heads()  # idempotent: one wrapper, not two
+    attention.use_cpu_fp32_attention()
+    attention.use_cpu_fp32_attention()  # idempotent: one wrapper, not two
     assert sdpa_attention.use_gqa_in_sdpa.rlhfkit_grouped
     calls = []
     real = torch.nn.functional.scaled_dot_product_attention
@@ -161,7 +161,7 @@ def test_a_decoding_step_without_a_mask_packs_the_grouped_heads(monkeypatch):
     grouped heads with enable_gqa, which torch's bf16 CPU kernel runs ~4x slower; the kernel gets them
     packed as queries of their key/value head instead ((2, 4, 1, 8) -> (2, 2, 2, 8)), and the output is
     the attention computed by hand in float32 to bf16 rounding. float32 and masked steps are unchanged."""
-    attention._patch_grouped_heads()
+    attention.use_cpu_fp32_attention()
     calls = []
     real = torch.nn.functional.scaled_dot_product_attention
     monkeypatch.setattr(torch.nn.functional, "scaled_dot_product_attention",

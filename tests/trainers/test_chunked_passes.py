@@ -63,6 +63,7 @@ def test_row_chunks_by_hand():
     assert [len(c) for c in row_chunks(torch.arange(8), pairs, 640, to_rows=lambda c: torch.cat([c, c + 8]))] == [8]
     assert [len(c) for c in row_chunks(torch.arange(8), pairs, 320, to_rows=lambda c: torch.cat([c, c + 8]))] == [4, 4]
     assert chunk_positions(torch.device("cpu")) == CHUNK_POSITIONS and chunk_positions(torch.device("meta")) is None
+    assert chunk_positions(torch.device("cpu"), 40) == 40 and chunk_positions(torch.device("meta"), 40) is None
 
 
 @settings(max_examples=200, deadline=None)
@@ -93,13 +94,14 @@ def test_row_chunks_are_the_fewest_near_equal_chunks_within_the_budget(n, group,
 
 
 def spy_chunks(monkeypatch, module) -> dict[str, list[int]]:
-    """Record how many chunks each `row_chunks` call in `module` made, per setting of CHUNK_POSITIONS."""
+    """Record how many chunks each `row_chunks` call in `module` made, by the budget it was given."""
     cuts: dict[str, list[int]] = {"whole": [], "chunked": []}
     real = module.row_chunks
 
     def spy(*args, **kwargs):
         out = real(*args, **kwargs)
-        cuts["whole" if logprobs_mod.CHUNK_POSITIONS > 10**6 else "chunked"].append(len(out))
+        budget = args[2] if len(args) > 2 else kwargs["max_positions"]
+        cuts["whole" if budget is None or budget > 10**6 else "chunked"].append(len(out))
         return out
 
     monkeypatch.setattr(module, "row_chunks", spy)

@@ -84,31 +84,28 @@ def test_microbatch_split_gives_the_same_gradient(micro, chunk, monkeypatch):
     """One step with SGD(lr=1): the parameter change is -gradient. Examples have very different
     response lengths, so a per-micro-batch token mean would give a different gradient. chunk=1:
     the CPU's row chunks (`example_chunks`) cut the micro-batch of 4 into one example per chunk."""
-    import rlhfkit.rollout.logprobs as logprobs_mod
     import rlhfkit.trainers.sft as sft_mod
 
     cuts = []
     real = sft_mod.example_chunks
-    monkeypatch.setattr(sft_mod, "example_chunks", lambda m, d: cuts.append(len(real(m, d))) or real(m, d))
+    monkeypatch.setattr(sft_mod, "example_chunks", lambda m, d, b: cuts.append(len(real(m, d, b))) or real(m, d, b))
     tok = build_tokenizer()
     ex, _ = tokenize_examples(tok, EXAMPLES, _cfg(), 512)
     assert len({sum(x != IGNORE_INDEX for x in e["labels"]) for e in ex}) > 2
 
-    def step(micro_batch_size):
+    def step(micro_batch_size, chunk=640):
         model = build_tiny_model(len(tok), seed=3)
         module = ResponseNLL(model)
         opt = torch.optim.SGD(model.parameters(), lr=1.0)
         sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0)
         before = {n: p.detach().clone() for n, p in model.named_parameters()}
-        cfg = _cfg(batch_size=4, micro_batch_size=micro_batch_size, max_grad_norm=1e9)
+        cfg = _cfg(batch_size=4, micro_batch_size=micro_batch_size, max_grad_norm=1e9, cpu_chunk_positions=chunk)
         m = sft_step(module, opt, sched, _Acc(), ex, tok.pad_token_id, cfg)
         return m, {n: before[n] - p.detach() for n, p in model.named_parameters()}
 
     m_full, g_full = step(4)
-    assert cuts == [1]  # a whole micro-batch: 4 short examples fit CHUNK_POSITIONS
-    if chunk is not None:
-        monkeypatch.setattr(logprobs_mod, "CHUNK_POSITIONS", chunk)
-    m_split, g_split = step(micro)
+    assert cuts == [1]  # a whole micro-batch: 4 short examples fit the default budget of 640 positions
+    m_split, g_split = step(micro, chunk or 640)
     assert cuts[1:] == ([4] if chunk else [1] * (4 // micro))
     assert m_split["tokens"] == m_full["tokens"]
     assert math.isclose(m_split["loss/sft"], m_full["loss/sft"], rel_tol=1e-5)

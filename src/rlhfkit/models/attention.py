@@ -36,8 +36,11 @@ from __future__ import annotations
 
 import contextlib
 import threading
+from collections.abc import Callable
 
 import torch
+
+from rlhfkit.models.hf_compat import register_sdpa, transformers_sdpa
 
 # Longer sequences stay in bf16: the gain shrinks with length (1.06x at 260 tokens, 0.83x at 1024) while
 # the float32 copies autograd keeps grow with it (the multi-turn demo, ~260 + 128 tokens, peaked at
@@ -66,56 +69,44 @@ def cpu_fp32_sdpa(module, query, key, value, attention_mask, **kwargs):
     """transformers' sdpa attention (its signature: query (B, heads, q, d), key/value (B, kv heads,
     k, d)) on float32 q, k, v and with grouped heads in the kernel where the module docstring says,
     else unchanged."""
-    from transformers.integrations.sdpa_attention import sdpa_attention_forward
-
     cpu, decoding = query.device.type == "cpu", query.shape[2] == 1
     if cpu and decoding and query.dtype in (torch.bfloat16, torch.float16):
         with _set("packed"):  # the grouped heads as queries of their key/value head
-            return sdpa_attention_forward(module, query, key, value, attention_mask, **kwargs)
+            return transformers_sdpa(module, query, key, value, attention_mask, **kwargs)
     if not cpu or decoding or getattr(_state, "native", False):
-        return sdpa_attention_forward(module, query, key, value, attention_mask, **kwargs)
+        return transformers_sdpa(module, query, key, value, attention_mask, **kwargs)
     with _grouped_heads():
         if query.dtype not in (torch.bfloat16, torch.float16) or key.shape[2] > MAX_FP32_KEYS:  # float64 stays
-            return sdpa_attention_forward(module, query, key, value, attention_mask, **kwargs)
+            return transformers_sdpa(module, query, key, value, attention_mask, **kwargs)
         dtype = query.dtype
         if attention_mask is not None and attention_mask.is_floating_point():
             attention_mask = attention_mask.float()
         with torch.autocast("cpu", enabled=False):  # autocast would run the kernel in bf16 again
-            out, weights = sdpa_attention_forward(module, query.float(), key.float(), value.float(), attention_mask,
+            out, weights = transformers_sdpa(module, query.float(), key.float(), value.float(), attention_mask,
                                                   **kwargs)
         return out.to(dtype), weights
 
 
 def _grouped_heads():
     """Inside, in this thread, transformers' sdpa passes grouped key/value heads to the kernel
-    (`enable_gqa`) instead of copying them per query head (`_patch_grouped_heads`)."""
+    (`enable_gqa`) instead of copying them per query head (`grouped_heads_decision`)."""
     return _set("grouped")
 
 
-def _patch_grouped_heads() -> None:
-    """transformers decides per call whether the kernel gets grouped heads (`use_gqa_in_sdpa`: on
-    CUDA only without a mask); make it say yes inside `_grouped_heads`. Idempotent; a transformers
-    without that function keeps copying the heads (the same results, a little slower)."""
-    from transformers.integrations import sdpa_attention
+def grouped_heads_decision(decide: Callable[..., bool]) -> Callable[..., bool]:
+    """transformers' per-call decision whether the kernel gets grouped heads (`decide`: on CUDA
+    only without a mask), made to say yes inside `_grouped_heads` and no while packing one query."""
 
-    decide = getattr(sdpa_attention, "use_gqa_in_sdpa", None)
-    if decide is None or getattr(decide, "rlhfkit_grouped", False):
-        return
-
-    def use_gqa_in_sdpa(*args, **kwargs) -> bool:
+    def decision(*args, **kwargs) -> bool:
         if getattr(_state, "packed", False):
             return False  # transformers then packs a single query's grouped heads (`pack_gqa`)
         return getattr(_state, "grouped", False) or decide(*args, **kwargs)
 
-    use_gqa_in_sdpa.rlhfkit_grouped = True
-    sdpa_attention.use_gqa_in_sdpa = use_gqa_in_sdpa
+    return decision
 
 
 def use_cpu_fp32_attention() -> None:
-    """Route every transformers model's `sdpa` attention in this process through `cpu_fp32_sdpa`.
-    The same name keeps transformers' mask building and every check of the implementation's
-    name as they are; only the kernel's dtype changes, and only on the CPU. Idempotent."""
-    from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
-
-    ALL_ATTENTION_FUNCTIONS["sdpa"] = cpu_fp32_sdpa  # the shared instance every model file reads at call time
-    _patch_grouped_heads()
+    """Route every transformers model's `sdpa` attention in this process through `cpu_fp32_sdpa`
+    (registered once through models/hf_compat.py, which says why it is process-wide); only the
+    kernel's dtype and head layout change, and only on the CPU. Idempotent."""
+    register_sdpa(cpu_fp32_sdpa, grouped_heads_decision)

@@ -350,17 +350,10 @@ def set_gradient_checkpointing(model: torch.nn.Module, enabled: bool = True) -> 
     peft. Non-reentrant checkpointing: gradients reach LoRA adapters even though the frozen embeddings
     need none (no `enable_input_require_grads` hook), and the gradients equal those without it.
     It acts in train mode only, so generation and no-grad scoring are unaffected."""
+    from rlhfkit.models.hf_compat import set_activation_checkpointing
+
     get_base = getattr(model, "get_base_model", None)
-    base = get_base() if callable(get_base) else model
-    new_api = hasattr(base, "activation_checkpointing_enable")  # transformers >= 5.x; older: gradient_*
-    if enabled:
-        kwargs = {"use_reentrant": False}
-        if new_api:
-            base.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)
-        else:
-            base.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
-    else:
-        (base.activation_checkpointing_disable if new_api else base.gradient_checkpointing_disable)()
+    set_activation_checkpointing(get_base() if callable(get_base) else model, enabled, {"use_reentrant": False})
     return model
 
 

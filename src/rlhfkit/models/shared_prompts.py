@@ -27,6 +27,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from rlhfkit.models.hf_compat import cache_kwargs, is_checkpointing, returned_cache
+
 
 def distinct_prompts(prompt_ids: torch.Tensor, prompt_mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
     """(first row of each distinct prompt (U,), row -> its distinct prompt (B,)), or None when
@@ -52,7 +54,7 @@ def prompt_cache(model: nn.Module, prompt_ids: torch.Tensor, prompt_mask: torch.
     `use_cache` output); the expansion is an index_select, so gradients reach the prompt pass."""
     out = model(input_ids=prompt_ids[rows], attention_mask=prompt_mask[rows], position_ids=position_ids[rows],
                 use_cache=True)
-    cache = out.past_key_values
+    cache = returned_cache(out)
     cache.reorder_cache(inverse.to(prompt_ids.device))  # (U, ...) -> (B, ...)
     return cache
 
@@ -71,7 +73,7 @@ def response_hidden(decoder: nn.Module, input_ids: torch.Tensor, attention_mask:
     P = L - num_response  # prompt width
     if P < 2 or input_ids.shape[0] < 2:
         return None
-    if decoder.training and _checkpointed(decoder):
+    if decoder.training and is_checkpointing(decoder):
         return None  # checkpointed layers drop the cache (transformers' GradientCheckpointingLayer)
     shared = distinct_prompts(input_ids[:, :P], attention_mask[:, :P])
     if shared is None:
@@ -92,20 +94,14 @@ def response_hidden(decoder: nn.Module, input_ids: torch.Tensor, attention_mask:
         input_ids=input_ids[:, P - 1 : L - 1],
         attention_mask=attention_mask[:, : L - 1],
         position_ids=position_ids[:, P - 1 : L - 1],
-        past_key_values=cache,
+        **cache_kwargs(cache),
         use_cache=True,
     ).last_hidden_state
 
 
-def _checkpointed(model: nn.Module) -> bool:
-    """Activation checkpointing is on (transformers >= 5 renamed the property)."""
-    flag = getattr(type(model), "is_activation_checkpointing", None)
-    return bool(model.is_activation_checkpointing if flag is not None else getattr(model, "is_gradient_checkpointing", False))
-
-
 def shared_prompt_cache(model: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor):
     """For generation: the cache of every row's prompt minus its last token, each distinct prompt
-    computed once (`generate(..., past_key_values=cache)` then runs only the last prompt token per
+    computed once (`generate(..., cache=cache)` then runs only the last prompt token per
     row), or None when no two rows share a prompt."""
     if input_ids.shape[1] < 2 or input_ids.shape[0] < 2:
         return None
@@ -184,8 +180,8 @@ def distinct_prompt_cache(model: nn.Module, ids: torch.Tensor, mask: torch.Tenso
     micro-batch of U prompts with a chat header of S tokens runs (U - 1) S fewer positions."""
     cache = prefix_cache(model, ids[rows], mask[rows], position_ids[rows], prefix)  # (U, ...), one forward of S
     if ids.shape[1] > prefix:
-        cache = model(input_ids=ids[rows, prefix:], attention_mask=mask[rows], position_ids=position_ids[rows, prefix:],
-                      past_key_values=cache, use_cache=True).past_key_values
+        cache = returned_cache(model(input_ids=ids[rows, prefix:], attention_mask=mask[rows],
+                                     position_ids=position_ids[rows, prefix:], **cache_kwargs(cache), use_cache=True))
     cache.reorder_cache(inverse.to(ids.device))  # (U, ...) -> (B, ...)
     return cache
 
@@ -200,7 +196,7 @@ def shared_prefix_hidden(decoder: nn.Module, input_ids: torch.Tensor, attention_
 
     L = input_ids.shape[1]
     P = L - num_response
-    if (decoder.training and _checkpointed(decoder)) or sliding_window_bites(decoder.config, L):
+    if (decoder.training and is_checkpointing(decoder)) or sliding_window_bites(decoder.config, L):
         return None
     S = common_prefix_length(input_ids[:, :P], attention_mask[:, :P])
     if S < MIN_PREFIX:
@@ -209,13 +205,13 @@ def shared_prefix_hidden(decoder: nn.Module, input_ids: torch.Tensor, attention_
     pos = position_ids_from_mask(mask)
     cache = prefix_cache(decoder, ids, mask, pos, S)
     hidden = decoder(input_ids=ids[:, S : L - 1], attention_mask=mask[:, : L - 1], position_ids=pos[:, S : L - 1],
-                     past_key_values=cache, use_cache=True).last_hidden_state
+                     **cache_kwargs(cache), use_cache=True).last_hidden_state
     return hidden[:, -num_response:]
 
 
 def shared_prefix_prompts(model: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor):
     """For generation: (ids, mask, cache) with the shared prefix moved to the front and its cache
-    computed once (`generate(ids, mask, past_key_values=cache)` then prefills the rest per row),
+    computed once (`generate(ids, mask, cache=cache)` then prefills the rest per row),
     or None without a prefix of at least MIN_PREFIX tokens or with sliding-window attention."""
     from rlhfkit.models.policy import position_ids_from_mask
 

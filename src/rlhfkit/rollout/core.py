@@ -15,6 +15,7 @@ import torch
 
 from rlhfkit.algos import response_mask
 from rlhfkit.models.attention import native_attention
+from rlhfkit.models.hf_compat import cache_kwargs
 from rlhfkit.models.lora import merged_lora
 from rlhfkit.models.shared_prompts import shared_prefix_prompts, shared_prompt_cache
 from rlhfkit.rollout.sampling import ExponentialRaceSampler
@@ -193,9 +194,8 @@ def generate_ids(
                 shared = shared_prefix_prompts(model, chunk_ids, chunk_mask)
                 if shared is not None:  # prefix moved to the front; the response columns stay the same
                     chunk_ids, chunk_mask, cache = shared
-            extra = {} if cache is None else {"past_key_values": cache}
             seq = model.generate(input_ids=chunk_ids, attention_mask=chunk_mask, generation_config=gen_cfg,
-                                 logits_processor=LogitsProcessorList(processors), **extra)
+                                 logits_processor=LogitsProcessorList(processors), **cache_kwargs(cache))
             outs.append(seq[:, chunk_ids.shape[1] :].cpu())
     model.train(was_training)
     return [row for o in outs for row in o]

@@ -21,6 +21,7 @@ from collections.abc import Callable
 import torch
 
 from rlhfkit.models.attention import native_attention
+from rlhfkit.models.hf_compat import cache_kwargs, dynamic_cache
 from rlhfkit.models.lora import merged_lora
 from rlhfkit.models.policy import position_ids_from_mask
 from rlhfkit.models.shared_prompts import shared_prefix_prompts, shared_prompt_cache
@@ -52,18 +53,16 @@ def prefill(model: torch.nn.Module, input_ids: torch.Tensor, attention_mask: tor
     """(logits (B, V) of the last prompt column, the cache holding all P prompt columns, positions
     (B, P) from the mask). `cache`: None, or a cache already holding the first C columns of every
     row (models/shared_prompts.py), which then run no more."""
-    from transformers import DynamicCache
-
     positions = position_ids_from_mask(attention_mask)
     if cache is None:
-        cache = DynamicCache(config=model.config)
+        cache = dynamic_cache(model.config)
     done_cols = cache.get_seq_length()
     # The last column's logits only, picked by an index tensor: that gives a contiguous (B, 1, H)
     # copy; logits_to_keep=1 slices a strided view, which torch's matmul cannot fold to 2-D, and it
     # then expands the (V, H) head weight to (B, H, V) for a bmm (0.9 GB copied at B = 16).
     last = torch.tensor([input_ids.shape[1] - done_cols - 1], device=input_ids.device)
     logits = model(input_ids=input_ids[:, done_cols:], attention_mask=attention_mask,
-                   position_ids=positions[:, done_cols:], past_key_values=cache, use_cache=True,
+                   position_ids=positions[:, done_cols:], **cache_kwargs(cache), use_cache=True,
                    logits_to_keep=last).logits[:, -1]  # (B, V)
     return logits, cache, positions
 
@@ -102,7 +101,7 @@ def decode(model: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torc
         if t + 1 == max_new_tokens:
             break
         mask = torch.cat([mask, mask.new_ones(mask.shape[0], 1)], dim=1)
-        logits = model(input_ids=tok[:, None], attention_mask=mask, position_ids=next_pos, past_key_values=cache,
+        logits = model(input_ids=tok[:, None], attention_mask=mask, position_ids=next_pos, **cache_kwargs(cache),
                        use_cache=True).logits[:, -1]
         next_pos = next_pos + 1
     return [tokens[i, : int(lengths[i])].cpu() for i in range(B)]

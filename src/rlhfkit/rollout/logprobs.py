@@ -17,20 +17,15 @@ from rlhfkit.rollout.core import Rollout, trim_bounds, trim_rows
 # chunks (`row_chunks`). Activations grow with the positions the forward runs, prompt and response
 # alike (about 31 KB per position and layer for SmolLM2-135M with LoRA in bf16: runtime/memory.py
 # CPU_ACTIVATION_BYTES), while the matmuls of a 640-position chunk still run at full speed
-# (docs/benchmarks.md). GPUs run whole micro-batches. A process setting: `Run` sets it from the
-# config's cpu_chunk_positions (trainers/options.py), so every pass of the run cuts alike.
+# (docs/benchmarks.md). GPUs run whole micro-batches. The default of the config's cpu_chunk_positions
+# (trainers/options.py): the trainers pass the run's budget down (`chunk_budget`), so every pass of a
+# run cuts alike and two runs in one process do not share it.
 CHUNK_POSITIONS = 640
 
 
-def set_chunk_positions(positions: int) -> None:
-    """Set the CPU chunk budget of this process (`Run` does, from cpu_chunk_positions)."""
-    global CHUNK_POSITIONS
-    CHUNK_POSITIONS = int(positions)
-
-
-def chunk_positions(device: torch.device) -> int | None:
-    """CHUNK_POSITIONS on the CPU, None (no chunks) elsewhere."""
-    return CHUNK_POSITIONS if torch.device(device).type == "cpu" else None
+def chunk_positions(device: torch.device, budget: int = CHUNK_POSITIONS) -> int | None:
+    """The CPU chunk budget `budget` on the CPU, None (no chunks) elsewhere."""
+    return int(budget) if torch.device(device).type == "cpu" else None
 
 
 def trimmed_widths(data: Rollout, rows: torch.Tensor) -> tuple[int, int]:
@@ -69,12 +64,13 @@ def row_chunks(items: torch.Tensor, data: Rollout, max_positions: int | None,
     return list(torch.tensor_split(items, len(items)))
 
 
-def micro_batch_chunks(order: torch.Tensor, micro_batch_size: int, data: Rollout,
-                       device) -> list[tuple[torch.Tensor, torch.Tensor]]:
+def micro_batch_chunks(order: torch.Tensor, micro_batch_size: int, data: Rollout, device,
+                       chunk_budget: int = CHUNK_POSITIONS) -> list[tuple[torch.Tensor, torch.Tensor]]:
     """(chunk, micro-batch) pairs: `order` in micro-batches of micro_batch_size rows of `data`, each
-    cut by `row_chunks` on the CPU (whole elsewhere). A chunk runs with its micro-batch's columns (`rows_of`)."""
+    cut by `row_chunks` to at most `chunk_budget` positions on the CPU (whole elsewhere). A chunk runs
+    with its micro-batch's columns (`rows_of`)."""
     micros = [order[i : i + micro_batch_size] for i in range(0, len(order), micro_batch_size)]
-    return [(c, m) for m in micros for c in row_chunks(m, data, chunk_positions(device))]
+    return [(c, m) for m in micros for c in row_chunks(m, data, chunk_positions(device, chunk_budget))]
 
 
 def rows_of(rollout: Rollout, rows: torch.Tensor, columns: torch.Tensor | None = None) -> Rollout:
@@ -114,13 +110,14 @@ def forward_logprobs(
 
 @torch.no_grad()
 def logprob_pass(actor, reference, rollout: Rollout, temperature: float, micro_batch_size: int,
-                 order: torch.Tensor | None = None, keep_trunk_mb: float = 0.0) -> Rollout:
+                 order: torch.Tensor | None = None, keep_trunk_mb: float = 0.0,
+                 chunk_budget: int = CHUNK_POSITIONS) -> Rollout:
     """Fill logprobs, values, entropy and ref_logprobs in micro-batches (bounded peak memory).
 
     `order` (B,) groups rows into micro-batches exactly as the first update epoch will, so the
     first update micro-batch repeats this computation bit for bit and its ratio must be 1
     (docs/pitfalls.md#off-by-one); other groupings change padding widths, which moves bf16 results by
-    ~1e-2. A micro-batch that runs more than CHUNK_POSITIONS positions runs in row chunks
+    ~1e-2. A micro-batch that runs more than `chunk_budget` positions (CPU) runs in row chunks
     (`row_chunks`), as the update runs it.
 
     When the actor has frozen bottom layers (`actor.trunk_depth`, models/trunk.py) they run once per
@@ -139,7 +136,7 @@ def logprob_pass(actor, reference, rollout: Rollout, temperature: float, micro_b
     keep = depth and B * (P + R) * H * 4 <= keep_trunk_mb * 2**20  # (B, L, H) at 4 bytes
     loaded = getattr(reference, "loaded", None)  # an offloaded reference comes in once per pass
     with loaded(device) if callable(loaded) else contextlib.nullcontext():
-        for rows, micro in micro_batch_chunks(order, micro_batch_size, rollout, device):
+        for rows, micro in micro_batch_chunks(order, micro_batch_size, rollout, device, chunk_budget):
             mb = rows_of(rollout, rows, micro)  # the micro-batch's columns, as the update runs the chunk
             ids, mask = mb.input_ids.to(device), mb.attention_mask.to(device)
             mb.trunk = actor.trunk(ids, mask) if depth else None  # shared by the policy and the reference

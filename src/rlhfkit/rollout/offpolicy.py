@@ -89,7 +89,8 @@ def sample_stale(sampler, tok, records: list[dict], cfg, params, seed: int, devi
             share_prompts=sampler.share_prompts, share_prefix=sampler.share_prefix)
     t1 = time.perf_counter()
     with autocast(cfg.dtype, device):
-        logprob_pass(sampler, None, rollout, cfg.temperature, cfg.micro_batch_size)
+        logprob_pass(sampler, None, rollout, cfg.temperature, cfg.micro_batch_size,
+                     chunk_budget=cfg.cpu_chunk_positions)
     rollout.sampler_logprobs = rollout.logprobs.masked_fill(rollout.response_mask == 0, float("nan"))
     rollout.logprobs = rollout.entropy = rollout.values = rollout.trunk = None  # the trainer's pass fills them
     rollout.timings = {"timing/generate_s": t1 - t0}

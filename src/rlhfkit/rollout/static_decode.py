@@ -34,6 +34,8 @@ import functools
 
 import torch
 
+from rlhfkit.models.hf_compat import cache_kwargs, static_layers_only
+from rlhfkit.models.hf_compat import static_cache as new_static_cache
 from rlhfkit.rollout.decode import check_temperature, decode, draw, prefill
 from rlhfkit.runtime.devices import HOST
 
@@ -42,19 +44,14 @@ COLUMN_MULTIPLE = 64  # static cache columns come in multiples of this (`cache_c
 
 def static_supported(config) -> bool:
     """Every layer of the model's cache is a full-attention static layer (no sliding window)."""
-    from transformers import StaticCache
-    from transformers.cache_utils import StaticLayer
-
-    return all(type(layer) is StaticLayer for layer in StaticCache(config=config, max_cache_len=1).layers)
+    return static_layers_only(config)
 
 
 def static_cache(config, layers: list[tuple[torch.Tensor, torch.Tensor]], rows: torch.Tensor, filled: int,
                  columns: int):
     """A transformers StaticCache of `columns` columns holding the first `filled` columns of rows
     `rows` (n,) of `layers`: (keys, values) per layer, each (b, kv heads, >= filled, d)."""
-    from transformers import StaticCache
-
-    cache = StaticCache(config=config, max_cache_len=columns)
+    cache = new_static_cache(config, columns)
     for layer, (keys, values) in zip(cache.layers, layers, strict=True):
         layer.update(keys[rows, :, :filled], values[rows, :, :filled])  # allocates (n, kv, M, d), writes [0, filled)
     return cache
@@ -79,7 +76,7 @@ def next_bucket(live: int, size: int) -> int:
 def decode_step(model: torch.nn.Module, tok: torch.Tensor, pos: torch.Tensor, mask: torch.Tensor,
                 cache) -> torch.Tensor:
     """Logits (n, V) of the next token of each row: tok, pos (n, 1), mask (n, M), cache static."""
-    return model(input_ids=tok, attention_mask=mask, position_ids=pos, past_key_values=cache,
+    return model(input_ids=tok, attention_mask=mask, position_ids=pos, **cache_kwargs(cache),
                  use_cache=True).logits[:, -1]
 
 

@@ -76,7 +76,6 @@ class Run:
         from accelerate import Accelerator
 
         from rlhfkit.models.loading import resolve_dtype
-        from rlhfkit.rollout.logprobs import set_chunk_positions
         from rlhfkit.runtime.allocator import cap_kernel_caches, tune_malloc
         from rlhfkit.runtime.fsdp2 import requested_plan
         from rlhfkit.runtime.run_folder import check_run_folder
@@ -94,8 +93,6 @@ class Run:
         self.folder: Any = None
         seed_everything(cfg.seed)
         tune_malloc()  # freed CPU tensors stay in the process for reuse (runtime/allocator.py)
-        if hasattr(cfg, "cpu_chunk_positions"):  # the row-chunk budget every pass of this run cuts by
-            set_chunk_positions(cfg.cpu_chunk_positions)
         cfg.dtype = resolve_dtype(cfg.dtype)  # 'auto' -> bf16 where bf16 matmuls are fast; config.yaml records it
 
         self.run_dir: Path | None = None

@@ -116,14 +116,14 @@ def pair_rows(idx: torch.Tensor, n_pairs: int) -> torch.Tensor:
     return torch.cat([idx, idx + n_pairs])
 
 
-def pair_chunks(idx: torch.Tensor, data: Rollout, device) -> list[torch.Tensor]:
-    """One micro-batch's pairs `idx` in contiguous chunks of at most CHUNK_POSITIONS positions (a
+def pair_chunks(idx: torch.Tensor, data: Rollout, device, budget: int) -> list[torch.Tensor]:
+    """One micro-batch's pairs `idx` in contiguous chunks of at most `budget` positions (a
     pair runs its chosen and rejected row, its prompt once) on the CPU (rollout/logprobs.py
     `row_chunks`): the loss is a sum over pairs, so chunks add up to the micro-batch's gradient while
     their activations stay bounded. Pure in its inputs: the reference table, the steps and the
     held-out pass cut alike."""
     n = data.response_ids.shape[0] // 2
-    return row_chunks(idx, data, chunk_positions(device), to_rows=lambda pairs: pair_rows(pairs, n))
+    return row_chunks(idx, data, chunk_positions(device, budget), to_rows=lambda pairs: pair_rows(pairs, n))
 
 
 # ----------------------------------------------------------------------------- log-probs and loss
@@ -226,7 +226,7 @@ def precompute_reference(reference, data: Rollout, batches: list[torch.Tensor], 
         pairs = pairs[~done[pairs]]
         for m0 in range(0, len(pairs), cfg.micro_batch_size):
             micro = pairs[m0 : m0 + cfg.micro_batch_size]
-            for chunk in pair_chunks(micro, data, device):
+            for chunk in pair_chunks(micro, data, device, cfg.cpu_chunk_positions):
                 rows = pair_rows(chunk, n)
                 table[rows] = reference_logps(reference, data, rows, cfg, device, pair_rows(micro, n)).cpu()
         done[pairs] = True
@@ -244,7 +244,7 @@ def train_step(model, data: Rollout, batch: torch.Tensor, ref_table, reference, 
     local = batch[accelerator.process_index :: world]
     sums: dict[str, float] = defaultdict(float)
     chunks = [(c, pair_rows(micro, n)) for m0 in range(0, len(local), cfg.micro_batch_size)
-              for micro in [local[m0 : m0 + cfg.micro_batch_size]] for c in pair_chunks(micro, data, device)]
+              for micro in [local[m0 : m0 + cfg.micro_batch_size]] for c in pair_chunks(micro, data, device, cfg.cpu_chunk_positions)]
     for i, (idx, columns) in enumerate(chunks):
         rows = pair_rows(idx, n)
         logps, lengths = sequence_logps(model, data, rows, cfg, device, columns)
@@ -273,7 +273,7 @@ def held_out_metrics(model, held: Rollout, held_ref: torch.Tensor | None, cfg: D
     with torch.no_grad():  # in micro-batches and chunks, as training runs them (not all pairs at once)
         for m0 in range(0, n, cfg.micro_batch_size):
             micro = torch.arange(n, device=HOST)[m0 : m0 + cfg.micro_batch_size]
-            for idx in pair_chunks(micro, held, device):
+            for idx in pair_chunks(micro, held, device, cfg.cpu_chunk_positions):
                 logps, lengths = sequence_logps(model, held, pair_rows(idx, n), cfg, device, pair_rows(micro, n))
                 chosen.append((logps[: len(idx)], lengths[: len(idx)]))
                 rejected.append((logps[len(idx) :], lengths[len(idx) :]))
@@ -364,7 +364,7 @@ def reference_tables(run: Run, reference, data: Rollout, held: Rollout | None,
         with reference.loaded(device):  # in micro-batches and chunks, as held_out_metrics runs the policy
             for m0 in range(0, n, cfg.micro_batch_size):
                 micro = torch.arange(n, device=HOST)[m0 : m0 + cfg.micro_batch_size]
-                for idx in pair_chunks(micro, held, device):
+                for idx in pair_chunks(micro, held, device, cfg.cpu_chunk_positions):
                     rows = pair_rows(idx, n)
                     held_ref[rows] = reference_logps(reference, held, rows, cfg, device, pair_rows(micro, n)).cpu()
     ref_table = None

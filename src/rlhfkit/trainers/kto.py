@@ -132,7 +132,7 @@ def encode_examples(tok, examples: list[dict], cfg: KTOConfig, seed: int) -> Rol
 def micro_chunks(rows: torch.Tensor, data: Rollout, cfg: KTOConfig, device) -> list[tuple[torch.Tensor, torch.Tensor]]:
     """(chunk, micro-batch) pairs of `rows` (rollout/logprobs.py `micro_batch_chunks`): bounded activations
     on the CPU; the loss is a sum over rows, so chunks add up to the micro-batch."""
-    return micro_batch_chunks(rows, cfg.micro_batch_size, data, device)
+    return micro_batch_chunks(rows, cfg.micro_batch_size, data, device, cfg.cpu_chunk_positions)
 
 
 @torch.no_grad()

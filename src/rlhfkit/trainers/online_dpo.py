@@ -69,7 +69,7 @@ def dpo_step(rl: RLRun, cfg: OnlineDPOConfig, rollout: Rollout, chosen: torch.Te
     with rl.reference.loaded(device):
         for m0 in range(0, n, cfg.micro_batch_size):
             micro = torch.arange(m0, min(m0 + cfg.micro_batch_size, n), device=table.response_ids.device)
-            chunks = pair_chunks(micro, table, device)  # CPU: bounded activations, as in DPO (trainers/dpo.py)
+            chunks = pair_chunks(micro, table, device, cfg.cpu_chunk_positions)  # CPU: bounded activations, as in DPO (trainers/dpo.py)
             for j, idx in enumerate(chunks):
                 rows, columns = pair_rows(idx, n), pair_rows(micro, n)
                 logps, lengths = sequence_logps(rl.model, table, rows, cfg, device, columns)

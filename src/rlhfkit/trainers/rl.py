@@ -270,7 +270,8 @@ class RLRun:
         t0 = time.perf_counter()
         with self.run.tracker.phase("log-probs", None), autocast(self.cfg.dtype, self.run.device):
             teacher_forced_pass(self.core, self.reference, rollout, self.cfg.temperature, self.cfg.micro_batch_size,
-                          order, keep_trunk_mb=getattr(self.cfg, "trunk_cache_mb", 0.0))
+                          order, keep_trunk_mb=getattr(self.cfg, "trunk_cache_mb", 0.0),
+                          chunk_budget=self.cfg.cpu_chunk_positions)
         rollout.timings["timing/logprobs_s"] = time.perf_counter() - t0
         return rollout
 
@@ -285,7 +286,7 @@ class RLRun:
                                  micro_batch_size=cfg.micro_batch_size, max_grad_norm=cfg.max_grad_norm,
                                  ratio_check_tol=cfg.ratio_check_tol, generator=self.generator,
                                  first_perm=first_perm, guard=run.guard, where=f"iteration {self.iteration}, ",
-                                 group_size=group_size)
+                                 group_size=group_size, chunk_budget=cfg.cpu_chunk_positions)
 
     def mean_over_processes(self, metrics: dict[str, float]) -> dict[str, float]:
         """Metrics averaged over processes (each process has its own rollout)."""

@@ -16,7 +16,7 @@ import torch
 from rlhfkit.algos import masked_mean
 from rlhfkit.errors import UserError
 from rlhfkit.rollout import Rollout
-from rlhfkit.rollout.logprobs import micro_batch_chunks, rows_of
+from rlhfkit.rollout.logprobs import CHUNK_POSITIONS, micro_batch_chunks, rows_of
 from rlhfkit.runtime.distributed import accumulate_backward, max_over_processes, sum_over_processes
 from rlhfkit.runtime.faults import NonFiniteGuard, guarded_step
 
@@ -89,7 +89,7 @@ def shuffled_rows(n_rows: int, generator: torch.Generator, group_size: int = 1,
 def update_policy(model, optimizer, scheduler, accelerator, rollout: Rollout, loss_fn: LossFn, *, epochs: int,
                   mini_batch_size: int, micro_batch_size: int, max_grad_norm: float, ratio_check_tol: float,
                   generator: torch.Generator, first_perm: torch.Tensor, guard: NonFiniteGuard | None = None,
-                  where: str = "", group_size: int = 1) -> dict[str, float]:
+                  where: str = "", group_size: int = 1, chunk_budget: int = CHUNK_POSITIONS) -> dict[str, float]:
     """`epochs` x shuffled mini-batches x micro-batches; one optimiser step per mini-batch.
 
     `first_perm` is epoch 0's shuffle, the one the scoring pass grouped its micro-batches by, so
@@ -117,7 +117,7 @@ def update_policy(model, optimizer, scheduler, accelerator, rollout: Rollout, lo
             n_tok, n_seq = (max(float(c), 1.0) for c in accelerator.reduce(counts, "sum"))
             # a long micro-batch runs in row chunks, cut as the scoring pass cut it (bounded activations);
             # cut, weighed and moved to the device before the loop, which then never waits for the device
-            chunks = micro_batch_chunks(mini, micro_batch_size, rollout, device)
+            chunks = micro_batch_chunks(mini, micro_batch_size, rollout, device, chunk_budget)
             micro = [rows_of(rollout, rows, m) for rows, m in chunks]
             shares = [mb.response_mask.sum().item() / n_tok for mb in micro]  # of the mini-batch's tokens
             stats = read_on_host(accumulate_gradients(model, accelerator, [mb.to(device) for mb in micro], loss_fn,

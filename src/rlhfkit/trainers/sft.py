@@ -117,13 +117,13 @@ def eval_stats(module, examples, pad_id, cfg, device) -> dict:
 # ----------------------------------------------------------------------------- loop
 
 
-def example_chunks(micro: list[dict], device) -> list[tuple[list[dict], int]]:
+def example_chunks(micro: list[dict], device, budget: int) -> list[tuple[list[dict], int]]:
     """(chunk, width) pairs: a micro-batch's examples in the fewest near-equal contiguous chunks of at
-    most CHUNK_POSITIONS tokens (rows x the micro-batch's longest example, `width`) on the CPU, as the
+    most `budget` tokens (rows x the micro-batch's longest example, `width`) on the CPU, as the
     RL and preference trainers cut theirs (rollout/logprobs.py); whole elsewhere. The loss is a sum
     over tokens divided by the step's count, so the chunks' gradients add up to the micro-batch's."""
     width = max(len(e["input_ids"]) for e in micro)
-    limit = chunk_positions(device)
+    limit = chunk_positions(device, budget)
     k = 1 if limit is None else min(len(micro), -(-len(micro) * width // limit))
     return [(micro[int(i[0]) : int(i[-1]) + 1], width) for i in torch.arange(len(micro), device=HOST).tensor_split(max(k, 1))]
 
@@ -137,7 +137,7 @@ def sft_step(module, optimizer, scheduler, accelerator, batch: list[dict], pad_i
                                             device=device, dtype=torch.float32), "sum").item()
     loss_sum = 0.0
     micros = [batch[m0 : m0 + cfg.micro_batch_size] for m0 in range(0, len(batch), cfg.micro_batch_size)]
-    chunks = [(c, width) for micro in micros for c, width in example_chunks(micro, device)]
+    chunks = [(c, width) for micro in micros for c, width in example_chunks(micro, device, cfg.cpu_chunk_positions)]
     for i, (chunk, width) in enumerate(chunks):
         b = {k: v.to(device) for k, v in collate(chunk, pad_id, width).items()}
         with autocast(cfg.dtype, device):

@@ -80,11 +80,11 @@ def token_logprobs(logits: torch.Tensor, response_ids: torch.Tensor) -> torch.Te
     return F.log_softmax(logits, dim=-1).gather(-1, response_ids.unsqueeze(-1)).squeeze(-1)
 
 
-def micro_batches(rollout: Rollout, rows: torch.Tensor, micro: int, device) -> list[Rollout]:
+def micro_batches(rollout: Rollout, rows: torch.Tensor, micro: int, device, chunk_budget: int) -> list[Rollout]:
     """`rows` of the rollout in consecutive micro-batches of at most `micro` rows (padding trimmed),
     on the CPU each cut into the row chunks every trainer runs (rollout/logprobs.py): every term is a
     sum over tokens divided by a count fixed beforehand, so chunks add up to their micro-batch."""
-    return [rows_of(rollout, chunk, micro_rows) for chunk, micro_rows in micro_batch_chunks(rows, micro, rollout, device)]
+    return [rows_of(rollout, chunk, micro_rows) for chunk, micro_rows in micro_batch_chunks(rows, micro, rollout, device, chunk_budget)]
 
 
 def policy_step(actor, params: list[torch.Tensor], rollout: Rollout, cfg: TRPOConfig, device,
@@ -98,7 +98,8 @@ def policy_step(actor, params: list[torch.Tensor], rollout: Rollout, cfg: TRPOCo
     term divided by their own token count. So gradient, Fisher-vector products and the step do not
     depend on the micro-batch split."""
     B, micro = rollout.response_ids.shape[0], cfg.micro_batch_size
-    mbs = micro_batches(rollout, torch.arange(B, device=rollout.response_ids.device), micro, device)
+    mbs = micro_batches(rollout, torch.arange(B, device=rollout.response_ids.device), micro, device,
+                        cfg.cpu_chunk_positions)
     n_tok = float(rollout.response_mask.sum().clamp(min=1))
     amp = partial(autocast, cfg.dtype, device)
     with torch.no_grad(), amp():
@@ -142,7 +143,7 @@ def fisher_product(actor, params: list[torch.Tensor], rollout: Rollout, cfg: TRP
     if generator is None:
         generator = torch.Generator(device=HOST).manual_seed(cfg.seed)
     rows = fisher_rows(rollout.response_ids.shape[0], cfg.fvp_fraction, generator)
-    mbs = micro_batches(rollout, rows, cfg.micro_batch_size, device)
+    mbs = micro_batches(rollout, rows, cfg.micro_batch_size, device, cfg.cpu_chunk_positions)
     n_fisher = float(sum(float(mb.response_mask.sum()) for mb in mbs)) or 1.0
     amp = partial(autocast, cfg.dtype, device)
 
@@ -190,7 +191,7 @@ def critic_update(rl: RLRun, policy_params: list[torch.Tensor], rollout: Rollout
                 mini = perm[start : start + cfg.vf_mini_batch_size]
                 n_tok = max(float(rollout.response_mask[mini].sum()), 1.0)
                 loss_sum, clip = 0.0, 0.0
-                for mb in micro_batches(rollout, mini, cfg.micro_batch_size, device):
+                for mb in micro_batches(rollout, mini, cfg.micro_batch_size, device, cfg.cpu_chunk_positions):
                     mask = mb.response_mask.to(device)
                     with autocast(cfg.dtype, device):
                         _, values, _ = forward_logprobs(rl.model, mb, cfg.temperature, with_values=True)
