@@ -9,6 +9,7 @@ import torch
 from accelerate import Accelerator
 
 from rlhfkit.runtime.accumulate import accumulate, add_up
+
 from tiny_lm import build_tiny_model
 
 VOCAB, ROWS, WIDTH = 48, 8, 10

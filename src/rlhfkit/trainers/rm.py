@@ -132,8 +132,9 @@ def rm_step(model, optimizer, scheduler, accelerator, tok, batch: list[dict], in
     def loss_fn(mb: list[dict]) -> tuple[torch.Tensor, dict[str, float]]:
         loss, m = pair_loss(model, tok, mb, info, cfg, accelerator.device)
         w = len(mb) / len(batch)  # pair mean over the whole mini-batch, whatever the split
-        return loss * len(mb) / cfg.batch_size, {  # / all processes' pairs
-            "loss/rm": loss.item() * w, **{f"rm/{k}": m[k] * w for k in ("accuracy", "margin", "chosen_mean", "rejected_mean")}}
+        stats = {"loss/rm": loss.item() * w, **{f"rm/{k}": m[k] * w for k in ("accuracy", "margin", "chosen_mean",
+                                                                            "rejected_mean")}}
+        return loss * len(mb) / cfg.batch_size, stats  # / all processes' pairs
 
     micros = [batch[m0 : m0 + cfg.micro_batch_size] for m0 in range(0, len(batch), cfg.micro_batch_size)]
     sums = add_up(accumulate(accelerator, model, micros, loss_fn))
