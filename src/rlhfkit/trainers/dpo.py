@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import contextlib
 import time
-from collections import defaultdict
 
 import torch
 
@@ -29,9 +28,10 @@ from rlhfkit.data.chat import format_prompts
 from rlhfkit.errors import DataError
 from rlhfkit.rollout import Rollout, forward_logprobs
 from rlhfkit.rollout.logprobs import chunk_positions, row_chunks, rows_of
+from rlhfkit.runtime.accumulate import accumulate, add_up
 from rlhfkit.runtime.config import check, config_main
 from rlhfkit.runtime.devices import HOST
-from rlhfkit.runtime.distributed import accumulate_backward, sum_over_processes
+from rlhfkit.runtime.distributed import sum_over_processes
 from rlhfkit.runtime.faults import guarded_step
 from rlhfkit.runtime.precision import autocast
 from rlhfkit.runtime.run import Run, closes_its_runs
@@ -238,23 +238,30 @@ def precompute_reference(reference, data: Rollout, batches: list[torch.Tensor], 
     return table
 
 
+def micro_pair_chunks(pairs: torch.Tensor, micro_batch_size: int, data: Rollout, device, budget: int) -> list[tuple]:
+    """(pair indices, columns) of each chunk of `pairs` cut into micro-batches of `micro_batch_size`
+    pairs, each cut into `pair_chunks`; columns: the rows of the chunk's micro-batch (`pair_rows`),
+    which set its padded width."""
+    n = data.response_ids.shape[0] // 2
+    return [(c, pair_rows(micro, n)) for m0 in range(0, len(pairs), micro_batch_size)
+            for micro in [pairs[m0 : m0 + micro_batch_size]] for c in pair_chunks(micro, data, device, budget)]
+
+
 def train_step(model, data: Rollout, batch: torch.Tensor, ref_table, reference, cfg: DPOConfig, accelerator) -> dict:
     """Gradients of one optimiser batch (this process's share, in micro-batches); returns metrics."""
     device, world, n = accelerator.device, accelerator.num_processes, data.response_ids.shape[0] // 2
     local = batch[accelerator.process_index :: world]
-    sums: dict[str, float] = defaultdict(float)
-    chunks = [(c, pair_rows(micro, n)) for m0 in range(0, len(local), cfg.micro_batch_size)
-              for micro in [local[m0 : m0 + cfg.micro_batch_size]] for c in pair_chunks(micro, data, device, cfg.cpu_chunk_positions)]
-    for i, (idx, columns) in enumerate(chunks):
+
+    def loss_fn(chunk: tuple[torch.Tensor, torch.Tensor]) -> tuple[torch.Tensor, dict[str, float]]:
+        idx, columns = chunk
         rows = pair_rows(idx, n)
         logps, lengths = sequence_logps(model, data, rows, cfg, device, columns)
         ref = batch_reference(ref_table, reference, data, rows, cfg, device, columns)
         loss, st = dpo_batch_loss(logps, ref, lengths, cfg, float(len(batch)))  # / all processes' pairs
-        accumulate_backward(accelerator, model, loss, sync=i == len(chunks) - 1)
-        sums["loss/dpo"] += loss.item()
-        for k, v in st.items():
-            sums[k] += v * len(idx) / len(local)
-    sums = sum_over_processes(accelerator, dict(sums))  # loss/dpo: the global loss; the others: x world
+        return loss, {"loss/dpo": loss.item(), **{k: v * len(idx) / len(local) for k, v in st.items()}}
+
+    sums = add_up(accumulate(accelerator, model, micro_pair_chunks(local, cfg.micro_batch_size, data, device, cfg.cpu_chunk_positions), loss_fn))
+    sums = sum_over_processes(accelerator, sums)  # loss/dpo: the global loss; the others: x world
     return {k: v if k == "loss/dpo" else v / world for k, v in sums.items()}
 
 

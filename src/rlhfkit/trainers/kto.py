@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import contextlib
 import time
-from collections import defaultdict
 from collections.abc import Callable
 
 import torch
@@ -30,10 +29,11 @@ from rlhfkit.algos import kto_loss, kto_reference_point
 from rlhfkit.errors import DataError
 from rlhfkit.rollout import Rollout
 from rlhfkit.rollout.logprobs import micro_batch_chunks
+from rlhfkit.runtime.accumulate import accumulate, add_up
 from rlhfkit.runtime.allocator import trim_heap
 from rlhfkit.runtime.config import check, config_main
 from rlhfkit.runtime.devices import HOST
-from rlhfkit.runtime.distributed import accumulate_backward, sum_over_processes
+from rlhfkit.runtime.distributed import sum_over_processes
 from rlhfkit.runtime.faults import guarded_step
 from rlhfkit.runtime.run import Run, closes_its_runs
 from rlhfkit.trainers.build import build_actor
@@ -180,18 +180,18 @@ def train_step(model, data: Rollout, batch: torch.Tensor, ref: Callable, desirab
     device, world = accelerator.device, accelerator.num_processes
     local = batch[accelerator.process_index :: world]
     z0 = reference_point(model, data, local, ref, cfg, accelerator)
-    sums: dict[str, float] = defaultdict(float)
-    chunks = micro_chunks(local, data, cfg, device)
-    for i, (idx, columns) in enumerate(chunks):
+
+    def loss_fn(chunk: tuple[torch.Tensor, torch.Tensor]) -> tuple[torch.Tensor, dict[str, float]]:
+        idx, columns = chunk
         logps, _ = sequence_logps(model, data, idx, cfg, device, columns)
         losses, st = kto_loss(logps, ref(idx, columns).to(device), desirable[idx].to(device), z0, cfg.beta,
                               cfg.desirable_weight, cfg.undesirable_weight)
         loss = losses.sum() / len(batch)  # / all processes' examples: chunk losses add up to the batch mean
-        accumulate_backward(accelerator, model, loss, sync=i == len(chunks) - 1)
-        sums["loss/kto"] += loss.item()
-        for k in ("rewards/chosen", "rewards/rejected", "count/chosen", "count/rejected"):
-            sums[k] += st[k]
-    return kto_batch_metrics(sum_over_processes(accelerator, dict(sums)), z0)
+        return loss, {"loss/kto": loss.item(), **{k: st[k] for k in ("rewards/chosen", "rewards/rejected",
+                                                                      "count/chosen", "count/rejected")}}
+
+    sums = add_up(accumulate(accelerator, model, micro_chunks(local, data, cfg, device), loss_fn))
+    return kto_batch_metrics(sum_over_processes(accelerator, sums), z0)
 
 
 def held_out_metrics(model, held: Rollout, held_ref: torch.Tensor, desirable: torch.Tensor, cfg: KTOConfig,

@@ -16,19 +16,19 @@ Before and after training: DPO's judged win rate over the starting model (traine
 from __future__ import annotations
 
 import time
-from collections import defaultdict
 
 import torch
 
 from rlhfkit.algos import shape_rewards
 from rlhfkit.rollout import Rollout
+from rlhfkit.runtime.accumulate import accumulate, add_up
 from rlhfkit.runtime.allocator import trim_heap
 from rlhfkit.runtime.config import config_main
-from rlhfkit.runtime.distributed import accumulate_backward, sum_over_processes
+from rlhfkit.runtime.distributed import sum_over_processes
 from rlhfkit.runtime.faults import guarded_step
 from rlhfkit.runtime.run import closes_its_runs
 from rlhfkit.trainers.build import build_actor
-from rlhfkit.trainers.dpo import dpo_batch_loss, pair_chunks, pair_rows, reference_logps, sequence_logps
+from rlhfkit.trainers.dpo import dpo_batch_loss, micro_pair_chunks, pair_rows, reference_logps, sequence_logps
 from rlhfkit.trainers.grpo_rollout import keep_rows
 from rlhfkit.trainers.judged import judged_after, judged_samples
 from rlhfkit.trainers.online_dpo_config import OnlineDPOConfig
@@ -65,22 +65,22 @@ def dpo_step(rl: RLRun, cfg: OnlineDPOConfig, rollout: Rollout, chosen: torch.Te
         return {}
     n = max(k, 1)
     table = keep_rows(rollout, torch.cat([chosen, rejected]) if k else torch.tensor([0, 1], device=chosen.device))  # [chosen.., rejected..]
-    sums: dict[str, float] = defaultdict(float)
+
+    def loss_fn(chunk: tuple[torch.Tensor, torch.Tensor]) -> tuple[torch.Tensor, dict[str, float]]:
+        idx, columns = chunk
+        rows = pair_rows(idx, n)
+        logps, lengths = sequence_logps(rl.model, table, rows, cfg, device, columns)
+        ref = reference_logps(rl.reference, table, rows, cfg, device, columns)
+        loss, st = dpo_batch_loss(logps, ref, lengths, cfg, total)  # / all processes' pairs
+        loss = loss * float(k > 0)
+        # pair-weighted: summed over processes, divided by all pairs
+        return loss, {"loss/dpo": loss.item(), **{name: v * len(idx) * float(k > 0) for name, v in st.items()}}
+
+    pairs = torch.arange(n, device=table.response_ids.device)  # CPU: chunks of bounded activations, as in DPO
     with rl.reference.loaded(device):
-        for m0 in range(0, n, cfg.micro_batch_size):
-            micro = torch.arange(m0, min(m0 + cfg.micro_batch_size, n), device=table.response_ids.device)
-            chunks = pair_chunks(micro, table, device, cfg.cpu_chunk_positions)  # CPU: bounded activations, as in DPO (trainers/dpo.py)
-            for j, idx in enumerate(chunks):
-                rows, columns = pair_rows(idx, n), pair_rows(micro, n)
-                logps, lengths = sequence_logps(rl.model, table, rows, cfg, device, columns)
-                ref = reference_logps(rl.reference, table, rows, cfg, device, columns)
-                loss, st = dpo_batch_loss(logps, ref, lengths, cfg, total)
-                loss = loss * float(k > 0)
-                accumulate_backward(acc, rl.model, loss, sync=m0 + cfg.micro_batch_size >= n and j == len(chunks) - 1)
-                sums["loss/dpo"] += loss.item()
-                for name, v in st.items():  # pair-weighted: summed over processes, divided by all pairs
-                    sums[name] += v * len(idx) * float(k > 0)
-    sums = sum_over_processes(acc, dict(sums))
+        sums = add_up(accumulate(acc, rl.model, micro_pair_chunks(pairs, cfg.micro_batch_size, table, device,
+                                                                          cfg.cpu_chunk_positions), loss_fn))
+    sums = sum_over_processes(acc, sums)
     metrics = {name: v if name == "loss/dpo" else v / total for name, v in sums.items()}
     grad_norm, skipped = guarded_step(rl.model.parameters(), rl.run.optimizer, rl.run.scheduler, acc,
                                       cfg.max_grad_norm, loss=metrics["loss/dpo"], guard=rl.run.guard,

@@ -17,7 +17,8 @@ from rlhfkit.algos import masked_mean
 from rlhfkit.errors import UserError
 from rlhfkit.rollout import Rollout
 from rlhfkit.rollout.logprobs import CHUNK_POSITIONS, micro_batch_chunks, rows_of
-from rlhfkit.runtime.distributed import accumulate_backward, max_over_processes, sum_over_processes
+from rlhfkit.runtime.accumulate import accumulate
+from rlhfkit.runtime.distributed import max_over_processes, sum_over_processes
 from rlhfkit.runtime.faults import NonFiniteGuard, guarded_step
 
 # loss_fn(micro_batch, global token count, global sequence count) -> (loss, stats). Stats named
@@ -146,16 +147,11 @@ def update_policy(model, optimizer, scheduler, accelerator, rollout: Rollout, lo
 
 def accumulate_gradients(model, accelerator, micro: list[Rollout], loss_fn: LossFn, n_tok: float,
                          n_seq: float) -> list[dict[str, torch.Tensor | float]]:
-    """Forward and backward of each micro-batch of one optimiser step, the gradients accumulating:
-    the micro-batch loop, with no host synchronisation in it (no .item(), no Python branch on a
-    device value), so the device runs ahead of Python. Returns each micro-batch's stats as
-    `loss_fn` gave them (0-d tensors) plus its "loss", for `read_on_host` after the loop."""
-    out = []
-    for i, mb in enumerate(micro):
-        loss, st = loss_fn(mb, n_tok, n_seq)
-        accumulate_backward(accelerator, model, loss, sync=i == len(micro) - 1)
-        out.append({**st, "loss": loss.detach()})
-    return out
+    """The micro-batch loop of one optimiser step (`runtime/accumulate.accumulate`), with no host
+    synchronisation in it (no .item(), no Python branch on a device value), so the device runs
+    ahead of Python. Returns each micro-batch's stats as `loss_fn` gave them (0-d tensors) plus its
+    "loss", for `read_on_host` after the loop."""
+    return accumulate(accelerator, model, micro, lambda mb: loss_fn(mb, n_tok, n_seq))
 
 
 def read_on_host(stats: list[dict[str, torch.Tensor | float]]) -> list[dict[str, float]]:

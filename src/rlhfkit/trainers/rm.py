@@ -21,9 +21,9 @@ import time
 import torch
 
 from rlhfkit.algos import bradley_terry_loss
+from rlhfkit.runtime.accumulate import accumulate, add_up
 from rlhfkit.runtime.config import check, config_main
 from rlhfkit.runtime.devices import HOST
-from rlhfkit.runtime.distributed import accumulate_backward
 from rlhfkit.runtime.faults import guarded_step
 from rlhfkit.runtime.precision import autocast
 from rlhfkit.runtime.run import Run, closes_its_runs
@@ -128,16 +128,16 @@ def rm_step(model, optimizer, scheduler, accelerator, tok, batch: list[dict], in
             share: float, *, guard=None, where: str = "") -> dict:
     """Steps 2-4 on this process's pairs; `share` = len(batch) / global batch size. A non-finite loss
     or gradient norm skips the optimiser step (rlhfkit.runtime.faults.guarded_step)."""
-    sums = {"loss/rm": 0.0, "rm/accuracy": 0.0, "rm/margin": 0.0, "rm/chosen_mean": 0.0, "rm/rejected_mean": 0.0}
-    for m0 in range(0, len(batch), cfg.micro_batch_size):
-        mb = batch[m0 : m0 + cfg.micro_batch_size]
+
+    def loss_fn(mb: list[dict]) -> tuple[torch.Tensor, dict[str, float]]:
         loss, m = pair_loss(model, tok, mb, info, cfg, accelerator.device)
         w = len(mb) / len(batch)  # pair mean over the whole mini-batch, whatever the split
-        accumulate_backward(accelerator, model, loss * len(mb) / cfg.batch_size,  # / all processes' pairs
-                            sync=m0 + cfg.micro_batch_size >= len(batch))
-        sums["loss/rm"] += loss.item() * w
-        for k in ("accuracy", "margin", "chosen_mean", "rejected_mean"):
-            sums[f"rm/{k}"] += m[k] * w
+        stats = {"loss/rm": loss.item() * w, **{f"rm/{k}": m[k] * w for k in ("accuracy", "margin", "chosen_mean",
+                                                                            "rejected_mean")}}
+        return loss * len(mb) / cfg.batch_size, stats  # / all processes' pairs
+
+    micros = [batch[m0 : m0 + cfg.micro_batch_size] for m0 in range(0, len(batch), cfg.micro_batch_size)]
+    sums = add_up(accumulate(accelerator, model, micros, loss_fn))
     grad_norm, skipped = guarded_step(model.parameters(), optimizer, scheduler, accelerator, cfg.max_grad_norm,
                                       loss=sums["loss/rm"], guard=guard, where=where)
     out = {k: accelerator.reduce(torch.tensor(v * share, device=accelerator.device), "sum").item()

@@ -28,9 +28,9 @@ from rlhfkit.data.chat import IGNORE_INDEX
 from rlhfkit.data.sft import collate
 from rlhfkit.errors import UserError
 from rlhfkit.rollout.logprobs import chunk_positions
+from rlhfkit.runtime.accumulate import accumulate, add_up
 from rlhfkit.runtime.config import check, config_main
 from rlhfkit.runtime.devices import HOST
-from rlhfkit.runtime.distributed import accumulate_backward
 from rlhfkit.runtime.faults import guarded_step
 from rlhfkit.runtime.precision import autocast
 from rlhfkit.runtime.run import Run, closes_its_runs
@@ -135,16 +135,17 @@ def sft_step(module, optimizer, scheduler, accelerator, batch: list[dict], pad_i
     device = accelerator.device
     n_tok = accelerator.reduce(torch.tensor(sum(sum(x != IGNORE_INDEX for x in e["labels"][1:]) for e in batch),
                                             device=device, dtype=torch.float32), "sum").item()
-    loss_sum = 0.0
-    micros = [batch[m0 : m0 + cfg.micro_batch_size] for m0 in range(0, len(batch), cfg.micro_batch_size)]
-    chunks = [(c, width) for micro in micros for c, width in example_chunks(micro, device, cfg.cpu_chunk_positions)]
-    for i, (chunk, width) in enumerate(chunks):
-        b = {k: v.to(device) for k, v in collate(chunk, pad_id, width).items()}
+
+    def loss_fn(chunk: tuple[list[dict], int]) -> tuple[torch.Tensor, dict[str, float]]:
+        b = {k: v.to(device) for k, v in collate(chunk[0], pad_id, chunk[1]).items()}
         with autocast(cfg.dtype, device):
             nll, mask = module(**b)
         loss = aggregate_loss(nll, mask, num_tokens=max(n_tok, 1.0))  # / all processes' tokens
-        accumulate_backward(accelerator, module, loss, sync=i == len(chunks) - 1)
-        loss_sum += loss.item()
+        return loss, {"loss/sft": loss.item()}
+
+    micros = [batch[m0 : m0 + cfg.micro_batch_size] for m0 in range(0, len(batch), cfg.micro_batch_size)]
+    chunks = [(c, width) for micro in micros for c, width in example_chunks(micro, device, cfg.cpu_chunk_positions)]
+    loss_sum = add_up(accumulate(accelerator, module, chunks, loss_fn)).get("loss/sft", 0.0)
     grad_norm, skipped = guarded_step(module.parameters(), optimizer, scheduler, accelerator, cfg.max_grad_norm,
                                       loss=loss_sum, guard=guard, where=where)
     loss_all = accelerator.reduce(torch.tensor(loss_sum, device=device), "sum").item()

@@ -47,6 +47,7 @@ from rlhfkit.algos.trpo import (
 from rlhfkit.errors import UserError
 from rlhfkit.rollout import Rollout, forward_logprobs
 from rlhfkit.rollout.logprobs import micro_batch_chunks, rows_of
+from rlhfkit.runtime.accumulate import accumulate, add_up
 from rlhfkit.runtime.config import config_main
 from rlhfkit.runtime.devices import HOST
 from rlhfkit.runtime.faults import guarded_step
@@ -177,6 +178,18 @@ def frozen(params: list[torch.Tensor]):
             p.requires_grad_(f)
 
 
+def value_loss(rl: RLRun, mb: Rollout, cfg: TRPOConfig, n_tok: float) -> tuple[torch.Tensor, dict]:
+    """PPO's clipped value loss of micro-batch `mb` summed over its tokens / `n_tok` (the step's
+    token count), and its share of the step's "loss/value" and "value_clip_frac"."""
+    device = rl.run.device
+    mask = mb.response_mask.to(device)
+    with autocast(cfg.dtype, device):
+        _, values, _ = forward_logprobs(rl.model, mb, cfg.temperature, with_values=True)
+    loss, vm = ppo_value_loss(values, mb.values.to(device), mb.returns.to(device), mask,
+                              cfg.value_clip_eps, agg_mode="token-mean", num_tokens=n_tok)
+    return loss, {"loss/value": loss.item(), "value_clip_frac": vm["value_clip_frac"] * float(mask.sum()) / n_tok}
+
+
 def critic_update(rl: RLRun, policy_params: list[torch.Tensor], rollout: Rollout, cfg: TRPOConfig) -> dict[str, float]:
     """Step 6: regress the values on the returns (PPO's clipped value loss, global token mean of
     each mini-batch), training the value head (and a separate critic) only."""
@@ -189,22 +202,14 @@ def critic_update(rl: RLRun, policy_params: list[torch.Tensor], rollout: Rollout
             perm = shuffled_rows(B, rl.generator)
             for start in range(0, B, cfg.vf_mini_batch_size):
                 mini = perm[start : start + cfg.vf_mini_batch_size]
-                n_tok = max(float(rollout.response_mask[mini].sum()), 1.0)
-                loss_sum, clip = 0.0, 0.0
-                for mb in micro_batches(rollout, mini, cfg.micro_batch_size, device, cfg.cpu_chunk_positions):
-                    mask = mb.response_mask.to(device)
-                    with autocast(cfg.dtype, device):
-                        _, values, _ = forward_logprobs(rl.model, mb, cfg.temperature, with_values=True)
-                    loss, vm = ppo_value_loss(values, mb.values.to(device), mb.returns.to(device), mask,
-                                              cfg.value_clip_eps, agg_mode="token-mean", num_tokens=n_tok)
-                    loss.backward()
-                    loss_sum += loss.item()
-                    clip += vm["value_clip_frac"] * float(mask.sum()) / n_tok
+                n_tok = max(float(rollout.response_mask[mini].sum()), 1.0)  # the step's normaliser
+                micro = micro_batches(rollout, mini, cfg.micro_batch_size, device, cfg.cpu_chunk_positions)
+                step = add_up(accumulate(run.accelerator, rl.model, micro, partial(value_loss, rl, cfg=cfg, n_tok=n_tok)))
                 grad_norm, _ = guarded_step(rl.model.parameters(), run.optimizer, run.scheduler, run.accelerator,
-                                            cfg.max_grad_norm, loss=loss_sum, guard=run.guard,
+                                            cfg.max_grad_norm, loss=step["loss/value"], guard=run.guard,
                                             where=f"iteration {rl.iteration}, critic step {n_steps + 1}")
-                sums["loss/value"] += loss_sum
-                sums["value_clip_frac"] += clip
+                sums["loss/value"] += step["loss/value"]
+                sums["value_clip_frac"] += step["value_clip_frac"]
                 sums["grad_norm"] += grad_norm
                 n_steps += 1
     return {k: v / n_steps for k, v in sums.items()}
