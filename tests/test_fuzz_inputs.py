@@ -228,3 +228,14 @@ def test_fuzz_data_specs_give_rows_or_user_error(spec, split):
             _clean_error(e)
         else:
             assert rows
+
+
+@pytest.mark.parametrize("output_dir", [["a"], "bad\0name", ""])
+def test_a_pipeline_output_dir_that_names_no_folder_is_one_line(output_dir, fresh):
+    """Found by the fuzz test above: a list or a NUL byte reached pathlib (TypeError / ValueError)."""
+    from rlhfkit.pipeline import load_pipeline_config, stage_configs
+
+    path = fresh(".yaml")
+    path.write_text(yaml.safe_dump({"output_dir": output_dir}, allow_unicode=True))
+    with pytest.raises(UserError, match=r"^output_dir=.*: expected (str|a folder path)$"):
+        stage_configs(load_pipeline_config([str(path)]))

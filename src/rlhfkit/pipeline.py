@@ -125,6 +125,13 @@ def resolve_dtype(dtype: str) -> str:
     return resolve(dtype)
 
 
+def output_folder(value: Any) -> Path:
+    """`output_dir` as an absolute path; anything that cannot name a folder is a ConfigError."""
+    if not isinstance(value, str) or not value or "\0" in value:
+        raise ConfigError(f"output_dir={value!r}: expected a folder path")
+    return Path(value).expanduser().resolve()
+
+
 def stage_configs(cfg: dict) -> dict[str, Any]:
     """The typed config of every enabled stage, with the links between stages filled in."""
     from rlhfkit.evaluate import EvalConfig
@@ -133,7 +140,7 @@ def stage_configs(cfg: dict) -> dict[str, Any]:
     from rlhfkit.trainers.rm import RMConfig
     from rlhfkit.trainers.sft import SFTConfig
 
-    out_dir = Path(cfg["output_dir"]).expanduser().resolve()
+    out_dir = output_folder(cfg["output_dir"])
     dtype = resolve_dtype(cfg["dtype"])
     common = {"dtype": dtype, "seed": cfg["seed"]}
     run = {**common, "output_dir": str(out_dir), "quiet": cfg["quiet"]}
