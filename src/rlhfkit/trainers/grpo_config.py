@@ -13,6 +13,7 @@ from typing import ClassVar
 
 from rlhfkit.runtime.config import check, option
 from rlhfkit.trainers.options import (
+    REWARD_SPECS_HELP,
     EnvArgs,
     GenerationArgs,
     ModelArgs,
@@ -37,11 +38,7 @@ class GRPOConfig(EnvArgs, GenerationArgs, ReferenceArgs, SamplingArgs, ModelArgs
     prompts: str = option("builtin:arithmetic", "prompts: builtin:arithmetic|reviews|stories|instructions or a JSONL/CSV/TXT file")
     eval_prompts: str | None = option(None, "held-out prompts for the before/after check (default: test split of `prompts`)")
     num_eval_prompts: int = option(100, "held-out prompts sampled (at `temperature`) before and after training (0 = skip)")
-    reward: str = option("arithmetic", "arithmetic (exact match) | sentiment | length[:N] | model:PATH (an `rlhfkit rm` "
-                         "folder, or any AutoModelForSequenceClassification folder or Hub id) | python:module:function "
-                         "(called as TRL calls rewards: prompts=, completions=, each prompt field as a keyword); "
-                         "a,b (or a YAML list) = several, summed with reward_weights, each logged as reward/NAME. In Python: a "
-                         "callable or a list", several=True)
+    reward: str = option("arithmetic", "arithmetic (exact match) | sentiment | " + REWARD_SPECS_HELP, several=True)
     reward_weights: list[float] | None = option(None, "one weight per reward in `reward` (None: 1 each)")
     solved_threshold: float = option(1.0, "a sample counts as solved when its score is >= this (rollout/solved_fraction)")
     # rollout

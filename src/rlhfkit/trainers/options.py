@@ -12,6 +12,11 @@ from dataclasses import dataclass
 from rlhfkit.runtime.config import check, option
 
 OVERFLOW_MODES = ("truncate_left", "error")
+# The reward specs the RL trainers take after their built-in default (`reward=` help text)
+REWARD_SPECS_HELP = ("length[:N] | model:PATH (an `rlhfkit rm` folder, or any AutoModelForSequenceClassification "
+                     "folder or Hub id) | python:module:function (called as TRL calls rewards: prompts=, completions=, "
+                     "each prompt field as a keyword); a,b (or a YAML list) = several, summed with reward_weights, each "
+                     "logged as reward/NAME. In Python: a callable or a list")
 
 
 @dataclass

@@ -6,6 +6,7 @@ from dataclasses import dataclass
 
 from rlhfkit.runtime.config import check, option
 from rlhfkit.trainers.options import (
+    REWARD_SPECS_HELP,
     EnvArgs,
     GenerationArgs,
     ModelArgs,
@@ -37,11 +38,7 @@ class ActorCriticArgs(EnvArgs, GenerationArgs, ReferenceArgs, SamplingArgs, Mode
     num_eval_prompts: int = option(64, "held-out prompts sampled before and after training (0 = skip)")
     eval_samples_per_prompt: int = option(3, "completions per held-out prompt, before and after (the same random "
                                           "draws both times)")
-    reward: str = option("sentiment", "sentiment | arithmetic | length[:N] | model:PATH (an `rlhfkit rm` "
-                         "folder, or any AutoModelForSequenceClassification folder or Hub id) | python:module:function "
-                         "(called as TRL calls rewards: prompts=, completions=, each prompt field as a keyword); "
-                         "a,b (or a YAML list) = several, summed with reward_weights, each logged as reward/NAME. In Python: a "
-                         "callable or a list", several=True)
+    reward: str = option("sentiment", "sentiment | arithmetic | " + REWARD_SPECS_HELP, several=True)
     reward_weights: list[float] | None = option(None, "one weight per reward in `reward` (None: 1 each)")
     # rollout
     iterations: int = option(18, "iterations (rollout + update)")
