@@ -12,7 +12,7 @@ Times, in one process, for B x T in {64 x 512, 256 x 2048}:
 Every baseline is checked against rlhfkit's output before it is timed. The Python-float
 baselines take seconds at 256 x 2048, so there they run on the first 32 rows and the time
 is extrapolated linearly in B (marked "extrap."). Reports medians (ms) and writes the table
-between the bench_algos markers in docs/benchmarks.md, leaving the rest of the file alone.
+into its block of docs/benchmarks.md (bench/benchdoc.py), leaving the rest of the file alone.
 """
 
 from __future__ import annotations
@@ -26,13 +26,13 @@ import statistics
 import time
 from pathlib import Path
 
+import benchdoc
 import torch
 
 from rlhfkit.algos import gae, gae_reference, ppo_policy_loss, ppo_value_loss
 
 ROOT = Path(__file__).resolve().parents[1]
-DOC = ROOT / "docs" / "benchmarks.md"
-START, END = "<!-- bench_algos:start -->", "<!-- bench_algos:end -->"
+TITLE = "Maths core (bench/bench_algos.py)"  # its section of docs/benchmarks.md
 GAMMA, LAM, EPS = 1.0, 0.95, 0.2
 SUBSET_ROWS = 32
 
@@ -204,24 +204,6 @@ def render(rows, repeats, load):
     return head + "\n" + "\n".join(lines) + "\n"
 
 
-def write_doc(block):
-    section = f"{START}\n{block}{END}"
-    if DOC.exists():
-        text = DOC.read_text()
-        if START in text and END in text:
-            pre, rest = text.split(START, 1)
-            _, post = rest.split(END, 1)
-            DOC.write_text(pre + section + post)
-            return
-        DOC.write_text(text.rstrip("\n") + "\n\n## Maths core (rlhfkit.algos)\n\n" + section + "\n")
-        return
-    DOC.parent.mkdir(parents=True, exist_ok=True)
-    DOC.write_text(
-        "# Benchmarks\n\n## Maths core (rlhfkit.algos)\n\n"
-        "Produced by `bench/bench_algos.py`; the block below is rewritten on every run.\n\n" + section + "\n"
-    )
-
-
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--repeats", type=int, default=15)
@@ -242,8 +224,8 @@ def main(argv=None):
     block = render(rows, args.repeats, load)
     print(block)
     if not args.no_doc:
-        write_doc(block)
-        print(f"wrote {DOC.relative_to(ROOT)}")
+        benchdoc.write_block("bench_algos", TITLE, block)
+        print(f"wrote {benchdoc.DOC.relative_to(ROOT)}")
 
 
 if __name__ == "__main__":

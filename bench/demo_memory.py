@@ -139,133 +139,16 @@ def estimate_gb(name: str) -> float:
 
 
 FINDINGS = """
-Where the peaks went (bench/memory_phases.py per phase, with glibc's view): in the multi-turn demo the
-policy update's forward (16 rows of up to 128 response tokens and two ~260-token prompts per micro-batch:
-about 1.4 MB of activations per position through 30 layers, fp32 norm
-inputs); in DPO the training step (+1.1 GiB over its entry) and the fused head's CPU workspace
-(0.55 GiB, sized by the held-out pass over every pair at once). And in both, glibc's heap: with the
-trainers' malloc tuning (runtime/allocator.py) freed blocks stay in the heap, but a phase of other
-shapes (sampling after the update, an evaluation after training, a micro-batch of another width) does
-not reuse them and grows the heap anew, so RSS summed the phases' peaks.
-
-Cuts (the same results up to float rounding, tests/trainers/test_chunked_passes.py): on the CPU a
-micro-batch of more than 512 response positions ran (since 91d48a8: more than 640 positions run,
-below) in near-equal row chunks with the micro-batch's
-columns (rollout/logprobs.py `row_chunks`, `rows_of`: the scoring pass, the update, DPO's reference
-table, steps and held-out pass cut alike, so the first update chunk still repeats the scoring pass
-bit for bit); DPO's held-out passes run in micro-batches; the heap's free pages go back to the kernel
-before and after each RL update (runtime/allocator.py `trim_heap`; in DPO a trim before the steps
-left the peak where it was, 2.44 against 2.32 GiB, so DPO has none). The multi-turn demo's per-step peak grows with the response width, which
-grows as the model learns to call the tool: measured here at iteration 1. Cost of the chunks: a DPO
-micro-batch of the demo (8 pairs, 2 chunks) took 18.6 CPU-s whole and 18.6 CPU-s chunked over 3
-alternating repeats in one process (ratio 1.00).
-
-Added 2026-11-24: online DPO's step and KTO's reference table, z_0 pass, steps and held-out pass run in
-the same row chunks (tests/trainers/test_chunked_passes.py: equal to whole micro-batches), KTO trims the
-heap after each step, and the pipeline after each stage. Online DPO 3.49 -> 2.17 GB (its 8-pair
-micro-batches of 64-token samples had run whole); KTO 4.06 -> 3.41 GB (the trims; its held-out pass,
-which had run every row at once, fell from 3.78 to 1.45 GiB); the pipeline 3.11 -> 2.60 GB (its later
-stages now start at 0.6-1.0 GiB; the peak moved to the SFT stage's steps). The same per-step trim in DPO
-left its peak where it was (2.67 against 2.66 GB, max RSS of `rlhfkit dpo max_steps=5`) and cost up to
-1 s a step, so DPO, SFT and the reward model have none.
-
-Added 2026-11-24 (91d48a8): the chunk budget counts the positions a forward runs, prompt and
-response (R per row, P per distinct prompt, since a shared prompt runs once), at most 640
-(`cpu_chunk_positions`), where it had counted response positions only (512), and SFT's steps cut
-their micro-batches the same way. Before, KTO (3.41 GB), REINFORCE++ (3.07) and the pipeline (2.60)
-were over 2.5 GB: REINFORCE++ ran 16 rows of 62 + 16 tokens whole (256 response positions), KTO 8 rows
-of ~91 tokens per chunk, the pipeline's SFT stage 8 examples at once; with glibc keeping the freed
-blocks of every width, RSS reached 1.6-1.8x the bytes in use. Now: REINFORCE++ 2.01 GB (chunks of 8
-rows), KTO 1.92 (3 chunks of 5-6 rows), the pipeline 2.34 (its SFT stage's first step; two chunks of 4
-examples), PPO 1.52 -> 1.20 (chunks of 4 rows of 102 tokens), DPO 2.49 -> 1.88 (micro-batches whose
-responses were at most 32 tokens wide had run 8 pairs whole; now every one runs as 2 chunks of 4
-pairs), multi-turn GRPO 2.31 -> 1.92. Every demo is under 2.5 GB. Cost, measured before/after in one
-run each (two processes at once, one torch thread each, docs/benchmarks.md "Row chunks by positions
-run"): REINFORCE++ and PPO updates unchanged (ratios 0.98-1.01), KTO steps 0.96x the time, and the
-multi-turn GRPO update 1.28x at its second iteration (chunks of 2 rows instead of 4, so the 260-token
-shared prompt runs 8 times per micro-batch instead of 4): there `cpu_chunk_positions=800` gives the
-old cut back (4 x 128 + 260 = 772 positions).
-Estimate: `rlhfkit estimate-memory` now counts at most max(cpu_chunk_positions, one row) positions
-per chunk whatever the widths (an upper bound for the chunk); the pipeline's estimate is the largest
-of its stages'. TRPO's policy step was not modelled then (its estimate was the PPO one, 0.58 of the
-measured peak); since a44bde6 it is (below).
-The table's demos are shortened (first iteration or first steps). The whole `rlhfkit grpo` demo (30
-iterations, one thread) peaked at 2.44 GB (max RSS; 5% -> 36% held-out accuracy), against 1.43 for its
-first iteration: in bf16 glibc's bytes in use grow by about 30 MiB per iteration (0.64 GiB after the first
-update, 0.96 after the twelfth) while Python objects and live tensors stay constant, and not in fp32 (flat
-at 0.29 GiB over the same run, `grpo iterations=8 rollout_batch_size=32 num_eval_prompts=0`);
-ONEDNN_PRIMITIVE_CACHE_CAPACITY=0 halves the growth, so part of it is oneDNN's cache of bf16 kernels for
-each new shape. Neither the merged LoRA copy used for sampling nor autocast's weight-cast cache is the
-cause (each turned off in `grpo iterations=8 rollout_batch_size=32`: the same +30 MiB per iteration).
-The mechanism, isolated by bench/shape_cache.py (two bf16 linears of the MLP's shape, forward and
-backward): with the row count M drawn from 300-1199 each step, bytes in use rise ~2 MiB per new M and
-level off near 690 MiB after ~300 steps; with M fixed they stay at 97 MiB, and fp32 stays flat. So
-bf16 kernels are kept per matmul shape (oneDNN's primitive cache and a second cache it does not
-control: with ONEDNN_PRIMITIVE_CACHE_CAPACITY=0 or 64 the level is ~370-390 MiB), and every
-micro-batch width is a new shape. Bounded, but the whole grpo demo reached 2.44 GB, next to the 2.5 GB
-target, where its first iteration peaked at 1.43.
-
-Fixed 2026-11-24 (356666b): the trainers cap both caches at 64 entries (runtime/allocator.py `cap_kernel_caches`:
-ONEDNN_PRIMITIVE_CACHE_CAPACITY and ideep's LRU_CACHE_CAPACITY, unless the user set them; both are read at
-the first oneDNN matmul, so `Run` sets them first). bench/shape_cache.py over 300 steps of new row counts:
-685 MiB in use uncapped, 418 with LRU_CACHE_CAPACITY=16 alone, 105 with both (flat; fixed M: 97). A whole
-PPO iteration creates 53 distinct oneDNN primitives (`ONEDNN_VERBOSE=profile_create rlhfkit ppo
-iterations=1 num_eval_prompts=0`: 53 cache misses and 59,054 hits with a capacity of 64 and the same with
-1024), so 64 keeps every kernel an iteration reuses. `python bench/ab_demo.py --before 6e57ecd -- grpo`
-(the whole 30-iteration demo, both at once, one thread each): peak 2.44 -> **1.92 GB**, generate 155.4 ->
-149.7 s, log-prob pass 51.7 -> 49.4 s, update 271.8 -> 260.6 s (0.96), CPU 514 -> 494 s, 5% -> 36%
-held-out accuracy on both sides. The same with `iterations=8 rollout_batch_size=32 num_eval_prompts=0`:
-1.67 -> 1.57 GB, update 1.00, generate 1.00. With the caps glibc's bytes in use stay at 0.57-0.60 GiB
-through the 30 iterations (bench/memory_phases.py grpo); what still moves the peak is free space in the
-heap (0.77 -> 0.94 GiB) after a micro-batch of a new, longer width. The whole multi-turn demo (10
-iterations) peaked at 2.27 GB.
-
-On the code of 29b7522 (the kernel caps, and bf16 attention in float32 up to 256 keys: rlhfkit/models/attention.py),
-against that of 91d48a8: DPO, SimPO, ORPO and KTO 0.07-0.12 GB lower, DAPO, REINFORCE++ and online DPO 0.03-0.07
-higher, TRPO 2.30 -> 2.25, the pipeline 2.34 -> 2.38; all under 2.5 GB.
-
-The "peak after" column is the code of e9cde13 (TRPO's step in row chunks, grouped
-key/value heads in the CPU attention kernel), every demo measured again. Against 29b7522's: TRPO 2.25 ->
-1.95, DAPO 2.00 -> 1.81, REINFORCE++ 2.04 -> 1.94, DPO / SimPO / ORPO 1.79-1.80 -> 1.68-1.71, KTO 1.85 -> 1.78,
-online DPO 2.00 -> 1.92, the pipeline 2.38 -> 2.31; PPO, GRPO, multi-turn GRPO, GSPO, SFT and the reward model
-within 0.03; RLOO 1.37 -> 1.48 (its second held-out evaluation, after one update: bytes in use 0.53 GiB in
-both runs, free heap 0.53 -> 0.63 GiB; the update differs by float rounding, so the evaluation samples
-other responses). The
-estimate column is `estimate-memory` with the activation bytes of bench/activation_bytes.py (section above)
-and the process baseline measured with the model loaded: 15 of the 16 demos within 20% of the measured peak,
-9 of them within 5%; DAPO was under by 21% (1d0aa27 found why: below).
-
-Since 6a058ae the GRPO family (grpo, rloo, dapo, gspo, reinforce_pp) is measured whole, 30 iterations.
-Shortened to its first iteration, `rlhfkit grpo`, `rloo` and `gspo` had updated 8 rows (the one group
-whose rewards differed: the model solves ~5% of the arithmetic at first), so their peak was the held-out
-sampling; later updates run up to all 64 rows. And the estimate counted 2 prompts per 16-row micro-batch
-(ceil(16 / 8)), where an update's mini-batches of 32 of the 64 rows, shuffled and then ordered by prompt,
-hold rows of ~5 (DAPO's update instrumented: micro-batches of 16 rows and 73-77 tokens, 0.41-0.52 GiB of
-bytes in use added by each forward). `estimate-memory` now counts them (runtime/memory.py
-`prompts_per_micro_batch`, option `mini_batch_size`): grpo, dapo and gspo 1.44 -> 1.70 GB; rloo, whose
-update takes the rollout whole, 2 prompts as before (1.44). The table's whole runs against it: grpo 1.91 GB
-(0.89), rloo 1.63 (0.88), dapo 1.83 (0.93), gspo 1.92 (0.88), reinforce_pp 2.07 (0.84, its peak in sampling after an update): all 16
-demos within 20% of their measured peak, all under 2.5 GB. What the estimate's 0.5 heap share stands for,
-seen in DAPO's update: bytes in use peak at 1.0-1.1 GiB after each forward while RSS climbs from 1.41 to
-1.70 GiB over the 8 micro-batches, the heap's free space growing 0.2 -> 0.4 GiB. Tried, each in the same
-instrumented run, none lowered it: every micro-batch at the rollout's full width (so every shape is the
-same: 1.76 GiB), the gradients allocated once in one flat buffer and zeroed in place instead of freed
-(1.72), glibc's own settings instead of the trainers' malloc tuning (`RLHFKIT_TUNE_MALLOC=0`: 1.71).
-
-TRPO (a44bde6). Its policy step was the one pass that ran 8-row micro-batches whole on the CPU, and its
-gradient terms computed the token KL too (whose gradient is 0 at theta_old): bench/memory_phases.py with the
-step's parts wrapped (`trpo iterations=1 num_eval_prompts=0 --wrap rlhfkit.trainers.trpo:summed_flat_grad:grad
---wrap rlhfkit.trainers.trpo:gauss_newton_fvp:fisher_build --wrap rlhfkit.trainers.trpo:trpo_step:cg_and_search`)
-put the gradient pass at 1.95 GiB and the conjugate gradients at 2.04. Now the gradient, Fisher and
-line-search terms and the critic's passes run in the row chunks every trainer cuts (equal steps:
-tests/trainers/test_trpo.py), the gradient terms leave the KL out, and the float32 logits skip the division at
-T = 1: gradient pass 1.29 GiB; the peak is now the conjugate gradients (1.83 GiB), which hold the rollout's
-float32 logits (16 x 48 x V x 4 = 0.15 GB) and the Fisher graphs of its 4 drawn rows (0.51 GiB of bytes in use).
-The demo: 2.25 -> 2.00 GB. `estimate-memory method=trpo` now models the step (the rollout's logits, the Fisher
-graphs and one product's transient, docs/scale.md): 1.87 GB, 0.94 of the measured peak (was 0.58).
-`python bench/ab_demo.py --before 2a0973f -- trpo iterations=3 num_eval_prompts=0` (both at once, one thread
-each, the machine shared with two benchmarks): peak 2.51 -> 1.99 GB (0.79), update 135.3 -> 129.1 s (0.95),
-CPU 105.7 -> 101.4 s (0.96), generate and log-prob pass 0.97-0.99.
+Where the peaks go (bench/memory_phases.py): the policy update's forward or a DPO-family step, the fused head's
+CPU workspace, and glibc's heap: with the trainers' malloc tuning (runtime/allocator.py) freed blocks stay in the
+heap, and a phase of other shapes does not reuse them. What keeps the peaks down: micro-batches run in row chunks
+of at most `cpu_chunk_positions` positions (640; a shared prompt counted once), the same results up to float
+rounding (tests/trainers/test_chunked_passes.py); the heap is trimmed around each RL update, after each online-DPO
+and KTO step and between pipeline stages (DPO, SFT and the reward model have no trim: it gave no measured gain
+and cost up to 1 s a step); oneDNN's kernel caches are capped at 64 entries (`cap_kernel_caches`). The multi-turn
+demo's update runs its 260-token shared prompt once per 2-row chunk; `cpu_chunk_positions=800` gives it 4-row
+chunks where memory allows (docs/scale.md). The estimate's 0.5 heap share stands for the heap's free space
+between micro-batches of different widths.
 """
 
 

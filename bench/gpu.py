@@ -734,6 +734,18 @@ def machine(device) -> str:
     return f"{where}, {', '.join(libs)}, Python {platform.python_version()}"
 
 
+def doc_provenance(doc: dict) -> str:
+    """The provenance lines of a docs/benchmarks.md block (benchdoc.FIELDS) from a run's "machine" and "command",
+    which say where it was measured (the GPU machine), not where the doc is written.
+
+    doc["machine"]: 'GPU (80 GiB), CUDA 13.0, torch 2.11, ..., Python 3.12.3, 2026-11-28, commit abc1234'."""
+    rest, date, commit_text = (doc["machine"].rsplit(", ", 2) + ["", ""])[:3]
+    where, _, libs = rest.partition(", torch ")
+    values = {"Date": date, "Commit": commit_text.removeprefix("commit ").strip() or "unknown", "Machine": where,
+              "Versions": f"torch {libs}" if libs else "unknown", "Command": f"`{doc.get('command') or '?'}`"}
+    return "\n".join(f"- {field}: {values[field]}" for field in benchdoc.FIELDS)
+
+
 def commit() -> str:
     try:
         out = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
@@ -883,7 +895,8 @@ def main(argv: list[str] | None = None) -> dict | None:
     print(table)
     if a.write_doc:
         benchdoc.write_block(*(("gpu_sweep", "GPU: how cost grows (bench/gpu.py --sweep)") if doc.get("sweep")
-                               else ("gpu_bench", "GPU: rlhfkit and TRL on one GPU (bench/gpu.py)")), table)
+                               else ("gpu_bench", "GPU: rlhfkit and TRL on one GPU (bench/gpu.py)")),
+                             doc_provenance(doc) + "\n\n" + table)
     return doc
 
 
