@@ -153,7 +153,9 @@ def build_config(cls: type[C], values: dict[str, Any], source: str = "",
 
     `sources` names where a key came from (a YAML file) for its error messages. Every class in
     `cls`'s MRO that defines its own ``validate()`` runs it, mixins first (so ModelArgs and
-    SamplingArgs check their fields for every trainer).
+    SamplingArgs check their fields for every trainer). A trainer config (FrozenAfterValidation)
+    is read-only while it is validated; then the values its classes' ``derived()`` work out are
+    applied (dataclasses.replace) and the result is frozen.
     """
     fields = _fields(cls)
     hints = typing.get_type_hints(cls)

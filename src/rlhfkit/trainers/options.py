@@ -2,7 +2,8 @@
 
 A command's config is a dataclass that mixes in the groups it needs and adds its own fields;
 `runtime.config.build_config` runs every group's `validate()` (mixins first), so a range is
-checked in one place. A subclass may redefine a field to change its default (e.g. `lr`).
+checked in one place, then applies the values a group's `derived()` works out (the resolved dtype)
+and freezes the config (RunArgs is FrozenAfterValidation): nothing assigns a field afterwards. A subclass may redefine a field to change its default (e.g. `lr`).
 """
 
 from __future__ import annotations
