@@ -93,7 +93,7 @@ def test_rlhfkit_sampling_runs_attention_in_the_models_dtype(tiny_model_dir, mon
     model, tok = load_causal_lm(str(tiny_model_dir), dtype="bf16", trainable=False), load_tokenizer(str(tiny_model_dir))
     native = []
     real = attention.cpu_fp32_sdpa
-    monkeypatch.setitem(ALL_ATTENTION_FUNCTIONS._local_mapping, "sdpa",
+    monkeypatch.setitem(ALL_ATTENTION_FUNCTIONS._local_mapping, attention.CPU_FP32_SDPA,
                         lambda *a, **kw: native.append(getattr(attention._state, "native", False)) or real(*a, **kw))
     for sample in (generate, lean_generate):
         native.clear()
@@ -108,10 +108,11 @@ def test_loading_a_model_routes_its_sdpa_attention_through_the_float32_path(tiny
     from rlhfkit.models import load_causal_lm
 
     model = load_causal_lm(str(tiny_model_dir), dtype="bf16", trainable=False)
-    assert model.config._attn_implementation == "sdpa" and ALL_ATTENTION_FUNCTIONS["sdpa"] is cpu_fp32_sdpa
+    assert model.config._attn_implementation == attention.CPU_FP32_SDPA  # this model's choice, not the process's
+    assert ALL_ATTENTION_FUNCTIONS[attention.CPU_FP32_SDPA] is cpu_fp32_sdpa
     seen = []
     real = attention.cpu_fp32_sdpa
-    monkeypatch.setitem(ALL_ATTENTION_FUNCTIONS._local_mapping, "sdpa",
+    monkeypatch.setitem(ALL_ATTENTION_FUNCTIONS._local_mapping, attention.CPU_FP32_SDPA,
                         lambda m, q, *a, **kw: seen.append((q.dtype, q.shape[2])) or real(m, q, *a, **kw))
     ids = torch.tensor([[5, 6, 7, 8], [9, 10, 11, 12]])
     with torch.no_grad():
@@ -125,8 +126,8 @@ def test_grouped_heads_reach_the_cpu_kernel_without_copies_and_give_the_same_out
     (decoding), sampling and CUDA-style decisions outside are left to transformers."""
     from transformers.integrations import sdpa_attention
 
-    attention.use_cpu_fp32_attention()
-    attention.use_cpu_fp32_attention()  # idempotent: one wrapper, not two
+    attention.use_cpu_fp32_attention(None)
+    attention.use_cpu_fp32_attention(None)  # idempotent: one wrapper, not two
     assert sdpa_attention.use_gqa_in_sdpa.rlhfkit_grouped
     calls = []
     real = torch.nn.functional.scaled_dot_product_attention
@@ -161,7 +162,7 @@ def test_a_decoding_step_without_a_mask_packs_the_grouped_heads(monkeypatch):
     grouped heads with enable_gqa, which torch's bf16 CPU kernel runs ~4x slower; the kernel gets them
     packed as queries of their key/value head instead ((2, 4, 1, 8) -> (2, 2, 2, 8)), and the output is
     the attention computed by hand in float32 to bf16 rounding. float32 and masked steps are unchanged."""
-    attention.use_cpu_fp32_attention()
+    attention.use_cpu_fp32_attention(None)
     calls = []
     real = torch.nn.functional.scaled_dot_product_attention
     monkeypatch.setattr(torch.nn.functional, "scaled_dot_product_attention",
@@ -178,3 +179,24 @@ def test_a_decoding_step_without_a_mask_packs_the_grouped_heads(monkeypatch):
     calls.clear()
     cpu_fp32_sdpa(_Module(), *(t.float() for t in (q, k, v)), None, scaling=8**-0.5)  # float32: transformers decides
     assert calls == [((2, 4, 1, 8), True)]
+
+
+def test_the_attention_choice_is_per_model_and_not_saved(tiny_model_dir, tmp_path):
+    """Loading a model through rlhfkit switches that model only: a model loaded by transformers in the
+    same process keeps transformers' sdpa (and runs transformers' function), and a saved model's
+    config.json names no rlhfkit implementation."""
+    from transformers import AutoModelForCausalLM
+    from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+
+    from rlhfkit.models import load_causal_lm
+
+    ours = load_causal_lm(str(tiny_model_dir), dtype="fp32", trainable=False)
+    theirs = AutoModelForCausalLM.from_pretrained(str(tiny_model_dir))
+    assert ours.config._attn_implementation == attention.CPU_FP32_SDPA
+    assert theirs.config._attn_implementation == "sdpa" and ALL_ATTENTION_FUNCTIONS["sdpa"] is not cpu_fp32_sdpa
+    ids = torch.tensor([[5, 6, 7, 8], [9, 10, 11, 12]])
+    mask = torch.tensor([[0, 1, 1, 1], [1, 1, 1, 1]])
+    with torch.no_grad():
+        assert torch.equal(ours(input_ids=ids, attention_mask=mask).logits, theirs(input_ids=ids, attention_mask=mask).logits)
+    ours.save_pretrained(tmp_path / "saved")
+    assert "rlhfkit" not in (tmp_path / "saved" / "config.json").read_text()

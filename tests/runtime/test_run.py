@@ -24,6 +24,7 @@ class ToyConfig(OptimizerArgs, RunArgs):
     """A config with only the harness's own groups."""
 
     dtype: str = option("fp32", "compute dtype")
+    model: str | None = option(None, "the model a resumed run must keep (runtime/run_folder.FolderOptions)")
     steps: int = option(5, "steps")
 
 

@@ -28,9 +28,7 @@ def test_gradient_checkpointing_recomputes_in_every_trainer(name, tmp_path, tiny
 
     monkeypatch.setattr(loading, "set_gradient_checkpointing", counting)
     cfg = make_cfg(name, tmp_path, tiny_model_dir, "gc", gradient_checkpointing=True, save_every=0)
-    if hasattr(cfg, "iterations"):
-        cfg.iterations = 1
-    else:
-        cfg.max_steps = 1
+    cfg = make_cfg(name, tmp_path, tiny_model_dir, "gc", gradient_checkpointing=True, save_every=0,
+                   **({"iterations": 1} if hasattr(cfg, "iterations") else {"max_steps": 1}))  # configs are frozen
     _train(name)(cfg)
     assert calls["n"] > 0, f"{name}: gradient_checkpointing=true never recomputed a layer"

@@ -153,7 +153,7 @@ def test_run_names_outside_output_dir_are_refused_before_the_model_loads(tmp_pat
 
     for name in ("../escape", str(tmp_path / "abs")):
         cfg = parse_args(SFTConfig, sft_argv(tmp_path, tiny_model_dir, name), "rlhfkit sft")
-        cfg.model = str(tmp_path / "no-such-model")  # would fail later, when the model loads
+        cfg = dataclasses.replace(cfg, model=str(tmp_path / "no-such-model"))  # would fail later, when the model loads
         with pytest.raises(UserError, match="must be a folder name inside output_dir"):
             train(cfg)
     (tmp_path / "runs").mkdir()

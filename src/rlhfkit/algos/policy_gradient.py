@@ -27,7 +27,28 @@ __all__ = [
     "remax_advantages",
 ]
 
-IMPORTANCE_LEVELS = ("token", "sequence", "sequence-token")
+
+
+def _token_log_ratio(log_ratio: torch.Tensor, seq_lr: torch.Tensor, own: torch.Tensor) -> torch.Tensor:
+    """PPO: each token's own log-ratio. log_ratio, own: (B, T); seq_lr: (B,). Returns (B, T)."""
+    return log_ratio
+
+
+def _sequence_log_ratio(log_ratio: torch.Tensor, seq_lr: torch.Tensor, own: torch.Tensor) -> torch.Tensor:
+    """GSPO: the row's length-normalised sequence log-ratio on every token. Returns (B, T)."""
+    return seq_lr[:, None].expand_as(log_ratio)
+
+
+def _sequence_token_log_ratio(log_ratio: torch.Tensor, seq_lr: torch.Tensor, own: torch.Tensor) -> torch.Tensor:
+    """GSPO-token: the value of the sequence log-ratio, the gradient of the token's own log-prob
+    (`own`: logp with padding zeroed). Returns (B, T)."""
+    return seq_lr.detach()[:, None] + own - own.detach()
+
+
+# importance level (rlhfkit.choices.IMPORTANCE_LEVELS) -> log rho from (log_ratio, seq_lr, own)
+IMPORTANCE_RATIOS = {"token": _token_log_ratio, "sequence": _sequence_log_ratio,
+                     "sequence-token": _sequence_token_log_ratio}
+IMPORTANCE_LEVELS = tuple(IMPORTANCE_RATIOS)
 
 
 def sequence_log_ratio(logp: torch.Tensor, old_logp: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
@@ -78,20 +99,14 @@ def clipped_policy_loss(
     per-token log-ratio, ``ratio_mean``/``ratio_max`` of rho, and ``seq_ratio_mean``, the mean
     sequence ratio s_i over rows with a valid token.
     """
-    if level not in IMPORTANCE_LEVELS:
-        raise ValueError(f"unknown importance level {level!r}; valid levels: {list(IMPORTANCE_LEVELS)}")
+    if level not in IMPORTANCE_RATIOS:
+        raise ValueError(f"unknown importance level {level!r}; choose one of: {', '.join(IMPORTANCE_RATIOS)}")
     eps_hi = clip_eps if clip_eps_high is None else clip_eps_high
     m = _bool(mask)
     zero = torch.zeros((), dtype=logp.dtype, device=logp.device)
     log_ratio = torch.where(m, logp - old_logp, zero)  # padding neutralised before exp
     seq_lr = masked_mean(log_ratio, m, dim=-1)  # (B,)
-    if level == "token":
-        log_rho = log_ratio
-    elif level == "sequence":
-        log_rho = seq_lr[:, None].expand_as(log_ratio)
-    else:  # value of the sequence ratio, gradient of the token's own log-prob
-        own = torch.where(m, logp, zero)
-        log_rho = seq_lr.detach()[:, None] + own - own.detach()
+    log_rho = IMPORTANCE_RATIOS[level](log_ratio, seq_lr, torch.where(m, logp, zero))
     rho = torch.where(m, torch.exp(log_rho), zero)
     adv = torch.where(m, advantages.to(logp.dtype), zero)
     unclipped = -adv * rho

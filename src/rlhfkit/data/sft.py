@@ -16,7 +16,7 @@ response (``completion_only_loss``, default true); conversations every token, or
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Protocol, runtime_checkable
 
 import torch
 
@@ -27,6 +27,22 @@ from rlhfkit.errors import DataError
 from rlhfkit.runtime.devices import HOST
 
 RESPONSE_FIELDS = ("response", "completion")
+
+
+class PromptFormat(Protocol):
+    """The prompt format every caller's config carries (trainers/options.PromptFormatArgs)."""
+
+    chat_template: bool | None
+    system_prompt: str | None
+
+
+@runtime_checkable
+class SFTLossOptions(PromptFormat, Protocol):
+    """SFTConfig's choice of trained tokens; a config without it (`rlhfkit evaluate`'s perplexity)
+    trains the response only."""
+
+    completion_only_loss: bool
+    assistant_only_loss: bool
 
 
 def load_sft_examples(
@@ -113,7 +129,7 @@ def _from_messages(out: dict[str, Any], messages: list[dict[str, str]], where: s
     return out
 
 
-def tokenize_examples(tok, examples: list[dict], cfg: Any, max_length: int) -> tuple[list[dict], int]:
+def tokenize_examples(tok, examples: list[dict], cfg: PromptFormat, max_length: int) -> tuple[list[dict], int]:
     """Token ids + labels (prompt = -100) per example; drops examples whose response was cut away.
     `cfg` carries the prompt format (chat_template, system_prompt)."""
     out, dropped = [], 0
@@ -130,9 +146,9 @@ def tokenize_examples(tok, examples: list[dict], cfg: Any, max_length: int) -> t
     return out, dropped
 
 
-def loss_spans(tok, ex: dict, cfg: Any) -> tuple[str, list[tuple[int, int]]]:
+def loss_spans(tok, ex: dict, cfg: PromptFormat) -> tuple[str, list[tuple[int, int]]]:
     """(the example's full text, the character spans (start, end) its loss covers). `cfg` carries the
-    prompt format and SFTConfig's completion_only_loss / assistant_only_loss (absent: the response only)."""
+    prompt format and, for SFT, SFTLossOptions (without them: the response only)."""
     from rlhfkit.models.reward_model import format_example
 
     if ex.get("text") is not None and ex.get("prompt") == "":  # language modelling: every token after BOS
@@ -143,8 +159,9 @@ def loss_spans(tok, ex: dict, cfg: Any) -> tuple[str, list[tuple[int, int]]]:
     p_text, full = format_example(tok, ex["prompt"], ex["response"], cfg.chat_template, cfg.system_prompt)
     response = [(len(p_text), len(full))]
     if not ex.get("messages"):
-        return full, response if getattr(cfg, "completion_only_loss", True) else [(0, len(full))]
-    assistant_only = getattr(cfg, "assistant_only_loss", None)
+        completion_only = cfg.completion_only_loss if isinstance(cfg, SFTLossOptions) else True
+        return full, response if completion_only else [(0, len(full))]
+    assistant_only = cfg.assistant_only_loss if isinstance(cfg, SFTLossOptions) else None
     if assistant_only is None:
         return full, response
     if not assistant_only:  # TRL's default for conversations: every token

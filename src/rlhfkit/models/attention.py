@@ -40,12 +40,13 @@ from collections.abc import Callable
 
 import torch
 
-from rlhfkit.models.hf_compat import register_sdpa, transformers_sdpa
+from rlhfkit.models.hf_compat import register_sdpa, transformers_sdpa, use_attention
 
 # Longer sequences stay in bf16: the gain shrinks with length (1.06x at 260 tokens, 0.83x at 1024) while
 # the float32 copies autograd keeps grow with it (the multi-turn demo, ~260 + 128 tokens, peaked at
 # 2.50 GB against 2.27 with every length in float32).
 MAX_FP32_KEYS = 256
+CPU_FP32_SDPA = "rlhfkit_cpu_fp32_sdpa"  # the attention implementation a loaded model is switched to
 _state = threading.local()  # per thread: one_step_off_policy samples in a thread beside the update
 
 
@@ -105,8 +106,9 @@ def grouped_heads_decision(decide: Callable[..., bool]) -> Callable[..., bool]:
     return decision
 
 
-def use_cpu_fp32_attention() -> None:
-    """Route every transformers model's `sdpa` attention in this process through `cpu_fp32_sdpa`
-    (registered once through models/hf_compat.py, which says why it is process-wide); only the
-    kernel's dtype and head layout change, and only on the CPU. Idempotent."""
-    register_sdpa(cpu_fp32_sdpa, grouped_heads_decision)
+def use_cpu_fp32_attention(model) -> bool:
+    """Route `model`'s `sdpa` attention through `cpu_fp32_sdpa` (registered as CPU_FP32_SDPA through
+    models/hf_compat.py); only this model, and only the kernel's dtype and head layout on the CPU,
+    change. True when switched (a model on eager or flash attention is left as it is). Idempotent."""
+    register_sdpa(CPU_FP32_SDPA, cpu_fp32_sdpa, grouped_heads_decision)
+    return use_attention(model, CPU_FP32_SDPA)

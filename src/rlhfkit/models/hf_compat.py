@@ -8,13 +8,15 @@ that no other file names them), so a transformers release that renames one is a 
   - activation checkpointing, renamed from gradient_* to activation_* during transformers 5
     (`set_activation_checkpointing`, `is_checkpointing`);
   - the sdpa attention function rlhfkit runs instead of transformers' own (models/attention.py):
-    `transformers_sdpa` calls transformers' kernel wrapper, `register_sdpa` installs rlhfkit's.
+    `transformers_sdpa` calls transformers' kernel wrapper, `register_sdpa` names rlhfkit's, and
+    `use_attention` makes one model run it.
 
-`register_sdpa` is process-wide because transformers' attention registry is: every model file looks
-its attention function up by name in one shared mapping at call time, and transformers decides
-grouped heads in a module-level function with no per-model hook. It is done once per process (it is
-idempotent), when a model is loaded (models/loading.py), and what it installs only changes the
-kernel's dtype and head layout on the CPU, deciding per call and per thread (models/attention.py).
+The choice is per model: `register_sdpa` adds a named implementation beside transformers' own (with
+the masks transformers builds for sdpa) and `use_attention` switches one loaded model to it
+(models/loading.py); other models in the process keep transformers' sdpa, and a saved model's
+config.json names no rlhfkit implementation. What stays process-wide is transformers' module-level
+grouped-heads decision, which has no per-model hook: it is wrapped once, and the wrapper changes a
+decision only inside rlhfkit's attention function (per thread flags, models/attention.py).
 """
 
 from __future__ import annotations
@@ -95,19 +97,32 @@ def transformers_sdpa(module, query, key, value, attention_mask, **kwargs):
     return sdpa_attention_forward(module, query, key, value, attention_mask, **kwargs)
 
 
-def register_sdpa(attention: Callable, grouped_heads: Callable[[Callable], Callable]) -> None:
-    """Run `attention` wherever a transformers model uses its `sdpa` implementation, and decide
-    grouped heads by `grouped_heads(transformers' decision)` (a function of the same signature), in
-    this process (see the module docstring for why process-wide). The same name keeps transformers'
-    mask building and every check of the implementation's name as they are. Idempotent; a
-    transformers without the grouped-heads decision keeps copying the heads (the same results)."""
+def register_sdpa(name: str, attention: Callable, grouped_heads: Callable[[Callable], Callable]) -> None:
+    """Make `name` an attention implementation a model may choose (`use_attention`): `attention`
+    (transformers' sdpa signature) with the masks transformers builds for sdpa, and decide grouped
+    heads by `grouped_heads(transformers' decision)` (a function of the same signature; see the
+    module docstring for why that one is process-wide). Idempotent; a transformers without the
+    grouped-heads decision keeps copying the heads (the same results)."""
     from transformers import AttentionInterface
     from transformers.integrations import sdpa_attention as hf_sdpa
+    from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
-    AttentionInterface.register("sdpa", attention)  # the mapping every model file reads at call time
+    AttentionInterface.register(name, attention)  # the mapping every model file reads at call time
+    AttentionMaskInterface.register(name, sdpa_mask)  # the same masks as for "sdpa"
     decide = getattr(hf_sdpa, "use_gqa_in_sdpa", None)
     if decide is None or getattr(decide, "rlhfkit_grouped", False):
         return
     wrapped = grouped_heads(decide)
     wrapped.rlhfkit_grouped = True
     hf_sdpa.use_gqa_in_sdpa = wrapped
+
+
+def use_attention(model, name: str) -> bool:
+    """`model` (and its sub-models) runs the registered implementation `name` where it ran
+    transformers' sdpa; a model on another implementation (eager, flash) is left as it is. True
+    when switched. Not saved: config.json keeps transformers' own name."""
+    config = getattr(model, "config", None)
+    if config is None or getattr(config, "_attn_implementation", None) != "sdpa":
+        return False
+    model.set_attn_implementation(name)
+    return True

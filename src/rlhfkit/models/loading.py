@@ -382,7 +382,7 @@ def load_causal_lm(name_or_path: str, dtype: str = "fp32", trainable: bool = Tru
         raise UserError(f"{path}: could not load a causal LM ({_first_line(e)})") from e
     disable_dropout(model)
     contiguous_head_input(model)
-    use_cpu_fp32_attention()  # bf16 attention on the CPU runs in float32: faster backward (models/attention.py)
+    use_cpu_fp32_attention(model)  # its bf16 attention on the CPU runs in float32: faster backward (models/attention.py)
     if not trainable:
         model.eval().requires_grad_(False)
     return model

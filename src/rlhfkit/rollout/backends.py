@@ -25,15 +25,17 @@ import importlib.util
 import os
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Protocol
 
 import torch
 
+from rlhfkit.choices import GENERATION_BACKENDS
 from rlhfkit.rollout.core import Rollout, SamplingParams, generate, generate_ids, rollout_from_tokens
 from rlhfkit.rollout.decode import decode, lean_generate, lean_generate_ids
 from rlhfkit.rollout.static_decode import static_decode
 from rlhfkit.runtime.devices import HOST
 
-BACKENDS = ("hf", "lean", "graph", "vllm")
+BACKENDS = GENERATION_BACKENDS
 
 
 def vllm_unavailable_reason() -> str | None:
@@ -225,10 +227,20 @@ def _engine_model(llm):
     return worker.model_runner.model
 
 
-def make_backend(cfg, model_path, num_processes: int = 1, log=print):
+class BackendOptions(Protocol):
+    """What `make_backend` reads of a config: trainers/options.GenerationArgs, the dtype and the seed."""
+
+    generation_backend: str
+    dtype: str
+    seed: int
+    vllm_gpu_memory_utilization: float
+    vllm_max_model_len: int | None
+
+
+def make_backend(cfg: BackendOptions, model_path, num_processes: int = 1, log=print):
     """The backend `cfg.generation_backend` asks for, falling back to HF generate (with a message
     through `log`) where vLLM cannot run."""
-    name, message = select_backend(getattr(cfg, "generation_backend", "hf"))
+    name, message = select_backend(cfg.generation_backend)
     if message:
         log(f"[rlhfkit] {message}")
     if name in ("hf", "lean", "graph"):

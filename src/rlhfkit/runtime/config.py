@@ -153,7 +153,9 @@ def build_config(cls: type[C], values: dict[str, Any], source: str = "",
 
     `sources` names where a key came from (a YAML file) for its error messages. Every class in
     `cls`'s MRO that defines its own ``validate()`` runs it, mixins first (so ModelArgs and
-    SamplingArgs check their fields for every trainer).
+    SamplingArgs check their fields for every trainer). A trainer config (FrozenAfterValidation)
+    is read-only while it is validated; then the values its classes' ``derived()`` work out are
+    applied (dataclasses.replace) and the result is frozen.
     """
     fields = _fields(cls)
     hints = typing.get_type_hints(cls)
@@ -164,12 +166,45 @@ def build_config(cls: type[C], values: dict[str, Any], source: str = "",
         if fields[key].metadata.get("several") and isinstance(raw, (list, tuple)) and all(isinstance(x, str) for x in raw):
             raw = ",".join(raw)  # reward: [a, b] is reward=a,b
         kwargs[key] = _coerce(key, raw, hints[key], fields[key].metadata.get("choices"), where)
-    cfg = cls(**kwargs)
+    cfg = freeze(cls(**kwargs))  # validate() only reads: a derived value is `derived()`'s
     for klass in reversed(type(cfg).__mro__):
         validate = vars(klass).get("validate")
         if callable(validate):
             validate(cfg)
+    return freeze(dataclasses.replace(cfg, **derived_values(cfg))) if isinstance(cfg, FrozenAfterValidation) else cfg
+
+
+class FrozenAfterValidation:
+    """Mixin of the trainers' configs: `build_config` freezes them, so a field assigned after
+    validation raises (one line). A value worked out from the options (the resolved dtype, a default
+    cap) comes from a class's ``derived()`` (a dict of fields), applied before freezing; what the run
+    works out at run time lives in the run (runtime/run.py). A config built directly stays open
+    until `build_config` (the Python API's `train` rebuilds it) checks it."""
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if vars(self).get("_frozen", False):
+            raise dataclasses.FrozenInstanceError(
+                f"{type(self).__name__} is frozen after validation: cannot set {name}={value!r} "
+                f"(use dataclasses.replace, or keep the derived value in the run)")
+        object.__setattr__(self, name, value)
+
+
+def freeze(cfg: C) -> C:
+    """`cfg` with assignment refused from now on (a FrozenAfterValidation config; others unchanged)."""
+    if isinstance(cfg, FrozenAfterValidation):
+        object.__setattr__(cfg, "_frozen", True)
     return cfg
+
+
+def derived_values(cfg: Any) -> dict[str, Any]:
+    """The fields every class in `cfg`'s MRO (mixins first) derives from the validated options
+    (its ``derived()``: a dict), later classes winning."""
+    values: dict[str, Any] = {}
+    for klass in reversed(type(cfg).__mro__):
+        derive = vars(klass).get("derived")
+        if callable(derive):
+            values.update(derive(cfg))
+    return values
 
 
 class _UniqueKeyLoader(yaml.SafeLoader):

@@ -4,8 +4,11 @@ linearly decaying or cosine learning rate (`lr_scheduler_type`, transformers' sc
 from __future__ import annotations
 
 import os
+from typing import Protocol
 
 import torch
+
+from rlhfkit.choices import LR_SCHEDULES
 
 
 def single_process() -> bool:
@@ -15,14 +18,24 @@ def single_process() -> bool:
     return int(os.environ.get("WORLD_SIZE", "1")) <= 1
 
 
-SCHEDULES = ("constant", "linear", "cosine")
+SCHEDULES = LR_SCHEDULES
 
 
-def optimizer_for(params, cfg, total_steps: int | None):
+class OptimizerOptions(Protocol):
+    """What `optimizer_for` reads of a config: trainers/options.OptimizerArgs."""
+
+    lr: float
+    warmup_steps: int
+    weight_decay: float
+    adam_eps: float
+    lr_scheduler_type: str
+
+
+def optimizer_for(params, cfg: OptimizerOptions, total_steps: int | None):
     """make_optimizer with a trainer config's OptimizerArgs (lr, warmup_steps, weight_decay, adam_eps,
     lr_scheduler_type) over a run of `total_steps` optimiser steps."""
     return make_optimizer(params, cfg.lr, cfg.warmup_steps, cfg.weight_decay, cfg.adam_eps,
-                          schedule=getattr(cfg, "lr_scheduler_type", "constant"), total_steps=total_steps)
+                          schedule=cfg.lr_scheduler_type, total_steps=total_steps)
 
 
 def make_optimizer(params, lr: float, warmup_steps: int, weight_decay: float = 0.0, eps: float = 1e-8,

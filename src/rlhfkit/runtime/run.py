@@ -93,7 +93,9 @@ class Run:
         self.folder: Any = None
         seed_everything(cfg.seed)
         tune_malloc()  # freed CPU tensors stay in the process for reuse (runtime/allocator.py)
-        cfg.dtype = resolve_dtype(cfg.dtype)  # 'auto' -> bf16 where bf16 matmuls are fast; config.yaml records it
+        # 'auto' -> bf16 where bf16 matmuls are fast: a validated config has it resolved already
+        # (ModelArgs.derived, so config.yaml records it); the run keeps it for one built directly
+        self.dtype = resolve_dtype(cfg.dtype)
 
         self.run_dir: Path | None = None
         self.tracker: Any = None

@@ -28,6 +28,7 @@ import shutil
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Protocol
 
 from rlhfkit.errors import UserError
 from rlhfkit.runtime.checkpoint import CHECKPOINTS, META, latest_checkpoint, resumable_checkpoint
@@ -100,22 +101,33 @@ def lock_is_held(path: Path) -> bool:
     return False
 
 
-def target_folder(cfg) -> Path | None:
+class FolderOptions(Protocol):
+    """What the run folder reads of a config: trainers/options.RunArgs, and the model a resumed run
+    must keep (ModelArgs.model; None where a config trains no named model)."""
+
+    output_dir: str
+    run_name: str | None
+    resume: str | None
+    overwrite: bool
+    model: str | None
+
+
+def target_folder(cfg: FolderOptions) -> Path | None:
     """The folder this configuration runs in: the resumed one, else output_dir/run_name (None: a
     default COMMAND-DATE-TIME name, chosen when the run opens)."""
-    resume = getattr(cfg, "resume", None)
+    resume = cfg.resume
     if resume not in (None, "", "auto"):
         return Path(resume)
     return Path(cfg.output_dir) / cfg.run_name if cfg.run_name else None
 
 
-def check_run_folder(cfg) -> None:
+def check_run_folder(cfg: FolderOptions) -> None:
     """Every refusal `claim_run_folder` would make, without writing anything: run before the model
     loads, so a run that cannot have its folder stops at once. A one-line UserError."""
     problem = run_name_problem(cfg.run_name) or _not_a_folder(Path(cfg.output_dir), "output_dir")
     if problem:
         raise UserError(problem)
-    path, resume = target_folder(cfg), getattr(cfg, "resume", None)
+    path, resume = target_folder(cfg), cfg.resume
     if path is None or not path.exists():
         if resume not in (None, "", "auto"):
             raise UserError(f"resume: {path} is not a run folder")
@@ -135,7 +147,7 @@ def check_run_folder(cfg) -> None:
         if latest_checkpoint(path) is None and _is_finished(path):
             raise UserError(f"resume=auto: {path} is a finished run without checkpoints (save_every=0); choose "
                             "another run_name, or replace it with overwrite=true")
-    elif not getattr(cfg, "overwrite", False) and _has_content(path):
+    elif not cfg.overwrite and _has_content(path):
         raise UserError(_existing_message(path))
 
 
@@ -147,7 +159,7 @@ def _same_model(a: str, b: str) -> bool:
     return pa.exists() and pb.exists() and pa.resolve() == pb.resolve()
 
 
-def _check_same_model(cfg, checkpoint: Path) -> None:
+def _check_same_model(cfg: FolderOptions, checkpoint: Path) -> None:
     """A resumed run keeps its model: its weights, optimiser state and before-training evaluation
     belong to it. Another `model=` is refused (one line) rather than half applied."""
     import yaml
@@ -156,7 +168,7 @@ def _check_same_model(cfg, checkpoint: Path) -> None:
         saved = yaml.safe_load((checkpoint / "config.yaml").read_text()) or {}
     except (OSError, yaml.YAMLError):
         return
-    old, new = saved.get("model") if isinstance(saved, dict) else None, getattr(cfg, "model", None)
+    old, new = saved.get("model") if isinstance(saved, dict) else None, cfg.model
     if isinstance(old, str) and isinstance(new, str) and not _same_model(old, new):
         raise UserError(f"resume: model={new}, but {checkpoint.parent.parent} trains {old}: a run continues with "
                         "its own model; leave model out to resume, or start a new run (another run_name) for "
@@ -263,10 +275,10 @@ def _default_folder(output_dir: Path, command: str) -> tuple[Path, list[Path]]:
     raise UserError(f"output_dir: {output_dir} has no free run folder name for {stem}")
 
 
-def claim_run_folder(cfg, command: str) -> RunFolder:
+def claim_run_folder(cfg: FolderOptions, command: str) -> RunFolder:
     """Take the run folder of `cfg` (see the module docstring), locked for this process."""
     check_run_folder(cfg)
-    resume = getattr(cfg, "resume", None)
+    resume = cfg.resume
     if resume not in (None, "", "auto"):
         path = Path(resume)
         folder = RunFolder(path, fd=_lock(path, fresh=False))
@@ -282,7 +294,7 @@ def claim_run_folder(cfg, command: str) -> RunFolder:
     made = _make_folder(path)
     if made is not None:
         return RunFolder(path, created=made, fd=_lock(path, fresh=True))
-    if resume != "auto" and not getattr(cfg, "overwrite", False):
+    if resume != "auto" and not cfg.overwrite:
         if any(path.iterdir()):  # filled since the check
             raise UserError(_existing_message(path))
         return RunFolder(path, fd=_lock(path, fresh=True))

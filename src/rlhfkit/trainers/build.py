@@ -13,14 +13,13 @@ def build_policy(args: ModelArgs, trainable: bool = True):
     from rlhfkit.models.loading import resolve_dtype, set_chat_template, set_gradient_checkpointing
     from rlhfkit.models.lora import add_lora
 
-    args.dtype = resolve_dtype(args.dtype)
-    base_dtype = "bf16" if (args.dtype == "bf16" and args.lora) else "fp32"
+    base_dtype = "bf16" if (resolve_dtype(args.dtype) == "bf16" and args.lora) else "fp32"
     model = load_causal_lm(args.model, dtype=base_dtype, trainable=True)  # first: "not a causal LM" wins
-    tok = set_chat_template(load_tokenizer(args.model, padding_side="left"), getattr(args, "chat_template_path", None))
+    tok = set_chat_template(load_tokenizer(args.model, padding_side="left"), args.chat_template_path)
     if args.lora and trainable:
         model = add_lora(model, args.lora_r, args.lora_alpha, args.lora_dropout, args.lora_target_modules,
                          args.lora_layers)
-    if getattr(args, "gradient_checkpointing", False):
+    if args.gradient_checkpointing:
         set_gradient_checkpointing(model)
     return model, tok
 

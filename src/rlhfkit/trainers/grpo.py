@@ -36,13 +36,11 @@ from rlhfkit.algos import (
     KL_ESTIMATORS,
     aggregate_loss,
     clipped_policy_loss,
-    group_advantages,
-    leave_one_out_advantages,
     masked_mean,
     ppo_policy_loss,
-    remax_advantages,
     truncated_is_weights,
 )
+from rlhfkit.algos.registry import ADVANTAGE_ESTIMATORS, choose
 from rlhfkit.rollout import Rollout, forward_logprobs
 from rlhfkit.rollout.offpolicy import OneStepOffPolicy
 from rlhfkit.runtime.config import config_main
@@ -88,14 +86,8 @@ def compute_advantages(rollout: Rollout, cfg: GRPOConfig, greedy: torch.Tensor |
     rollout.rewards = shaped_rewards(rollout, cfg)
     seq_reward = (rollout.rewards * mask).sum(1)  # (B,)
     G = cfg.group_size
-    if cfg.advantage == "rloo":
-        adv = leave_one_out_advantages(seq_reward, G)
-    elif cfg.advantage == "remax":
-        adv = remax_advantages(seq_reward, greedy, G)
-    elif cfg.advantage in REINFORCE_PP:
-        adv = torch.zeros_like(seq_reward)
-    else:
-        adv = group_advantages(seq_reward, G, scale_by_std=cfg.scale_rewards)
+    estimator = choose(ADVANTAGE_ESTIMATORS, cfg.advantage, "advantage")  # algos/registry.py
+    adv = estimator(seq_reward, G, greedy, cfg.scale_rewards)  # (B,)
     rollout.advantages = adv[:, None] * mask
     metrics = {"rollout/solved_fraction": (rollout.scores >= cfg.solved_threshold).float().mean().item(),
                "rollout/advantage_abs_mean": adv.abs().mean().item()}
@@ -150,7 +142,7 @@ def micro_batch_loss(model, mb: Rollout, cfg: GRPOConfig, n_tokens: float, n_seq
                                      tensor_metrics=True, **agg)
     loss = pl
     if cfg.beta > 0:
-        per_token = KL_ESTIMATORS[cfg.kl_loss_estimator](logp, mb.ref_logprobs.to(device))
+        per_token = choose(KL_ESTIMATORS, cfg.kl_loss_estimator, "KL estimator")(logp, mb.ref_logprobs.to(device))
         kl = aggregate_loss(per_token, mask, cfg.loss_agg, n_tokens, n_seqs, constant)
         loss = loss + cfg.beta * kl
         stats["loss/kl"] = kl.detach()

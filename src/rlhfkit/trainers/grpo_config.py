@@ -11,6 +11,15 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar
 
+from rlhfkit.choices import (
+    ADVANTAGES,
+    GROUPLESS_ADVANTAGES,
+    IMPORTANCE_LEVELS,
+    KL_LOSS_ESTIMATORS,
+    LOSS_AGGREGATIONS,
+    ON_POLICY_BACKENDS,
+    REINFORCE_PP_ADVANTAGES,
+)
 from rlhfkit.runtime.config import check, option
 from rlhfkit.trainers.options import (
     REWARD_SPECS_HELP,
@@ -23,10 +32,8 @@ from rlhfkit.trainers.options import (
     SamplingArgs,
 )
 
-ADVANTAGES = ("group", "rloo", "reinforce++", "reinforce++-baseline", "remax")
-GROUPLESS = ("reinforce++", "remax")  # advantages that need no group of G >= 2 samples
-REINFORCE_PP = ("reinforce++", "reinforce++-baseline")
-IMPORTANCE_LEVELS = ("token", "sequence", "sequence-token")
+GROUPLESS = GROUPLESS_ADVANTAGES  # advantages that need no group of G >= 2 samples
+REINFORCE_PP = REINFORCE_PP_ADVANTAGES
 OFF_POLICY_TIS_CAP = 2.0  # one_step_off_policy's cap when tis_cap is unset (Yao et al. 2025 use C = 2)
 
 
@@ -88,14 +95,14 @@ class GRPOConfig(EnvArgs, GenerationArgs, ReferenceArgs, SamplingArgs, ModelArgs
     clip_eps_high: float | None = option(None, "upper clip range (DAPO clip-higher; None = clip_eps)")
     loss_agg: str = option("token-mean", "loss aggregation over a mini-batch (docs/algorithms.md): token-mean = every "
                            "token weighs the same; seq-mean = every sequence (original GRPO); constant = sum / "
-                           "loss_agg_constant (Dr. GRPO)", ("token-mean", "seq-mean", "constant"))
+                           "loss_agg_constant (Dr. GRPO)", LOSS_AGGREGATIONS)
     loss_agg_constant: float | None = option(None, "divisor of loss_agg=constant (None: mini_batch_size x max_new_tokens "
                                              "x processes)")
     beta: float = option(0.0, "coefficient of the KL(pi || pi_ref) term in the loss (kl_loss_estimator); 0 loads no "
                          "reference at all")
     kl_loss_estimator: str = option("k3", "KL estimate in the beta term: k3 (DeepSeekMath's; its gradient is that of "
                                     "KL(pi_ref || pi)) or k2 (the gradient of KL(pi || pi_ref) itself, on-policy; "
-                                    "docs/learn/04-the-update.md, entry 15)", ("k3", "k2"))
+                                    "docs/learn/04-the-update.md, entry 15)", KL_LOSS_ESTIMATORS)
     importance_level: str = option("token", "importance ratio and clip: token = per token (PPO/GRPO); sequence = GSPO's "
                                    "length-normalised sequence ratio, whole sequences clipped; sequence-token = "
                                    "GSPO-token (the sequence ratio's value, each token's gradient)", IMPORTANCE_LEVELS)
@@ -117,6 +124,14 @@ class GRPOConfig(EnvArgs, GenerationArgs, ReferenceArgs, SamplingArgs, ModelArgs
                                     "the scoring pass exactly, so anything above float noise means broken log-probs)")
     log_samples: int = option(4, "completions per iteration written to samples.jsonl")
     save_merged: bool = option(False, "also save merged full weights (LoRA) in final/merged")
+
+    # what trainers/rl.py reads (its RLConfig) that GRPO has no option for
+    eval_samples_per_prompt: ClassVar[int] = 1
+    trunk_cache_mb: ClassVar[float] = 0.0
+
+    @property
+    def optimiser_steps_per_iteration(self) -> int:
+        return self.update_epochs * max(1, self.rollout_batch_size // self.optimiser_batch)
 
     @property
     def prompts_per_iteration(self) -> int:
@@ -171,15 +186,17 @@ class GRPOConfig(EnvArgs, GenerationArgs, ReferenceArgs, SamplingArgs, ModelArgs
             self.validate_off_policy()
 
     def validate_off_policy(self) -> None:
-        """The combinations one_step_off_policy refuses, and its default truncation cap."""
+        """The combinations one_step_off_policy refuses (its default truncation cap: `derived`)."""
         refused = [("dynamic_sampling=true", self.dynamic_sampling), (f"env={self.env}", bool(self.env)),
-                   (f"generation_backend={self.generation_backend}", self.generation_backend not in ("hf", "lean")),
+                   (f"generation_backend={self.generation_backend}", self.generation_backend not in ON_POLICY_BACKENDS),
                    (f"top_k={self.top_k}", self.top_k not in (0, None)), (f"top_p={self.top_p}", self.top_p < 1)]
         for what, bad in refused:
             check(not bad, f"one_step_off_policy: not supported with {what} (the sampler thread draws full-"
                   "vocabulary single-turn batches of one round with HF generate or the lean loop)")
-        if self.tis_cap is None:  # stale batches need the correction
-            self.tis_cap = OFF_POLICY_TIS_CAP
+
+    def derived(self) -> dict:
+        """one_step_off_policy's stale batches need the truncation cap: tis_cap None becomes OFF_POLICY_TIS_CAP."""
+        return {"tis_cap": OFF_POLICY_TIS_CAP} if self.one_step_off_policy and self.tis_cap is None else {}
 
     @property
     def uses_reference(self) -> bool:
@@ -207,7 +224,7 @@ class GSPOConfig(GRPOConfig):
                              "near 1, so the range is two orders below GRPO's)")
     clip_eps_high: float | None = option(4e-4, "upper clip range of the sequence ratio (GSPO's 4e-4)")
     loss_agg: str = option("seq-mean", "loss aggregation: seq-mean = GSPO's mean over sequences; token-mean; "
-                           "constant", ("token-mean", "seq-mean", "constant"))
+                           "constant", LOSS_AGGREGATIONS)
 
 
 @dataclass

@@ -8,6 +8,7 @@ judged win rate of the trained model over the starting model on held-out prompts
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import ClassVar
 
 from rlhfkit.runtime.config import check, option
 from rlhfkit.trainers.options import (
@@ -25,6 +26,12 @@ LOSS_TYPES = ("sigmoid", "ipo", "cdpo")
 @dataclass
 class OnlineDPOConfig(GenerationArgs, ReferenceArgs, SamplingArgs, ModelArgs, OptimizerArgs, RunArgs):
     """Online DPO: two samples per prompt from the current policy, a judge picks the better, one DPO step."""
+
+    # what trainers/rl.py reads (its RLConfig) that online DPO has no option for
+    env: ClassVar[str] = ""  # single-turn only
+    reward_weights: ClassVar[list[float] | None] = None  # one judge
+    trunk_cache_mb: ClassVar[float] = 0.0
+    optimiser_steps_per_iteration: ClassVar[int] = 1  # one DPO step per batch of pairs
 
     # data and judge
     prompts: str = option("builtin:reviews", "prompts: builtin:reviews|stories|arithmetic|instructions or a "

@@ -2,16 +2,18 @@
 
 A command's config is a dataclass that mixes in the groups it needs and adds its own fields;
 `runtime.config.build_config` runs every group's `validate()` (mixins first), so a range is
-checked in one place. A subclass may redefine a field to change its default (e.g. `lr`).
+checked in one place, then applies the values a group's `derived()` works out (the resolved dtype)
+and freezes the config (RunArgs is FrozenAfterValidation): nothing assigns a field afterwards. A subclass may redefine a field to change its default (e.g. `lr`).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from rlhfkit.runtime.config import check, option
+from rlhfkit.choices import DTYPES, GENERATION_BACKENDS, LR_SCHEDULES, PROMPT_OVERFLOW_MODES
+from rlhfkit.runtime.config import FrozenAfterValidation, check, option
 
-OVERFLOW_MODES = ("truncate_left", "error")
+OVERFLOW_MODES = PROMPT_OVERFLOW_MODES
 # The reward specs the RL trainers take after their built-in default (`reward=` help text)
 REWARD_SPECS_HELP = ("length[:N] | model:PATH (an `rlhfkit rm` folder, or any AutoModelForSequenceClassification "
                      "folder or Hub id) | python:module:function (called as TRL calls rewards: prompts=, completions=, "
@@ -74,7 +76,7 @@ class OptimizerArgs:
     warmup_steps: int = option(4, "linear lr warm-up, in optimiser steps")
     lr_scheduler_type: str = option("constant", "the lr after warm-up: constant; linear = decays to 0 at the last "
                                     "planned step; cosine = half a cosine to 0 (transformers' schedules; RL runs plan "
-                                    "iterations x update epochs x mini-batches steps)", ("constant", "linear", "cosine"))
+                                    "iterations x update epochs x mini-batches steps)", LR_SCHEDULES)
     weight_decay: float = option(0.0, "AdamW weight decay")
     adam_eps: float = option(1e-8, "AdamW epsilon")
     max_grad_norm: float = option(1.0, "gradient-norm clip threshold (params/grad_norm is logged before clipping)")
@@ -97,7 +99,7 @@ class ModelArgs(PromptFormatArgs):
                                             "model's tokenizer)")
     dtype: str = option("auto", "compute dtype. bf16: frozen base weights in bf16 and bf16 autocast (fast on GPUs and "
                         "CPUs with AVX-512 BF16, slow on CPUs without: docs/benchmarks.md); trainable weights and "
-                        "optimiser state stay fp32. auto: bf16 where it is fast, else fp32", ("auto", "fp32", "bf16"))
+                        "optimiser state stay fp32. auto: bf16 where it is fast, else fp32", DTYPES)
     lora: bool = option(True, "train LoRA adapters (the reference is then the adapter-disabled base); false = full fine-tuning")
     lora_r: int = option(16, "LoRA rank")
     lora_alpha: int = option(32, "LoRA alpha (scale = alpha / r)")
@@ -107,11 +109,10 @@ class ModelArgs(PromptFormatArgs):
                                      "below the lowest adapted layer: a large CPU speed-up for a small loss in capacity")
 
     def validate(self) -> None:
-        if self.model_revision:  # every loader reads `org/name@revision`; idempotent for a saved config
-            name, _, rev = self.model.partition("@")
+        if self.model_revision:
+            rev = self.model.partition("@")[2]
             check(rev in ("", self.model_revision),
                   f"model_revision ({self.model_revision}) differs from the revision in model ({self.model})")
-            self.model = f"{name}@{self.model_revision}"
         check(self.lora_r >= 1, f"lora_r ({self.lora_r}) must be >= 1")
         check(self.lora_alpha > 0, f"lora_alpha ({self.lora_alpha}) must be > 0")
         check(0 <= self.lora_dropout < 1, f"lora_dropout ({self.lora_dropout}) must be in [0, 1)")
@@ -119,6 +120,15 @@ class ModelArgs(PromptFormatArgs):
         check(self.cpu_chunk_positions >= 1, f"cpu_chunk_positions ({self.cpu_chunk_positions}) must be >= 1")
         check(self.lora_target_modules is None or len(self.lora_target_modules) > 0,
               "lora_target_modules ([]) must name at least one module, or be None to choose them")
+
+    def derived(self) -> dict:
+        """Every loader reads `org/name@revision` (idempotent for a saved config); dtype auto becomes
+        bf16 where bf16 matmuls are fast, else fp32 (config.yaml records the resolved dtype)."""
+        from rlhfkit.models.loading import resolve_dtype
+
+        model = f"{self.model.partition('@')[0]}@{self.model_revision}" if self.model_revision else self.model
+        return {"model": model, "dtype": resolve_dtype(self.dtype)}
+
     gradient_checkpointing: bool = option(False, "recompute each transformer layer's activations in the backward pass "
                                           "instead of storing them: training activation memory drops from ~all "
                                           "layers to ~one layer, for ~30% more compute (same gradients)")
@@ -161,7 +171,7 @@ class GenerationArgs:
                                      "vLLM engine on this GPU, its weights synced from the policy every iteration "
                                      "(extra `vllm`, CUDA only, untested by the project; falls back to hf with a "
                                      "message when unavailable). Log-probs always come from the trainer",
-                                     ("hf", "lean", "graph", "vllm"))
+                                     GENERATION_BACKENDS)
     vllm_gpu_memory_utilization: float = option(0.3, "vllm: share of GPU memory the engine may take (weights + KV "
                                                  "cache); the rest stays for training")
     vllm_max_model_len: int | None = option(None, "vllm: longest prompt + response (None: the model's maximum)")
@@ -177,7 +187,7 @@ class GenerationArgs:
 
 
 @dataclass
-class RunArgs:
+class RunArgs(FrozenAfterValidation):
     output_dir: str = option("runs", "parent folder of run folders")
     run_name: str | None = option(None, "run folder name inside output_dir (default: COMMAND-DATE-TIME). An existing "
                                   "folder is refused unless resumed or overwrite=true; the live run locks it "
@@ -220,6 +230,6 @@ class EnvArgs:
     def validate(self) -> None:
         check(self.max_turns >= 1, f"max_turns ({self.max_turns}) must be >= 1")
         check(self.max_total_tokens >= 1, f"max_total_tokens ({self.max_total_tokens}) must be >= 1")
-        if self.env and getattr(self, "generation_backend", "hf") == "vllm":
+        if self.env and self.generation_backend == "vllm":
             check(False, f"env ({self.env}) samples its turns on the training policy; set generation_backend=hf "
                   f"or lean (got {self.generation_backend})")

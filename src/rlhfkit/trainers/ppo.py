@@ -55,7 +55,7 @@ def compute_advantages(rollout: Rollout, cfg: PPOConfig, kl_coef: float, acceler
     several processes the advantages are whitened with the statistics of the global rollout."""
     mask = rollout.response_mask
     ref = rollout.ref_logprobs if rollout.ref_logprobs is not None else rollout.logprobs
-    beta = kl_coef if getattr(cfg, "kl_penalty", "reward") == "reward" else 0.0  # TRPO: always in the reward
+    beta = kl_coef if cfg.kl_penalty == "reward" else 0.0  # TRPO: always in the reward (TRPOConfig.kl_penalty)
     # Multi-turn: the env's rewards sit on the last model token of each turn; env tokens are holes in
     # `mask` that GAE carries through (their values never reach an advantage).
     shape, reward = (shape_rewards, rollout.scores) if rollout.turn_rewards is None else (

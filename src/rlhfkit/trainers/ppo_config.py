@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from rlhfkit.choices import KL_ESTIMATORS, KL_LOSS_ESTIMATORS, KL_PENALTY_PLACES, PPO_LOSS_AGGREGATIONS
 from rlhfkit.runtime.config import check, option
 from rlhfkit.trainers.options import (
     REWARD_SPECS_HELP,
@@ -62,7 +63,7 @@ class ActorCriticArgs(EnvArgs, GenerationArgs, ReferenceArgs, SamplingArgs, Mode
     # 0.03: with lam=1 the demo's policy moves 7-13 nats from the reference in 18 iterations (0.05: 5-10 nats and a
     # smaller, less dependable sentiment gain; 0.02: 16-22 nats, past the doctor's KL budget of 10).
     kl_coef: float = option(0.03, "KL penalty coefficient beta (initial value when adaptive)")
-    kl_estimator: str = option("k1", "per-token KL estimator in the reward", ("k1", "k2", "k3", "abs"))
+    kl_estimator: str = option("k1", "per-token KL estimator in the reward", KL_ESTIMATORS)
     adaptive_kl: bool = option(False, "adapt beta towards kl_target (Ziegler et al. 2019)")
     kl_target: float = option(6.0, "target per-sequence KL for the adaptive controller")
     kl_horizon: int = option(10000, "horizon of the adaptive controller")
@@ -76,6 +77,11 @@ class ActorCriticArgs(EnvArgs, GenerationArgs, ReferenceArgs, SamplingArgs, Mode
     # outputs
     log_samples: int = option(4, "completions per iteration written to samples.jsonl")
     save_merged: bool = option(False, "also save merged full weights (LoRA) in final/merged")
+
+    @property
+    def optimiser_steps_per_iteration(self) -> int:
+        """TRPO: one natural-gradient step per rollout (PPOConfig: epochs x mini-batches)."""
+        return 1
 
     def validate(self) -> None:
         check(self.iterations >= 1, f"iterations ({self.iterations}) must be >= 1")
@@ -99,17 +105,22 @@ class ActorCriticArgs(EnvArgs, GenerationArgs, ReferenceArgs, SamplingArgs, Mode
 class PPOConfig(ActorCriticArgs):
     """PPO with GAE and a value head on the shared base (actor-critic), KL penalty against a frozen reference."""
 
+    @property
+    def optimiser_steps_per_iteration(self) -> int:
+        return self.ppo_epochs * max(1, self.rollout_batch_size // self.mini_batch_size)
+
+
     ppo_epochs: int = option(2, "passes over each rollout")
     mini_batch_size: int = option(8, "sequences per optimiser step (gradient accumulation = mini / micro)")
     clip_eps: float = option(0.2, "PPO ratio clip range")
     vf_coef: float = option(0.1, "value-loss coefficient")
     ent_coef: float = option(0.0, "entropy-bonus coefficient")
-    loss_agg: str = option("token-mean", "loss aggregation over a mini-batch", ("token-mean", "seq-mean"))
+    loss_agg: str = option("token-mean", "loss aggregation over a mini-batch", PPO_LOSS_AGGREGATIONS)
     kl_penalty: str = option("reward", "fold -beta*KL into the rewards, or add beta * kl_loss_estimator to the loss",
-                             ("reward", "loss"))
+                             KL_PENALTY_PLACES)
     kl_loss_estimator: str = option("k3", "KL estimate added to the loss with kl_penalty=loss: k3 (GRPO's; its gradient "
                                     "is that of KL(pi_ref || pi)) or k2 (the gradient of KL(pi || pi_ref) itself, "
-                                    "on-policy; docs/learn/04-the-update.md, entry 15)", ("k3", "k2"))
+                                    "on-policy; docs/learn/04-the-update.md, entry 15)", KL_LOSS_ESTIMATORS)
 
     def validate(self) -> None:
         for k in ("mini_batch_size", "ppo_epochs"):

@@ -22,6 +22,7 @@ import dataclasses
 import math
 import time
 from collections.abc import Callable
+from typing import Protocol
 
 import torch
 
@@ -40,24 +41,48 @@ from rlhfkit.runtime.precision import autocast
 from rlhfkit.runtime.run import Run
 from rlhfkit.trainers.rl_update import LossFn, env_rates, update_policy
 
+# ----------------------------------------------------------------------------- the config contract
+
+
+class RLConfig(Protocol):
+    """What this module reads of an on-policy trainer's config beyond the option groups (ModelArgs,
+    SamplingArgs, GenerationArgs, OptimizerArgs, RunArgs). A config without one of these options
+    declares it as a ClassVar with the value it always has (e.g. online-dpo's `env = ""`), so
+    --help and config.yaml list only real options; tests/trainers/test_config_contract.py checks
+    every RL config."""
+
+    iterations: int
+    optimiser_steps_per_iteration: int  # update epochs x mini-batches per rollout (the lr schedule's unit)
+    env: str  # "" = single-turn rollouts
+    reward: object  # a reward spec or, in Python, a callable or a list
+    reward_weights: list[float] | None
+    prompts: str
+    eval_prompts: str | None
+    num_eval_prompts: int
+    eval_samples_per_prompt: int  # held-out completions per prompt
+    trunk_cache_mb: float  # 0: never keep the frozen trunk's output for the update
+    generation_batch_size: int
+    max_new_tokens: int
+
+
 # ----------------------------------------------------------------------------- inputs
 
 
-def env_prompts(cfg, make_env=None) -> str:
+def env_prompts(cfg: RLConfig, make_env=None) -> str:
     """The prompt spec of a run: `prompts`, or with `env` set and `prompts` left at its default the
     environment's own problems (its factory's `prompts` attribute, rlhfkit.envs.make_env_factory)."""
     default = {f.name: f.default for f in dataclasses.fields(cfg)}.get("prompts")
-    if not getattr(cfg, "env", "") or cfg.prompts != default:
+    if not cfg.env or cfg.prompts != default:
         return cfg.prompts
     return getattr(make_env, "prompts", None) or cfg.prompts
 
 
-def prepare_data(cfg, make_env=None) -> tuple:
+def prepare_data(cfg: RLConfig, make_env=None) -> tuple:
     """(reward_fn, train records, held-out records). With `env` the environment rewards: reward_fn is None."""
     from rlhfkit.data.prompts import info_columns, load_prompts
     from rlhfkit.rewards import check_reward_call, get_rewards
 
-    reward_fn = None if getattr(cfg, "env", "") else get_rewards(cfg.reward, getattr(cfg, "reward_weights", None))
+    reward_fn = None if cfg.env else get_rewards(cfg.reward, cfg.reward_weights)
     prompts = env_prompts(cfg, make_env)
     train = load_prompts(prompts, split="train", seed=cfg.seed)
     if not train:
@@ -88,13 +113,10 @@ def prompt_limit(cfg, tok, model, *record_sets) -> int | None:
     return limit
 
 
-def planned_optimizer_steps(cfg) -> int:
+def planned_optimizer_steps(cfg: RLConfig) -> int:
     """The optimiser steps an RL run plans (the length of a linear/cosine lr schedule): per iteration,
     every update epoch's mini-batches. Groups dropped for a zero reward spread make fewer."""
-    epochs = getattr(cfg, "ppo_epochs", None) or getattr(cfg, "update_epochs", 1)
-    rows = getattr(cfg, "rollout_batch_size", None) or 1
-    mini = getattr(cfg, "mini_batch_size", None) or rows
-    return cfg.iterations * epochs * max(1, rows // mini)
+    return cfg.iterations * cfg.optimiser_steps_per_iteration
 
 
 def rollout_rows(cfg, world: int) -> tuple[str, int, int]:
@@ -162,12 +184,12 @@ def sample_episodes(actor, tok, records, cfg, params: SamplingParams, seed: int,
 # ----------------------------------------------------------------------------- held-out reward
 
 
-def evaluate_episodes(model, tok, records, make_env, cfg, params: SamplingParams, seed: int) -> dict:
+def evaluate_episodes(model, tok, records, make_env, cfg: RLConfig, params: SamplingParams, seed: int) -> dict:
     """evaluate_reward with an environment: mean/std of the episode rewards (accuracy for
     arithmetic-tool) and the tool-call rate, `cfg.eval_samples_per_prompt` episodes per record."""
     from rlhfkit.rollout.multiturn import generate_episodes
 
-    k = getattr(cfg, "eval_samples_per_prompt", 1)
+    k = cfg.eval_samples_per_prompt
     records = [r for r in records for _ in range(k)]
     device = next(model.parameters()).device
     with autocast(cfg.dtype, device):
@@ -180,12 +202,12 @@ def evaluate_episodes(model, tok, records, make_env, cfg, params: SamplingParams
                         for r, c, x, t in list(zip(records, ro.completions, scores, ro.info["turns"]))[:8]]}
 
 
-def evaluate_reward(model, tok, records, reward_fn, cfg, params: SamplingParams, seed: int) -> dict:
+def evaluate_reward(model, tok, records, reward_fn, cfg: RLConfig, params: SamplingParams, seed: int) -> dict:
     """Mean/std of the reward of sampled completions on `records` (`cfg.eval_samples_per_prompt` each,
-    default 1: more samples per prompt make the before/after change less noisy)."""
+    1 where the config has no such option: more samples per prompt make the before/after change less noisy)."""
     from rlhfkit.generate import sample_and_score
 
-    k = getattr(cfg, "eval_samples_per_prompt", 1)
+    k = cfg.eval_samples_per_prompt
     records = [r for r in records for _ in range(k)]
     formatted = format_prompts(tok, [r["prompt"] for r in records], cfg)
     # k x the rollout's generation batch: as many generate() calls as with one sample, whose fixed
@@ -216,7 +238,7 @@ class RLRun:
         # Data, reward, models and prompt lengths are checked before the run folder exists: bad input
         # stops with one line and leaves nothing behind.
         self.make_env = None
-        if getattr(cfg, "env", ""):  # the env's factory takes the tokenizer (tool-call format) and names its data
+        if cfg.env:  # the env's factory takes the tokenizer (tool-call format) and names its data
             from rlhfkit import envs
 
             actor, self.reference, self.tok = build_models(cfg)
@@ -270,7 +292,7 @@ class RLRun:
         t0 = time.perf_counter()
         with self.run.tracker.phase("log-probs", None), autocast(self.cfg.dtype, self.run.device):
             teacher_forced_pass(self.core, self.reference, rollout, self.cfg.temperature, self.cfg.micro_batch_size,
-                          order, keep_trunk_mb=getattr(self.cfg, "trunk_cache_mb", 0.0),
+                          order, keep_trunk_mb=self.cfg.trunk_cache_mb,
                           chunk_budget=self.cfg.cpu_chunk_positions)
         rollout.timings["timing/logprobs_s"] = time.perf_counter() - t0
         return rollout

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from rlhfkit.choices import RM_NORMALIZATIONS, RM_POOLINGS
 from rlhfkit.runtime.config import check, option
 from rlhfkit.trainers.options import ModelArgs, OptimizerArgs, RunArgs
 
@@ -30,9 +31,9 @@ class RMConfig(ModelArgs, OptimizerArgs, RunArgs):
                                 "(Eisenstein et al. 2023); 0 = off")
     normalize: str = option("center", "how the saved scorer maps raw scores: none | center (minus the mean on the "
                             "training responses) | standardize (also divided by their std)",
-                            ("none", "center", "standardize"))
+                            RM_NORMALIZATIONS)
     pooling: str = option("auto", "where the score is read: last non-pad token, or the masked mean (auto: last for "
-                          "causal LMs, mean for encoders)", ("auto", "last", "mean"))
+                          "causal LMs, mean for encoders)", RM_POOLINGS)
     stats_pairs: int = option(256, "training pairs scored after training for the normalisation statistics")
     eval_every: int = option(0, "evaluate every N optimiser steps (0 = only before and after training)")
     save_merged: bool = option(False, "save the LoRA backbone merged into full weights instead of an adapter")

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import ClassVar
 
+from rlhfkit.choices import TRPO_FVP_MODES
 from rlhfkit.runtime.config import check, option
 from rlhfkit.trainers.ppo_config import ActorCriticArgs
 
@@ -11,6 +13,8 @@ from rlhfkit.trainers.ppo_config import ActorCriticArgs
 @dataclass
 class TRPOConfig(ActorCriticArgs):
     """TRPO: a natural-gradient policy step inside a KL trust region, the critic trained by regression as in PPO."""
+
+    kl_penalty: ClassVar[str] = "reward"  # the KL always shapes the reward (trainers/ppo.py reads it)
 
     max_kl: float = option(0.01, "delta: the largest mean token KL(pi_old || pi) over response tokens one policy "
                            "step may take (measured on the rollout by the line search)")
@@ -30,7 +34,7 @@ class TRPOConfig(ActorCriticArgs):
                                  "line search's KL check always use every sequence (1: all)")
     fvp_mode: str = option("gauss-newton", "Fisher-vector product: gauss-newton (J^T (diag p - p p^T) J v, the "
                            "closed form; ~2.5x faster on the default model) or double-backward (differentiate the "
-                           "token KL twice; the same product)", ("gauss-newton", "double-backward"))
+                           "token KL twice; the same product)", TRPO_FVP_MODES)
     vf_epochs: int = option(2, "critic regression passes over each rollout (AdamW with lr, on the value head only)")
     vf_mini_batch_size: int = option(8, "sequences per critic optimiser step")
     lr: float = option(1e-3, "AdamW learning rate of the critic (the policy's step size comes from max_kl)")
