@@ -158,7 +158,7 @@ def run_model(spec: str, records: list[dict], cfg: EvalConfig) -> dict:
     refs = [r for r in records if isinstance(r.get("response"), str) and r["response"].strip()]
     if cfg.perplexity and refs:
         from rlhfkit.data.sft import tokenize_examples
-        from rlhfkit.trainers.sft import ResponseNLL, mean_nll
+        from rlhfkit.models.response_nll import ResponseNLL, mean_nll
 
         examples, _ = tokenize_examples(tok, refs, cfg, 1024)
         if examples:

@@ -92,12 +92,14 @@ def test_reference_free_runs_build_no_reference_and_learn(tmp_path, tiny_model_d
     """Full fine-tuning on vowel-rich chosen / consonant-heavy rejected answers: the held-out pairs end
     up preferred; the run folder is named after the command; no reference is built or run."""
     import rlhfkit.models.policy as policy_mod
+    import rlhfkit.trainers.pairs as pairs_mod
 
     def no_reference(*a, **k):
         raise AssertionError(f"{name} must not build a reference")
 
     monkeypatch.setattr(policy_mod, "Reference", no_reference)
     monkeypatch.setattr(dpo_mod, "reference_logps", no_reference)
+    monkeypatch.setattr(pairs_mod, "reference_logps", no_reference)  # where the shared passes call it
     summary = train(tiny_cfg(tmp_path, tiny_model_dir, cls, run_name=None, lora=False, lr=1e-2, epochs=2,
                              warmup_steps=1))
     run_dir = tmp_path / "runs" / summary["run_dir"].split("/")[-1]

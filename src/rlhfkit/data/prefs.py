@@ -21,6 +21,30 @@ from rlhfkit.data.sft import response_text
 from rlhfkit.errors import DataError
 
 OPTIONAL_FLOATS = ("margin", "strength")
+BUILTIN_PREFS = {"prefs_reviews": "prefs_reviews.jsonl"}  # builtin:NAME -> file in rlhfkit/data/builtin
+
+
+def resolve_prefs(spec: str) -> str:
+    """File path of a preference spec; `builtin:prefs_reviews` is shipped in rlhfkit/data/builtin."""
+    name = spec[len("builtin:"):].strip() if isinstance(spec, str) and spec.startswith("builtin:") else None
+    if name in BUILTIN_PREFS:
+        from importlib import resources
+
+        return str(resources.files("rlhfkit.data") / "builtin" / BUILTIN_PREFS[name])
+    return spec
+
+
+def load_pairs(spec: str) -> tuple[list[dict], list[dict]]:
+    """(training pairs, held-out pairs). Held out = records with split=test (none if no split field)."""
+    path = resolve_prefs(spec)
+    if not any("split" in r for r in load_split(path, None)):
+        return load_preferences(path), []
+    train = load_preferences(path, split="train")  # Records: they name file:line in messages
+    try:
+        held_out = load_preferences(path, split="test")
+    except DataError:
+        held_out = []
+    return train, held_out
 
 
 def load_preferences(

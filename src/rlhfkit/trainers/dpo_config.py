@@ -20,9 +20,7 @@ from rlhfkit.trainers.options import (
     ReferenceArgs,
     RunArgs,
 )
-
-LOSS_TYPES = ("sigmoid", "ipo", "cdpo", "simpo", "orpo")
-REFERENCE_FREE = ("simpo", "orpo")  # losses that need no reference model
+from rlhfkit.trainers.pair_losses import LOSS_TYPES, REFERENCE_FREE  # the loss registry's names
 
 
 @dataclass

@@ -14,41 +14,41 @@ As numbered steps in `train`:
   5. after      held-out implicit rewards, and the judged win rate over the starting model
 
 Pairs (prompt, chosen, rejected) are accepted too: each gives a desirable and an undesirable example.
-Log-probs, batches and the judged evaluation are DPO's (trainers/dpo.py, trainers/judged.py).
+Set-up, the optimiser step, the judged evaluation and the save are the offline harness's
+(trainers/offline.py); tables, batches and log-probs are the preference trainers' (trainers/pairs.py).
 """
 
 from __future__ import annotations
 
-import contextlib
 import time
 from collections.abc import Callable
 
 import torch
 
 from rlhfkit.algos import kto_loss, kto_reference_point
+from rlhfkit.data.prefs import load_pairs, resolve_prefs
 from rlhfkit.errors import DataError
 from rlhfkit.rollout import Rollout
 from rlhfkit.rollout.logprobs import micro_batch_chunks
 from rlhfkit.runtime.accumulate import accumulate, add_up
-from rlhfkit.runtime.allocator import trim_heap
-from rlhfkit.runtime.config import check, config_main
+from rlhfkit.runtime.config import config_main
 from rlhfkit.runtime.devices import HOST
 from rlhfkit.runtime.distributed import sum_over_processes
-from rlhfkit.runtime.faults import guarded_step
-from rlhfkit.runtime.run import Run, closes_its_runs
+from rlhfkit.runtime.run import closes_its_runs
 from rlhfkit.trainers.build import build_actor
-from rlhfkit.trainers.dpo import (
+from rlhfkit.trainers.judged import eval_records
+from rlhfkit.trainers.kto_config import KTOConfig
+from rlhfkit.trainers.offline import OfflineRun
+from rlhfkit.trainers.pairs import (
+    all_row_chunks,
     check_prompt_lengths,
     encode_rows,
-    load_pairs,
     plan_batches,
     reference_logps,
-    resolve_prefs,
+    row_reference_table,
     sequence_logps,
     should_precompute,
 )
-from rlhfkit.trainers.judged import eval_records, judged_after, judged_samples
-from rlhfkit.trainers.kto_config import KTOConfig
 
 LABELS = {"true": True, "1": True, "yes": True, "false": False, "0": False, "no": False}
 
@@ -135,14 +135,6 @@ def micro_chunks(rows: torch.Tensor, data: Rollout, cfg: KTOConfig, device) -> l
     return micro_batch_chunks(rows, cfg.micro_batch_size, data, device, cfg.cpu_chunk_positions)
 
 
-@torch.no_grad()
-def reference_table(reference, data: Rollout, cfg: KTOConfig, device) -> torch.Tensor:
-    """Reference log-probs of every row of `data` (on the CPU), in micro-batches and chunks."""
-    rows = torch.arange(data.response_ids.shape[0], device=data.response_ids.device)
-    return torch.cat([reference_logps(reference, data, c, cfg, device, m).cpu()
-                      for c, m in micro_chunks(rows, data, cfg, device)])
-
-
 def reference_rows(reference, data: Rollout, cfg: KTOConfig, device,
                    table: torch.Tensor | None) -> Callable[..., torch.Tensor]:
     """(rows, columns=None) -> the rows' reference log-probs (on the CPU): from the precomputed `table`,
@@ -198,8 +190,7 @@ def held_out_metrics(model, held: Rollout, held_ref: torch.Tensor, desirable: to
                      device) -> dict[str, float]:
     """Mean implicit rewards beta * log(pi / pi_ref) of the held-out desirable and undesirable examples."""
     with torch.no_grad():  # in micro-batches and chunks, as training runs them (not every row at once)
-        chunks = micro_chunks(torch.arange(held.response_ids.shape[0], device=held.response_ids.device), held, cfg, device)
-        logps = torch.cat([sequence_logps(model, held, c, cfg, device, m)[0].cpu() for c, m in chunks])
+        logps = torch.cat([sequence_logps(model, held, c, cfg, device, m)[0].cpu() for c, m in all_row_chunks(held, cfg, device)])
         _, st = kto_loss(logps, held_ref, desirable, 0.0, cfg.beta)
     return kto_batch_metrics(st, 0.0)
 
@@ -207,74 +198,49 @@ def held_out_metrics(model, held: Rollout, held_ref: torch.Tensor, desirable: to
 # ----------------------------------------------------------------------------- loop
 
 
+def build_models(cfg: KTOConfig):
+    """(policy-only ActorCritic, Reference, tokenizer)."""
+    return build_actor(cfg, with_reference=True, reference_model=cfg.reference_model)
+
+
 @closes_its_runs
 def train(cfg: KTOConfig) -> dict:
     """Run KTO; returns the summary (also written to RUN/summary.json)."""
-    from rlhfkit.models.policy import save_actor
-    from rlhfkit.rewards import get_reward
     from rlhfkit.runtime.optim import optimizer_for
 
-    run = Run(cfg, "kto")
-    device, world = run.device, run.world
+    h = OfflineRun(cfg, "kto")
+    device = h.run.device
     # 1. data. Data, judge, model and prompt lengths are checked before the run folder exists.
     examples, held_out = load_examples(cfg.data)
-    judge = get_reward(cfg.judge)
-    model, reference, tok = build_actor(cfg, with_reference=True, reference_model=cfg.reference_model)
-    check(cfg.batch_size % world == 0, f"batch_size ({cfg.batch_size}) must be divisible by the {world} processes")
-    model.to(device)
-    reference.to(device)
+    judge, model, reference, tok = h.preference_models(build_models)
     check_prompt_lengths(tok, [examples, held_out], cfg)
     data, N = encode_examples(tok, examples, cfg, cfg.seed), len(examples)
     desirable = torch.tensor([e["label"] for e in examples], device=HOST)
     held = encode_rows(tok, held_out, [e["completion"] for e in held_out], cfg, "a completion") if held_out else None
-    batches = plan_batches(N, cfg, torch.Generator(device=HOST).manual_seed(cfg.seed), world)
-    run.open(total=len(batches), unit="step", train_examples=N, held_out_examples=len(held_out))
+    batches = plan_batches(N, cfg, torch.Generator(device=HOST).manual_seed(cfg.seed), h.run.world)
+    h.open(len(batches), N, train_examples=N, held_out_examples=len(held_out))
     precompute = should_precompute(cfg, N, len(batches))
-    with run.tracker.phase("reference log-probs", None), reference.loaded(device):  # 2. reference
-        table = reference_table(reference, data, cfg, device) if precompute else None
-        held_ref = reference_table(reference, held, cfg, device) if held is not None else None
-    if precompute:
-        reference = None  # the tables are all training needs: a frozen copy's memory is freed
+    with h.run.tracker.phase("reference log-probs", None), reference.loaded(device):  # 2. reference
+        table = row_reference_table(reference, data, cfg, device) if precompute else None
+        held_ref = row_reference_table(reference, held, cfg, device) if held is not None else None
+    reference = None if precompute else reference  # the tables are all training needs: a copy's memory is freed
     ref = reference_rows(reference, data, cfg, device, table)
-    run.summary["precomputed_ref_logps"] = precompute
-    optimizer, scheduler = optimizer_for(model.parameters(), cfg, len(batches))
-    judged: dict = {}  # the starting model's judged scores, kept in checkpoints
-    wrapped = run.prepare(model, optimizer, scheduler, cfg.micro_batch_size, judged=judged)
-    run.shard_reference(reference)  # under FSDP2 a frozen copy still in use is sharded like the policy
-    run.resume()
-    records = eval_records(examples, held_out, cfg) if cfg.num_eval_prompts > 0 else []  # 3. before
-    seed = cfg.seed + 424242
-    if records and "before" not in judged:
-        with run.full_weights():
-            judged["before"] = judged_samples(model, tok, records, judge, cfg, seed)[1]
-    for step in run.steps():  # 4. train
+    h.run.summary["precomputed_ref_logps"] = precompute
+    wrapped = h.start(model, *optimizer_for(model.parameters(), cfg, len(batches)), reference, judged=h.judged)
+    records = eval_records(examples, held_out, cfg) if cfg.num_eval_prompts > 0 else []
+    h.judge_before(model, tok, records, judge)  # 3. before
+    for step in h.run.steps():  # 4. train
         t0 = time.time()
-        with reference.loaded(device) if reference is not None else contextlib.nullcontext():
-            metrics = train_step(wrapped, data, batches[step], ref, desirable, cfg, run.accelerator)
-        grad_norm, skipped = guarded_step(wrapped.parameters(), run.optimizer, run.scheduler, run.accelerator,
-                                          cfg.max_grad_norm, loss=metrics["loss/kto"], guard=run.guard,
-                                          where=f"step {step}")
-        trim_heap()  # the next step's widths differ: its chunks would not reuse these blocks (3.93 -> 3.41 GB, runtime/allocator.py)
-        metrics.update({"params/grad_norm": grad_norm, "params/lr": run.scheduler.get_last_lr()[0],
-                        "params/skipped_steps": float(skipped),
-                        "params/epoch": (step + 1) * cfg.batch_size / N, "timing/step_s": time.time() - t0})
-        run.log(step, metrics)
+        with h.reference_loaded(reference, device):
+            metrics = train_step(wrapped, data, batches[step], ref, desirable, cfg, h.run.accelerator)
+        metrics.update(h.optimizer_step(wrapped, metrics["loss/kto"], step))
+        h.run.log(step, h.timed(metrics, t0))
     if held is not None:  # 5. after
         labels = torch.tensor([e["label"] for e in held_out], device=HOST)
-        m = run.summary["held_out"] = held_out_metrics(model, held, held_ref, labels, cfg, device)
-        run.print(f"[eval] held-out examples: implicit reward desirable {m['rewards/chosen']:+.3f}, undesirable "
-                  f"{m['rewards/rejected']:+.3f} (n={len(held_out)})")
-    if records:
-        with run.full_weights():
-            judged_after(run, model, tok, records, judge, judged["before"], seed,
-                         "held-out" if held_out else "training")
-
-    def save(folder, state):
-        save_actor(model, tok, folder, state_dict=state)
-        if cfg.save_merged and cfg.lora and state is None:
-            save_actor(model, tok, folder / "merged", merge=True)
-
-    return run.finish(save)
+        h.held_out(held_out_metrics(model, held, held_ref, labels, cfg, device), lambda m: "[eval] held-out examples: "
+                   f"implicit reward desirable {m['rewards/chosen']:+.3f}, undesirable {m['rewards/rejected']:+.3f} "
+                   f"(n={len(held_out)})")
+    return h.finish_judged(model, tok, records, judge, bool(held_out))
 
 
 def main(argv: list[str]) -> int:

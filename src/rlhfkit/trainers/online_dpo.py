@@ -6,7 +6,7 @@ One iteration, as numbered steps in `train`:
                 harness's rollout, trainers/rl.py)
   2. judge      the judge scores both (a reward function, or a reward model with model:PATH); the
                 higher score is chosen, the lower rejected; a tie gives no pair
-  3. DPO step   one optimiser step of DPO's loss (trainers/dpo.py's log-probs and dpo_batch_loss,
+  3. DPO step   one optimiser step of DPO's loss (trainers/pairs.py's log-probs and pair_losses.py's loss,
                 temperature 1, reference = the adapter-disabled base with LoRA) over the pairs of all
                 processes, in micro-batches; loss = mean over pairs
   4. log        rollout metrics, DPO's rewards/* and logps/*, rollout/pairs and rollout/tie_fraction
@@ -22,16 +22,15 @@ import torch
 from rlhfkit.algos import shape_rewards
 from rlhfkit.rollout import Rollout
 from rlhfkit.runtime.accumulate import accumulate, add_up
-from rlhfkit.runtime.allocator import trim_heap
 from rlhfkit.runtime.config import config_main
 from rlhfkit.runtime.distributed import sum_over_processes
-from rlhfkit.runtime.faults import guarded_step
 from rlhfkit.runtime.run import closes_its_runs
 from rlhfkit.trainers.build import build_actor
-from rlhfkit.trainers.dpo import dpo_batch_loss, micro_pair_chunks, pair_rows, reference_logps, sequence_logps
-from rlhfkit.trainers.grpo_rollout import keep_rows
 from rlhfkit.trainers.judged import judged_after, judged_samples
+from rlhfkit.trainers.offline import JUDGE_SEED_OFFSET, optimizer_step
 from rlhfkit.trainers.online_dpo_config import OnlineDPOConfig
+from rlhfkit.trainers.pair_losses import pair_batch_loss
+from rlhfkit.trainers.pairs import micro_pair_chunks, pair_rows, reference_logps, sequence_logps
 from rlhfkit.trainers.rl import RLRun
 from rlhfkit.trainers.rl_update import rollout_metrics
 
@@ -64,14 +63,15 @@ def dpo_step(rl: RLRun, cfg: OnlineDPOConfig, rollout: Rollout, chosen: torch.Te
     if total == 0:
         return {}
     n = max(k, 1)
-    table = keep_rows(rollout, torch.cat([chosen, rejected]) if k else torch.tensor([0, 1], device=chosen.device))  # [chosen.., rejected..]
+    rows = torch.cat([chosen, rejected]) if k else torch.tensor([0, 1], device=chosen.device)
+    table = rollout.select(rows)  # [chosen.., rejected..], tensors only
 
     def loss_fn(chunk: tuple[torch.Tensor, torch.Tensor]) -> tuple[torch.Tensor, dict[str, float]]:
         idx, columns = chunk
         rows = pair_rows(idx, n)
         logps, lengths = sequence_logps(rl.model, table, rows, cfg, device, columns)
         ref = reference_logps(rl.reference, table, rows, cfg, device, columns)
-        loss, st = dpo_batch_loss(logps, ref, lengths, cfg, total)  # / all processes' pairs
+        loss, st = pair_batch_loss(logps, ref, lengths, cfg, total)  # / all processes' pairs
         loss = loss * float(k > 0)
         # pair-weighted: summed over processes, divided by all pairs
         return loss, {"loss/dpo": loss.item(), **{name: v * len(idx) * float(k > 0) for name, v in st.items()}}
@@ -82,11 +82,9 @@ def dpo_step(rl: RLRun, cfg: OnlineDPOConfig, rollout: Rollout, chosen: torch.Te
                                                                           cfg.cpu_chunk_positions), loss_fn))
     sums = sum_over_processes(acc, sums)
     metrics = {name: v if name == "loss/dpo" else v / total for name, v in sums.items()}
-    grad_norm, skipped = guarded_step(rl.model.parameters(), rl.run.optimizer, rl.run.scheduler, acc,
-                                      cfg.max_grad_norm, loss=metrics["loss/dpo"], guard=rl.run.guard,
-                                      where=f"iteration {it}")
-    metrics.update({"params/grad_norm": grad_norm, "params/skipped_steps": float(skipped)})
-    trim_heap()  # the step's blocks: sampling's shapes would not reuse them (runtime/allocator.py)
+    step = optimizer_step(rl.model.parameters(), rl.run.optimizer, rl.run.scheduler, acc, cfg.max_grad_norm,
+                          metrics["loss/dpo"], rl.run.guard, f"iteration {it}")  # and trims the heap
+    metrics.update({k: step[k] for k in ("params/grad_norm", "params/skipped_steps")})  # RLRun.log logs the lr
     return metrics
 
 
@@ -102,7 +100,7 @@ def train(cfg: OnlineDPOConfig) -> dict:
     rl = RLRun(cfg, "online-dpo", build_models)
     judged: dict = {}  # the starting model's judged scores, kept in checkpoints
     rl.run.resume(judged=judged)
-    records, seed = rl.eval_records, cfg.seed + 424242  # same seed before and after: the same sampling noise
+    records, seed = rl.eval_records, cfg.seed + JUDGE_SEED_OFFSET  # same seed before and after: the same noise
     if records and "before" not in judged:
         with rl.generation_context():
             judged["before"] = judged_samples(rl.core, rl.tok, records, rl.reward_fn, cfg, seed)[1]

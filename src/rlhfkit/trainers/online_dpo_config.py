@@ -19,8 +19,7 @@ from rlhfkit.trainers.options import (
     RunArgs,
     SamplingArgs,
 )
-
-LOSS_TYPES = ("sigmoid", "ipo", "cdpo")
+from rlhfkit.trainers.pair_losses import REFERENCE_LOSS_TYPES as LOSS_TYPES  # the loss registry's names
 
 
 @dataclass

@@ -21,12 +21,13 @@ import time
 import torch
 
 from rlhfkit.algos import bradley_terry_loss
+from rlhfkit.data.prefs import resolve_prefs
 from rlhfkit.runtime.accumulate import accumulate, add_up
-from rlhfkit.runtime.config import check, config_main
+from rlhfkit.runtime.config import config_main
 from rlhfkit.runtime.devices import HOST
-from rlhfkit.runtime.faults import guarded_step
 from rlhfkit.runtime.precision import autocast
-from rlhfkit.runtime.run import Run, closes_its_runs
+from rlhfkit.runtime.run import closes_its_runs
+from rlhfkit.trainers.offline import OfflineRun, optimizer_step
 from rlhfkit.trainers.rm_config import RMConfig
 
 __all__ = ["RMConfig", "build_reward_model", "pair_loss", "evaluate_pairs", "rm_step", "train"]
@@ -127,7 +128,7 @@ def evaluate_pairs(model, tok, pairs: list[dict], info: dict, cfg: RMConfig, dev
 def rm_step(model, optimizer, scheduler, accelerator, tok, batch: list[dict], info: dict, cfg: RMConfig,
             share: float, *, guard=None, where: str = "") -> dict:
     """Steps 2-4 on this process's pairs; `share` = len(batch) / global batch size. A non-finite loss
-    or gradient norm skips the optimiser step (rlhfkit.runtime.faults.guarded_step)."""
+    or gradient norm skips the optimiser step (trainers/offline.py `optimizer_step`)."""
 
     def loss_fn(mb: list[dict]) -> tuple[torch.Tensor, dict[str, float]]:
         loss, m = pair_loss(model, tok, mb, info, cfg, accelerator.device)
@@ -138,13 +139,11 @@ def rm_step(model, optimizer, scheduler, accelerator, tok, batch: list[dict], in
 
     micros = [batch[m0 : m0 + cfg.micro_batch_size] for m0 in range(0, len(batch), cfg.micro_batch_size)]
     sums = add_up(accumulate(accelerator, model, micros, loss_fn))
-    grad_norm, skipped = guarded_step(model.parameters(), optimizer, scheduler, accelerator, cfg.max_grad_norm,
-                                      loss=sums["loss/rm"], guard=guard, where=where)
+    stepped = optimizer_step(model.parameters(), optimizer, scheduler, accelerator, cfg.max_grad_norm, sums["loss/rm"],
+                             guard, where)
     out = {k: accelerator.reduce(torch.tensor(v * share, device=accelerator.device), "sum").item()
            for k, v in sums.items()}
-    out.update({"params/grad_norm": grad_norm, "params/lr": scheduler.get_last_lr()[0],
-                "params/skipped_steps": float(skipped)})
-    return out
+    return {**out, **stepped}
 
 
 def make_rm_optimizer(model, cfg: RMConfig, total_steps: int | None = None):
@@ -163,63 +162,65 @@ def train(cfg: RMConfig) -> dict:
     from rlhfkit.data.prefs import load_preferences
     from rlhfkit.data.splits import subset, train_eval_split
     from rlhfkit.data.stream import PromptStream
-    from rlhfkit.models.classifier_reward import STANDARD_DIR, save_classifier
-    from rlhfkit.models.reward_model import save_reward_model, score_texts
-    from rlhfkit.rewards.scoring import mean_std
 
-    run = Run(cfg, "rm")
+    h = OfflineRun(cfg, "rm")
+    run = h.run
     # Data and model are checked before the run folder exists: bad input leaves nothing behind.
-    from rlhfkit.trainers.dpo import resolve_prefs
-
     eval_spec = resolve_prefs(cfg.eval_data) if cfg.eval_data else None
     train_pairs, eval_pairs = train_eval_split(load_preferences, resolve_prefs(cfg.data), eval_spec, cfg.eval_fraction,
                                                cfg.seed)
     eval_pairs = subset(eval_pairs, cfg.max_eval_pairs, cfg.seed + 1)
     model, tok, info = build_reward_model(cfg)
-    check(cfg.batch_size % run.world == 0, f"batch_size ({cfg.batch_size}) must be divisible by the {run.world} processes")
     steps = cfg.max_steps or cfg.epochs * -(-len(train_pairs) // cfg.batch_size)
-    run.open(total=steps, unit="step", train_pairs=len(train_pairs), eval_pairs=len(eval_pairs), steps=steps)
-    optimizer, scheduler = make_rm_optimizer(model, cfg, steps)
+    h.open(steps, train_pairs=len(train_pairs), eval_pairs=len(eval_pairs), steps=steps)
     stream = PromptStream(train_pairs, cfg.seed)
-    model = run.prepare(model, optimizer, scheduler, cfg.micro_batch_size, stream=stream)
-    run.resume()  # when resuming: weights, optimiser, data position, RNG, before-eval
+    model = h.start(model, *make_rm_optimizer(model, cfg, steps), stream=stream)
 
     def evaluate() -> dict:
         return evaluate_pairs(run.core, tok, eval_pairs, info, cfg, run.device)
 
     if eval_pairs:
-        before = run.once("eval_before", evaluate)
-        run.print(f"[eval] before: accuracy {before['accuracy']:.3f}, loss {before['loss']:.4f} "
-                  f"({len(eval_pairs)} pairs)")
+        h.evaluate_before(evaluate, lambda m: f"[eval] before: accuracy {m['accuracy']:.3f}, loss {m['loss']:.4f} "
+                                              f"({len(eval_pairs)} pairs)")
     for step in run.steps():
         t0 = time.time()
         batch = stream.next(cfg.batch_size)[run.rank :: run.world]  # 1.
-        metrics = rm_step(model, run.optimizer, run.scheduler, run.accelerator, tok, batch, info, cfg,
-                          len(batch) / cfg.batch_size, guard=run.guard, where=f"step {step}")  # 2-4.
-        metrics["timing/step_s"] = time.time() - t0
-        if eval_pairs and run.eval_due(step, cfg.eval_every):
-            ev = run.summary["eval_after"] = evaluate()  # 5.
-            metrics.update({"eval/rm_loss": ev["loss"], "eval/rm_accuracy": ev["accuracy"],
-                            "eval/rm_margin": ev["margin"]})
+        metrics = h.timed(rm_step(model, run.optimizer, run.scheduler, run.accelerator, tok, batch, info, cfg,
+                                  len(batch) / cfg.batch_size, guard=run.guard, where=f"step {step}"), t0)  # 2-4.
+        ev = h.evaluate_due(step, cfg.eval_every, evaluate) if eval_pairs else {}  # 5.
+        metrics.update({f"eval/rm_{k}": ev[k] for k in ("loss", "accuracy", "margin") if k in ev})
         run.log(step, metrics)  # 6.
-    if "eval_after" in run.summary:
-        after = run.summary["eval_after"]
-        run.print(f"[eval] after:  accuracy {after['accuracy']:.3f}, loss {after['loss']:.4f}")
-    # Normalisation statistics: raw scores of training responses under the final model.
-    stats = subset(train_pairs, cfg.stats_pairs, cfg.seed + 2)
-    chosen, rejected = pair_texts(tok, stats, info)
-    raw = score_texts(run.core, tok, chosen + rejected, 2 * cfg.micro_batch_size, cfg.max_length,
+    h.evaluate_after(lambda m: f"[eval] after:  accuracy {m['accuracy']:.3f}, loss {m['loss']:.4f}")
+    run.summary["score_stats"] = score_stats(run.core, tok, train_pairs, info, cfg)
+    return h.finish(rm_saver(run, tok, info, cfg))
+
+
+def score_stats(model, tok, train_pairs: list[dict], info: dict, cfg: RMConfig) -> dict:
+    """Normalisation statistics: mean/std of the raw scores of `stats_pairs` training responses under the
+    final model; written into `info` (rlhfkit_rm.json) as well."""
+    from rlhfkit.data.splits import subset
+    from rlhfkit.models.reward_model import score_texts
+    from rlhfkit.rewards.scoring import mean_std
+
+    chosen, rejected = pair_texts(tok, subset(train_pairs, cfg.stats_pairs, cfg.seed + 2), info)
+    raw = score_texts(model, tok, chosen + rejected, 2 * cfg.micro_batch_size, cfg.max_length,
                       info["add_special_tokens"], info["dtype"])
     mean, std = mean_std(raw)
     info.update({"score_mean": mean, "score_std": std, "stats_responses": len(raw)})
-    run.summary["score_stats"] = {"mean": mean, "std": std, "n": len(raw)}
+    return {"mean": mean, "std": std, "n": len(raw)}
+
+
+def rm_saver(run, tok, info: dict, cfg: RMConfig):
+    """`save(folder, state)`: the reward model (rlhfkit format) and, unsharded, its sequence-classification twin."""
+    from rlhfkit.models.classifier_reward import STANDARD_DIR, save_classifier
+    from rlhfkit.models.reward_model import save_reward_model
 
     def save(folder, state):
         save_reward_model(run.core, tok, folder, info, merge=cfg.save_merged, state_dict=state)
         standard = save_classifier(run.core, tok, folder / STANDARD_DIR) if state is None else None
         return {"final": str(folder), **({"sequence_classification": str(standard)} if standard else {})}
 
-    return run.finish(save)
+    return save
 
 
 def main(argv: list[str]) -> int:

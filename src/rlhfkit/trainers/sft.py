@@ -19,77 +19,28 @@ from __future__ import annotations
 import copy
 import math
 import time
+from functools import partial
 
 import torch
-from torch import nn
 
-from rlhfkit.algos import aggregate_loss, logprobs_from_logits
+from rlhfkit.algos import aggregate_loss
 from rlhfkit.data.chat import IGNORE_INDEX
 from rlhfkit.data.sft import collate
 from rlhfkit.errors import UserError
+from rlhfkit.models.response_nll import ResponseNLL, mean_nll
 from rlhfkit.rollout.logprobs import chunk_positions
 from rlhfkit.runtime.accumulate import accumulate, add_up
-from rlhfkit.runtime.config import check, config_main
+from rlhfkit.runtime.config import config_main
 from rlhfkit.runtime.devices import HOST
-from rlhfkit.runtime.faults import guarded_step
 from rlhfkit.runtime.precision import autocast
-from rlhfkit.runtime.run import Run, closes_its_runs
+from rlhfkit.runtime.run import closes_its_runs
+from rlhfkit.trainers.offline import OfflineRun, optimizer_step
 from rlhfkit.trainers.sft_config import SFTConfig
 
 __all__ = ["ResponseNLL", "SFTConfig", "mean_nll", "sft_step", "train"]
 
 
 # ----------------------------------------------------------------------------- loss
-
-
-class ResponseNLL(nn.Module):
-    """Per-token negative log-likelihood of the labelled (response) tokens.
-
-    forward(input_ids, attention_mask, labels[, position_ids]) -> (nll (B, L-1), mask (B, L-1));
-    position t predicts token t+1, and the LM head runs only where a label exists (prompt logits
-    are never computed). Packed rows give `position_ids` that restart per example and no mask:
-    transformers then lets each example attend only to itself. Wrapping the model in one module
-    lets Accelerate/DDP see the forward.
-    """
-
-    def __init__(self, model: nn.Module):
-        super().__init__()
-        self.model = model
-
-    def forward(self, input_ids, attention_mask, labels, position_ids=None):
-        from rlhfkit.models.policy import output_logits, position_ids_from_mask
-
-        get_base = getattr(self.model, "get_base_model", None)
-        lm = get_base() if callable(get_base) else self.model  # LoRA layers stay injected
-        if position_ids is not None:  # packed: the restarts of position_ids mark the examples
-            attention_mask = None
-        else:
-            position_ids = position_ids_from_mask(attention_mask)
-        hidden = lm.get_decoder()(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
-                                  use_cache=False).last_hidden_state[:, :-1]  # (B, L-1, H)
-        targets = labels[:, 1:]  # (B, L-1)
-        mask = targets != IGNORE_INDEX
-        logits = output_logits(lm, hidden[mask])  # (N, V), N labelled tokens
-        nll = torch.zeros(mask.shape, dtype=torch.float32, device=hidden.device)
-        nll[mask] = -logprobs_from_logits(logits, targets[mask])
-        return nll, mask
-
-
-@torch.no_grad()
-def mean_nll(module: nn.Module, examples: list[dict], pad_id: int, micro_batch_size: int, dtype: str,
-             device) -> tuple[float, int]:
-    """(token-mean NLL over all labelled tokens, number of tokens) of tokenised examples."""
-    was_training = module.training
-    module.eval()
-    total, n = 0.0, 0
-    for i in range(0, len(examples), micro_batch_size):
-        b = {k: v.to(device) for k, v in collate(examples[i : i + micro_batch_size], pad_id).items()}
-        with autocast(dtype, device):
-            nll, mask = module(**b)
-        total += nll.sum().item()
-        n += int(mask.sum().item())
-    module.train(was_training)
-    return total / max(n, 1), n
 
 
 def rouge_of_responses(model, tok, rows: list[dict], cfg: SFTConfig) -> dict[str, float]:
@@ -131,7 +82,7 @@ def example_chunks(micro: list[dict], device, budget: int) -> list[tuple[list[di
 def sft_step(module, optimizer, scheduler, accelerator, batch: list[dict], pad_id: int, cfg: SFTConfig, *,
              guard=None, where: str = "") -> dict:
     """Steps 2-5 for one mini-batch (this process's share); returns loss and grad norm. A non-finite
-    loss or gradient norm skips the optimiser step (rlhfkit.runtime.faults.guarded_step)."""
+    loss or gradient norm skips the optimiser step (trainers/offline.py `optimizer_step`)."""
     device = accelerator.device
     n_tok = accelerator.reduce(torch.tensor(sum(sum(x != IGNORE_INDEX for x in e["labels"][1:]) for e in batch),
                                             device=device, dtype=torch.float32), "sum").item()
@@ -146,81 +97,77 @@ def sft_step(module, optimizer, scheduler, accelerator, batch: list[dict], pad_i
     micros = [batch[m0 : m0 + cfg.micro_batch_size] for m0 in range(0, len(batch), cfg.micro_batch_size)]
     chunks = [(c, width) for micro in micros for c, width in example_chunks(micro, device, cfg.cpu_chunk_positions)]
     loss_sum = add_up(accumulate(accelerator, module, chunks, loss_fn)).get("loss/sft", 0.0)
-    grad_norm, skipped = guarded_step(module.parameters(), optimizer, scheduler, accelerator, cfg.max_grad_norm,
-                                      loss=loss_sum, guard=guard, where=where)
+    stepped = optimizer_step(module.parameters(), optimizer, scheduler, accelerator, cfg.max_grad_norm, loss_sum,
+                             guard, where)
     loss_all = accelerator.reduce(torch.tensor(loss_sum, device=device), "sum").item()
-    return {"loss/sft": loss_all, "params/grad_norm": grad_norm, "params/lr": scheduler.get_last_lr()[0],
-            "params/skipped_steps": float(skipped), "tokens": n_tok}
+    return {"loss/sft": loss_all, **stepped, "tokens": n_tok}
 
 
 @closes_its_runs
 def train(cfg: SFTConfig) -> dict:
     """Run SFT; returns the summary (also written to RUN/summary.json)."""
-    from rlhfkit.data.sft import load_sft_examples, pack_examples, tokenize_examples
-    from rlhfkit.data.splits import subset, train_eval_split
     from rlhfkit.data.stream import PromptStream
     from rlhfkit.runtime.optim import optimizer_for
-    from rlhfkit.trainers.build import build_policy
 
-    run = Run(cfg, "sft")
+    h = OfflineRun(cfg, "sft")
+    run = h.run
     # Data and model are checked before the run folder exists: bad input leaves nothing behind.
-    train_rows, eval_rows = train_eval_split(load_sft_examples, cfg.data, cfg.eval_data, cfg.eval_fraction, cfg.seed)
-    train_rows = subset(train_rows, cfg.max_train_examples, cfg.seed)
-    eval_rows = subset(eval_rows, cfg.max_eval_examples, cfg.seed + 1)
-    model, tok = build_policy(cfg)
-    pad_id = tok.pad_token_id
-    train_ex, dropped = tokenize_examples(tok, train_rows, cfg, cfg.max_length)
-    eval_ex, _ = tokenize_examples(tok, eval_rows, cfg, cfg.max_length)
-    if not train_ex:
-        raise UserError(f"data: every example of {cfg.data} lost its response to max_length={cfg.max_length}")
-    n_examples = len(train_ex)
-    if cfg.packing:
-        train_ex = pack_examples(train_ex, cfg.max_length)
-    check(cfg.batch_size % run.world == 0, f"batch_size ({cfg.batch_size}) must be divisible by the {run.world} processes")
+    train_ex, eval_ex, eval_rows, model, tok, notes = sft_data_and_model(cfg)
     steps = cfg.max_steps or cfg.epochs * math.ceil(len(train_ex) / cfg.batch_size)
-    run.open(total=steps, unit="step", train_examples=len(train_ex), eval_examples=len(eval_ex), steps=steps)
-    if dropped:
-        run.print(f"[sft] dropped {dropped} examples whose response did not fit in max_length={cfg.max_length}")
-    if cfg.packing:
-        run.print(f"[sft] packed {n_examples} examples into {len(train_ex)} rows of up to {cfg.max_length} tokens")
-    optimizer, scheduler = optimizer_for(model.parameters(), cfg, steps)
+    h.open(steps, train_examples=len(train_ex), eval_examples=len(eval_ex), steps=steps)
+    for line in notes:
+        run.print(line)
     stream = PromptStream(train_ex, cfg.seed)
-    module = run.prepare(ResponseNLL(model), optimizer, scheduler, cfg.micro_batch_size, stream=stream)
-    run.resume()  # when resuming: weights, optimiser, data position, RNG, before-eval
-
+    module = h.start(ResponseNLL(model), *optimizer_for(model.parameters(), cfg, steps), stream=stream)
     rouge_rows = [r for r in eval_rows if r["prompt"] != ""][: cfg.rouge_examples]  # text records have no reference
 
-    def evaluate(with_rouge: bool = False) -> dict:
-        stats = eval_stats(run.core, eval_ex, pad_id, cfg, run.device)
+    def evaluate(with_rouge: bool = False) -> dict:  # 6.
+        stats = eval_stats(run.core, eval_ex, tok.pad_token_id, cfg, run.device)
         if with_rouge and rouge_rows:
             with run.full_weights():
                 stats.update(rouge_of_responses(run.core.model, tok, rouge_rows, cfg))
         return stats
 
     if eval_ex:
-        before = run.once("eval_before", lambda: evaluate(with_rouge=True))
-        run.print(f"[eval] before: loss {before['loss']:.4f}, perplexity {before['perplexity']:.2f} "
-                  f"({len(eval_ex)} examples){rouge_text(before)}")
+        h.evaluate_before(lambda: evaluate(with_rouge=True), lambda m: f"[eval] before: loss {m['loss']:.4f}, perplexity "
+                          f"{m['perplexity']:.2f} ({len(eval_ex)} examples){rouge_text(m)}")
     for step in run.steps():
         t0 = time.time()
         batch = stream.next(cfg.batch_size)[run.rank :: run.world]  # 1. this process's share
-        metrics = sft_step(module, run.optimizer, run.scheduler, run.accelerator, batch, pad_id, cfg,
-                           guard=run.guard, where=f"step {step}")  # 2-5.
-        metrics["timing/step_s"] = time.time() - t0
-        if eval_ex and run.eval_due(step, cfg.eval_every):
-            ev = run.summary["eval_after"] = evaluate(with_rouge=step == steps - 1)  # 6.
-            metrics.update({f"eval/{k}": ev[k] for k in ("loss", "perplexity", "rouge_1", "rouge_2", "rouge_l")
-                            if k in ev})
+        metrics = h.timed(sft_step(module, run.optimizer, run.scheduler, run.accelerator, batch, tok.pad_token_id, cfg,
+                                   guard=run.guard, where=f"step {step}"), t0)  # 2-5.
+        ev = h.evaluate_due(step, cfg.eval_every, partial(evaluate, with_rouge=step == steps - 1)) if eval_ex else {}
+        metrics.update({f"eval/{k}": ev[k] for k in ("loss", "perplexity", "rouge_1", "rouge_2", "rouge_l") if k in ev})
         run.log(step, metrics)  # 7.
-    if "eval_after" in run.summary:
-        after = run.summary["eval_after"]
-        run.print(f"[eval] after:  loss {after['loss']:.4f}, perplexity {after['perplexity']:.2f}{rouge_text(after)}")
+    h.evaluate_after(lambda m: f"[eval] after:  loss {m['loss']:.4f}, perplexity {m['perplexity']:.2f}{rouge_text(m)}")
 
     def save(folder, state):  # state: gathered weights of the wrapped module (FSDP / ZeRO-3)
         state = None if state is None else {k[len("model."):]: v for k, v in state.items() if k.startswith("model.")}
         return save_sft(run.core.model, tok, folder, cfg.save_merged and cfg.lora, state)
 
-    return run.finish(save)
+    return h.finish(save)
+
+
+def sft_data_and_model(cfg: SFTConfig) -> tuple:
+    """(training examples (packed when asked), eval examples, eval rows, model, tokenizer, lines to print
+    once the run is open)."""
+    from rlhfkit.data.sft import load_sft_examples, pack_examples, tokenize_examples
+    from rlhfkit.data.splits import subset, train_eval_split
+    from rlhfkit.trainers.build import build_policy
+
+    train_rows, eval_rows = train_eval_split(load_sft_examples, cfg.data, cfg.eval_data, cfg.eval_fraction, cfg.seed)
+    train_rows = subset(train_rows, cfg.max_train_examples, cfg.seed)
+    eval_rows = subset(eval_rows, cfg.max_eval_examples, cfg.seed + 1)
+    model, tok = build_policy(cfg)
+    train_ex, dropped = tokenize_examples(tok, train_rows, cfg, cfg.max_length)
+    eval_ex, _ = tokenize_examples(tok, eval_rows, cfg, cfg.max_length)
+    if not train_ex:
+        raise UserError(f"data: every example of {cfg.data} lost its response to max_length={cfg.max_length}")
+    notes = [f"[sft] dropped {dropped} examples whose response did not fit in max_length={cfg.max_length}"] if dropped else []
+    if cfg.packing:
+        n_examples, train_ex = len(train_ex), pack_examples(train_ex, cfg.max_length)
+        notes.append(f"[sft] packed {n_examples} examples into {len(train_ex)} rows of up to {cfg.max_length} tokens")
+    return train_ex, eval_ex, eval_rows, model, tok, notes
 
 
 def rouge_text(stats: dict) -> str:

@@ -5,7 +5,7 @@ One iteration, as numbered steps in `train`:
   2. score     reward function/model -> one score per sequence
   3. log-probs one teacher-forced pass: old log-probs, values, reference log-probs
   4. shape+GAE per-token reward = -beta * KL_t + score on the last token; GAE; returns; whitening
-               (PPO's `compute_advantages`, unchanged)
+               (PPO's `compute_advantages`, trainers/advantages.py)
   5. policy    one natural-gradient step: g = grad of the surrogate advantage, x = (F + lambda I)^-1 g by
                conjugate gradients with Fisher-vector products (F estimated on fvp_fraction of the rows),
                the step scaled to the KL bound max_kl, then a backtracking line search on the whole
@@ -53,8 +53,8 @@ from rlhfkit.runtime.devices import HOST
 from rlhfkit.runtime.faults import guarded_step
 from rlhfkit.runtime.precision import autocast
 from rlhfkit.runtime.run import closes_its_runs
+from rlhfkit.trainers.advantages import compute_advantages
 from rlhfkit.trainers.build import build_actor_critic
-from rlhfkit.trainers.ppo import compute_advantages
 from rlhfkit.trainers.rl import RLRun
 from rlhfkit.trainers.rl_update import rollout_metrics, shuffled_rows
 from rlhfkit.trainers.trpo_config import TRPOConfig
