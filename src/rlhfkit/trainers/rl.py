@@ -106,12 +106,19 @@ def longest_prompt(cfg, tok, records, limit: int | None) -> int:
 
 def micro_batch_of_run(cfg, command: str, actor, tok, records, limit: int | None, run) -> int:
     """The run's micro-batch size (runtime/batch_plan.py): cfg.micro_batch_size, or with auto the size
-    planned from the memory estimate, printed once and recorded in summary.json."""
+    planned from the memory estimate (the smallest of all processes' plans, so every process cuts its
+    mini-batches alike), printed once and recorded in summary.json."""
     from rlhfkit.runtime.batch_plan import AUTO, run_micro_batch
+    from rlhfkit.runtime.distributed import max_over_processes
 
-    prompt_length = longest_prompt(cfg, tok, records, limit) if cfg.micro_batch_size == AUTO else 0
+    planned = cfg.micro_batch_size == AUTO and torch.device(run.device).type == "cuda"
+    prompt_length = longest_prompt(cfg, tok, records, limit) if planned else 0  # the CPU plan needs none
     size, reason = run_micro_batch(cfg, "ppo" if command == "ppo" else "grpo", actor.policy.config.to_dict(),
                                    prompt_length, run.world, run.device)
+    if reason is not None and run.world > 1:
+        smallest = int(-max_over_processes(run.accelerator, -size))
+        reason += "" if smallest == size else f"; {smallest}, the smallest plan of {run.world} processes"
+        size = smallest
     if reason is not None:
         run.print(f"micro-batch {size} ({reason})")
         run.summary["micro_batch_size"] = {"size": size, "reason": reason}
