@@ -74,10 +74,10 @@ def added_bytes(sampler: torch.nn.Module, core: torch.nn.Module) -> int:
 
 
 def sample_stale(sampler, tok, records: list[dict], cfg, params, seed: int, device,
-                 lean: bool) -> tuple[Rollout, float]:
+                 lean: bool, micro_batch_size: int | None = None) -> tuple[Rollout, float]:
     """(tokens sampled by `sampler` (its own generator, seeded with `seed`) with its own log-probs
     of them (a teacher-forced pass at the sampling temperature, NaN on padding), not scored;
-    seconds of that pass)."""
+    seconds of that pass). `micro_batch_size`: the run's (trainers/rl.py RLRun; None: the config's)."""
     from rlhfkit.rollout.decode import lean_generate
 
     t0 = time.perf_counter()
@@ -89,7 +89,7 @@ def sample_stale(sampler, tok, records: list[dict], cfg, params, seed: int, devi
             share_prompts=sampler.share_prompts, share_prefix=sampler.share_prefix)
     t1 = time.perf_counter()
     with autocast(cfg.dtype, device):
-        logprob_pass(sampler, None, rollout, cfg.temperature, cfg.micro_batch_size,
+        logprob_pass(sampler, None, rollout, cfg.temperature, micro_batch_size or cfg.micro_batch_size,
                      chunk_budget=cfg.cpu_chunk_positions)
     rollout.sampler_logprobs = rollout.logprobs.masked_fill(rollout.response_mask == 0, float("nan"))
     rollout.logprobs = rollout.entropy = rollout.values = rollout.trunk = None  # the trainer's pass fills them
@@ -166,7 +166,8 @@ class OneStepOffPolicy:
 
         def job() -> tuple[Rollout, list[dict], float]:
             torch.set_num_threads(threads)  # the same intra-op split as the main thread: the same numerics
-            rollout, pass_s = sample_stale(self.sampler, self.tok, records, cfg, rl.params, seed, rl.run.device, lean)
+            rollout, pass_s = sample_stale(self.sampler, self.tok, records, cfg, rl.params, seed, rl.run.device, lean,
+                                           rl.micro_batch_size)
             rollout.prompts = [str(r["prompt"]) for r in records]
             rollout.info = info_lists(records)
             return rollout, records, pass_s

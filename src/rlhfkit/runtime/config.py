@@ -36,11 +36,18 @@ def option(default: Any, help: str, choices: tuple | None = None, several: bool 
     return dataclasses.field(default=default, metadata=meta)
 
 
+# An integer option that also takes a word (`micro_batch_size=auto`): a count where the value reads as
+# one, else the text as given (the config's validate() names the words it takes).
+COUNT_OR_WORD = int | str
+
+
 def _base_type(tp: Any) -> tuple[Any, bool]:
-    """(underlying type, optional?) for `X`, `X | None`, `Optional[X]`."""
+    """(underlying type, optional?) for `X`, `X | None`, `Optional[X]`, `int | str`."""
     origin = typing.get_origin(tp)
     if origin in (typing.Union, types.UnionType):
         args = [a for a in typing.get_args(tp) if a is not type(None)]
+        if set(args) == {int, str}:
+            return COUNT_OR_WORD, type(None) in typing.get_args(tp)
         return (args[0] if len(args) == 1 else str), True
     return tp, False
 
@@ -82,6 +89,13 @@ def _convert(raw: Any, base: Any) -> Any:
         if text in BOOL_WORDS:
             return text in ("1", "true", "yes", "on")
         raise ValueError
+    if base == COUNT_OR_WORD:
+        try:
+            return _convert(raw, int)
+        except (TypeError, ValueError, OverflowError):
+            if isinstance(raw, str):
+                return raw
+            raise
     if base is int:
         if isinstance(raw, bool) or (isinstance(raw, float) and not raw.is_integer()):
             raise ValueError

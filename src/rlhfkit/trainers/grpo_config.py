@@ -20,6 +20,7 @@ from rlhfkit.choices import (
     ON_POLICY_BACKENDS,
     REINFORCE_PP_ADVANTAGES,
 )
+from rlhfkit.runtime.batch_plan import check_micro_batch_size
 from rlhfkit.runtime.config import check, option
 from rlhfkit.trainers.options import (
     REWARD_SPECS_HELP,
@@ -89,7 +90,10 @@ class GRPOConfig(EnvArgs, GenerationArgs, ReferenceArgs, SamplingArgs, ModelArgs
     # update
     update_epochs: int = option(2, "passes over each rollout (GRPO's mu; 1 = on-policy, the ratio stays 1)")
     mini_batch_size: int | None = option(32, "sequences per optimiser step (None = the whole rollout)")
-    micro_batch_size: int = option(16, "sequences per forward/backward (gradient accumulation = mini / micro)")
+    micro_batch_size: int | str = option(16, "sequences per forward/backward (gradient accumulation = mini / micro); "
+                                         "auto: on the CPU 16, on a CUDA GPU the largest power of two dividing the "
+                                         "mini-batch, at least 16, whose update fits the free memory by the memory "
+                                         "estimate (runtime/batch_plan.py)")
     lr: float = option(3e-4, "AdamW learning rate (LoRA default; use ~1e-6..1e-5 for full fine-tuning)")
     clip_eps: float = option(0.2, "ratio clip range")
     clip_eps_high: float | None = option(None, "upper clip range (DAPO clip-higher; None = clip_eps)")
@@ -143,8 +147,9 @@ class GRPOConfig(EnvArgs, GenerationArgs, ReferenceArgs, SamplingArgs, ModelArgs
 
     def validate(self) -> None:
         check(self.iterations >= 1, f"iterations ({self.iterations}) must be >= 1")
-        for k in ("rollout_batch_size", "micro_batch_size", "update_epochs", "max_new_tokens", "generation_batch_size"):
+        for k in ("rollout_batch_size", "update_epochs", "max_new_tokens", "generation_batch_size"):
             check(getattr(self, k) >= 1, f"{k} ({getattr(self, k)}) must be >= 1")
+        check_micro_batch_size(self.micro_batch_size)
         check(self.group_size >= 2 or self.advantage in GROUPLESS,
               f"group_size ({self.group_size}) must be >= 2: a group of one has no baseline")
         check(self.group_size >= 1, f"group_size ({self.group_size}) must be >= 1")
@@ -154,7 +159,7 @@ class GRPOConfig(EnvArgs, GenerationArgs, ReferenceArgs, SamplingArgs, ModelArgs
         check(mini >= 1, f"mini_batch_size ({self.mini_batch_size}) must be >= 1")
         check(self.rollout_batch_size % mini == 0,
               f"rollout_batch_size ({self.rollout_batch_size}) must be divisible by mini_batch_size ({mini})")
-        check(mini % self.micro_batch_size == 0,
+        check(self.micro_batch_size == "auto" or mini % self.micro_batch_size == 0,
               f"mini_batch_size ({mini}) must be divisible by micro_batch_size ({self.micro_batch_size})")
         check(self.temperature > 0, f"temperature ({self.temperature}) must be > 0 for sampled rollouts")
         check(0 < self.top_p <= 1, f"top_p ({self.top_p}) must be in (0, 1]")

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from rlhfkit.choices import KL_ESTIMATORS, KL_LOSS_ESTIMATORS, KL_PENALTY_PLACES, PPO_LOSS_AGGREGATIONS
+from rlhfkit.runtime.batch_plan import check_micro_batch_size
 from rlhfkit.runtime.config import check, option
 from rlhfkit.trainers.options import (
     REWARD_SPECS_HELP,
@@ -50,7 +51,9 @@ class ActorCriticArgs(EnvArgs, GenerationArgs, ReferenceArgs, SamplingArgs, Mode
                                         "least this many, all of them where free GPU memory holds their KV "
                                         "cache (rollout/core.py generation_rows)")
     # update (the critic's optimiser: lr, warmup_steps, ...)
-    micro_batch_size: int = option(8, "sequences per forward/backward")
+    micro_batch_size: int | str = option(8, "sequences per forward/backward; auto: on the CPU 8, on a CUDA GPU the "
+                                         "largest power of two dividing mini_batch_size, at least 8, whose update fits "
+                                         "the free memory by the memory estimate (runtime/batch_plan.py)")
     lr: float = option(1e-3, "AdamW learning rate (LoRA default; use ~1e-5 for full fine-tuning)")
     value_clip_eps: float | None = option(0.2, "value clip range around the rollout values (None disables)")
     # advantages and rewards
@@ -85,9 +88,10 @@ class ActorCriticArgs(EnvArgs, GenerationArgs, ReferenceArgs, SamplingArgs, Mode
 
     def validate(self) -> None:
         check(self.iterations >= 1, f"iterations ({self.iterations}) must be >= 1")
-        for k in ("rollout_batch_size", "micro_batch_size", "max_new_tokens", "generation_batch_size", "kl_horizon",
+        for k in ("rollout_batch_size", "max_new_tokens", "generation_batch_size", "kl_horizon",
                   "eval_samples_per_prompt"):
             check(getattr(self, k) >= 1, f"{k} ({getattr(self, k)}) must be >= 1")
+        check_micro_batch_size(self.micro_batch_size)
         check(self.temperature > 0, f"temperature ({self.temperature}) must be > 0 for sampled rollouts")
         check(0 < self.top_p <= 1, f"top_p ({self.top_p}) must be in (0, 1]")
         check(0 <= self.gamma <= 1, f"gamma ({self.gamma}) must be in [0, 1]")
@@ -127,7 +131,7 @@ class PPOConfig(ActorCriticArgs):
             check(getattr(self, k) >= 1, f"{k} ({getattr(self, k)}) must be >= 1")
         check(self.rollout_batch_size % self.mini_batch_size == 0,
               f"rollout_batch_size ({self.rollout_batch_size}) must be divisible by mini_batch_size ({self.mini_batch_size})")
-        check(self.mini_batch_size % self.micro_batch_size == 0,
+        check(self.micro_batch_size == "auto" or self.mini_batch_size % self.micro_batch_size == 0,
               f"mini_batch_size ({self.mini_batch_size}) must be divisible by micro_batch_size ({self.micro_batch_size})")
         check(self.clip_eps > 0, f"clip_eps ({self.clip_eps}) must be > 0")
         check(self.vf_coef >= 0, f"vf_coef ({self.vf_coef}) must be >= 0")

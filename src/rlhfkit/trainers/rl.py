@@ -119,6 +119,34 @@ def planned_optimizer_steps(cfg: RLConfig) -> int:
     return cfg.iterations * cfg.optimiser_steps_per_iteration
 
 
+def longest_prompt(cfg, tok, records, limit: int | None) -> int:
+    """Tokens of the longest chat-formatted prompt of `records`, at most `limit` (None: no limit)."""
+    texts = format_prompts(tok, [r["prompt"] for r in records], cfg)
+    longest = max((len(ids) for ids in tok(texts, add_special_tokens=False)["input_ids"]), default=1)
+    return min(longest, limit) if limit else longest
+
+
+def micro_batch_of_run(cfg, command: str, actor, tok, records, limit: int | None, run) -> int:
+    """The run's micro-batch size (runtime/batch_plan.py): cfg.micro_batch_size, or with auto the size
+    planned from the memory estimate (the smallest of all processes' plans, so every process cuts its
+    mini-batches alike), printed once and recorded in summary.json."""
+    from rlhfkit.runtime.batch_plan import AUTO, run_micro_batch
+    from rlhfkit.runtime.distributed import max_over_processes
+
+    planned = cfg.micro_batch_size == AUTO and torch.device(run.device).type == "cuda"
+    prompt_length = longest_prompt(cfg, tok, records, limit) if planned else 0  # the CPU plan needs none
+    size, reason = run_micro_batch(cfg, "ppo" if command == "ppo" else "grpo", actor.policy.config.to_dict(),
+                                   prompt_length, run.world, run.device)
+    if reason is not None and run.world > 1:
+        smallest = int(-max_over_processes(run.accelerator, -size))
+        reason += "" if smallest == size else f"; {smallest}, the smallest plan of {run.world} processes"
+        size = smallest
+    if reason is not None:
+        run.print(f"micro-batch {size} ({reason})")
+        run.summary["micro_batch_size"] = {"size": size, "reason": reason}
+    return size
+
+
 def rollout_rows(cfg, world: int) -> tuple[str, int, int]:
     """(the option that sizes an iteration's rollout, its value, rollout rows per process):
     rollout_batch_size over the processes, or online-dpo's two completions per prompt."""
@@ -252,10 +280,11 @@ class RLRun:
         check_rollout_fits(rows, max_prompt_length or 0, cfg.max_new_tokens, option=(name, value))
         check_stop_ids(cfg.stop_ids, actor.policy.get_input_embeddings().num_embeddings)
         run.open(total=cfg.iterations)
+        self.micro_batch_size = micro_batch_of_run(cfg, command, actor, self.tok, train_records, max_prompt_length, run)
         optimizer, scheduler = optimizer_for(actor.parameters(), cfg, planned_optimizer_steps(cfg))
         self.stream = PromptStream(train_records, cfg.seed, run.rank, run.world)
         self.generator = torch.Generator(device=HOST).manual_seed(cfg.seed)  # the update's shuffles
-        self.model = run.prepare(actor, optimizer, scheduler, cfg.micro_batch_size, stream=self.stream,
+        self.model = run.prepare(actor, optimizer, scheduler, self.micro_batch_size, stream=self.stream,
                                  generator=self.generator)
         self.core = run.core
         if self.reference is not None:
@@ -291,7 +320,7 @@ class RLRun:
         the update's first micro-batch repeats it exactly and its ratio is 1)."""
         t0 = time.perf_counter()
         with self.run.tracker.phase("log-probs", None), autocast(self.cfg.dtype, self.run.device):
-            teacher_forced_pass(self.core, self.reference, rollout, self.cfg.temperature, self.cfg.micro_batch_size,
+            teacher_forced_pass(self.core, self.reference, rollout, self.cfg.temperature, self.micro_batch_size,
                           order, keep_trunk_mb=self.cfg.trunk_cache_mb,
                           chunk_budget=self.cfg.cpu_chunk_positions)
         rollout.timings["timing/logprobs_s"] = time.perf_counter() - t0
@@ -305,7 +334,7 @@ class RLRun:
             after.callback(trim_heap)  # and the update's, before the next sampling or evaluation
             return update_policy(self.model, run.optimizer, run.scheduler, run.accelerator, rollout, loss_fn,
                                  epochs=epochs, mini_batch_size=mini_batch_size,
-                                 micro_batch_size=cfg.micro_batch_size, max_grad_norm=cfg.max_grad_norm,
+                                 micro_batch_size=self.micro_batch_size, max_grad_norm=cfg.max_grad_norm,
                                  ratio_check_tol=cfg.ratio_check_tol, generator=self.generator,
                                  first_perm=first_perm, guard=run.guard, where=f"iteration {self.iteration}, ",
                                  group_size=group_size, chunk_budget=cfg.cpu_chunk_positions)

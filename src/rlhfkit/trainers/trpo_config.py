@@ -50,6 +50,7 @@ class TRPOConfig(ActorCriticArgs):
         check(self.rollout_batch_size % self.vf_mini_batch_size == 0,
               f"rollout_batch_size ({self.rollout_batch_size}) must be divisible by vf_mini_batch_size "
               f"({self.vf_mini_batch_size})")
+        check(self.micro_batch_size != "auto", "micro_batch_size=auto is for ppo and the grpo family: trpo takes a number")
         check(self.vf_mini_batch_size % self.micro_batch_size == 0,
               f"vf_mini_batch_size ({self.vf_mini_batch_size}) must be divisible by micro_batch_size "
               f"({self.micro_batch_size})")
