@@ -17,7 +17,8 @@ SRC = Path(rlhfkit.__file__).resolve().parent  # the package under test (an old 
 PROBE = re.compile(r"getattr\((self\.)?(cfg|args|config)\s*,\s*[\"']")
 NOT_OURS = {"models/policy.py": "reads a transformers model config (word_embed_proj_dim)",
             "rollout/core.py": "reads a transformers model config", "rollout/prompt_fit.py": "a transformers config",
-            "models/trunk.py": "a transformers config", "models/shared_prompts.py": "a transformers config"}
+            "models/trunk.py": "a transformers config", "models/shared_prompts.py": "a transformers config",
+            "models/hf_compat.py": "a transformers model config (_attn_implementation)"}
 RL_CONFIGS = ("PPOConfig", "TRPOConfig", "GRPOConfig", "RLOOConfig", "GSPOConfig", "DAPOConfig", "ReinforcePPConfig",
               "OnlineDPOConfig")
 
