@@ -188,7 +188,8 @@ def train(cfg: RMConfig) -> dict:
         metrics = h.timed(rm_step(model, run.optimizer, run.scheduler, run.accelerator, tok, batch, info, cfg,
                                   len(batch) / cfg.batch_size, guard=run.guard, where=f"step {step}"), t0)  # 2-4.
         ev = h.evaluate_due(step, cfg.eval_every, evaluate) if eval_pairs else {}  # 5.
-        metrics.update({f"eval/rm_{k}": ev[k] for k in ("loss", "accuracy", "margin") if k in ev})
+        if ev:
+            metrics.update({"eval/rm_loss": ev["loss"], "eval/rm_accuracy": ev["accuracy"], "eval/rm_margin": ev["margin"]})
         run.log(step, metrics)  # 6.
     h.evaluate_after(lambda m: f"[eval] after:  accuracy {m['accuracy']:.3f}, loss {m['loss']:.4f}")
     run.summary["score_stats"] = score_stats(run.core, tok, train_pairs, info, cfg)
