@@ -130,8 +130,8 @@ def peak_phase(phases: list[tuple[str, float, float]]) -> str:
 
 
 def estimate_gb(name: str) -> float:
-    from rlhfkit.runtime.config import parse_values
-    from rlhfkit.runtime.memory import PROG, MemoryArgs, estimate, for_method
+    from rlhfkit.core.config import parse_values
+    from rlhfkit.estimate.memory import PROG, MemoryArgs, estimate, for_method
 
     shapes = ESTIMATES[name] if isinstance(ESTIMATES[name], list) else [ESTIMATES[name]]
     return max(estimate(for_method(parse_values(MemoryArgs, f"{COMMON_ESTIMATE} {one}".split(), PROG)[0]))["peak"]
@@ -144,7 +144,7 @@ policy update's forward (16 rows of up to 128 response tokens and two ~260-token
 about 1.4 MB of activations per position through 30 layers, fp32 norm
 inputs); in DPO the training step (+1.1 GiB over its entry) and the fused head's CPU workspace
 (0.55 GiB, sized by the held-out pass over every pair at once). And in both, glibc's heap: with the
-trainers' malloc tuning (runtime/allocator.py) freed blocks stay in the heap, but a phase of other
+trainers' malloc tuning (core/allocator.py) freed blocks stay in the heap, but a phase of other
 shapes (sampling after the update, an evaluation after training, a micro-batch of another width) does
 not reuse them and grows the heap anew, so RSS summed the phases' peaks.
 
@@ -154,7 +154,7 @@ below) in near-equal row chunks with the micro-batch's
 columns (rollout/logprobs.py `row_chunks`, `rows_of`: the scoring pass, the update, DPO's reference
 table, steps and held-out pass cut alike, so the first update chunk still repeats the scoring pass
 bit for bit); DPO's held-out passes run in micro-batches; the heap's free pages go back to the kernel
-before and after each RL update (runtime/allocator.py `trim_heap`; in DPO a trim before the steps
+before and after each RL update (core/allocator.py `trim_heap`; in DPO a trim before the steps
 left the peak where it was, 2.44 against 2.32 GiB, so DPO has none). The multi-turn demo's per-step peak grows with the response width, which
 grows as the model learns to call the tool: measured here at iteration 1. Cost of the chunks: a DPO
 micro-batch of the demo (8 pairs, 2 chunks) took 18.6 CPU-s whole and 18.6 CPU-s chunked over 3
@@ -205,7 +205,7 @@ control: with ONEDNN_PRIMITIVE_CACHE_CAPACITY=0 or 64 the level is ~370-390 MiB)
 micro-batch width is a new shape. Bounded, but the whole grpo demo reached 2.44 GB, next to the 2.5 GB
 target, where its first iteration peaked at 1.43.
 
-Fixed 2026-11-24 (356666b): the trainers cap both caches at 64 entries (runtime/allocator.py `cap_kernel_caches`:
+Fixed 2026-11-24 (356666b): the trainers cap both caches at 64 entries (core/allocator.py `cap_kernel_caches`:
 ONEDNN_PRIMITIVE_CACHE_CAPACITY and ideep's LRU_CACHE_CAPACITY, unless the user set them; both are read at
 the first oneDNN matmul, so `Run` sets them first). bench/shape_cache.py over 300 steps of new row counts:
 685 MiB in use uncapped, 418 with LRU_CACHE_CAPACITY=16 alone, 105 with both (flat; fixed M: 97). A whole
@@ -241,7 +241,7 @@ whose rewards differed: the model solves ~5% of the arithmetic at first), so the
 sampling; later updates run up to all 64 rows. And the estimate counted 2 prompts per 16-row micro-batch
 (ceil(16 / 8)), where an update's mini-batches of 32 of the 64 rows, shuffled and then ordered by prompt,
 hold rows of ~5 (DAPO's update instrumented: micro-batches of 16 rows and 73-77 tokens, 0.41-0.52 GiB of
-bytes in use added by each forward). `estimate-memory` now counts them (runtime/memory.py
+bytes in use added by each forward). `estimate-memory` now counts them (estimate/memory.py
 `prompts_per_micro_batch`, option `mini_batch_size`): grpo, dapo and gspo 1.44 -> 1.70 GB; rloo, whose
 update takes the rollout whole, 2 prompts as before (1.44). The table's whole runs against it: grpo 1.91 GB
 (0.89), rloo 1.63 (0.88), dapo 1.83 (0.93), gspo 1.92 (0.88), reinforce_pp 2.07 (0.84, its peak in sampling after an update): all 16

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from rlhfkit import algos, selfcheck
+from rlhfkit import algos
+from rlhfkit.commands import selfcheck
 from rlhfkit.cli import main as cli_main
 from rlhfkit.models import policy
 

@@ -9,8 +9,8 @@ import pytest
 
 from rlhfkit.cli import main
 from rlhfkit.errors import ConfigError
-from rlhfkit.runtime.config import build_config
-from rlhfkit.tpo import (
+from rlhfkit.core.config import build_config
+from rlhfkit.commands.tpo import (
     GRADIENT_PROMPT,
     LOSS_PROMPT,
     UPDATE_PROMPT,

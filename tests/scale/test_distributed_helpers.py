@@ -100,7 +100,7 @@ def test_grpo_constant_normaliser_counts_every_process():
     processes each holding a mini-batch, N times the single-process constant."""
     from rlhfkit.models.policy import ActorCritic
     from rlhfkit.rollout import Rollout, logprob_pass
-    from rlhfkit.runtime.config import build_config
+    from rlhfkit.core.config import build_config
     from rlhfkit.trainers.grpo import micro_batch_loss
     from rlhfkit.trainers.grpo_config import GRPOConfig
 

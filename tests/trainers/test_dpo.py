@@ -10,7 +10,7 @@ import torch
 
 from rlhfkit.errors import ConfigError
 from rlhfkit.models.policy import ActorCritic
-from rlhfkit.runtime.config import build_config, parse_args
+from rlhfkit.core.config import build_config, parse_args
 from rlhfkit.trainers.dpo import (
     dpo_batch_loss,
     encode_pairs,

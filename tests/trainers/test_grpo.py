@@ -11,7 +11,7 @@ import torch
 from rlhfkit.errors import ConfigError
 from rlhfkit.models.policy import ActorCritic
 from rlhfkit.rollout import Rollout, SamplingParams, forward_logprobs, generate, logprob_pass
-from rlhfkit.runtime.config import build_config, parse_args
+from rlhfkit.core.config import build_config, parse_args
 from rlhfkit.trainers.grpo import (
     compute_advantages,
     informative_rows,

@@ -29,7 +29,7 @@ from rlhfkit.rollout.offpolicy import (
     trainable_names,
 )
 from rlhfkit.runtime import tracker as tracker_mod
-from rlhfkit.runtime.config import build_config
+from rlhfkit.core.config import build_config
 from rlhfkit.runtime.faults import Interrupted
 from rlhfkit.trainers.grpo import train
 from rlhfkit.trainers.grpo_config import OFF_POLICY_TIS_CAP, DAPOConfig, GRPOConfig

@@ -17,7 +17,7 @@ import torch
 
 from rlhfkit.runtime import tracker as tracker_mod
 from rlhfkit.runtime.checkpoint import latest_checkpoint
-from rlhfkit.runtime.config import build_config, parse_args
+from rlhfkit.core.config import build_config, parse_args
 from rlhfkit.runtime.faults import Interrupted
 
 VOWELS = ("def reward(prompts, completions, **kw):\n"

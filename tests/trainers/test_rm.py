@@ -17,7 +17,7 @@ from rlhfkit.models.reward_model import (
     load_reward_scorer,
     normalise,
 )
-from rlhfkit.runtime.config import build_config, parse_args
+from rlhfkit.core.config import build_config, parse_args
 from rlhfkit.trainers.rm import RMConfig, train
 
 from tiny_lm import build_tiny_model, build_tokenizer

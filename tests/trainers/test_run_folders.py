@@ -13,7 +13,7 @@ from test_resume import make_cfg, read_jsonl
 
 from rlhfkit.errors import UserError
 from rlhfkit.runtime.checkpoint import latest_checkpoint
-from rlhfkit.runtime.config import parse_args
+from rlhfkit.core.config import parse_args
 
 
 def _files(folder):

@@ -24,7 +24,7 @@ from rlhfkit.data.chat import IGNORE_INDEX, end_of_turn, tokenize_sft_example, w
 from rlhfkit.data.readers import Records, expect_messages, expect_text, message_text, missing_field
 from rlhfkit.data.sets import builtin_name, load_split, sample
 from rlhfkit.errors import DataError
-from rlhfkit.runtime.devices import HOST
+from rlhfkit.core.devices import HOST
 
 RESPONSE_FIELDS = ("response", "completion")
 

@@ -71,8 +71,8 @@ def config_defaults(run_dir: Path, config: dict[str, Any]) -> tuple[str, dict[st
     """(command, its default config as config.yaml records it) for a run folder; None when the command
     is not known (another tool's folder)."""
     from rlhfkit.api import COMMAND_CONFIGS, config_class
-    from rlhfkit.export import run_method
-    from rlhfkit.runtime.recorded import recorded_value
+    from rlhfkit.commands.export import run_method
+    from rlhfkit.core.recorded import recorded_value
 
     command = run_method(Path(run_dir), config)
     if command not in COMMAND_CONFIGS:

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from rlhfkit.errors import UserError
-from rlhfkit.runtime.imports import first_line
+from rlhfkit.core.imports import first_line
 
 TAG, JSON = "tag", "json"
 FORMATS = (TAG, JSON)

@@ -137,7 +137,7 @@ def cmd_pairs(args: argparse.Namespace) -> int:
     prompts_file = Path(args.prompts)
     out = check_output(args.out, args.force, [("prompts file", prompts_file)] if prompts_file.is_file() else [])
     from rlhfkit.data.prompts import load_prompts  # lazy: heavy imports
-    from rlhfkit.generate import sample_texts
+    from rlhfkit.rollout.texts import sample_texts
 
     rows = load_prompts(args.prompts, split=args.split, limit=args.limit or None, seed=args.seed)
     prompts = [r["prompt"] for r in rows]

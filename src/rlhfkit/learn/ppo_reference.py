@@ -22,7 +22,7 @@ import torch
 
 from rlhfkit import algos
 from rlhfkit.rollout import Rollout
-from rlhfkit.runtime.devices import HOST
+from rlhfkit.core.devices import HOST
 
 
 def response_positions(x: torch.Tensor, num_response: int) -> torch.Tensor:

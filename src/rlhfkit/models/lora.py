@@ -24,7 +24,7 @@ import torch
 from torch import nn
 
 from rlhfkit.errors import UserError
-from rlhfkit.runtime.devices import free_cuda_bytes
+from rlhfkit.core.devices import free_cuda_bytes
 
 
 def lora_layers(model: nn.Module) -> list[nn.Module]:

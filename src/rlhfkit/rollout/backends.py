@@ -31,7 +31,7 @@ import torch
 from rlhfkit.rollout.core import Rollout, SamplingParams, generate, generate_ids, rollout_from_tokens
 from rlhfkit.rollout.decode import decode, lean_generate, lean_generate_ids
 from rlhfkit.rollout.static_decode import static_decode
-from rlhfkit.runtime.devices import HOST
+from rlhfkit.core.devices import HOST
 
 BACKENDS = ("hf", "lean", "graph", "vllm")
 

@@ -27,7 +27,7 @@ from rlhfkit.models.policy import position_ids_from_mask
 from rlhfkit.models.shared_prompts import shared_prefix_prompts, shared_prompt_cache
 from rlhfkit.rollout.core import Rollout, SamplingParams, generate_ids, rollout_from_tokens, rows_per_call
 from rlhfkit.rollout.sampling import exponential_race
-from rlhfkit.runtime.devices import HOST
+from rlhfkit.core.devices import HOST
 
 
 def draw(logits: torch.Tensor, temperature: float) -> torch.Tensor:

@@ -143,7 +143,7 @@ def latest_checkpoint(run_dir: str | Path) -> Path | None:
 def saved_config(run_dir: str | Path) -> dict:
     """The configuration of a run to resume (the base that command-line overrides change): the one
     saved with its newest checkpoint, else RUN/config.yaml (which a failed attempt may have changed)."""
-    from rlhfkit.runtime.config import read_yaml
+    from rlhfkit.core.config import read_yaml
 
     run_dir = Path(run_dir)
     if not run_dir.is_dir():
@@ -232,7 +232,7 @@ def write_checkpoint(run_dir: Path, step: int, *, model: torch.nn.Module, state:
     `barrier` (e.g. accelerator.wait_for_everyone) orders the steps across processes. `weights`:
     the trainable weights when `model`'s are sharded (runtime/fsdp2.py `trainable_weights`).
     """
-    from rlhfkit.runtime.disk import out_of_space
+    from rlhfkit.core.disk import out_of_space
 
     root = Path(run_dir) / CHECKPOINTS
     tmp = root / f".tmp-step-{step}"
@@ -249,7 +249,7 @@ def write_checkpoint(run_dir: Path, step: int, *, model: torch.nn.Module, state:
 def _write_checkpoint(run_dir: Path, step: int, *, model: torch.nn.Module, state: dict, config_text: str,
                       rank: int, world_size: int, keep: int, barrier: Callable[[], None], meta: dict | None,
                       weights: dict[str, torch.Tensor] | None) -> Path:
-    from rlhfkit.runtime.seeding import rng_state
+    from rlhfkit.core.seeding import rng_state
 
     root = Path(run_dir) / CHECKPOINTS
     tmp, final = root / f".tmp-step-{step}", root / f"step-{step}"
@@ -353,7 +353,7 @@ def truncate_logs(run_dir: Path, step: int) -> list[dict]:
     """Keep only rows with iteration < `step` in the run's jsonl logs (a resumed run writes the
     later ones again); returns the kept metrics rows. A torn last line is dropped. Each file is
     replaced in one rename (a full disk leaves it as it was, with one line naming it)."""
-    from rlhfkit.runtime.disk import write_atomic
+    from rlhfkit.core.disk import write_atomic
 
     kept_metrics: list[dict] = []
     for name in TRAINING_LOGS:

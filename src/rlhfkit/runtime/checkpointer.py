@@ -135,7 +135,7 @@ class Checkpointer:
     def resume(self, path: Path | None, **objects: Any) -> int:
         """Register more `objects`, then load everything from checkpoint `path` (None: a fresh run)
         and cut the run's logs back to it. Returns the first step to run."""
-        from rlhfkit.runtime.seeding import set_rng_state
+        from rlhfkit.core.seeding import set_rng_state
 
         self.objects.update(objects)
         if path is None:
@@ -175,7 +175,7 @@ class Checkpointer:
     def _config_changes(self, path: Path) -> str:
         import yaml
 
-        from rlhfkit.runtime.config import to_dict
+        from rlhfkit.core.config import to_dict
 
         try:
             old = yaml.safe_load((path / CONFIG).read_text()) or {}
@@ -227,7 +227,7 @@ class Checkpointer:
     def save(self, step: int) -> Path | None:
         import yaml
 
-        from rlhfkit.runtime.config import to_dict
+        from rlhfkit.core.config import to_dict
 
         acc = self.accelerator
         if self.sharded:

@@ -29,11 +29,11 @@ from rlhfkit.errors import DataError
 from rlhfkit.rollout import Rollout, forward_logprobs
 from rlhfkit.rollout.logprobs import chunk_positions, row_chunks, rows_of
 from rlhfkit.runtime.accumulate import accumulate, add_up
-from rlhfkit.runtime.config import check, config_main
-from rlhfkit.runtime.devices import HOST
+from rlhfkit.core.config import check, config_main
+from rlhfkit.core.devices import HOST
 from rlhfkit.runtime.distributed import sum_over_processes
 from rlhfkit.runtime.faults import guarded_step
-from rlhfkit.runtime.precision import autocast
+from rlhfkit.core.precision import autocast
 from rlhfkit.runtime.run import Run, closes_its_runs
 from rlhfkit.trainers.build import build_actor
 from rlhfkit.trainers.dpo_config import DPOConfig, ORPOConfig, SimPOConfig

@@ -30,9 +30,9 @@ from rlhfkit.errors import DataError
 from rlhfkit.rollout import Rollout
 from rlhfkit.rollout.logprobs import micro_batch_chunks
 from rlhfkit.runtime.accumulate import accumulate, add_up
-from rlhfkit.runtime.allocator import trim_heap
-from rlhfkit.runtime.config import check, config_main
-from rlhfkit.runtime.devices import HOST
+from rlhfkit.core.allocator import trim_heap
+from rlhfkit.core.config import check, config_main
+from rlhfkit.core.devices import HOST
 from rlhfkit.runtime.distributed import sum_over_processes
 from rlhfkit.runtime.faults import guarded_step
 from rlhfkit.runtime.run import Run, closes_its_runs
@@ -254,7 +254,7 @@ def train(cfg: KTOConfig) -> dict:
         grad_norm, skipped = guarded_step(wrapped.parameters(), run.optimizer, run.scheduler, run.accelerator,
                                           cfg.max_grad_norm, loss=metrics["loss/kto"], guard=run.guard,
                                           where=f"step {step}")
-        trim_heap()  # the next step's widths differ: its chunks would not reuse these blocks (3.93 -> 3.41 GB, runtime/allocator.py)
+        trim_heap()  # the next step's widths differ: its chunks would not reuse these blocks (3.93 -> 3.41 GB, core/allocator.py)
         metrics.update({"params/grad_norm": grad_norm, "params/lr": run.scheduler.get_last_lr()[0],
                         "params/skipped_steps": float(skipped),
                         "params/epoch": (step + 1) * cfg.batch_size / N, "timing/step_s": time.time() - t0})

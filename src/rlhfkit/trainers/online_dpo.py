@@ -22,8 +22,8 @@ import torch
 from rlhfkit.algos import shape_rewards
 from rlhfkit.rollout import Rollout
 from rlhfkit.runtime.accumulate import accumulate, add_up
-from rlhfkit.runtime.allocator import trim_heap
-from rlhfkit.runtime.config import config_main
+from rlhfkit.core.allocator import trim_heap
+from rlhfkit.core.config import config_main
 from rlhfkit.runtime.distributed import sum_over_processes
 from rlhfkit.runtime.faults import guarded_step
 from rlhfkit.runtime.run import closes_its_runs
@@ -86,7 +86,7 @@ def dpo_step(rl: RLRun, cfg: OnlineDPOConfig, rollout: Rollout, chosen: torch.Te
                                       cfg.max_grad_norm, loss=metrics["loss/dpo"], guard=rl.run.guard,
                                       where=f"iteration {it}")
     metrics.update({"params/grad_norm": grad_norm, "params/skipped_steps": float(skipped)})
-    trim_heap()  # the step's blocks: sampling's shapes would not reuse them (runtime/allocator.py)
+    trim_heap()  # the step's blocks: sampling's shapes would not reuse them (core/allocator.py)
     return metrics
 
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from rlhfkit.runtime.config import check, option
+from rlhfkit.core.config import check, option
 
 OVERFLOW_MODES = ("truncate_left", "error")
 # The reward specs the RL trainers take after their built-in default (`reward=` help text)

@@ -29,10 +29,10 @@ from rlhfkit.data.sft import collate
 from rlhfkit.errors import UserError
 from rlhfkit.rollout.logprobs import chunk_positions
 from rlhfkit.runtime.accumulate import accumulate, add_up
-from rlhfkit.runtime.config import check, config_main
-from rlhfkit.runtime.devices import HOST
+from rlhfkit.core.config import check, config_main
+from rlhfkit.core.devices import HOST
 from rlhfkit.runtime.faults import guarded_step
-from rlhfkit.runtime.precision import autocast
+from rlhfkit.core.precision import autocast
 from rlhfkit.runtime.run import Run, closes_its_runs
 from rlhfkit.trainers.sft_config import SFTConfig
 
@@ -93,10 +93,10 @@ def mean_nll(module: nn.Module, examples: list[dict], pad_id: int, micro_batch_s
 
 
 def rouge_of_responses(model, tok, rows: list[dict], cfg: SFTConfig) -> dict[str, float]:
-    """ROUGE-1/2/L F1 (rlhfkit.evaluate.rouge_scores) of the model's greedy responses to the held-out
+    """ROUGE-1/2/L F1 (rlhfkit.commands.evaluate.rouge_scores) of the model's greedy responses to the held-out
     prompts against their reference responses; the same prompts and text format as training."""
-    from rlhfkit.evaluate import rouge_scores
-    from rlhfkit.generate import generate_texts
+    from rlhfkit.commands.evaluate import rouge_scores
+    from rlhfkit.rollout.texts import generate_texts
     from rlhfkit.models.reward_model import format_example
     from rlhfkit.rollout import SamplingParams
 

@@ -8,7 +8,7 @@ import math
 from typing import Any
 
 from rlhfkit import __version__
-from rlhfkit.export import BUILTIN_HUB_IDS
+from rlhfkit.commands.export import BUILTIN_HUB_IDS
 
 DATA_KEYS = ("prompts", "eval_prompts", "data", "eval_data", "prefs", "reward", "reward_model", "judge")
 SETTING_KEYS = ("seed", "dtype", "lora", "lora_r", "lora_alpha", "lora_layers", "lr", "warmup_steps", "iterations",

@@ -17,7 +17,7 @@ from typing import Any, TypeVar
 import yaml
 
 from rlhfkit.errors import ConfigError
-from rlhfkit.runtime.aliases import alias_hint, aliases_of, canonical_key
+from rlhfkit.core.aliases import alias_hint, aliases_of, canonical_key
 
 C = TypeVar("C")
 BOOL_WORDS = ("1", "true", "yes", "on", "0", "false", "no", "off")
@@ -140,7 +140,7 @@ def _unknown_key(key: Any, known: typing.Iterable[str], source: str) -> ConfigEr
 
 def _field_key(cls: type, key: Any, source: str) -> str:
     """The option of `cls` that `key` names (its own name or an alias: TRL's `learning_rate` is `lr`,
-    runtime/aliases.py), or a one-line ConfigError with a hint."""
+    core/aliases.py), or a one-line ConfigError with a hint."""
     name = canonical_key(str(key), _fields(cls))
     if name is None:
         raise _unknown_key(key, _fields(cls), source)
@@ -344,15 +344,15 @@ def help_text(cls: type, prog: str) -> str:
 
 def to_dict(cfg: Any) -> dict[str, Any]:
     """The config as YAML can hold it: a callable reward as its import path, a Dataset as a note
-    (runtime/recorded.py)."""
-    from rlhfkit.runtime.recorded import recorded_value
+    (core/recorded.py)."""
+    from rlhfkit.core.recorded import recorded_value
 
     return {f.name: recorded_value(getattr(cfg, f.name)) for f in dataclasses.fields(cfg)}
 
 
 def save_config(cfg: Any, path: str | Path) -> None:
     """Write config.yaml in one rename (never an empty or half-written file, even on a full disk)."""
-    from rlhfkit.runtime.disk import write_atomic
+    from rlhfkit.core.disk import write_atomic
 
     write_atomic(Path(path), yaml.safe_dump(to_dict(cfg), sort_keys=False), Path(path).parent)
 

@@ -7,7 +7,7 @@ import argparse
 import torch
 
 from rlhfkit.rollout import SamplingParams, generate
-from rlhfkit.runtime.seeding import seed_everything
+from rlhfkit.core.seeding import seed_everything
 
 
 def generate_texts(model, tokenizer, formatted: list[str], params: SamplingParams, seed: int,
@@ -42,7 +42,7 @@ def sample_and_score(model, tokenizer, records: list[dict], formatted: list[str]
     """Sample one completion per prompt and score it with `reward_fn`."""
     from rlhfkit.data.prompts import info_lists, reward_inputs
     from rlhfkit.rewards import score_batch
-    from rlhfkit.runtime.precision import autocast
+    from rlhfkit.core.precision import autocast
 
     device = next(model.parameters()).device
     with autocast(dtype, device):
@@ -71,7 +71,7 @@ def sample_texts(model: str, prompts: list[str], num_samples: int, max_new_token
     are fast, else fp32."""
     from rlhfkit.data.chat import format_prompt
     from rlhfkit.models.loading import resolve_dtype
-    from rlhfkit.runtime.precision import autocast
+    from rlhfkit.core.precision import autocast
 
     dtype = resolve_dtype(dtype)
     lm, tok = load_for_inference(model, dtype)

@@ -48,7 +48,7 @@ def _gae_table(check: Check, rewards, values, gamma: float, lam: float, want_adv
     import torch
 
     from rlhfkit import algos
-    from rlhfkit.runtime.devices import HOST
+    from rlhfkit.core.devices import HOST
 
     r = torch.tensor([rewards], dtype=torch.float64, device=HOST)
     v = torch.tensor([values], dtype=torch.float64, device=HOST)
@@ -102,7 +102,7 @@ def check_clip_gradients() -> Check:
     import torch
 
     from rlhfkit import algos
-    from rlhfkit.runtime.devices import HOST
+    from rlhfkit.core.devices import HOST
 
     c = Check("clip", "PPO clip, eps 0.2, token mean over N = 6: d loss / d log pi_t")
     ratio = [1.1, 1.3, 0.7, 0.9, 0.7, 1.3]
@@ -133,7 +133,7 @@ def check_kl_estimators() -> Check:
     import torch
 
     from rlhfkit import algos
-    from rlhfkit.runtime.devices import HOST
+    from rlhfkit.core.devices import HOST
 
     c = Check("kl", "KL(pi || pi_ref) estimators, exact expectation over actions a ~ pi")
     pi, ref = [0.6, 0.3, 0.1], [0.3, 0.3, 0.4]
@@ -174,7 +174,7 @@ def check_logprob_offset() -> Check:
     import torch
 
     from rlhfkit.models import policy
-    from rlhfkit.runtime.devices import HOST
+    from rlhfkit.core.devices import HOST
 
     c = Check("offset", "log-prob offset: logits at position P-1+i predict response token i")
     lm = _tiny_llama()

@@ -114,7 +114,7 @@ def write_export(info: RunInfo, out: Path, merged: bool) -> None:
     """Weights, tokenizer, generation config, value head, report and model card into `out`."""
     from transformers import AutoTokenizer
 
-    from rlhfkit.export_card import model_card
+    from rlhfkit.commands.export_card import model_card
 
     tok = AutoTokenizer.from_pretrained(info.final)
     if info.reward_model:  # already a plain transformers folder

@@ -19,7 +19,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from rlhfkit.runtime.config import check, config_main, option
+from rlhfkit.core.config import check, config_main, option
 
 
 @dataclass
@@ -138,11 +138,11 @@ def run_model(spec: str, records: list[dict], cfg: EvalConfig) -> dict:
     """Completions (step 2) and the reference-response perplexity (step 5) of one model."""
     import torch
 
-    from rlhfkit.generate import generate_texts, load_for_inference
+    from rlhfkit.rollout.texts import generate_texts, load_for_inference
     from rlhfkit.models.reward_model import format_example
     from rlhfkit.rollout import SamplingParams
     from rlhfkit.rollout.prompt_fit import enforce_prompt_limit, prompt_token_limit
-    from rlhfkit.runtime.precision import autocast
+    from rlhfkit.core.precision import autocast
 
     model, tok = load_for_inference(spec, cfg.dtype)
     device = next(model.parameters()).device
@@ -199,7 +199,7 @@ def evaluate(cfg: EvalConfig) -> dict:
     from rlhfkit.errors import UserError
     from rlhfkit.models.loading import resolve_dtype
     from rlhfkit.rewards import get_reward, score_batch
-    from rlhfkit.runtime.seeding import seed_everything
+    from rlhfkit.core.seeding import seed_everything
 
     t0 = time.time()
     cfg.dtype = resolve_dtype(cfg.dtype)

@@ -60,8 +60,8 @@ import dataclasses
 import math
 from dataclasses import dataclass
 
-from rlhfkit.runtime.config import build_config, check, option, parse_values
-from rlhfkit.runtime.model_shape import PRESETS, ModelShape, resolve_shape
+from rlhfkit.core.config import build_config, check, option, parse_values
+from rlhfkit.estimate.shape import PRESETS, ModelShape, resolve_shape
 
 GIB = 2**30
 PROG = "rlhfkit estimate-memory"
@@ -93,7 +93,7 @@ TRAINER_OPTIONS = ("lora", "lora_r", "lora_layers", "lora_dropout", "gradient_ch
                    "mini_batch_size", "group_size", "fvp_fraction")
 CPU_ACTIVATION_BYTES = {("bf16", "lora"): 54, ("bf16", "dropout"): 88, ("bf16", "full"): 69,
                         ("fp32", "lora"): 71, ("fp32", "dropout"): 121, ("fp32", "full"): 78}
-# glibc keeps freed blocks in the heap (runtime/allocator.py), and micro-batches or chunks of other
+# glibc keeps freed blocks in the heap (core/allocator.py), and micro-batches or chunks of other
 # widths do not reuse all of them: on the CPU RSS holds this share of the training phase's transient
 # (activations + logits) on top. Fitted to the default demos (docs/benchmarks.md, "Peak memory of the
 # default demos": with the activation bytes and baseline above, the demos' peaks imply 0.4-0.6 for

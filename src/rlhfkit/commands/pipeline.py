@@ -35,8 +35,8 @@ from typing import Any
 import yaml
 
 from rlhfkit.errors import ConfigError, UserError
-from rlhfkit.runtime.allocator import trim_heap
-from rlhfkit.runtime.config import build_config, coerce, read_yaml, to_dict
+from rlhfkit.core.allocator import trim_heap
+from rlhfkit.core.config import build_config, coerce, read_yaml, to_dict
 
 STAGES = ("sft", "prefs", "rm", "ppo", "eval")
 MARKER = "rlhfkit_stage.json"
@@ -134,8 +134,8 @@ def output_folder(value: Any) -> Path:
 
 def stage_configs(cfg: dict) -> dict[str, Any]:
     """The typed config of every enabled stage, with the links between stages filled in."""
-    from rlhfkit.evaluate import EvalConfig
-    from rlhfkit.prefs import PrefsConfig
+    from rlhfkit.commands.evaluate import EvalConfig
+    from rlhfkit.commands.prefs import PrefsConfig
     from rlhfkit.trainers.ppo_config import PPOConfig
     from rlhfkit.trainers.rm import RMConfig
     from rlhfkit.trainers.sft import SFTConfig
@@ -211,7 +211,7 @@ def run_stage(stage: str, c: Any) -> dict:
     if stage == "sft":
         from rlhfkit.trainers.sft import train
     elif stage == "prefs":
-        from rlhfkit.prefs import make_preferences as train
+        from rlhfkit.commands.prefs import make_preferences as train
     elif stage == "rm":
         from rlhfkit.trainers.rm import train
     elif stage == "ppo":
@@ -222,7 +222,7 @@ def run_stage(stage: str, c: Any) -> dict:
         except RatioCheckError as e:
             raise UserError(str(e)) from None
     else:
-        from rlhfkit.evaluate import evaluate as train
+        from rlhfkit.commands.evaluate import evaluate as train
     return train(c)
 
 
@@ -256,7 +256,7 @@ def run_pipeline(cfg: dict) -> dict:
         t0 = time.time()
         summary = run_stage(stage, c)
         gc.collect()  # the stage's model, optimiser and data are garbage now:
-        trim_heap()  # hand their freed heap back, so the next stage starts low (runtime/allocator.py)
+        trim_heap()  # hand their freed heap back, so the next stage starts low (core/allocator.py)
         secs = time.time() - t0
         folder.mkdir(parents=True, exist_ok=True)
         (folder / MARKER).write_text(json.dumps({"stage": stage, "fingerprint": fp, "seconds": secs,

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from rlhfkit.errors import UserError
-from rlhfkit.runtime.config import check, option, parse_args
+from rlhfkit.core.config import check, option, parse_args
 from rlhfkit.trainers.options import PromptFormatArgs, PromptLimitArgs
 
 PAIR_MODES = ("best-worst", "all")
@@ -148,14 +148,14 @@ def make_preferences(cfg: PrefsConfig) -> dict:
     import torch
 
     from rlhfkit.data.prompts import info_lists
-    from rlhfkit.generate import generate_texts, load_for_inference
+    from rlhfkit.rollout.texts import generate_texts, load_for_inference
     from rlhfkit.models.loading import resolve_dtype
     from rlhfkit.models.reward_model import format_example
     from rlhfkit.rewards import get_reward, score_batch
     from rlhfkit.rollout import SamplingParams
     from rlhfkit.rollout.prompt_fit import enforce_prompt_limit, prompt_token_limit
-    from rlhfkit.runtime.precision import autocast
-    from rlhfkit.runtime.seeding import seed_everything
+    from rlhfkit.core.precision import autocast
+    from rlhfkit.core.seeding import seed_everything
 
     cfg.dtype = resolve_dtype(cfg.dtype)
     out = Path(cfg.out)
