@@ -229,8 +229,8 @@ def grpo_flops(cfg, shapes: dict[int, dict]) -> list[dict[str, int]]:
 def model_shape(model: str):
     from transformers import AutoConfig
 
-    from rlhfkit.models.loading import resolve_model_path
     from rlhfkit.estimate.flops import shape_of
+    from rlhfkit.models.loading import resolve_model_path
 
     return shape_of(AutoConfig.from_pretrained(resolve_model_path(model)))
 

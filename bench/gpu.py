@@ -435,7 +435,8 @@ def estimate_args(cfg, r: dict) -> dict:
 
 def estimate_gb(cfg, r: dict) -> float:
     """estimate-memory's GPU peak in GiB (rlhfkit.estimate.memory) for `estimate_args(cfg, r)`."""
-    from rlhfkit.estimate.memory import GIB, estimate, for_method
+    from rlhfkit.commands.estimate_memory import for_method
+    from rlhfkit.estimate.memory import GIB, estimate
 
     return estimate(for_method(estimate_args(cfg, r)))["peak"] / GIB
 

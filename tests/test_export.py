@@ -15,8 +15,8 @@ import torch
 import yaml
 
 from rlhfkit.cli import main as cli_main
-from rlhfkit.errors import UserError
 from rlhfkit.commands.export import export_run
+from rlhfkit.errors import UserError
 
 TEXT = "<|im_start|>user\nWrite a review of thing number 3.<|im_end|>\n<|im_start|>assistant\nIt was great, lovely"
 

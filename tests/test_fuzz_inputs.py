@@ -12,13 +12,13 @@ import yaml
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
+from rlhfkit.commands.evaluate import EvalConfig
+from rlhfkit.commands.prefs import PrefsConfig
+from rlhfkit.core.config import parse_args
 from rlhfkit.data.prefs import load_preferences
 from rlhfkit.data.prompts import load_prompts
 from rlhfkit.data.sft import load_sft_examples
 from rlhfkit.errors import UserError
-from rlhfkit.commands.evaluate import EvalConfig
-from rlhfkit.commands.prefs import PrefsConfig
-from rlhfkit.core.config import parse_args
 from rlhfkit.trainers.dpo_config import DPOConfig
 from rlhfkit.trainers.grpo_config import GRPOConfig, RLOOConfig
 from rlhfkit.trainers.ppo_config import PPOConfig

@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 
 from rlhfkit import algos
-from rlhfkit.commands import selfcheck
 from rlhfkit.cli import main as cli_main
+from rlhfkit.commands import selfcheck
 from rlhfkit.models import policy
 
 

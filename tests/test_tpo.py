@@ -8,8 +8,6 @@ import json
 import pytest
 
 from rlhfkit.cli import main
-from rlhfkit.errors import ConfigError
-from rlhfkit.core.config import build_config
 from rlhfkit.commands.tpo import (
     GRADIENT_PROMPT,
     LOSS_PROMPT,
@@ -21,6 +19,8 @@ from rlhfkit.commands.tpo import (
     summarise,
     tpo_search,
 )
+from rlhfkit.core.config import build_config
+from rlhfkit.errors import ConfigError
 
 
 def test_closest_prefix_and_pick_pair():

@@ -14,12 +14,12 @@ import pytest
 import torch
 from families import FAMILIES, save_family
 
+from rlhfkit.core.config import build_config
 from rlhfkit.data.chat import format_prompts
 from rlhfkit.models import load_causal_lm, load_tokenizer
 from rlhfkit.models.policy import ActorCritic
 from rlhfkit.rollout import logprob_pass
 from rlhfkit.rollout.core import rollout_from_tokens
-from rlhfkit.core.config import build_config
 
 PROMPTS = ["Hi", "Write a short review of the new cafe. It was great.", "What is 3 + 4?", "Hi",
            "The film was terrible and boring."]

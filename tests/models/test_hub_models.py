@@ -16,10 +16,10 @@ import torch
 import yaml
 
 from rlhfkit.cli import main
+from rlhfkit.core.config import build_config
 from rlhfkit.errors import ConfigError, UserError
 from rlhfkit.models import loading
 from rlhfkit.models.reward_model import RewardModel, ScoreHead, load_reward_scorer, save_reward_model
-from rlhfkit.core.config import build_config
 from rlhfkit.trainers.ppo import train
 from rlhfkit.trainers.ppo_config import PPOConfig
 

@@ -8,10 +8,10 @@ import json
 import pytest
 import torch
 
+from rlhfkit.core.config import build_config
 from rlhfkit.errors import UserError
 from rlhfkit.rewards import check_reward_call, get_rewards, score_batch, score_parts
 from rlhfkit.rewards.scoring import RewardError, takes_keywords
-from rlhfkit.core.config import build_config
 from rlhfkit.trainers.grpo import train as grpo_train
 from rlhfkit.trainers.grpo_config import GRPOConfig
 

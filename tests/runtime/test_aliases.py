@@ -8,9 +8,9 @@ import sys
 import pytest
 
 from rlhfkit.cli import main as rlhfkit_main
-from rlhfkit.errors import ConfigError
 from rlhfkit.commands.evaluate import EvalConfig
 from rlhfkit.core.config import build_config, parse_args, parse_values
+from rlhfkit.errors import ConfigError
 from rlhfkit.trainers.dpo_config import DPOConfig
 from rlhfkit.trainers.grpo_config import GRPOConfig
 from rlhfkit.trainers.sft_config import SFTConfig

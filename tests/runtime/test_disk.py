@@ -12,8 +12,8 @@ import pytest
 import torch
 
 from rlhfkit.core import disk
-from rlhfkit.runtime.checkpoint import CHECKPOINTS, latest_checkpoint, write_checkpoint
 from rlhfkit.core.disk import DiskFull, append_text, write_atomic
+from rlhfkit.runtime.checkpoint import CHECKPOINTS, latest_checkpoint, write_checkpoint
 
 FULL = OSError(errno.ENOSPC, "No space left on device")
 

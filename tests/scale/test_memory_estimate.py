@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import pytest
 
-from rlhfkit.errors import ConfigError
-from rlhfkit.models.lora import add_lora
 from rlhfkit.core.config import build_config
-from rlhfkit.estimate.memory import MemoryArgs, estimate, kv_cache_bytes, main
+from rlhfkit.errors import ConfigError
+from rlhfkit.commands.estimate_memory import main
+from rlhfkit.estimate.memory import MemoryArgs, estimate, kv_cache_bytes
 from rlhfkit.estimate.shape import PRESETS, ModelShape
+from rlhfkit.models.lora import add_lora
 
 from tiny_lm import build_tiny_model, build_tokenizer
 
@@ -114,7 +115,7 @@ def test_options_not_given_take_the_methods_trainer_defaults(method, config):
     judged-sampling lengths; a given option wins, `null` included."""
     import importlib
 
-    from rlhfkit.estimate.memory import TRAINER_OPTIONS, for_method
+    from rlhfkit.commands.estimate_memory import TRAINER_OPTIONS, for_method
 
     module, name = config.split(":")
     required = {"data": "prefs.jsonl"} if method == "rm" else {}  # rm has no default data
@@ -131,8 +132,20 @@ def test_options_not_given_take_the_methods_trainer_defaults(method, config):
     assert for_method({"method": method, "lora_layers": None}).lora_layers is None
 
 
+def test_the_estimates_lora_dropout_is_each_trainers_default():
+    """estimate/memory.py imports no trainer: its copy of their LoRA dropout defaults stays theirs."""
+    import dataclasses
+
+    from rlhfkit.commands import COMMANDS, load
+    from rlhfkit.estimate.memory import ESTIMATED_METHODS, TRAINER_LORA_DROPOUT
+
+    for method in ESTIMATED_METHODS:
+        fields = {f.name: f.default for f in dataclasses.fields(load(COMMANDS[method].config))}
+        assert TRAINER_LORA_DROPOUT.get(method, 0.0) == fields["lora_dropout"], method
+
+
 def test_trainer_defaults_by_hand():
-    from rlhfkit.estimate.memory import for_method
+    from rlhfkit.commands.estimate_memory import for_method
 
     grpo = for_method({"method": "grpo"})
     assert (grpo.micro_batch_size, grpo.group_size, grpo.rollout_batch_size, grpo.mini_batch_size,
@@ -168,7 +181,7 @@ def test_unknown_model_is_a_one_line_error():
 def test_the_worked_table_in_docs_is_what_the_function_computes():
     from pathlib import Path
 
-    from rlhfkit.estimate.memory import worked_table
+    from rlhfkit.commands.estimate_memory import worked_table
 
     doc = (Path(__file__).parents[2] / "docs" / "scale.md").read_text()
     assert worked_table() in doc, "docs/scale.md's worked table is stale: paste rlhfkit.estimate.memory.worked_table()"
@@ -253,8 +266,8 @@ def test_chunked_positions_are_at_most_the_budget():
 
 
 def test_chunk_size_matches_the_trainers():
-    from rlhfkit.rollout.logprobs import CHUNK_POSITIONS
     from rlhfkit.estimate.memory import CHUNK_POSITIONS as ESTIMATED
+    from rlhfkit.rollout.logprobs import CHUNK_POSITIONS
 
     assert ESTIMATED == CHUNK_POSITIONS
     from dataclasses import fields

@@ -14,10 +14,10 @@ import pytest
 import torch
 from test_resume import TRAINERS, comparable, make_cfg, read_jsonl, stop_after
 
+from rlhfkit.core.config import build_config, parse_args
 from rlhfkit.errors import run_guarded
 from rlhfkit.rewards import RewardError
 from rlhfkit.runtime.checkpoint import CHECKPOINTS, PAUSE_ENV, latest_checkpoint
-from rlhfkit.core.config import build_config, parse_args
 from rlhfkit.runtime.faults import Interrupted, NonFiniteError, NonFiniteGuard, guarded_step
 
 # ----------------------------------------------------------------------------- helpers

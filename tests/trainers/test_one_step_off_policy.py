@@ -17,6 +17,7 @@ import torch
 import yaml
 from test_grpo import tiny_cfg as grpo_tiny_cfg
 
+from rlhfkit.core.config import build_config
 from rlhfkit.errors import ConfigError
 from rlhfkit.models.lora import merged_lora
 from rlhfkit.models.policy import ActorCritic
@@ -29,7 +30,6 @@ from rlhfkit.rollout.offpolicy import (
     trainable_names,
 )
 from rlhfkit.runtime import tracker as tracker_mod
-from rlhfkit.core.config import build_config
 from rlhfkit.runtime.faults import Interrupted
 from rlhfkit.trainers.grpo import train
 from rlhfkit.trainers.grpo_config import OFF_POLICY_TIS_CAP, DAPOConfig, GRPOConfig

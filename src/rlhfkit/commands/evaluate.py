@@ -138,11 +138,11 @@ def run_model(spec: str, records: list[dict], cfg: EvalConfig) -> dict:
     """Completions (step 2) and the reference-response perplexity (step 5) of one model."""
     import torch
 
-    from rlhfkit.rollout.texts import generate_texts, load_for_inference
+    from rlhfkit.core.precision import autocast
     from rlhfkit.models.reward_model import format_example
     from rlhfkit.rollout import SamplingParams
     from rlhfkit.rollout.prompt_fit import enforce_prompt_limit, prompt_token_limit
-    from rlhfkit.core.precision import autocast
+    from rlhfkit.rollout.texts import generate_texts, load_for_inference
 
     model, tok = load_for_inference(spec, cfg.dtype)
     device = next(model.parameters()).device
@@ -195,11 +195,11 @@ def model_metrics(run: dict, records: list[dict], scores: dict[str, list[float]]
 
 def evaluate(cfg: EvalConfig) -> dict:
     """Run the evaluation; writes OUT/report.json and OUT/samples.jsonl and returns the report."""
+    from rlhfkit.core.seeding import seed_everything
     from rlhfkit.data.prompts import info_lists, load_prompts
     from rlhfkit.errors import UserError
     from rlhfkit.models.loading import resolve_dtype
     from rlhfkit.rewards import get_reward, score_batch
-    from rlhfkit.core.seeding import seed_everything
 
     t0 = time.time()
     cfg.dtype = resolve_dtype(cfg.dtype)

@@ -79,7 +79,7 @@ def read_run(run_dir: Path) -> RunInfo:
 def run_method(run_dir: Path, config: dict) -> str:
     """The command that made the run: from a checkpoint's meta.json, else the default run name
     (COMMAND-DATE-TIME), else the config's telltale keys."""
-    from rlhfkit.cli import COMMANDS
+    from rlhfkit.commands import COMMANDS
 
     for meta in sorted((run_dir / "checkpoints").glob("step-*/meta.json")):
         try:

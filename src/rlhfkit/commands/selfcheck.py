@@ -173,8 +173,8 @@ def check_logprob_offset() -> Check:
     """Sample token by token, then one teacher-forced pass: the slice [P-1, P+R-1) gives ratio 1."""
     import torch
 
-    from rlhfkit.models import policy
     from rlhfkit.core.devices import HOST
+    from rlhfkit.models import policy
 
     c = Check("offset", "log-prob offset: logits at position P-1+i predict response token i")
     lm = _tiny_llama()

@@ -16,8 +16,8 @@ from typing import Any, TypeVar
 
 import yaml
 
-from rlhfkit.errors import ConfigError
 from rlhfkit.core.aliases import alias_hint, aliases_of, canonical_key
+from rlhfkit.errors import ConfigError
 
 C = TypeVar("C")
 BOOL_WORDS = ("1", "true", "yes", "on", "0", "false", "no", "off")

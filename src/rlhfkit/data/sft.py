@@ -20,11 +20,11 @@ from typing import Any
 
 import torch
 
+from rlhfkit.core.devices import HOST
 from rlhfkit.data.chat import IGNORE_INDEX, end_of_turn, tokenize_sft_example, with_bos
 from rlhfkit.data.readers import Records, expect_messages, expect_text, message_text, missing_field
 from rlhfkit.data.sets import builtin_name, load_split, sample
 from rlhfkit.errors import DataError
-from rlhfkit.core.devices import HOST
 
 RESPONSE_FIELDS = ("response", "completion")
 

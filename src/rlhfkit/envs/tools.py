@@ -25,8 +25,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from rlhfkit.errors import UserError
 from rlhfkit.core.imports import first_line
+from rlhfkit.errors import UserError
 
 TAG, JSON = "tag", "json"
 FORMATS = (TAG, JSON)

@@ -13,8 +13,8 @@ from collections.abc import Callable
 import torch
 
 from rlhfkit import algos
-from rlhfkit.core.devices import HOST
 from rlhfkit.commands.selfcheck import Check, _row, _tiny_llama
+from rlhfkit.core.devices import HOST
 
 
 def _doctor(check: Check, rows: list[dict]) -> None:

@@ -28,10 +28,10 @@ from pathlib import Path
 
 import torch
 
+from rlhfkit.core.devices import HOST
 from rlhfkit.rollout.core import Rollout, SamplingParams, generate, generate_ids, rollout_from_tokens
 from rlhfkit.rollout.decode import decode, lean_generate, lean_generate_ids
 from rlhfkit.rollout.static_decode import static_decode
-from rlhfkit.core.devices import HOST
 
 BACKENDS = ("hf", "lean", "graph", "vllm")
 

@@ -14,12 +14,12 @@ from dataclasses import dataclass, field, fields
 import torch
 
 from rlhfkit.algos import response_mask
+from rlhfkit.core.devices import free_cuda_bytes
 from rlhfkit.models.attention import native_attention
 from rlhfkit.models.hf_compat import cache_kwargs
 from rlhfkit.models.lora import merged_lora
 from rlhfkit.models.shared_prompts import shared_prefix_prompts, shared_prompt_cache
 from rlhfkit.rollout.sampling import ExponentialRaceSampler
-from rlhfkit.core.devices import free_cuda_bytes
 
 
 @dataclass

@@ -75,11 +75,11 @@ class Run:
     def __init__(self, cfg: Any, command: str):
         from accelerate import Accelerator
 
-        from rlhfkit.models.loading import resolve_dtype
         from rlhfkit.core.allocator import cap_kernel_caches, tune_malloc
+        from rlhfkit.core.seeding import seed_everything
+        from rlhfkit.models.loading import resolve_dtype
         from rlhfkit.runtime.fsdp2 import requested_plan
         from rlhfkit.runtime.run_folder import check_run_folder
-        from rlhfkit.core.seeding import seed_everything
 
         cap_kernel_caches()  # before any matmul: each new shape's kernels stay cached (core/allocator.py)
         self.cfg, self.command = cfg, command

@@ -24,16 +24,16 @@ import time
 import torch
 
 from rlhfkit.algos import dpo_loss, orpo_loss, simpo_loss
+from rlhfkit.core.config import check, config_main
+from rlhfkit.core.devices import HOST
+from rlhfkit.core.precision import autocast
 from rlhfkit.data.chat import format_prompts
 from rlhfkit.errors import DataError
 from rlhfkit.rollout import Rollout, forward_logprobs
 from rlhfkit.rollout.logprobs import chunk_positions, row_chunks, rows_of
 from rlhfkit.runtime.accumulate import accumulate, add_up
-from rlhfkit.core.config import check, config_main
-from rlhfkit.core.devices import HOST
 from rlhfkit.runtime.distributed import sum_over_processes
 from rlhfkit.runtime.faults import guarded_step
-from rlhfkit.core.precision import autocast
 from rlhfkit.runtime.run import Run, closes_its_runs
 from rlhfkit.trainers.build import build_actor
 from rlhfkit.trainers.dpo_config import DPOConfig, ORPOConfig, SimPOConfig

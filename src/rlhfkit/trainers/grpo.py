@@ -43,10 +43,10 @@ from rlhfkit.algos import (
     remax_advantages,
     truncated_is_weights,
 )
-from rlhfkit.rollout import Rollout, forward_logprobs
-from rlhfkit.rollout.offpolicy import OneStepOffPolicy
 from rlhfkit.core.config import config_main
 from rlhfkit.core.precision import autocast
+from rlhfkit.rollout import Rollout, forward_logprobs
+from rlhfkit.rollout.offpolicy import OneStepOffPolicy
 from rlhfkit.runtime.run import closes_its_runs
 from rlhfkit.trainers.build import build_actor
 from rlhfkit.trainers.grpo_config import (

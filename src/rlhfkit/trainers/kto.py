@@ -26,13 +26,13 @@ from collections.abc import Callable
 import torch
 
 from rlhfkit.algos import kto_loss, kto_reference_point
+from rlhfkit.core.allocator import trim_heap
+from rlhfkit.core.config import check, config_main
+from rlhfkit.core.devices import HOST
 from rlhfkit.errors import DataError
 from rlhfkit.rollout import Rollout
 from rlhfkit.rollout.logprobs import micro_batch_chunks
 from rlhfkit.runtime.accumulate import accumulate, add_up
-from rlhfkit.core.allocator import trim_heap
-from rlhfkit.core.config import check, config_main
-from rlhfkit.core.devices import HOST
 from rlhfkit.runtime.distributed import sum_over_processes
 from rlhfkit.runtime.faults import guarded_step
 from rlhfkit.runtime.run import Run, closes_its_runs

@@ -20,10 +20,10 @@ import time
 import torch
 
 from rlhfkit.algos import shape_rewards
-from rlhfkit.rollout import Rollout
-from rlhfkit.runtime.accumulate import accumulate, add_up
 from rlhfkit.core.allocator import trim_heap
 from rlhfkit.core.config import config_main
+from rlhfkit.rollout import Rollout
+from rlhfkit.runtime.accumulate import accumulate, add_up
 from rlhfkit.runtime.distributed import sum_over_processes
 from rlhfkit.runtime.faults import guarded_step
 from rlhfkit.runtime.run import closes_its_runs

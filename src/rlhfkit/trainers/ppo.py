@@ -34,10 +34,10 @@ from rlhfkit.algos import (
     shape_rewards,
 )
 from rlhfkit.algos.rewards import shape_turn_rewards
-from rlhfkit.rollout import Rollout, forward_logprobs
 from rlhfkit.core.config import config_main
-from rlhfkit.runtime.distributed import global_mean_var
 from rlhfkit.core.precision import autocast
+from rlhfkit.rollout import Rollout, forward_logprobs
+from rlhfkit.runtime.distributed import global_mean_var
 from rlhfkit.runtime.run import closes_its_runs
 from rlhfkit.trainers.build import build_actor_critic
 from rlhfkit.trainers.ppo_config import PPOConfig

@@ -25,18 +25,18 @@ from collections.abc import Callable
 
 import torch
 
+from rlhfkit.core.allocator import trim_heap
+from rlhfkit.core.devices import HOST
+from rlhfkit.core.precision import autocast
 from rlhfkit.data.chat import format_prompts
 from rlhfkit.data.prompts import info_lists
 from rlhfkit.errors import UserError
+from rlhfkit.estimate.memory import check_rollout_fits
 from rlhfkit.rewards.scoring import mean_std, reward_name
 from rlhfkit.rollout import Rollout, SamplingParams, generate
 from rlhfkit.rollout.logprobs import logprob_pass as teacher_forced_pass
 from rlhfkit.rollout.score import score_rollout
-from rlhfkit.core.allocator import trim_heap
-from rlhfkit.core.devices import HOST
 from rlhfkit.runtime.distributed import mean_over_processes
-from rlhfkit.estimate.memory import check_rollout_fits
-from rlhfkit.core.precision import autocast
 from rlhfkit.runtime.run import Run
 from rlhfkit.trainers.rl_update import LossFn, env_rates, update_policy
 

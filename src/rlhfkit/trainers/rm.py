@@ -21,11 +21,11 @@ import time
 import torch
 
 from rlhfkit.algos import bradley_terry_loss
-from rlhfkit.runtime.accumulate import accumulate, add_up
 from rlhfkit.core.config import check, config_main
 from rlhfkit.core.devices import HOST
-from rlhfkit.runtime.faults import guarded_step
 from rlhfkit.core.precision import autocast
+from rlhfkit.runtime.accumulate import accumulate, add_up
+from rlhfkit.runtime.faults import guarded_step
 from rlhfkit.runtime.run import Run, closes_its_runs
 from rlhfkit.trainers.rm_config import RMConfig
 

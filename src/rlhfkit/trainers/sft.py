@@ -24,15 +24,15 @@ import torch
 from torch import nn
 
 from rlhfkit.algos import aggregate_loss, logprobs_from_logits
+from rlhfkit.core.config import check, config_main
+from rlhfkit.core.devices import HOST
+from rlhfkit.core.precision import autocast
 from rlhfkit.data.chat import IGNORE_INDEX
 from rlhfkit.data.sft import collate
 from rlhfkit.errors import UserError
 from rlhfkit.rollout.logprobs import chunk_positions
 from rlhfkit.runtime.accumulate import accumulate, add_up
-from rlhfkit.core.config import check, config_main
-from rlhfkit.core.devices import HOST
 from rlhfkit.runtime.faults import guarded_step
-from rlhfkit.core.precision import autocast
 from rlhfkit.runtime.run import Run, closes_its_runs
 from rlhfkit.trainers.sft_config import SFTConfig
 
@@ -96,9 +96,9 @@ def rouge_of_responses(model, tok, rows: list[dict], cfg: SFTConfig) -> dict[str
     """ROUGE-1/2/L F1 (rlhfkit.commands.evaluate.rouge_scores) of the model's greedy responses to the held-out
     prompts against their reference responses; the same prompts and text format as training."""
     from rlhfkit.commands.evaluate import rouge_scores
-    from rlhfkit.rollout.texts import generate_texts
     from rlhfkit.models.reward_model import format_example
     from rlhfkit.rollout import SamplingParams
+    from rlhfkit.rollout.texts import generate_texts
 
     formatted = [format_example(tok, r["prompt"], "", cfg.chat_template, cfg.system_prompt)[0] for r in rows]
     params = SamplingParams(cfg.rouge_max_new_tokens, 0.0, 0, 1.0, (tok.eos_token_id,), None)
