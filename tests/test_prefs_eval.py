@@ -109,8 +109,8 @@ def test_eval_perplexity_matches_manual_cross_entropy(tmp_path, tiny_model_dir):
     import torch
     import torch.nn.functional as F
 
+    from rlhfkit.data.chat import format_example
     from rlhfkit.models import load_causal_lm, load_tokenizer
-    from rlhfkit.models.reward_model import format_example
 
     data = tmp_path / "sft.jsonl"
     rows = [{"prompt": "What is 3 + 4?", "response": "The answer is 7."},

@@ -168,9 +168,9 @@ def test_sft_and_reward_model_see_what_the_model_computes(family):
     import torch.nn.functional as F
     from transformers import AutoModel
 
+    from rlhfkit.data.chat import format_example
     from rlhfkit.data.sft import collate, tokenize_examples
-    from rlhfkit.models.policy import position_ids_from_mask
-    from rlhfkit.models.reward_model import format_example
+    from rlhfkit.models.trunk import position_ids_from_mask
     from rlhfkit.trainers.sft import ResponseNLL
 
     fam, path = family

@@ -13,7 +13,8 @@ import torch
 
 from rlhfkit.core import disk
 from rlhfkit.core.disk import DiskFull, append_text, write_atomic
-from rlhfkit.runtime.checkpoint import CHECKPOINTS, latest_checkpoint, write_checkpoint
+from rlhfkit.core.run_files import CHECKPOINTS, latest_checkpoint
+from rlhfkit.runtime.checkpoint import write_checkpoint
 
 FULL = OSError(errno.ENOSPC, "No space left on device")
 

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
+from rlhfkit.commands.estimate_memory import main
 from rlhfkit.core.config import build_config
 from rlhfkit.errors import ConfigError
-from rlhfkit.commands.estimate_memory import main
 from rlhfkit.estimate.memory import MemoryArgs, estimate, kv_cache_bytes
 from rlhfkit.estimate.shape import PRESETS, ModelShape
 from rlhfkit.models.lora import add_lora

@@ -11,10 +11,9 @@ import torch
 import torch.nn.functional as F
 
 from rlhfkit.core.config import build_config, parse_args
-from rlhfkit.data.chat import IGNORE_INDEX
+from rlhfkit.data.chat import IGNORE_INDEX, format_example
 from rlhfkit.data.sft import collate, tokenize_examples
 from rlhfkit.errors import ConfigError
-from rlhfkit.models.reward_model import format_example
 from rlhfkit.trainers.sft import ResponseNLL, SFTConfig, sft_step, train
 
 from tiny_lm import build_tiny_model, build_tokenizer

@@ -139,7 +139,7 @@ def run_model(spec: str, records: list[dict], cfg: EvalConfig) -> dict:
     import torch
 
     from rlhfkit.core.precision import autocast
-    from rlhfkit.models.reward_model import format_example
+    from rlhfkit.data.chat import format_example
     from rlhfkit.rollout import SamplingParams
     from rlhfkit.rollout.prompt_fit import enforce_prompt_limit, prompt_token_limit
     from rlhfkit.rollout.texts import generate_texts, load_for_inference

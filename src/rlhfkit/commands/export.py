@@ -25,9 +25,9 @@ import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
+from rlhfkit.commands.runs import run_method
 from rlhfkit.errors import UserError
 
-BUILTIN_HUB_IDS = {"smollm2-135m-instruct": "HuggingFaceTB/SmolLM2-135M-Instruct"}
 VALUE_HEAD_DIR = "value_head"
 STANDARD_DIR = "sequence_classification"  # models/classifier_reward.py: `rlhfkit rm`'s standard copy
 
@@ -76,28 +76,10 @@ def read_run(run_dir: Path) -> RunInfo:
                    head if head.is_file() else None, reward_model)
 
 
-def run_method(run_dir: Path, config: dict) -> str:
-    """The command that made the run: from a checkpoint's meta.json, else the default run name
-    (COMMAND-DATE-TIME), else the config's telltale keys."""
-    from rlhfkit.commands import COMMANDS
-
-    for meta in sorted((run_dir / "checkpoints").glob("step-*/meta.json")):
-        try:
-            return str(json.loads(meta.read_text())["command"])
-        except (OSError, ValueError, KeyError):
-            continue
-    prefix = run_dir.name.split("-", 1)[0]
-    if prefix in COMMANDS:
-        return prefix
-    for key, method in (("vf_coef", "ppo"), ("prefs", "dpo"), ("group_size", "grpo"), ("data", "sft")):
-        if key in config:
-            return method
-    return "rlhfkit"
-
-
 def base_model_id(config: dict) -> str | None:
     """The base model as others can get it (a Hub id, without an `@revision`), or None for a local
     folder."""
+    from rlhfkit.commands.export_card import BUILTIN_HUB_IDS
     from rlhfkit.models.loading import hub_reference
 
     model = str(config.get("model", ""))

@@ -149,9 +149,9 @@ def make_preferences(cfg: PrefsConfig) -> dict:
 
     from rlhfkit.core.precision import autocast
     from rlhfkit.core.seeding import seed_everything
+    from rlhfkit.data.chat import format_example
     from rlhfkit.data.prompts import info_lists
     from rlhfkit.models.loading import resolve_dtype
-    from rlhfkit.models.reward_model import format_example
     from rlhfkit.rewards import get_reward, score_batch
     from rlhfkit.rollout import SamplingParams
     from rlhfkit.rollout.prompt_fit import enforce_prompt_limit, prompt_token_limit

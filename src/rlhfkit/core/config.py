@@ -295,19 +295,41 @@ def _flag_values(cls: type, argv: list[str]) -> list[str]:
     return out
 
 
+def saved_config(run_dir: str | Path) -> dict:
+    """The configuration of a run to resume (the base that command-line overrides change): the one
+    saved with its newest checkpoint, else RUN/config.yaml (which a failed attempt may have changed)."""
+    from rlhfkit.core.run_files import CONFIG, resumable_checkpoint
+    from rlhfkit.errors import UserError
+
+    run_dir = Path(run_dir)
+    if not run_dir.is_dir():
+        raise UserError(f"resume: {run_dir} is not a run folder")
+    return read_yaml((resumable_checkpoint(run_dir)[0] or run_dir) / CONFIG)
+
+
+def run_command(run_dir: str | Path) -> str | None:
+    """The command (sft, dpo, ...) that wrote a run folder's newest checkpoint, or None."""
+    import json
+
+    from rlhfkit.core.run_files import META, latest_checkpoint
+
+    found = latest_checkpoint(run_dir)
+    try:
+        command = json.loads((found / META).read_text()).get("command") if found else None
+    except (OSError, ValueError, AttributeError):
+        return None
+    return command if isinstance(command, str) else None
+
+
 def _with_resumed_config(cls: type, merged: dict[str, Any], command: str = "") -> dict[str, Any]:
     """Resuming a run folder: its saved config.yaml is the base that the given keys override. A
     folder of another command's run is named as such (its keys would be unknown here)."""
     resume = merged.get("resume")
     if resume in (None, "", "auto") or "resume" not in _fields(cls):
         return merged
-    from rlhfkit.runtime.checkpoint import saved_config
-
     base = saved_config(str(resume))
     for k in base:
         if k not in _fields(cls):
-            from rlhfkit.runtime.checkpoint import run_command
-
             other = run_command(str(resume))
             if other and other != command:
                 raise ConfigError(f"resume: {resume} is a {other} run, not a {command} run: continue it with "

@@ -133,7 +133,7 @@ def tokenize_examples(tok, examples: list[dict], cfg: Any, max_length: int) -> t
 def loss_spans(tok, ex: dict, cfg: Any) -> tuple[str, list[tuple[int, int]]]:
     """(the example's full text, the character spans (start, end) its loss covers). `cfg` carries the
     prompt format and SFTConfig's completion_only_loss / assistant_only_loss (absent: the response only)."""
-    from rlhfkit.models.reward_model import format_example
+    from rlhfkit.data.chat import format_example
 
     if ex.get("text") is not None and ex.get("prompt") == "":  # language modelling: every token after BOS
         start = with_bos(tok, "")
@@ -155,7 +155,7 @@ def loss_spans(tok, ex: dict, cfg: Any) -> tuple[str, list[tuple[int, int]]]:
 def earlier_turns(tok, messages: list[dict], full: str, cfg: Any) -> list[tuple[int, int]]:
     """The spans of the assistant turns before the last in `full` (the whole conversation's text):
     each turn's content and, where the format writes one there, its end-of-turn string."""
-    from rlhfkit.models.reward_model import format_example
+    from rlhfkit.data.chat import format_example
 
     spans = []
     for i, m in enumerate(messages):

@@ -24,8 +24,8 @@ from rlhfkit.core.devices import HOST
 from rlhfkit.models.attention import native_attention
 from rlhfkit.models.hf_compat import cache_kwargs, dynamic_cache
 from rlhfkit.models.lora import merged_lora
-from rlhfkit.models.policy import position_ids_from_mask
 from rlhfkit.models.shared_prompts import shared_prefix_prompts, shared_prompt_cache
+from rlhfkit.models.trunk import position_ids_from_mask
 from rlhfkit.rollout.core import Rollout, SamplingParams, generate_ids, rollout_from_tokens, rows_per_call
 from rlhfkit.rollout.sampling import exponential_race
 

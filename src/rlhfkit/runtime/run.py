@@ -61,7 +61,7 @@ def closes_its_runs(train: Callable) -> Callable:
 
 def check_resume_fits(checkpoint: Path, total: int, unit: str) -> None:
     """A checkpoint after more steps than this run is set to is refused before anything is written."""
-    from rlhfkit.runtime.checkpoint import checkpoint_step
+    from rlhfkit.core.run_files import checkpoint_step
 
     step = checkpoint_step(checkpoint)
     if step > total:

@@ -29,8 +29,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from rlhfkit.core.run_files import CHECKPOINTS, META, latest_checkpoint, resumable_checkpoint
 from rlhfkit.errors import UserError
-from rlhfkit.runtime.checkpoint import CHECKPOINTS, META, latest_checkpoint, resumable_checkpoint
 
 LOCK, FAILED = ".lock", "failed.json"
 

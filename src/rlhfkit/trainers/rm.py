@@ -79,7 +79,7 @@ def build_reward_model(cfg: RMConfig):
 
 def pair_texts(tok, pairs: list[dict], info: dict) -> tuple[list[str], list[str]]:
     """Formatted chosen and rejected texts (the same format the scorer uses at PPO time)."""
-    from rlhfkit.models.reward_model import format_example
+    from rlhfkit.data.chat import format_example
 
     def fmt(r, resp):
         return format_example(tok, r.get("messages") or r["prompt"], resp, info["chat_template"], info["system_prompt"])[1]

@@ -57,7 +57,8 @@ class ResponseNLL(nn.Module):
         self.model = model
 
     def forward(self, input_ids, attention_mask, labels, position_ids=None):
-        from rlhfkit.models.policy import output_logits, position_ids_from_mask
+        from rlhfkit.models.policy import output_logits
+        from rlhfkit.models.trunk import position_ids_from_mask
 
         get_base = getattr(self.model, "get_base_model", None)
         lm = get_base() if callable(get_base) else self.model  # LoRA layers stay injected
@@ -96,7 +97,7 @@ def rouge_of_responses(model, tok, rows: list[dict], cfg: SFTConfig) -> dict[str
     """ROUGE-1/2/L F1 (rlhfkit.commands.evaluate.rouge_scores) of the model's greedy responses to the held-out
     prompts against their reference responses; the same prompts and text format as training."""
     from rlhfkit.commands.evaluate import rouge_scores
-    from rlhfkit.models.reward_model import format_example
+    from rlhfkit.data.chat import format_example
     from rlhfkit.rollout import SamplingParams
     from rlhfkit.rollout.texts import generate_texts
 
