@@ -16,12 +16,15 @@ from typing import Any
 class Command:
     """One command: `main` ("module:function", takes argv and returns an exit code), its one-line
     `summary` for `rlhfkit --help`, the "module:Class" of the `config` its options parse into (the
-    config-driven commands) and the "module:function" that `run`s such a config in-process."""
+    config-driven commands: key=value and --key value alike, core/config.py), the "module:function"
+    that `run`s such a config in-process, and for an argparse command the "module:function" that
+    builds its `parser` (read through core/argv.py `parse_command_line`, which takes both styles too)."""
 
     main: str
     summary: str
     config: str = ""
     run: str = ""
+    parser: str = ""
 
 
 def _trainer(module: str, config: str, summary: str, main: str = "main") -> Command:
@@ -54,17 +57,25 @@ COMMANDS: MappingProxyType[str, Command] = MappingProxyType({
                      "rlhfkit.commands.prefs:PrefsConfig", "rlhfkit.commands.prefs:make_preferences"),
     "eval": Command("rlhfkit.commands.evaluate:main", "evaluate a model on a prompt set",
                     "rlhfkit.commands.evaluate:EvalConfig", "rlhfkit.commands.evaluate:evaluate"),
-    "generate": Command("rlhfkit.commands.generate:main", "sample completions from a model"),
+    "generate": Command("rlhfkit.commands.generate:main", "sample completions from a model",
+                        parser="rlhfkit.commands.generate:build_parser"),
     "export": Command("rlhfkit.commands.export:main",
-                      "write a run as a transformers/peft/vLLM folder with a model card; --push-to-hub"),
-    "tpo": Command("rlhfkit.commands.tpo:main", "test-time preference optimisation (textual feedback) vs best-of-N"),
+                      "write a run as a transformers/peft/vLLM folder with a model card; --push-to-hub",
+                      parser="rlhfkit.commands.export:build_parser"),
+    "tpo": Command("rlhfkit.commands.tpo:main", "test-time preference optimisation (textual feedback) vs best-of-N",
+                   "rlhfkit.commands.tpo:TPOConfig"),
     "pipeline": Command("rlhfkit.commands.pipeline:main", "SFT -> preferences -> RM -> PPO -> eval"),
-    "label": Command("rlhfkit.label.cli:main", "collect human preferences in a local web app"),
-    "doctor": Command("rlhfkit.diagnostics.cli:doctor_main", "print training-health findings for a run"),
-    "report": Command("rlhfkit.diagnostics.cli:report_main", "build an HTML report of one or more runs"),
-    "selfcheck": Command("rlhfkit.commands.selfcheck:main", "check the RL maths on worked examples"),
+    "label": Command("rlhfkit.label.cli:main", "collect human preferences in a local web app",
+                     parser="rlhfkit.label.cli:build_parser"),
+    "doctor": Command("rlhfkit.diagnostics.cli:doctor_main", "print training-health findings for a run",
+                      parser="rlhfkit.diagnostics.cli:doctor_parser"),
+    "report": Command("rlhfkit.diagnostics.cli:report_main", "build an HTML report of one or more runs",
+                      parser="rlhfkit.diagnostics.cli:report_parser"),
+    "selfcheck": Command("rlhfkit.commands.selfcheck:main", "check the RL maths on worked examples",
+                         parser="rlhfkit.commands.selfcheck:build_parser"),
     "estimate-memory": Command("rlhfkit.commands.estimate_memory:main",
-                               "memory per device of a run, component by component"),
+                               "memory per device of a run, component by component",
+                               "rlhfkit.estimate.memory:MemoryArgs"),
 })
 
 

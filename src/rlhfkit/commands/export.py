@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from rlhfkit.commands.runs import run_method
+from rlhfkit.core.argv import OptionsHelpFormatter, parse_command_line
 from rlhfkit.errors import UserError
 
 VALUE_HEAD_DIR = "value_head"
@@ -246,8 +247,9 @@ def push_to_hub(folder: Path, repo: str, private: bool) -> str:
     return str(getattr(info, "commit_url", "") or info)
 
 
-def main(argv: list[str]) -> int:
-    p = argparse.ArgumentParser(prog="rlhfkit export", description="Write a trained run as a folder that plain "
+def build_parser() -> argparse.ArgumentParser:
+    """The options of `rlhfkit export`."""
+    p = argparse.ArgumentParser(formatter_class=OptionsHelpFormatter, prog="rlhfkit export", description="Write a trained run as a folder that plain "
                                 "transformers, peft and vLLM load, with a model card; optionally upload it.")
     p.add_argument("run_dir", metavar="RUN_DIR", help="a finished run folder, e.g. runs/ppo-20261122-101500")
     p.add_argument("--out", required=True, metavar="DIR", help="the folder to write (must not exist, or be empty)")
@@ -256,7 +258,11 @@ def main(argv: list[str]) -> int:
     p.add_argument("--push-to-hub", metavar="REPO", help="upload the folder to this Hub repository (ORG/NAME)")
     p.add_argument("--private", action="store_true", help="with --push-to-hub: create the repository private")
     p.add_argument("--force", action="store_true", help="replace a non-empty --out folder")
-    args = p.parse_args(argv)
+    return p
+
+
+def main(argv: list[str]) -> int:
+    args = parse_command_line(build_parser(), argv)
     out = export_run(args.run_dir, args.out, merged=args.merged, force=args.force)
     print(f"wrote {out}" + (" (merged weights)" if args.merged else ""))
     if args.push_to_hub:

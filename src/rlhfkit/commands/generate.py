@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import argparse
 
+from rlhfkit.core.argv import OptionsHelpFormatter, parse_command_line
 from rlhfkit.core.seeding import seed_everything
 from rlhfkit.rollout.texts import sample_texts
 
 
-def main(argv: list[str]) -> int:
-    p = argparse.ArgumentParser(prog="rlhfkit generate", description="Sample completions from a model.")
+def build_parser() -> argparse.ArgumentParser:
+    """The options of `rlhfkit generate`."""
+    p = argparse.ArgumentParser(formatter_class=OptionsHelpFormatter, prog="rlhfkit generate", description="Sample completions from a model.")
     p.add_argument("--model", default="smollm2-135m-instruct", help="model folder, run output (runs/NAME/final) or the default")
     p.add_argument("--prompt", action="append", required=True, help="a prompt (repeat for several)")
     p.add_argument("--num-samples", type=int, default=1, help="completions per prompt")
@@ -25,7 +27,11 @@ def main(argv: list[str]) -> int:
                    help="sample with the model folder's own generation_config.json (its temperature, top-k/top-p, "
                         "repetition penalty, ...); by default only rlhfkit's settings apply: the full distribution "
                         "at --temperature, as in training")
-    a = p.parse_args(argv)
+    return p
+
+
+def main(argv: list[str]) -> int:
+    a = parse_command_line(build_parser(), argv)
     seed_everything(a.seed)
     temperature = 1.0 if a.temperature is None and not a.model_generation_config else a.temperature
     outs = sample_texts(a.model, a.prompt, a.num_samples, a.max_new_tokens, temperature, a.seed,

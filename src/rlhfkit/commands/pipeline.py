@@ -36,6 +36,7 @@ import yaml
 
 from rlhfkit.commands import COMMANDS, load
 from rlhfkit.core.allocator import trim_heap
+from rlhfkit.core.argv import pair_argv
 from rlhfkit.core.config import build_config, coerce, read_yaml, to_dict
 from rlhfkit.errors import ConfigError, UserError
 
@@ -289,8 +290,9 @@ def before_after_table(report: dict, timings: dict | None = None) -> str:
 
 def main(argv: list[str]) -> int:
     if any(a in ("-h", "--help") for a in argv):
+        print("usage: rlhfkit pipeline [CONFIG.yaml] [key=value | --key value | stage.key=value ...]\n")
         print(__doc__.strip())
         print(f"\nDefault config: {default_config_path()}")
         return 0
-    run_pipeline(load_pipeline_config(argv))
+    run_pipeline(load_pipeline_config(pair_argv(argv)))
     return 0

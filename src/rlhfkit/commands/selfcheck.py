@@ -19,6 +19,7 @@ import math
 import time
 from collections.abc import Callable
 
+from rlhfkit.core.argv import OptionsHelpFormatter, parse_command_line
 from rlhfkit.learn.worked import Check, row, tiny_llama
 
 
@@ -199,10 +200,9 @@ def run_checks(names: list[str], table: dict[str, Callable[[], Check]] | None = 
     return out
 
 
-def main(argv: list[str]) -> int:
-    from rlhfkit.errors import UserError
-
-    p = argparse.ArgumentParser(prog="rlhfkit selfcheck", description="Run the worked examples of the learning "
+def build_parser() -> argparse.ArgumentParser:
+    """The options of `rlhfkit selfcheck`."""
+    p = argparse.ArgumentParser(formatter_class=OptionsHelpFormatter, prog="rlhfkit selfcheck", description="Run the worked examples of the learning "
                                 "path (docs/learn/) on the installed code and print each with its numbers. "
                                 "Exit status 1 when any number disagrees with the one worked out by hand.")
     p.add_argument("names", nargs="*", metavar="CHECK", help=f"checks to run (default: all): {', '.join(CHECKS)}")
@@ -211,7 +211,13 @@ def main(argv: list[str]) -> int:
                    help="instead of the checks, make one classic bug on purpose and show its symptom in numbers "
                         "and the doctor's finding, next to the right code (repeatable; names: see --list; "
                         "docs/learn/09-break-it-yourself.md). Exit status 1 when a symptom fails to show")
-    args = p.parse_args(argv)
+    return p
+
+
+def main(argv: list[str]) -> int:
+    from rlhfkit.errors import UserError
+
+    args = parse_command_line(build_parser(), argv)
     from rlhfkit.learn.breaks import BREAKS
 
     if args.list:

@@ -348,7 +348,7 @@ def config_main(cls: type[C], run: typing.Callable[[C], Any], argv: list[str], p
 
 def help_text(cls: type, prog: str) -> str:
     doc = (cls.__doc__ or "").strip().splitlines()[0] if cls.__doc__ else ""
-    lines = [f"usage: {prog} [CONFIG.yaml] [key=value ...]", "", doc, "", "options (key=value):"]
+    lines = [f"usage: {prog} [CONFIG.yaml] [key=value | --key value ...]", "", doc, "", "options (key=value or --key value):"]
     hints = typing.get_type_hints(cls)
     fields = _fields(cls)
     for f in dataclasses.fields(cls):

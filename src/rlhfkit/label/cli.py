@@ -21,6 +21,7 @@ import sys
 from pathlib import Path
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
+from rlhfkit.core.argv import parse_command_line
 from rlhfkit.errors import DataError, UserError
 from rlhfkit.label.options import OneLineParser, check_duration, check_number, check_positive, default_db
 
@@ -265,7 +266,7 @@ COMMANDS = {"pairs": cmd_pairs, "serve": _serve, "invite": cmd_invite, "export":
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point used by `rlhfkit label ...`."""
-    args = build_parser().parse_args(sys.argv[1:] if argv is None else argv)
+    args = parse_command_line(build_parser(), sys.argv[1:] if argv is None else argv)
     return COMMANDS[args.command](args)  # a closed pipe (`| head`): errors.run_guarded
 
 
