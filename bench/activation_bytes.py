@@ -3,7 +3,7 @@
 1. Activation bytes: the default model's decoder runs a forward with gradients on B rows x L random tokens
    (train mode, the trainers' autocast) and the bytes glibc holds afterwards (mallinfo2: in use plus mmapped)
    are what autograd keeps for the backward. Divided by positions x layers x hidden size they give the
-   factor `rlhfkit.runtime.memory.cpu_activation_bytes` uses: per dtype, with and without LoRA dropout (a
+   factor `rlhfkit.estimate.memory.cpu_activation_bytes` uses: per dtype, with and without LoRA dropout (a
    dropout layer keeps its own copy of every adapted projection's input), and for full fine-tuning (there
    the bf16 figure includes autocast's bf16 copies of the float32 weights, held while the forward runs).
    The second of two repeats is reported (the first warms oneDNN's kernels and the allocator).

@@ -35,7 +35,7 @@ WORKLOADS = {
 
 def build():
     """(policy, tokenizer, cfg) exactly as the PPO trainer builds them with its defaults."""
-    from rlhfkit.runtime.config import build_config
+    from rlhfkit.core.config import build_config
     from rlhfkit.trainers.build import build_policy
     from rlhfkit.trainers.ppo_config import PPOConfig
 
@@ -53,9 +53,9 @@ def texts_for(tok, cfg, w: dict) -> list[str]:
 
 
 def sample(which: str, policy, tok, cfg, texts, w: dict, seed: int):
+    from rlhfkit.core.precision import autocast
     from rlhfkit.rollout.core import SamplingParams, generate
     from rlhfkit.rollout.decode import lean_generate
-    from rlhfkit.runtime.precision import autocast
 
     params = SamplingParams(w["max_new_tokens"], 1.0, 0, 1.0, (tok.eos_token_id,))
     fn = generate if which == "hf" else lean_generate

@@ -113,7 +113,7 @@ def is_grpo(name: str) -> bool:
 
 
 def grpo_config(name: str, iterations: int, out: str):
-    from rlhfkit.runtime.config import build_config
+    from rlhfkit.core.config import build_config
     from rlhfkit.trainers.grpo_config import GRPOConfig
 
     overrides = {**GRPO_CONFIGS.get(name, {}), **(SMOKE["grpo"] if smoke else {})}
@@ -122,7 +122,7 @@ def grpo_config(name: str, iterations: int, out: str):
 
 
 def dpo_config(name: str, steps: int, out: str):
-    from rlhfkit.runtime.config import build_config
+    from rlhfkit.core.config import build_config
     from rlhfkit.trainers.dpo_config import DPOConfig
 
     overrides = {**DPO_CONFIGS.get(name, {"precompute_ref_logps": "on-the-fly" not in name}),
@@ -229,14 +229,14 @@ def grpo_flops(cfg, shapes: dict[int, dict]) -> list[dict[str, int]]:
 def model_shape(model: str):
     from transformers import AutoConfig
 
+    from rlhfkit.estimate.flops import shape_of
     from rlhfkit.models.loading import resolve_model_path
-    from rlhfkit.runtime.flops import shape_of
 
     return shape_of(AutoConfig.from_pretrained(resolve_model_path(model)))
 
 
 def lora_rank(cfg) -> int | None:
-    """LoRA rank for rlhfkit.runtime.flops: None = full fine-tuning."""
+    """LoRA rank for rlhfkit.estimate.flops: None = full fine-tuning."""
     return cfg.lora_r if cfg.lora else None
 
 

@@ -9,7 +9,7 @@
    multi-tensor AdamW against the fused one that single-process rlhfkit runs use.
 
 Each runs twice, in fresh processes: with glibc malloc as it comes, and tuned as rlhfkit's trainers
-tune it (rlhfkit.runtime.allocator). Median of 7 repeats after one warm-up; ratios from the same process.
+tune it (rlhfkit.core.allocator). Median of 7 repeats after one warm-up; ratios from the same process.
 
     python bench/bench_head.py [--no-write]      # about 2 minutes on 2 cores
 """
@@ -92,7 +92,7 @@ def adamw_case() -> dict:
 def run_one(tuned: bool) -> None:
     import torch
 
-    from rlhfkit.runtime.allocator import tune_malloc
+    from rlhfkit.core.allocator import tune_malloc
 
     torch.manual_seed(0)
     applied = tune_malloc() if tuned else None
@@ -126,7 +126,7 @@ def render(header: str, results: dict) -> str:
         lines.append(f"| {mode} | {a['params_m']:.1f}M | {a['foreach_ms']:.0f} | {a['fused_ms']:.0f} | "
                      f"{a['foreach_ms'] / a['fused_ms']:.2f}x |")
     lines += ["", "`as it comes` = glibc's defaults (RLHFKIT_TUNE_MALLOC=0); `tuned` = what rlhfkit's trainers set at "
-              "start (mmap threshold 32 MiB, trim threshold 1 GiB: runtime/allocator.py). In a whole PPO iteration "
+              "start (mmap threshold 32 MiB, trim threshold 1 GiB: core/allocator.py). In a whole PPO iteration "
               "the tuning matters more than here, where one process repeats one shape: see the text above."]
     return "\n".join(lines)
 

@@ -78,7 +78,7 @@ def run_one(name: str, max_new_tokens: int) -> None:
     import torch
 
     import rlhfkit.trainers.ppo as ppo
-    from rlhfkit.runtime.config import build_config
+    from rlhfkit.core.config import build_config
     from rlhfkit.trainers.ppo_config import PPOConfig
 
     torch.set_num_threads(int(os.environ.get("BENCH_THREADS", "1")))  # 1: no OpenMP spinning on a shared box

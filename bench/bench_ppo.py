@@ -71,7 +71,7 @@ def run_one(name: str, iterations: int, overrides: dict | None = None) -> dict:
     with its figures."""
     import resource
 
-    from rlhfkit.runtime.config import build_config
+    from rlhfkit.core.config import build_config
     from rlhfkit.trainers.ppo import train
     from rlhfkit.trainers.ppo_config import PPOConfig
 

@@ -66,7 +66,7 @@ def cpu_seconds(proc: psutil.Process) -> float:
 def run_one(method: str, seed: int, budget_s: float, out: Path, extra: list[str], clock: str = "wall",
             threads: int | None = None) -> dict:
     """One budgeted run, then its evaluation; returns the table row."""
-    from rlhfkit.runtime.checkpoint import latest_checkpoint
+    from rlhfkit.core.run_files import latest_checkpoint
 
     name = f"{method}-s{seed}"
     run_dir = out / name

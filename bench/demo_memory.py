@@ -130,8 +130,9 @@ def peak_phase(phases: list[tuple[str, float, float]]) -> str:
 
 
 def estimate_gb(name: str) -> float:
-    from rlhfkit.runtime.config import parse_values
-    from rlhfkit.runtime.memory import PROG, MemoryArgs, estimate, for_method
+    from rlhfkit.commands.estimate_memory import PROG, for_method
+    from rlhfkit.core.config import parse_values
+    from rlhfkit.estimate.memory import MemoryArgs, estimate
 
     shapes = ESTIMATES[name] if isinstance(ESTIMATES[name], list) else [ESTIMATES[name]]
     return max(estimate(for_method(parse_values(MemoryArgs, f"{COMMON_ESTIMATE} {one}".split(), PROG)[0]))["peak"]

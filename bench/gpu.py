@@ -1,7 +1,7 @@
 """rlhfkit's PPO, GRPO and DPO on one CUDA GPU, side by side with trl 1.12's trainers on the same work.
 
 Needs torch, transformers, peft and accelerate (trl==1.12.* and its `datasets` optional) and no download: the
-models are randomly initialised at real shapes (rlhfkit.runtime.model_shape's SmolLM2-135M and SmolLM2-1.7B
+models are randomly initialised at real shapes (rlhfkit.estimate.shape's SmolLM2-135M and SmolLM2-1.7B
 presets) with the default model's tokenizer, saved to a temporary folder, and trained in bf16 through the real
 trainers (`train(cfg)` of rlhfkit.trainers.ppo / grpo / dpo). A random model almost never samples its stop token,
 so every response runs to the token limit in both systems and the work is the same.
@@ -20,10 +20,10 @@ Per part, over the units after the first (a warm-up; unit = a PPO/GRPO iteration
 seconds per unit and the phase split of rlhfkit's metrics.jsonl (timing/generate_s, timing/logprobs_s,
 timing/update_s; DPO: timing/step_s; with a CUDA synchronise added at the end of the log-prob pass and of the
 update so the split is not skewed by queued kernels), peak CUDA memory (allocated and reserved; the process's peak
-RSS on a CPU), model FLOP/s (rlhfkit.runtime.flops through bench/utilisation.py for PPO and bench/work_flops.py
+RSS on a CPU), model FLOP/s (rlhfkit.estimate.flops through bench/utilisation.py for PPO and bench/work_flops.py
 for GRPO and DPO) against the bf16 matmul peak measured here, and decode milliseconds per step (generate seconds /
 (generate calls x response width), prefill and sampling included) against the step's floor: the larger of the
-bytes a decode step must read (rlhfkit.runtime.flops.decode_step_bytes: the weights as stored and the bf16 KV
+bytes a decode step must read (rlhfkit.estimate.flops.decode_step_bytes: the weights as stored and the bf16 KV
 cache) over the copy bandwidth measured here, and the measured replay time of a one-kernel CUDA graph (the
 launch floor). Then the GPU speed targets with pass/fail.
 
@@ -36,7 +36,7 @@ stopped at it.
 How cost grows (`--sweep`, instead of the parts above): PPO with LoRA on every layer, one iteration per point in a
 process of its own, at rollout sizes 64, 256 and 1024 (128 response tokens) and response lengths 128, 512 and 2048
 (64 rows), at each shape, cheapest first: per point seconds and phases, peak CUDA memory allocated, and
-estimate-memory's GPU peak (rlhfkit.runtime.memory) for the same run with their ratio (target: within 20%). A point
+estimate-memory's GPU peak (rlhfkit.estimate.memory) for the same run with their ratio (target: within 20%). A point
 that runs out of memory says so in its row and the next one runs; --budget-s bounds the whole sweep as it does the
 default run (1024 x 128 and 64 x 2048 at 1.7b are the dearest points, run last).
 
@@ -174,7 +174,7 @@ def part_config(algo: str, adapter: str, model_dir: str, units: int, out: str, s
                 point: tuple[int, int] | None = None):
     """The rlhfkit config of a part: WORK (or SMOKE_WORK) of `algo`, the adapter, bf16, `units` units; a sweep
     `point` (rows, tokens) sets the rollout size and response length, one epoch, mini-batches of up to 64 rows."""
-    from rlhfkit.runtime.config import build_config
+    from rlhfkit.core.config import build_config
 
     work = {**WORK[algo], **(SMOKE_WORK[algo] if smoke else {})}
     if point:
@@ -267,13 +267,13 @@ def launch_ms(device, replays: int = 200) -> float | None:
 
 def tiny_shape(vocab: int):
     """--smoke: a two-layer decoder with the tokenizer's vocabulary."""
-    from rlhfkit.runtime.model_shape import ModelShape
+    from rlhfkit.estimate.shape import ModelShape
 
     return ModelShape(hidden=64, intermediate=128, layers=2, heads=4, kv_heads=2, vocab=vocab, tied=True)
 
 
 def shape_for(name: str, tokenizer):
-    from rlhfkit.runtime.model_shape import PRESETS
+    from rlhfkit.estimate.shape import PRESETS
 
     return tiny_shape(len(tokenizer)) if name == "tiny" else PRESETS[SHAPES[name]]
 
@@ -434,8 +434,9 @@ def estimate_args(cfg, r: dict) -> dict:
 
 
 def estimate_gb(cfg, r: dict) -> float:
-    """estimate-memory's GPU peak in GiB (rlhfkit.runtime.memory) for `estimate_args(cfg, r)`."""
-    from rlhfkit.runtime.memory import GIB, estimate, for_method
+    """estimate-memory's GPU peak in GiB (rlhfkit.estimate.memory) for `estimate_args(cfg, r)`."""
+    from rlhfkit.commands.estimate_memory import for_method
+    from rlhfkit.estimate.memory import GIB, estimate
 
     return estimate(for_method(estimate_args(cfg, r)))["peak"] / GIB
 
@@ -580,7 +581,7 @@ def summarise(part: dict | str, shape, device: dict) -> dict | str:
 def decode_floor_ms(shape, unit: dict, device: dict) -> tuple[float, str]:
     """(milliseconds, 'bytes' or 'launch'): the larger of the bytes a decode step reads (the weights as stored, the
     bf16 KV cache of the step's rows at their mean context) over the bandwidth, and the one-kernel graph replay."""
-    from rlhfkit.runtime.flops import decode_step_bytes
+    from rlhfkit.estimate.flops import decode_step_bytes
 
     bytes_ = decode_step_bytes(shape, unit["decode_rows"], round(unit["decode_context"]), unit["weight_bytes"], 2)
     by_bytes, launch = bytes_ / (device["bandwidth_gbs"] * 1e9) * 1e3, device["launch_ms"] or 0.0
@@ -635,7 +636,7 @@ def target_rows(summaries: dict, shape: str) -> list[str]:
 
 def render(doc: dict) -> str:
     """The table of a run (`doc`: what --save-json writes)."""
-    from rlhfkit.runtime.model_shape import PRESETS
+    from rlhfkit.estimate.shape import PRESETS
 
     d = doc["device"]
     shapes = {name: PRESETS[SHAPES[name]] if name in SHAPES else tiny_shape(doc["tiny_vocab"])
@@ -685,7 +686,7 @@ def sweep_rows(points: dict) -> list[str]:
 
 SWEEP_NOTES = ("Sweep: each point one PPO iteration in a process of its own (sampling, reward, log-prob pass, one "
                "epoch of updates in mini-batches of up to 64 rows), the builtin:reviews prompts, LoRA on every layer, "
-               "bf16; estimate-memory's GPU peak (rlhfkit.runtime.memory, method=ppo device=gpu) at the prompt and "
+               "bf16; estimate-memory's GPU peak (rlhfkit.estimate.memory, method=ppo device=gpu) at the prompt and "
                "response widths the iteration ran and the most rows one generate call sampled; peak memory is "
                "torch's peak allocated (the CUDA context and the allocator's cache come on top). A point that runs "
                "out of memory says so and the next one runs.")
@@ -693,7 +694,7 @@ SWEEP_NOTES = ("Sweep: each point one PPO iteration in a process of its own (sam
 
 def work_text(doc: dict) -> str:
     """The run's work: shapes, each algorithm's settings, units per part."""
-    from rlhfkit.runtime.model_shape import PRESETS
+    from rlhfkit.estimate.shape import PRESETS
 
     work = {a: {**WORK[a], **(SMOKE_WORK[a] if doc["smoke"] else {})} for a in ALGOS}
     shapes = ", ".join(f"{s} ({SHAPES[s]}: {PRESETS[SHAPES[s]].param_count() / 1e6:.1f}M parameters)" if s in SHAPES
@@ -708,7 +709,7 @@ def work_text(doc: dict) -> str:
 
 NOTES = ("Seconds and phases: rlhfkit's metrics.jsonl (timing/rollout_s + timing/update_s; DPO timing/step_s), a "
          "CUDA synchronise added when the log-prob pass and the update end; TRL: wall time between on_step_end "
-         "callbacks (GRPO: the optimiser steps of one generation). Model FLOPs: rlhfkit.runtime.flops, PPO over the "
+         "callbacks (GRPO: the optimiser steps of one generation). Model FLOPs: rlhfkit.estimate.flops, PPO over the "
          "padded widths computed (bench/utilisation.py), GRPO and DPO the least work (bench/work_flops.py: unpadded, "
          "a shared prompt once); sampling counted with LoRA merged. Decode ms per step: generate seconds / (generate "
          "calls x response width), prefill included; floor: the larger of the bytes one step must read (the weights "

@@ -95,7 +95,7 @@ def run_point(axis: str, value: str, iterations: int) -> None:
 
     from bench_ppo import CONFIGS, STANDARD
 
-    from rlhfkit.runtime.config import build_config
+    from rlhfkit.core.config import build_config
     from rlhfkit.trainers import rl
     from rlhfkit.trainers.ppo import train
     from rlhfkit.trainers.ppo_config import PPOConfig

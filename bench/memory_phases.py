@@ -48,7 +48,7 @@ PHASES = [  # module, attribute (dotted under the module), label
     ("rlhfkit.trainers.rm", "evaluate_pairs", "eval"),
     ("rlhfkit.trainers.trpo", "policy_step", "policy_step"),
     ("rlhfkit.trainers.trpo", "critic_update", "critic_update"),
-    ("rlhfkit.pipeline", "run_stage", "stage"),
+    ("rlhfkit.commands.pipeline", "run_stage", "stage"),
 ]
 
 

@@ -91,7 +91,7 @@ def vs_ppo(rl, params, rollout, base: dict, variants: list[dict], repeats: int) 
     import torch
 
     import rlhfkit.trainers.trpo as T
-    from rlhfkit.runtime.config import build_config
+    from rlhfkit.core.config import build_config
     from rlhfkit.trainers.ppo import ppo_update
     from rlhfkit.trainers.ppo_config import PPOConfig
     from rlhfkit.trainers.trpo_config import TRPOConfig
@@ -127,7 +127,7 @@ def components(rl, params, rollout, base: dict, repeats: int) -> None:
 
     import rlhfkit.trainers.trpo as T
     from rlhfkit.algos.trpo import line_search_evaluator
-    from rlhfkit.runtime.config import build_config
+    from rlhfkit.core.config import build_config
     from rlhfkit.trainers.trpo_config import TRPOConfig
 
     device = rl.run.device
@@ -188,7 +188,7 @@ def main() -> None:
 
     import rlhfkit.trainers.trpo as T
     from rlhfkit.algos.trpo import flat_params, set_flat_params_
-    from rlhfkit.runtime.config import build_config
+    from rlhfkit.core.config import build_config
     from rlhfkit.trainers.build import build_actor_critic
     from rlhfkit.trainers.ppo import compute_advantages
     from rlhfkit.trainers.rl import RLRun

@@ -7,10 +7,10 @@ machine's measured matmul peak, written to docs/benchmarks.md.
    best of its shapes. Memory bandwidth: a large tensor copy (bytes read + written / time).
 2. The standard work of bench/bench_ppo.py (its STANDARD settings, dtype=auto or --dtype), run in this process
    with timers around sampling, the log-prob pass and the update; the rollout's shapes give the model
-   FLOPs of each phase by rlhfkit.runtime.flops (the counting rules are in its docstring; padded
+   FLOPs of each phase by rlhfkit.estimate.flops (the counting rules are in its docstring; padded
    widths as computed, attention causal, LoRA base weights 1x in the backward, the frozen trunk none).
 3. Sampling's memory-bandwidth bound: per decode step every weight and the KV cache are read once
-   (rlhfkit.runtime.flops.decode_step_bytes), over the measured bandwidth; the larger of that and
+   (rlhfkit.estimate.flops.decode_step_bytes), over the measured bandwidth; the larger of that and
    the compute bound (FLOPs / peak) is the bound that binds.
 
     python bench/utilisation.py [--configs lora-top12,full] [--iterations 3] [--no-write]
@@ -81,7 +81,7 @@ def _timed(fn) -> float:
 def run_standard(name: str, iterations: int, dtype: str = "auto") -> list[dict]:
     """Run the standard PPO work for `name` in `dtype`; per iteration: phase seconds and the rollout's shapes."""
     import rlhfkit.trainers.rl as rl
-    from rlhfkit.runtime.config import build_config
+    from rlhfkit.core.config import build_config
     from rlhfkit.trainers.ppo import train
     from rlhfkit.trainers.ppo_config import PPOConfig
 
@@ -125,8 +125,8 @@ def rollout_shape(rl_run, rollout) -> dict:
 
 
 def phase_flops(shape, r: dict) -> dict[str, float]:
-    """Model FLOPs of one iteration's phases (rlhfkit.runtime.flops); `r` from run_standard."""
-    from rlhfkit.runtime.flops import forward_flops, sampling_flops, train_flops
+    """Model FLOPs of one iteration's phases (rlhfkit.estimate.flops); `r` from run_standard."""
+    from rlhfkit.estimate.flops import forward_flops, sampling_flops, train_flops
 
     B, P, R, n_head = r["rows"], r["prompt"], r["response"], r["response_tokens"]
     seqs, L, D = [P + R] * B, shape.layers, r["trunk_depth"]
@@ -145,8 +145,8 @@ def phase_flops(shape, r: dict) -> dict[str, float]:
 
 def render(header: str, peak: dict, bw: float, results: dict, dtype: str,
            chosen_by: str = "`dtype=auto` picks it here") -> str:
-    from rlhfkit.runtime.flops import decode_step_bytes
-    from rlhfkit.runtime.model_shape import PRESETS
+    from rlhfkit.estimate.flops import decode_step_bytes
+    from rlhfkit.estimate.shape import PRESETS
 
     shape = PRESETS["smollm2-135m"]
     lines = [f"Machine: {header}.", "",
@@ -189,7 +189,7 @@ def render(header: str, peak: dict, bw: float, results: dict, dtype: str,
                   f"({calls} generate call(s) x {steps} decode steps, each reading the weights at {wb} bytes and the "
                   f"KV cache of {rows} rows, at {bw:.1f} GB/s); the {binds} bound binds; measured {s_meas:.2f} s is "
                   f"{s_meas / max(mem_s, comp_s):.1f}x it."]
-    lines += ["", "Model FLOPs by rlhfkit.runtime.flops: 2 x weights per token plus causal attention (4 x heads x "
+    lines += ["", "Model FLOPs by rlhfkit.estimate.flops: 2 x weights per token plus causal attention (4 x heads x "
               "head size per query-key pair), the output layer at response positions only; backward 2x forward for "
               "trained weights, 1x for frozen LoRA base weights, 0 below the lowest adapted layer; the update runs "
               "the layers above the frozen trunk only when the trunk's output is kept. Padded widths are counted "

@@ -1,7 +1,7 @@
 """The least model arithmetic a GRPO rollout or a DPO step needs, for the FLOP floors of
 bench/bench_grpo_dpo.py (how far a CPU speed-up target is from the hardware).
 
-Counted by rlhfkit.runtime.flops (its docstring has the rules) on unpadded lengths, with a prompt shared
+Counted by rlhfkit.estimate.flops (its docstring has the rules) on unpadded lengths, with a prompt shared
 by several rows run once (rlhfkit's share_prompts), the prefix every prompt of a forward call shares (a
 chat template's header) run once per call (share_prefix), LoRA adapters merged while sampling, a sampled
 row's decode ending at its last token. Anything a trainer does beyond this (padding, a prompt run per
@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 
-from rlhfkit.runtime.flops import forward_flops, shape_of, train_flops
+from rlhfkit.estimate.flops import forward_flops, shape_of, train_flops
 
 
 def prompt_groups(query_ids, query_mask, response_mask) -> list[tuple[int, list[int]]]:

@@ -315,8 +315,8 @@ def test_context_window_and_prompt_limit():
 # --------------------------------------------------------------------------- config details
 
 def test_config_values_keep_their_text_and_name_their_yaml_file(tmp_path):
+    from rlhfkit.core.config import parse_args
     from rlhfkit.errors import ConfigError
-    from rlhfkit.runtime.config import parse_args
     from rlhfkit.trainers.ppo_config import PPOConfig
 
     cfg = parse_args(PPOConfig, ["run_name=007", "system_prompt=yes", "stop_ids=1,2", "lora_target_modules=q_proj"],

@@ -76,7 +76,7 @@ def test_declared_defaults_are_the_old_probes_defaults():
 
 
 def test_planned_optimiser_steps_per_config():
-    from rlhfkit.runtime.config import build_config
+    from rlhfkit.core.config import build_config
     from rlhfkit.trainers.rl import planned_optimizer_steps
 
     def steps(name, **kw):

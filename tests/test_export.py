@@ -15,8 +15,8 @@ import torch
 import yaml
 
 from rlhfkit.cli import main as cli_main
+from rlhfkit.commands.export import export_run
 from rlhfkit.errors import UserError
-from rlhfkit.export import export_run
 
 TEXT = "<|im_start|>user\nWrite a review of thing number 3.<|im_end|>\n<|im_start|>assistant\nIt was great, lovely"
 
@@ -24,7 +24,7 @@ TEXT = "<|im_start|>user\nWrite a review of thing number 3.<|im_end|>\n<|im_star
 @pytest.fixture(scope="module")
 def ppo_run(tmp_path_factory, tiny_model_dir):
     """One PPO iteration with LoRA and a value head on the tiny model (lr high enough to move the adapter)."""
-    from rlhfkit.runtime.config import build_config
+    from rlhfkit.core.config import build_config
     from rlhfkit.trainers.ppo import train
     from rlhfkit.trainers.ppo_config import PPOConfig
 
@@ -109,8 +109,8 @@ def test_model_card_states_base_data_method_settings_and_evaluation(ppo_run, tmp
 
 
 def test_hub_ids_of_base_and_data_go_into_the_card_metadata(ppo_run, tmp_path):
-    from rlhfkit.export import base_model_id, read_run
-    from rlhfkit.export_card import front_matter
+    from rlhfkit.commands.export import base_model_id, read_run
+    from rlhfkit.commands.export_card import front_matter
 
     info = read_run(ppo_run)
     info.config = {**info.config, "model": "smollm2-135m-instruct", "prompts": "hf:openai/gsm8k?config=main",
@@ -124,7 +124,7 @@ def test_hub_ids_of_base_and_data_go_into_the_card_metadata(ppo_run, tmp_path):
 def test_full_fine_tuning_run_exports_its_weights_with_the_value_head_apart(tiny_model_dir, tmp_path):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from rlhfkit.runtime.config import build_config
+    from rlhfkit.core.config import build_config
     from rlhfkit.trainers.ppo import train
     from rlhfkit.trainers.ppo_config import PPOConfig
 

@@ -12,13 +12,13 @@ import yaml
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
+from rlhfkit.commands.evaluate import EvalConfig
+from rlhfkit.commands.prefs import PrefsConfig
+from rlhfkit.core.config import parse_args
 from rlhfkit.data.prefs import load_preferences
 from rlhfkit.data.prompts import load_prompts
 from rlhfkit.data.sft import load_sft_examples
 from rlhfkit.errors import UserError
-from rlhfkit.evaluate import EvalConfig
-from rlhfkit.prefs import PrefsConfig
-from rlhfkit.runtime.config import parse_args
 from rlhfkit.trainers.dpo_config import DPOConfig
 from rlhfkit.trainers.grpo_config import GRPOConfig, RLOOConfig
 from rlhfkit.trainers.ppo_config import PPOConfig
@@ -116,7 +116,7 @@ PIPELINE_KEYS = st.one_of(
        overrides=st.lists(st.tuples(PIPELINE_KEYS, st.one_of(st.text(max_size=12), VALUE.map(json.dumps))),
                           max_size=3))
 def test_fuzz_pipeline_config_gives_stage_configs_or_user_error(mapping, overrides, fresh):
-    from rlhfkit.pipeline import load_pipeline_config, stage_configs
+    from rlhfkit.commands.pipeline import load_pipeline_config, stage_configs
 
     path = fresh(".yaml")
     path.write_text(yaml.safe_dump(mapping, allow_unicode=True))
@@ -233,7 +233,7 @@ def test_fuzz_data_specs_give_rows_or_user_error(spec, split):
 @pytest.mark.parametrize("output_dir", [["a"], "bad\0name", ""])
 def test_a_pipeline_output_dir_that_names_no_folder_is_one_line(output_dir, fresh):
     """Found by the fuzz test above: a list or a NUL byte reached pathlib (TypeError / ValueError)."""
-    from rlhfkit.pipeline import load_pipeline_config, stage_configs
+    from rlhfkit.commands.pipeline import load_pipeline_config, stage_configs
 
     path = fresh(".yaml")
     path.write_text(yaml.safe_dump({"output_dir": output_dir}, allow_unicode=True))

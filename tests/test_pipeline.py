@@ -6,8 +6,8 @@ import json
 
 import pytest
 
+from rlhfkit.commands.pipeline import STAGES, load_pipeline_config, main, run_pipeline, stage_configs
 from rlhfkit.errors import ConfigError
-from rlhfkit.pipeline import STAGES, load_pipeline_config, main, run_pipeline, stage_configs
 
 REWARD = "def vowels(prompts, completions, **kw):\n" \
          "    return [sum(ch in 'aeiou' for ch in c) / max(1, len(c)) for c in completions]\n"

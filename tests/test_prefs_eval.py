@@ -6,11 +6,11 @@ import json
 
 import pytest
 
+from rlhfkit.commands.evaluate import EvalConfig, evaluate, parse_rewards, rouge_l, win_rate
+from rlhfkit.commands.prefs import PrefsConfig, build_pairs, make_preferences
+from rlhfkit.commands.prefs import main as prefs_main
+from rlhfkit.core.config import build_config
 from rlhfkit.errors import ConfigError, UserError
-from rlhfkit.evaluate import EvalConfig, evaluate, parse_rewards, rouge_l, win_rate
-from rlhfkit.prefs import PrefsConfig, build_pairs, make_preferences
-from rlhfkit.prefs import main as prefs_main
-from rlhfkit.runtime.config import build_config
 
 # A deterministic scorer: the number of letters 'e' in the completion.
 SCORER = "def score(prompts, completions, **kw):\n    return [float(c.count('e')) for c in completions]\n"
@@ -77,7 +77,7 @@ def test_win_rate_rouge_and_reward_names():
 
 def test_eval_metrics_from_fixed_completions(tmp_path, monkeypatch):
     """Accuracy, ROUGE-L, rewards and win rate computed from known completions (no model)."""
-    import rlhfkit.evaluate as ev
+    import rlhfkit.commands.evaluate as ev
 
     data = tmp_path / "tasks.jsonl"
     data.write_text("\n".join(json.dumps(r) for r in [
@@ -109,8 +109,8 @@ def test_eval_perplexity_matches_manual_cross_entropy(tmp_path, tiny_model_dir):
     import torch
     import torch.nn.functional as F
 
+    from rlhfkit.data.chat import format_example
     from rlhfkit.models import load_causal_lm, load_tokenizer
-    from rlhfkit.models.reward_model import format_example
 
     data = tmp_path / "sft.jsonl"
     rows = [{"prompt": "What is 3 + 4?", "response": "The answer is 7."},

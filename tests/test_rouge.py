@@ -1,4 +1,4 @@
-"""ROUGE-1/2/L (`rlhfkit.evaluate.rouge_scores`, rouge-score underneath) and their place in `rlhfkit eval`."""
+"""ROUGE-1/2/L (`rlhfkit.commands.evaluate.rouge_scores`, rouge-score underneath) and their place in `rlhfkit eval`."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ import math
 
 import pytest
 
-from rlhfkit.evaluate import EvalConfig, evaluate, format_report, rouge_l, rouge_scores
-from rlhfkit.runtime.config import build_config
+from rlhfkit.commands.evaluate import EvalConfig, evaluate, format_report, rouge_l, rouge_scores
+from rlhfkit.core.config import build_config
 
 
 def f1(p: float, r: float) -> float:
@@ -45,7 +45,7 @@ def test_rouge_stems_averages_pairs_and_rejects_mismatched_lists():
 
 
 def test_eval_reports_rouge_1_2_l_of_the_completions(tmp_path, monkeypatch):
-    import rlhfkit.evaluate as ev
+    import rlhfkit.commands.evaluate as ev
 
     data = tmp_path / "sft.jsonl"
     data.write_text("\n".join(json.dumps(r) for r in [

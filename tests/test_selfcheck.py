@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import pytest
 
-from rlhfkit import algos, selfcheck
+from rlhfkit import algos
 from rlhfkit.cli import main as cli_main
+from rlhfkit.commands import selfcheck
 from rlhfkit.models import policy
 
 

@@ -22,9 +22,9 @@ INTERNALS = {
 # Assignments to process-wide state that must be, each with its reason.
 PROCESS_WIDE = {
     # glibc's malloc settings belong to the process; this records that they were applied once
-    ("runtime/allocator.py", "global _applied"),
+    ("core/allocator.py", "global _applied"),
     # importing a user's file registers it by name, as every import does (dataclasses and pickle look it up)
-    ("runtime/imports.py", "sys.modules[mod_name]"),
+    ("core/imports.py", "sys.modules[mod_name]"),
     # transformers' grouped-heads decision has no per-model hook (hf_compat.py's docstring)
     ("models/hf_compat.py", "hf_sdpa.use_gqa_in_sdpa"),
 }

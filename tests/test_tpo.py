@@ -8,9 +8,7 @@ import json
 import pytest
 
 from rlhfkit.cli import main
-from rlhfkit.errors import ConfigError
-from rlhfkit.runtime.config import build_config
-from rlhfkit.tpo import (
+from rlhfkit.commands.tpo import (
     GRADIENT_PROMPT,
     LOSS_PROMPT,
     UPDATE_PROMPT,
@@ -21,6 +19,8 @@ from rlhfkit.tpo import (
     summarise,
     tpo_search,
 )
+from rlhfkit.core.config import build_config
+from rlhfkit.errors import ConfigError
 
 
 def test_closest_prefix_and_pick_pair():

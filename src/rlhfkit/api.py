@@ -10,7 +10,7 @@
 A config built directly is checked as the command line checks it (types, ranges, the options'
 relations) before anything loads; values only Python can give (a reward function, a
 ``datasets.Dataset``) pass through and config.yaml records them by import path or with a note
-(runtime/recorded.py). docs/python-api.md has runnable examples.
+(core/recorded.py). docs/python-api.md has runnable examples.
 """
 
 from __future__ import annotations
@@ -55,7 +55,7 @@ def config_class(name: str) -> type:
 
 def checked(cfg: Any) -> Any:
     """`cfg` rebuilt through runtime.config.build_config: coerced and validated like a command line."""
-    from rlhfkit.runtime.config import build_config
+    from rlhfkit.core.config import build_config
 
     values = {f.name: getattr(cfg, f.name) for f in dataclasses.fields(cfg)}
     return build_config(type(cfg), values, source="config")

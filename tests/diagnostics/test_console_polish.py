@@ -47,7 +47,7 @@ def test_closing_line_names_the_folder_and_the_next_commands():
 def test_a_run_ends_with_the_closing_line_and_logs_the_evaluation_to_tensorboard(tmp_path, tiny_model_dir, capsys):
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-    from rlhfkit.runtime.config import build_config
+    from rlhfkit.core.config import build_config
     from rlhfkit.trainers.grpo import train
     from rlhfkit.trainers.grpo_config import GRPOConfig
 

@@ -38,9 +38,9 @@ def test_differing_keys():
 
 
 def test_the_report_of_a_run_opens_with_its_before_after_block(tmp_path, tiny_model_dir):
+    from rlhfkit.core.config import build_config
     from rlhfkit.diagnostics.report import build_report
     from rlhfkit.diagnostics.rundir import load_run
-    from rlhfkit.runtime.config import build_config
     from rlhfkit.trainers.grpo import train
     from rlhfkit.trainers.grpo_config import GRPOConfig
 

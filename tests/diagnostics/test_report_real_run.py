@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 
 from rlhfkit.cli import main as cli_main
-from rlhfkit.runtime.config import build_config
+from rlhfkit.core.config import build_config
 from rlhfkit.trainers.ppo import train
 from rlhfkit.trainers.ppo_config import PPOConfig
 

@@ -273,11 +273,11 @@ def _config_fields() -> set[str]:
     import dataclasses
     import importlib
 
-    from rlhfkit.cli import COMMANDS
+    from rlhfkit.commands import COMMANDS
 
     names: set[str] = set()
     for command in ("ppo", "grpo", "rloo", "dpo", "rm", "sft"):
-        module = importlib.import_module(COMMANDS[command][0].split(":")[0])
+        module = importlib.import_module(COMMANDS[command].main.split(":")[0])
         names |= {f.name for f in dataclasses.fields(getattr(module, f"{command.upper()}Config"))}
     return names
 

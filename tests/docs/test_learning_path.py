@@ -18,8 +18,8 @@ from pathlib import Path
 
 import pytest
 
-from rlhfkit.cli import COMMANDS
 from rlhfkit.cli import main as cli_main
+from rlhfkit.commands import COMMANDS
 
 ROOT = Path(__file__).resolve().parents[2]
 LEARN = ROOT / "docs" / "learn"
@@ -70,7 +70,7 @@ def all_text() -> str:
 
 
 def config_class(command: str):
-    module = importlib.import_module(COMMANDS[command][0].split(":")[0])
+    module = importlib.import_module(COMMANDS[command].main.split(":")[0])
     return getattr(module, f"{command.upper()}Config")
 
 

@@ -36,8 +36,8 @@ def test_the_examples_run_and_record_what_the_page_says(tmp_path, monkeypatch, t
 
 
 def test_a_module_level_reward_is_recorded_by_import_path_and_read_back(tmp_path):
+    from rlhfkit.core.config import build_config, save_config
     from rlhfkit.rewards.builtins import sentiment
-    from rlhfkit.runtime.config import build_config, save_config
     from rlhfkit.trainers.grpo_config import GRPOConfig
 
     cfg = build_config(GRPOConfig, {"reward": sentiment, "prompts": [{"prompt": "hi"}]})

@@ -70,3 +70,25 @@ def test_the_performance_section_speaks_of_cpu_and_gpu_apart():
     commands = [ln for ln in gpu.splitlines() if ln.startswith("python3 bench/gpu.py")]
     used = {w for ln in commands for w in ln.split("#")[0].split() if w.startswith("--")}
     assert len(commands) == 2 and "--sweep" in used and used <= options, used - options
+
+
+def layout_block() -> str:
+    section = README.split("## Layout\n", 1)[1].split("\n## ", 1)[0]
+    return re.search(r"^```\n(.*?)^```", section, re.S | re.M).group(1)
+
+
+def test_the_layout_lists_every_package_and_names_only_what_exists():
+    """README's Layout is drawn from the tree: every folder and module at src/rlhfkit's top level is
+    listed (`name/`, `name.py`), every path listed exists, and every command of the registry is named."""
+    src = ROOT / "src" / "rlhfkit"
+    listed = set(re.findall(r"^  (\S+)", layout_block(), re.M))
+    top = {p.name + "/" for p in src.iterdir() if p.is_dir() and p.name != "__pycache__"}
+    top |= {p.name for p in src.glob("*.py") if p.name != "__init__.py"}
+    assert top <= listed, f"packages missing from README's Layout: {sorted(top - listed)}"
+    assert all((src / name).exists() for name in listed), f"listed but absent: {sorted(n for n in listed if not (src / n).exists())}"
+    from rlhfkit.commands import COMMANDS
+
+    section = README.split("## Layout\n", 1)[1].split("\n## ", 1)[0]
+    assert all(re.search(rf"(?<![\w-]){re.escape(c)}(?![\w-])", section) for c in COMMANDS), \
+        [c for c in COMMANDS if not re.search(rf"(?<![\w-]){re.escape(c)}(?![\w-])", section)]
+

@@ -112,7 +112,7 @@ def fake_models(monkeypatch: pytest.MonkeyPatch) -> list:
         return [[f"{model} says {k} to {p}" for k in range(num_samples)] for p in prompts]
 
     monkeypatch.setitem(sys.modules, "rlhfkit.data.prompts", types.SimpleNamespace(load_prompts=load_prompts))
-    monkeypatch.setitem(sys.modules, "rlhfkit.generate", types.SimpleNamespace(sample_texts=sample_texts))
+    monkeypatch.setitem(sys.modules, "rlhfkit.rollout.texts", types.SimpleNamespace(sample_texts=sample_texts))
     return calls
 
 

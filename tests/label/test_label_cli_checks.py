@@ -67,7 +67,7 @@ def test_pairs_refuses_unusable_numbers(tmp_path: Path, fake_models, capsys, opt
 
 def test_pairs_writes_no_empty_file(tmp_path: Path, monkeypatch, fake_models, capsys) -> None:
     """Greedy-like sampling gives two identical responses per prompt: every pair is dropped."""
-    monkeypatch.setattr(sys.modules["rlhfkit.generate"], "sample_texts",
+    monkeypatch.setattr(sys.modules["rlhfkit.rollout.texts"], "sample_texts",
                         lambda model, prompts, n, **kw: [["same"] * n for _ in prompts])
     out = tmp_path / "pairs.jsonl"
     assert rlhfkit_main(["label", "pairs", "--prompts", "builtin:reviews", "--limit", "3", "--out", str(out)]) == 2

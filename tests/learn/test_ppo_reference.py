@@ -11,10 +11,10 @@ import pytest
 import torch
 from accelerate import Accelerator
 
+from rlhfkit.core.config import build_config
 from rlhfkit.learn import ppo_reference as ref
 from rlhfkit.models.policy import ActorCritic, ValueHead
 from rlhfkit.rollout import SamplingParams, generate, logprob_pass
-from rlhfkit.runtime.config import build_config
 from rlhfkit.runtime.optim import make_optimizer
 from rlhfkit.trainers.ppo import compute_advantages, micro_batch_loss
 from rlhfkit.trainers.ppo_config import PPOConfig

@@ -14,12 +14,12 @@ import pytest
 import torch
 from families import FAMILIES, save_family
 
+from rlhfkit.core.config import build_config
 from rlhfkit.data.chat import format_prompts
 from rlhfkit.models import load_causal_lm, load_tokenizer
 from rlhfkit.models.policy import ActorCritic
 from rlhfkit.rollout import logprob_pass
 from rlhfkit.rollout.core import rollout_from_tokens
-from rlhfkit.runtime.config import build_config
 
 PROMPTS = ["Hi", "Write a short review of the new cafe. It was great.", "What is 3 + 4?", "Hi",
            "The film was terrible and boring."]
@@ -168,9 +168,9 @@ def test_sft_and_reward_model_see_what_the_model_computes(family):
     import torch.nn.functional as F
     from transformers import AutoModel
 
+    from rlhfkit.data.chat import format_example
     from rlhfkit.data.sft import collate, tokenize_examples
-    from rlhfkit.models.policy import position_ids_from_mask
-    from rlhfkit.models.reward_model import format_example
+    from rlhfkit.models.trunk import position_ids_from_mask
     from rlhfkit.trainers.sft import ResponseNLL
 
     fam, path = family

@@ -16,10 +16,10 @@ import torch
 import yaml
 
 from rlhfkit.cli import main
+from rlhfkit.core.config import build_config
 from rlhfkit.errors import ConfigError, UserError
 from rlhfkit.models import loading
 from rlhfkit.models.reward_model import RewardModel, ScoreHead, load_reward_scorer, save_reward_model
-from rlhfkit.runtime.config import build_config
 from rlhfkit.trainers.ppo import train
 from rlhfkit.trainers.ppo_config import PPOConfig
 
@@ -167,7 +167,7 @@ def test_reference_and_critic_by_hub_id_with_revision(hub_cache, tmp_path):
 def test_reward_model_and_export_record_a_hub_base_as_its_id(hub_cache, tmp_path):
     """A Hub-id base is written down as the id (with its revision), which loads on any machine with
     the cache, not as this machine's snapshot path; a local folder is written as its path."""
-    from rlhfkit.export import base_model_id
+    from rlhfkit.commands.export import base_model_id
     from rlhfkit.models.reward_model import load_backbone
     from rlhfkit.trainers.rm import build_reward_model
     from rlhfkit.trainers.rm_config import RMConfig
@@ -186,7 +186,7 @@ def test_reward_model_and_export_record_a_hub_base_as_its_id(hub_cache, tmp_path
 
 
 def test_estimate_memory_reads_the_config_of_a_cached_hub_id(hub_cache):
-    from rlhfkit.runtime.model_shape import ModelShape, resolve_shape
+    from rlhfkit.estimate.shape import ModelShape, resolve_shape
 
     config = json.loads((hub_cache / ("models--" + REPO.replace("/", "--")) / "snapshots" / MAIN_COMMIT
                          / "config.json").read_text())

@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from rlhfkit.models import shared_prompts
-from rlhfkit.models.policy import position_ids_from_mask, response_hidden_states
+from rlhfkit.models.policy import response_hidden_states
 from rlhfkit.models.shared_prompts import (
     MIN_PREFIX,
     common_prefix_length,
@@ -19,6 +19,7 @@ from rlhfkit.models.shared_prompts import (
     response_hidden,
     shared_prefix_hidden,
 )
+from rlhfkit.models.trunk import position_ids_from_mask
 from rlhfkit.rollout import SamplingParams
 from rlhfkit.rollout.core import generate
 

@@ -148,7 +148,7 @@ def test_a_ppo_run_computes_the_trunk_once_per_scoring_micro_batch(tmp_path, mon
     """End to end: the ratio check passes (the update's first micro-batch repeats scoring bit for
     bit from the kept trunk) and the frozen layers run in scoring only, never in the update."""
     import rlhfkit.models.policy as policy_mod
-    from rlhfkit.runtime.config import build_config
+    from rlhfkit.core.config import build_config
     from rlhfkit.trainers.ppo import train
     from rlhfkit.trainers.ppo_config import PPOConfig
 

@@ -8,10 +8,10 @@ import json
 import pytest
 import torch
 
+from rlhfkit.core.config import build_config
 from rlhfkit.errors import UserError
 from rlhfkit.rewards import check_reward_call, get_rewards, score_batch, score_parts
 from rlhfkit.rewards.scoring import RewardError, takes_keywords
-from rlhfkit.runtime.config import build_config
 from rlhfkit.trainers.grpo import train as grpo_train
 from rlhfkit.trainers.grpo_config import GRPOConfig
 
@@ -160,7 +160,7 @@ def test_rm_writes_a_standard_copy_that_scores_the_same(tmp_path, tiny_model_dir
     # `rlhfkit export` takes the reward-model run: plain transformers loads it and scores the same
     from transformers import AutoModelForSequenceClassification
 
-    from rlhfkit.export import export_run
+    from rlhfkit.commands.export import export_run
 
     out = export_run(tmp_path / "runs" / "rm", tmp_path / "exported")
     model = AutoModelForSequenceClassification.from_pretrained(out).eval()

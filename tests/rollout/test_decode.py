@@ -11,7 +11,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from rlhfkit.models.policy import position_ids_from_mask
+from rlhfkit.models.trunk import position_ids_from_mask
 from rlhfkit.rollout import SamplingParams
 from rlhfkit.rollout.core import generate
 from rlhfkit.rollout.decode import decode, lean_generate

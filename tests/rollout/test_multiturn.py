@@ -6,13 +6,13 @@ from __future__ import annotations
 import pytest
 import torch
 
+from rlhfkit.core.config import build_config
 from rlhfkit.envs import Step
 from rlhfkit.errors import UserError
 from rlhfkit.models.policy import ActorCritic, ValueHead
 from rlhfkit.rollout import Rollout, SamplingParams, generate, logprob_pass
 from rlhfkit.rollout.core import generate_ids, trim, trim_rows
 from rlhfkit.rollout.multiturn import env_text, generate_episodes, render
-from rlhfkit.runtime.config import build_config
 from rlhfkit.trainers.grpo_config import GRPOConfig
 from rlhfkit.trainers.ppo import compute_advantages
 from rlhfkit.trainers.ppo_config import PPOConfig

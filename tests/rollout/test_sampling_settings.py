@@ -180,7 +180,7 @@ def test_sample_texts_draws_every_sample_in_one_batch_and_returns_them_per_promp
     and sharing its prefill, and hands each prompt back its own samples in order."""
     import types
 
-    import rlhfkit.generate as gen
+    import rlhfkit.rollout.texts as gen
 
     tok = build_tokenizer()
     build_tiny_model(len(tok)).save_pretrained(tmp_path)

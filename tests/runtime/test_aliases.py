@@ -8,9 +8,9 @@ import sys
 import pytest
 
 from rlhfkit.cli import main as rlhfkit_main
+from rlhfkit.commands.evaluate import EvalConfig
+from rlhfkit.core.config import build_config, parse_args, parse_values
 from rlhfkit.errors import ConfigError
-from rlhfkit.evaluate import EvalConfig
-from rlhfkit.runtime.config import build_config, parse_args, parse_values
 from rlhfkit.trainers.dpo_config import DPOConfig
 from rlhfkit.trainers.grpo_config import GRPOConfig
 from rlhfkit.trainers.sft_config import SFTConfig
@@ -97,7 +97,7 @@ def test_listing_into_a_closed_pipe_ends_quietly():
 
 
 def test_help_names_the_aliases():
-    from rlhfkit.runtime.config import help_text
+    from rlhfkit.core.config import help_text
 
     text = help_text(GRPOConfig, "rlhfkit grpo")
     assert "  group_size (int, default 8) (also: num_generations, rloo_k)" in text

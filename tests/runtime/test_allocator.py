@@ -1,4 +1,4 @@
-"""glibc malloc tuning (runtime/allocator.py): applied on glibc Linux unless the user opted out or
+"""glibc malloc tuning (core/allocator.py): applied on glibc Linux unless the user opted out or
 chose their own allocator settings."""
 
 from __future__ import annotations
@@ -8,8 +8,8 @@ import platform
 
 import pytest
 
-from rlhfkit.runtime import allocator
-from rlhfkit.runtime.allocator import _wanted, tune_malloc
+from rlhfkit.core import allocator
+from rlhfkit.core.allocator import _wanted, tune_malloc
 
 GLIBC = platform.system() == "Linux" and platform.libc_ver()[0] == "glibc"
 
@@ -75,7 +75,7 @@ def test_trim_heap_gives_freed_heap_blocks_back(tmp_path):
     script = tmp_path / "trim.py"
     script.write_text(
         "import torch\n"
-        "from rlhfkit.runtime.allocator import trim_heap, tune_malloc\n"
+        "from rlhfkit.core.allocator import trim_heap, tune_malloc\n"
         "def rss():\n"
         "    return next(int(l.split()[1]) for l in open('/proc/self/status') if l.startswith('VmRSS')) * 1024\n"
         "assert trim_heap() is False  # not tuned: nothing to undo\n"
@@ -103,7 +103,7 @@ def test_kernel_caches_are_capped_unless_the_user_chose():
 _SHAPES_SCRIPT = """
 import ctypes, sys
 import torch
-from rlhfkit.runtime.allocator import cap_kernel_caches
+from rlhfkit.core.allocator import cap_kernel_caches
 if sys.argv[1] == 'capped':
     cap_kernel_caches()  # after importing torch, before the first matmul: as Run does
 class MallInfo2(ctypes.Structure):

@@ -9,12 +9,12 @@ import types
 import pytest
 import torch
 
+from rlhfkit.core.config import build_config, parse_args
 from rlhfkit.errors import ConfigError
+from rlhfkit.estimate.memory import MemoryArgs, estimate
+from rlhfkit.estimate.shape import ModelShape
 from rlhfkit.runtime import devices
 from rlhfkit.runtime.batch_plan import plan_micro_batch, power_of_two_divisors, run_micro_batch, update_bytes
-from rlhfkit.runtime.config import build_config, parse_args
-from rlhfkit.runtime.memory import MemoryArgs, estimate
-from rlhfkit.runtime.model_shape import ModelShape
 from rlhfkit.trainers.grpo_config import GRPOConfig
 from rlhfkit.trainers.ppo_config import PPOConfig
 from rlhfkit.trainers.trpo_config import TRPOConfig

@@ -50,7 +50,7 @@ def test_written_checkpoint_holds_trainable_weights_state_and_rng(tmp_path):
     fresh = _model(2)
     load_trainable(fresh, path)
     assert torch.equal(fresh[1].weight, model[1].weight) and not torch.equal(fresh[0].weight, model[0].weight)
-    from rlhfkit.runtime.seeding import set_rng_state
+    from rlhfkit.core.seeding import set_rng_state
 
     set_rng_state(load_rng(path, 0))  # the states at save time: the same draws again
     assert (random.random(), float(np.random.rand()), torch.rand(1).item()) == expected

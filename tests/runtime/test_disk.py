@@ -1,4 +1,4 @@
-"""A full disk (runtime/disk.py): one line naming the path, no torn line, no empty config, no
+"""A full disk (core/disk.py): one line naming the path, no torn line, no empty config, no
 half-written checkpoint, and leftovers cleaned before a resume cuts the logs."""
 
 from __future__ import annotations
@@ -11,9 +11,10 @@ from collections import namedtuple
 import pytest
 import torch
 
-from rlhfkit.runtime import disk
-from rlhfkit.runtime.checkpoint import CHECKPOINTS, latest_checkpoint, write_checkpoint
-from rlhfkit.runtime.disk import DiskFull, append_text, write_atomic
+from rlhfkit.core import disk
+from rlhfkit.core.disk import DiskFull, append_text, write_atomic
+from rlhfkit.core.run_files import CHECKPOINTS, latest_checkpoint
+from rlhfkit.runtime.checkpoint import write_checkpoint
 
 FULL = OSError(errno.ENOSPC, "No space left on device")
 

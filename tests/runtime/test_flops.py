@@ -1,4 +1,4 @@
-"""Model FLOP counts (rlhfkit.runtime.flops): a 1-layer config counted by hand, and the counts of a
+"""Model FLOP counts (rlhfkit.estimate.flops): a 1-layer config counted by hand, and the counts of a
 tiny Llama against torch's FlopCounterMode (forward and backward, LoRA and full fine-tuning)."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import pytest
 import torch
 from torch.utils.flop_counter import FlopCounterMode
 
-from rlhfkit.runtime.flops import (
+from rlhfkit.estimate.flops import (
     attention_pairs,
     backward_flops,
     decode_step_bytes,
@@ -16,7 +16,7 @@ from rlhfkit.runtime.flops import (
     shape_of,
     train_flops,
 )
-from rlhfkit.runtime.model_shape import ModelShape
+from rlhfkit.estimate.shape import ModelShape
 
 # H 4, intermediate 8, 2 heads of d 2, 1 kv head, V 10, tied. One layer's projections (in x out):
 # q 4x4=16, k 4x2=8, v 4x2=8, o 4x4=16, gate 4x8=32, up 4x8=32, down 8x4=32: 144 weights.

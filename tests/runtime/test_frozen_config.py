@@ -8,7 +8,7 @@ import dataclasses
 import pytest
 
 from rlhfkit.api import CONFIGS, config_class
-from rlhfkit.runtime.config import build_config, parse_args
+from rlhfkit.core.config import build_config, parse_args
 from rlhfkit.trainers.grpo_config import OFF_POLICY_TIS_CAP, GRPOConfig
 
 REQUIRED = {"RMConfig": {"data": "prefs.jsonl"}, "SFTConfig": {"data": "sft.jsonl"},
@@ -45,7 +45,7 @@ def test_derived_values_are_resolved_before_freezing():
 
 def test_validate_only_reads_the_config():
     """A validate() that assigns a field fails at once (the config is frozen while it runs)."""
-    from rlhfkit.runtime.config import option
+    from rlhfkit.core.config import option
     from rlhfkit.trainers.options import RunArgs
 
     @dataclasses.dataclass

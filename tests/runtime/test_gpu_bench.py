@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from rlhfkit.runtime.flops import decode_step_bytes
-from rlhfkit.runtime.model_shape import ModelShape
+from rlhfkit.estimate.flops import decode_step_bytes
+from rlhfkit.estimate.shape import ModelShape
 
 BENCH = Path(__file__).resolve().parents[2] / "bench"
 sys.path.insert(0, str(BENCH))
@@ -236,8 +236,8 @@ def test_generate_calls_count_the_rows_each_call_sampled():
 
 
 def test_the_estimate_is_estimate_memory_of_the_same_run(tiny_model_dir, tmp_path):
-    from rlhfkit.runtime.memory import GIB, MemoryArgs, estimate
-    from rlhfkit.runtime.model_shape import resolve_shape
+    from rlhfkit.estimate.memory import GIB, MemoryArgs, estimate
+    from rlhfkit.estimate.shape import resolve_shape
 
     cfg = gpu.part_config("ppo", "lora-all", str(tiny_model_dir), 1, str(tmp_path), smoke=False, point=(256, 512))
     assert (cfg.rollout_batch_size, cfg.max_new_tokens, cfg.ppo_epochs, cfg.mini_batch_size) == (256, 512, 1, 64)

@@ -89,7 +89,7 @@ def test_logged_grad_norm_is_taken_before_clipping():
 def test_a_rollout_larger_than_the_machine_is_refused_up_front():
     """16 bytes per prompt token and 40 per response token and row (rollout/core.py's tensors)."""
     from rlhfkit.errors import ConfigError
-    from rlhfkit.runtime.memory import check_rollout_fits, rollout_bytes
+    from rlhfkit.estimate.memory import check_rollout_fits, rollout_bytes
 
     assert rollout_bytes(1000, 100, 50) == 1000 * (16 * 100 + 40 * 50)  # 3.6 MB
     check_rollout_fits(1000, 100, 50, memory=3_600_000)  # exactly fits

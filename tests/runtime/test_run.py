@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from rlhfkit.runtime.checkpoint import checkpoints
-from rlhfkit.runtime.config import build_config, option
+from rlhfkit.core.config import build_config, option
+from rlhfkit.core.run_files import checkpoints
 from rlhfkit.runtime.optim import make_optimizer
 from rlhfkit.runtime.run import Run
 from rlhfkit.trainers.options import OptimizerArgs, RunArgs

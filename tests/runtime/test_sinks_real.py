@@ -151,7 +151,7 @@ def test_sft_resumed_from_an_older_checkpoint_logs_each_step_once(tmp_path, tiny
     continues from step 2 and logs steps 2 and 3 again."""
     import shutil
 
-    from rlhfkit.runtime.config import build_config
+    from rlhfkit.core.config import build_config
     from rlhfkit.trainers.sft import SFTConfig, train
 
     data = tmp_path / "sft.jsonl"

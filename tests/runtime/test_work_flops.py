@@ -1,5 +1,5 @@
 """The least-work FLOP counts of bench/work_flops.py (the floors of bench/bench_grpo_dpo.py): golden counts
-worked by hand on a tiny decoder, and the shared-prompt and per-row sums against rlhfkit.runtime.flops."""
+worked by hand on a tiny decoder, and the shared-prompt and per-row sums against rlhfkit.estimate.flops."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from rlhfkit.runtime.flops import forward_flops, sampling_flops
-from rlhfkit.runtime.model_shape import ModelShape
+from rlhfkit.estimate.flops import forward_flops, sampling_flops
+from rlhfkit.estimate.shape import ModelShape
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
 import work_flops  # noqa: E402

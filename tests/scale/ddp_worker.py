@@ -92,11 +92,11 @@ def global_rollout(vocab: int):
 
 def policy_step(model_dir: str, out: Path, agg: str) -> None:
     """One PPO-loss optimiser step through `update_policy` (what PPO and GRPO run)."""
+    from rlhfkit.core.config import build_config
     from rlhfkit.models import load_causal_lm
     from rlhfkit.models.lora import add_lora
     from rlhfkit.models.policy import ActorCritic, ValueHead
     from rlhfkit.rollout import logprob_pass
-    from rlhfkit.runtime.config import build_config
     from rlhfkit.trainers.ppo import micro_batch_loss
     from rlhfkit.trainers.ppo_config import PPOConfig
     from rlhfkit.trainers.rl_update import update_policy
@@ -129,9 +129,9 @@ def policy_step(model_dir: str, out: Path, agg: str) -> None:
 
 
 def sft_step(model_dir: str, out: Path) -> None:
+    from rlhfkit.core.config import build_config
     from rlhfkit.data.sft import tokenize_examples
     from rlhfkit.models import load_tokenizer
-    from rlhfkit.runtime.config import build_config
     from rlhfkit.trainers.build import build_policy
     from rlhfkit.trainers.sft import ResponseNLL, SFTConfig, sft_step
 
@@ -152,7 +152,7 @@ def sft_step(model_dir: str, out: Path) -> None:
 
 
 def rm_step(model_dir: str, out: Path) -> None:
-    from rlhfkit.runtime.config import build_config
+    from rlhfkit.core.config import build_config
     from rlhfkit.trainers.rm import RMConfig, build_reward_model, rm_step
 
     acc = accelerator()
@@ -169,7 +169,7 @@ def rm_step(model_dir: str, out: Path) -> None:
 
 
 def dpo_step(model_dir: str, out: Path) -> None:
-    from rlhfkit.runtime.config import build_config
+    from rlhfkit.core.config import build_config
     from rlhfkit.trainers.dpo import build_models, encode_pairs, precompute_reference, train_step
     from rlhfkit.trainers.dpo_config import DPOConfig
 
@@ -199,8 +199,8 @@ def dpo_step(model_dir: str, out: Path) -> None:
 
 def shard(out: Path) -> None:
     """Which prompts and sampling seeds each process gets."""
+    from rlhfkit.core.seeding import sampling_seed
     from rlhfkit.data.stream import PromptStream
-    from rlhfkit.runtime.seeding import sampling_seed
 
     acc = accelerator()
     records = [{"prompt": f"p{i}"} for i in range(10)]

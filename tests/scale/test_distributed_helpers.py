@@ -98,9 +98,9 @@ def test_global_whitening_statistics_equal_those_of_the_concatenated_rollout():
 def test_grpo_constant_normaliser_counts_every_process():
     """Dr. GRPO's constant is mini_batch_size x max_new_tokens of the whole optimiser step: with N
     processes each holding a mini-batch, N times the single-process constant."""
+    from rlhfkit.core.config import build_config
     from rlhfkit.models.policy import ActorCritic
     from rlhfkit.rollout import Rollout, logprob_pass
-    from rlhfkit.runtime.config import build_config
     from rlhfkit.trainers.grpo import micro_batch_loss
     from rlhfkit.trainers.grpo_config import GRPOConfig
 

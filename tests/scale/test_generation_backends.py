@@ -89,7 +89,7 @@ def test_vllm_is_not_imported_for_the_hf_backend():
 
 
 def test_ppo_asked_for_vllm_without_it_falls_back_to_hf_and_trains(tmp_path, tiny_model_dir, capsys):
-    from rlhfkit.runtime.config import build_config
+    from rlhfkit.core.config import build_config
     from rlhfkit.trainers.ppo import train
     from rlhfkit.trainers.ppo_config import PPOConfig
 
@@ -170,7 +170,7 @@ def test_weight_sync_of_a_fully_fine_tuned_policy_is_its_state():
 
 def test_ppo_with_a_vllm_backend_syncs_every_iteration_and_keeps_the_ratio_check(tmp_path, tiny_model_dir,
                                                                                 monkeypatch):
-    from rlhfkit.runtime.config import build_config
+    from rlhfkit.core.config import build_config
     from rlhfkit.trainers.ppo import train
     from rlhfkit.trainers.ppo_config import PPOConfig
 

@@ -1,14 +1,15 @@
-"""rlhfkit.runtime.memory against hand arithmetic and against real (tiny) models."""
+"""rlhfkit.estimate.memory against hand arithmetic and against real (tiny) models."""
 
 from __future__ import annotations
 
 import pytest
 
+from rlhfkit.commands.estimate_memory import main
+from rlhfkit.core.config import build_config
 from rlhfkit.errors import ConfigError
+from rlhfkit.estimate.memory import MemoryArgs, estimate, kv_cache_bytes
+from rlhfkit.estimate.shape import PRESETS, ModelShape
 from rlhfkit.models.lora import add_lora
-from rlhfkit.runtime.config import build_config
-from rlhfkit.runtime.memory import MemoryArgs, estimate, kv_cache_bytes, main
-from rlhfkit.runtime.model_shape import PRESETS, ModelShape
 
 from tiny_lm import build_tiny_model, build_tokenizer
 
@@ -114,7 +115,7 @@ def test_options_not_given_take_the_methods_trainer_defaults(method, config):
     judged-sampling lengths; a given option wins, `null` included."""
     import importlib
 
-    from rlhfkit.runtime.memory import TRAINER_OPTIONS, for_method
+    from rlhfkit.commands.estimate_memory import TRAINER_OPTIONS, for_method
 
     module, name = config.split(":")
     required = {"data": "prefs.jsonl"} if method == "rm" else {}  # rm has no default data
@@ -131,8 +132,20 @@ def test_options_not_given_take_the_methods_trainer_defaults(method, config):
     assert for_method({"method": method, "lora_layers": None}).lora_layers is None
 
 
+def test_the_estimates_lora_dropout_is_each_trainers_default():
+    """estimate/memory.py imports no trainer: its copy of their LoRA dropout defaults stays theirs."""
+    import dataclasses
+
+    from rlhfkit.commands import COMMANDS, load
+    from rlhfkit.estimate.memory import ESTIMATED_METHODS, TRAINER_LORA_DROPOUT
+
+    for method in ESTIMATED_METHODS:
+        fields = {f.name: f.default for f in dataclasses.fields(load(COMMANDS[method].config))}
+        assert TRAINER_LORA_DROPOUT.get(method, 0.0) == fields["lora_dropout"], method
+
+
 def test_trainer_defaults_by_hand():
-    from rlhfkit.runtime.memory import for_method
+    from rlhfkit.commands.estimate_memory import for_method
 
     grpo = for_method({"method": "grpo"})
     assert (grpo.micro_batch_size, grpo.group_size, grpo.rollout_batch_size, grpo.mini_batch_size,
@@ -168,16 +181,16 @@ def test_unknown_model_is_a_one_line_error():
 def test_the_worked_table_in_docs_is_what_the_function_computes():
     from pathlib import Path
 
-    from rlhfkit.runtime.memory import worked_table
+    from rlhfkit.commands.estimate_memory import worked_table
 
     doc = (Path(__file__).parents[2] / "docs" / "scale.md").read_text()
-    assert worked_table() in doc, "docs/scale.md's worked table is stale: paste rlhfkit.runtime.memory.worked_table()"
+    assert worked_table() in doc, "docs/scale.md's worked table is stale: paste rlhfkit.estimate.memory.worked_table()"
 
 
 def test_cpu_terms_by_hand_for_the_multi_turn_grpo_demo():
     """device=cpu adds the process baseline, runs long micro-batches in row chunks of at most
     CHUNK_POSITIONS positions and takes the activation bytes measured on the CPU (bench/activation_bytes.py)."""
-    from rlhfkit.runtime.memory import CHUNK_POSITIONS, CPU_ACTIVATION_BYTES, PROCESS_BASELINE
+    from rlhfkit.estimate.memory import CHUNK_POSITIONS, CPU_ACTIVATION_BYTES, PROCESS_BASELINE
 
     args = build_config(MemoryArgs, dict(model="smollm2-135m", device="cpu", dtype="bf16", method="grpo",
                                          micro_batch_size=16, prompt_length=260, max_new_tokens=128,
@@ -253,8 +266,8 @@ def test_chunked_positions_are_at_most_the_budget():
 
 
 def test_chunk_size_matches_the_trainers():
+    from rlhfkit.estimate.memory import CHUNK_POSITIONS as ESTIMATED
     from rlhfkit.rollout.logprobs import CHUNK_POSITIONS
-    from rlhfkit.runtime.memory import CHUNK_POSITIONS as ESTIMATED
 
     assert ESTIMATED == CHUNK_POSITIONS
     from dataclasses import fields
@@ -274,7 +287,7 @@ def test_chunk_size_matches_the_trainers():
 
 
 def _prompts(**kw) -> int:
-    from rlhfkit.runtime.memory import prompts_per_micro_batch
+    from rlhfkit.estimate.memory import prompts_per_micro_batch
 
     base = dict(model="smollm2-135m", device="cpu", method="grpo", micro_batch_size=16, group_size=8,
                 rollout_batch_size=64)
@@ -365,7 +378,7 @@ def test_trpo_terms_by_hand_for_its_cpu_demo():
 
 
 def test_the_micro_batch_that_fits_a_gpu_by_hand(capsys):
-    from rlhfkit.runtime.memory import GIB, micro_batch_that_fits
+    from rlhfkit.estimate.memory import GIB, micro_batch_that_fits
 
     shape = ModelShape(hidden=64, intermediate=128, layers=2, heads=4, kv_heads=2, vocab=1000, tied=True)
     args = build_config(MemoryArgs, dict(model="smollm2-135m", method="ppo", micro_batch_size=1, mini_batch_size=48,

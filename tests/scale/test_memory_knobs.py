@@ -63,7 +63,7 @@ def test_gradient_checkpointing_gives_the_same_gradients(lora):
 
 
 def test_gradient_checkpointing_option_trains_ppo(tmp_path, tiny_model_dir):
-    from rlhfkit.runtime.config import build_config
+    from rlhfkit.core.config import build_config
     from rlhfkit.trainers.ppo import train
     from rlhfkit.trainers.ppo_config import PPOConfig
 

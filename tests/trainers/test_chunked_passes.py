@@ -129,7 +129,7 @@ def test_rl_runs_with_chunks_equal_runs_without(tmp_path, tiny_model_dir, monkey
     """GRPO and PPO on a tiny model: micro-batches cut into chunks of 1-2 rows give the same losses,
     gradient norms and log-probs as whole micro-batches (fp32; the loss is a sum over rows), and the
     first-micro-batch ratio is still exactly 1 (the scoring pass cuts alike)."""
-    from rlhfkit.runtime.config import build_config
+    from rlhfkit.core.config import build_config
     from rlhfkit.trainers.grpo import train as grpo_train
     from rlhfkit.trainers.grpo_config import GRPOConfig
     from rlhfkit.trainers.ppo import train as ppo_train

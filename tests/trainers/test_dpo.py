@@ -8,9 +8,9 @@ import math
 import pytest
 import torch
 
+from rlhfkit.core.config import build_config, parse_args
 from rlhfkit.errors import ConfigError
 from rlhfkit.models.policy import ActorCritic
-from rlhfkit.runtime.config import build_config, parse_args
 from rlhfkit.trainers.dpo import (
     dpo_batch_loss,
     encode_pairs,

@@ -10,9 +10,9 @@ import pytest
 import torch
 
 import rlhfkit.trainers.dpo as dpo_mod
+from rlhfkit.core.config import build_config
 from rlhfkit.errors import ConfigError
 from rlhfkit.models.policy import ActorCritic
-from rlhfkit.runtime.config import build_config
 from rlhfkit.trainers.dpo import dpo_batch_loss, encode_pairs, pair_rows, sequence_logps, train
 from rlhfkit.trainers.dpo_config import DPOConfig, ORPOConfig, SimPOConfig
 

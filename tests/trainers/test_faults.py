@@ -14,10 +14,11 @@ import pytest
 import torch
 from test_resume import TRAINERS, comparable, make_cfg, read_jsonl, stop_after
 
+from rlhfkit.core.config import build_config, parse_args
+from rlhfkit.core.run_files import CHECKPOINTS, latest_checkpoint
 from rlhfkit.errors import run_guarded
 from rlhfkit.rewards import RewardError
-from rlhfkit.runtime.checkpoint import CHECKPOINTS, PAUSE_ENV, latest_checkpoint
-from rlhfkit.runtime.config import build_config, parse_args
+from rlhfkit.runtime.checkpoint import PAUSE_ENV
 from rlhfkit.runtime.faults import Interrupted, NonFiniteError, NonFiniteGuard, guarded_step
 
 # ----------------------------------------------------------------------------- helpers

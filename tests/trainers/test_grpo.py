@@ -8,10 +8,10 @@ import math
 import pytest
 import torch
 
+from rlhfkit.core.config import build_config, parse_args
 from rlhfkit.errors import ConfigError
 from rlhfkit.models.policy import ActorCritic
 from rlhfkit.rollout import Rollout, SamplingParams, forward_logprobs, generate, logprob_pass
-from rlhfkit.runtime.config import build_config, parse_args
 from rlhfkit.trainers.grpo import (
     compute_advantages,
     informative_rows,

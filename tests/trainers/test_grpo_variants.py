@@ -12,11 +12,11 @@ import pytest
 import torch
 
 import rlhfkit.trainers.grpo as grpo_mod
+from rlhfkit.core.config import build_config, parse_args
 from rlhfkit.errors import ConfigError
 from rlhfkit.models.policy import ActorCritic
 from rlhfkit.rollout import Rollout, SamplingParams, generate, logprob_pass
 from rlhfkit.rollout.core import trim_rows
-from rlhfkit.runtime.config import build_config, parse_args
 from rlhfkit.trainers.grpo import compute_advantages, micro_batch_loss, train
 from rlhfkit.trainers.grpo_config import DAPOConfig, GRPOConfig, GSPOConfig, ReinforcePPConfig
 from rlhfkit.trainers.grpo_rollout import fill_groups, filter_overlong, keep_rows, reinforce_pp_advantages

@@ -11,9 +11,9 @@ import torch
 from accelerate import Accelerator
 from test_resume import assert_same_run, stop_after
 
+from rlhfkit.core.config import build_config
 from rlhfkit.errors import ConfigError, DataError
 from rlhfkit.models.policy import ActorCritic
-from rlhfkit.runtime.config import build_config
 from rlhfkit.runtime.faults import Interrupted
 from rlhfkit.trainers.kto import encode_examples, kl_partners, load_examples, main, train, train_step
 from rlhfkit.trainers.kto_config import KTOConfig

@@ -9,9 +9,9 @@ import json
 import pytest
 
 import rlhfkit.envs
+from rlhfkit.core.config import build_config
 from rlhfkit.envs import Step
 from rlhfkit.errors import ConfigError
-from rlhfkit.runtime.config import build_config
 from rlhfkit.trainers.grpo import main as grpo_main
 from rlhfkit.trainers.grpo import train as grpo_train
 from rlhfkit.trainers.grpo_config import GRPOConfig, RLOOConfig

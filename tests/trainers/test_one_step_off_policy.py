@@ -1,4 +1,4 @@
-"""One-step-off-policy rollouts of the GRPO family (`one_step_off_policy`, rollout/offpolicy.py) on a
+"""One-step-off-policy rollouts of the GRPO family (`one_step_off_policy`, runtime/offpolicy.py) on a
 tiny random Llama: which weights sampled each batch, the importance weights they get, the threaded
 run against its sequential reference, the sampler's weight sync, stop/resume and the refusals."""
 
@@ -17,20 +17,20 @@ import torch
 import yaml
 from test_grpo import tiny_cfg as grpo_tiny_cfg
 
+from rlhfkit.core.config import build_config
 from rlhfkit.errors import ConfigError
 from rlhfkit.models.lora import merged_lora
 from rlhfkit.models.policy import ActorCritic
 from rlhfkit.rollout import SamplingParams, logprob_pass, offpolicy
-from rlhfkit.rollout.offpolicy import (
+from rlhfkit.runtime import tracker as tracker_mod
+from rlhfkit.runtime.faults import Interrupted
+from rlhfkit.runtime.offpolicy import (
     OneStepOffPolicy,
     added_bytes,
     sampler_copy,
     sync_weights,
     trainable_names,
 )
-from rlhfkit.runtime import tracker as tracker_mod
-from rlhfkit.runtime.config import build_config
-from rlhfkit.runtime.faults import Interrupted
 from rlhfkit.trainers.grpo import train
 from rlhfkit.trainers.grpo_config import OFF_POLICY_TIS_CAP, DAPOConfig, GRPOConfig
 from rlhfkit.trainers.rl import RLRun

@@ -11,8 +11,8 @@ import pytest
 import torch
 from test_resume import assert_same_run, stop_after
 
+from rlhfkit.core.config import build_config
 from rlhfkit.errors import ConfigError
-from rlhfkit.runtime.config import build_config
 from rlhfkit.runtime.faults import Interrupted
 from rlhfkit.trainers.online_dpo import judge_pairs, main, train
 from rlhfkit.trainers.online_dpo_config import OnlineDPOConfig

@@ -10,12 +10,12 @@ import torch
 from transformers import LogitsProcessorList
 
 from rlhfkit.algos import logprobs_from_logits, shape_rewards
+from rlhfkit.core.config import build_config, parse_args
 from rlhfkit.errors import ConfigError
 from rlhfkit.models.lora import add_lora
 from rlhfkit.models.policy import ActorCritic, Reference, ValueHead
 from rlhfkit.rollout import SamplingParams, forward_logprobs, generate, logprob_pass
 from rlhfkit.rollout.sampling import ExponentialRaceSampler
-from rlhfkit.runtime.config import build_config, parse_args
 from rlhfkit.trainers.ppo import RatioCheckError, train
 from rlhfkit.trainers.ppo_config import PPOConfig
 

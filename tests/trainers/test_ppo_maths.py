@@ -10,10 +10,10 @@ import math
 import pytest
 import torch
 
+from rlhfkit.core.config import build_config
 from rlhfkit.models.policy import ActorCritic, ValueHead
 from rlhfkit.rollout import Rollout, SamplingParams, forward_logprobs, generate, logprob_pass
 from rlhfkit.rollout.core import trim_rows
-from rlhfkit.runtime.config import build_config
 from rlhfkit.trainers.ppo import compute_advantages, micro_batch_loss
 from rlhfkit.trainers.ppo_config import PPOConfig
 

@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from rlhfkit.runtime.config import build_config
+from rlhfkit.core.config import build_config
 from rlhfkit.trainers.ppo import train
 from rlhfkit.trainers.ppo_config import PPOConfig
 

@@ -15,9 +15,9 @@ import signal
 import pytest
 import torch
 
+from rlhfkit.core.config import build_config, parse_args
+from rlhfkit.core.run_files import latest_checkpoint
 from rlhfkit.runtime import tracker as tracker_mod
-from rlhfkit.runtime.checkpoint import latest_checkpoint
-from rlhfkit.runtime.config import build_config, parse_args
 from rlhfkit.runtime.faults import Interrupted
 
 VOWELS = ("def reward(prompts, completions, **kw):\n"

@@ -8,6 +8,7 @@ import json
 import pytest
 import torch
 
+from rlhfkit.core.config import build_config, parse_args
 from rlhfkit.errors import ConfigError, UserError
 from rlhfkit.models.reward_model import (
     RewardModel,
@@ -17,7 +18,6 @@ from rlhfkit.models.reward_model import (
     load_reward_scorer,
     normalise,
 )
-from rlhfkit.runtime.config import build_config, parse_args
 from rlhfkit.trainers.rm import RMConfig, train
 
 from tiny_lm import build_tiny_model, build_tokenizer

@@ -11,9 +11,9 @@ import pytest
 from test_faults import _nan_forward_at, cli, sft_argv, wait_for
 from test_resume import make_cfg, read_jsonl
 
+from rlhfkit.core.config import parse_args
+from rlhfkit.core.run_files import latest_checkpoint
 from rlhfkit.errors import UserError
-from rlhfkit.runtime.checkpoint import latest_checkpoint
-from rlhfkit.runtime.config import parse_args
 
 
 def _files(folder):

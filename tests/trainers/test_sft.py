@@ -10,11 +10,10 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from rlhfkit.data.chat import IGNORE_INDEX
+from rlhfkit.core.config import build_config, parse_args
+from rlhfkit.data.chat import IGNORE_INDEX, format_example
 from rlhfkit.data.sft import collate, tokenize_examples
 from rlhfkit.errors import ConfigError
-from rlhfkit.models.reward_model import format_example
-from rlhfkit.runtime.config import build_config, parse_args
 from rlhfkit.trainers.sft import ResponseNLL, SFTConfig, sft_step, train
 
 from tiny_lm import build_tiny_model, build_tokenizer
@@ -143,9 +142,9 @@ def test_train_lowers_eval_loss_and_saves_adapter_and_merged_model(tmp_path, tin
         assert loss == pytest.approx(summary["eval_after"]["loss"], abs=1e-4), path
     # ROUGE before and after, in the summary and the last metrics row; the after figure is the ROUGE of
     # the final model's greedy response, recomputed here from the saved merged weights.
-    from rlhfkit.evaluate import rouge_scores
-    from rlhfkit.generate import generate_texts
+    from rlhfkit.commands.evaluate import rouge_scores
     from rlhfkit.rollout import SamplingParams
+    from rlhfkit.rollout.texts import generate_texts
 
     for key in ("rouge_1", "rouge_2", "rouge_l"):
         assert 0.0 <= summary["eval_before"][key] <= 1.0 and last[f"eval/{key}"] == summary["eval_after"][key]

@@ -10,9 +10,9 @@ import pytest
 import torch
 from transformers import AutoTokenizer
 
+from rlhfkit.core.config import build_config
 from rlhfkit.data.chat import IGNORE_INDEX
 from rlhfkit.data.sft import load_sft_examples, tokenize_examples
-from rlhfkit.runtime.config import build_config
 from rlhfkit.runtime.optim import make_optimizer
 from rlhfkit.trainers.sft import train
 from rlhfkit.trainers.sft_config import SFTConfig

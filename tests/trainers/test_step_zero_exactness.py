@@ -19,7 +19,7 @@ import math
 
 import pytest
 
-from rlhfkit.runtime.config import build_config
+from rlhfkit.core.config import build_config
 
 PROMPTS = [f"Write a review of thing number {i}." for i in range(32)]
 VOWELS = ("def reward(prompts, completions, **kw):\n"

@@ -47,4 +47,4 @@ def test_loss_choices_are_the_registry_keys():
 
 def test_evaluate_and_sft_do_not_import_each_other():
     root = TRAINERS.parent
-    assert "rlhfkit.trainers.sft" not in imported_modules(root / "evaluate.py")
+    assert "rlhfkit.trainers.sft" not in imported_modules(root / "commands" / "evaluate.py")

@@ -10,10 +10,10 @@ import pytest
 import torch
 
 from rlhfkit.algos.trpo import flat_params
+from rlhfkit.core.config import build_config
 from rlhfkit.models.lora import add_lora
 from rlhfkit.models.policy import ActorCritic, ValueHead
 from rlhfkit.rollout import SamplingParams, generate, logprob_pass
-from rlhfkit.runtime.config import build_config
 from rlhfkit.trainers.ppo import compute_advantages
 from rlhfkit.trainers.trpo import policy_step, train
 from rlhfkit.trainers.trpo_config import TRPOConfig

@@ -18,7 +18,7 @@ from torch.overrides import TorchFunctionMode
 
 import rlhfkit
 import rlhfkit.trainers.rl_update as rl_update
-from rlhfkit.runtime.config import build_config
+from rlhfkit.core.config import build_config
 
 SRC = str(Path(rlhfkit.__file__).parent)
 TORCH = str(Path(torch.__file__).parent)

@@ -45,7 +45,7 @@ def _sequence_token_log_ratio(log_ratio: torch.Tensor, seq_lr: torch.Tensor, own
     return seq_lr.detach()[:, None] + own - own.detach()
 
 
-# importance level (rlhfkit.choices.IMPORTANCE_LEVELS) -> log rho from (log_ratio, seq_lr, own)
+# importance level (rlhfkit.core.choices.IMPORTANCE_LEVELS) -> log rho from (log_ratio, seq_lr, own)
 IMPORTANCE_RATIOS = {"token": _token_log_ratio, "sequence": _sequence_log_ratio,
                      "sequence-token": _sequence_token_log_ratio}
 IMPORTANCE_LEVELS = tuple(IMPORTANCE_RATIOS)

@@ -1,6 +1,6 @@
 """The functions a config chooses by name, each registry defined once: name -> function.
 
-The names are rlhfkit.choices' tuples (a config's `choices`), so --help, validation and dispatch
+The names are rlhfkit.core.choices' tuples (a config's `choices`), so --help, validation and dispatch
 agree (tests/algos/test_registry.py pins the keys). `choose` is the one lookup: an unknown name is a
 one-line ValueError that lists the registry's keys.
 

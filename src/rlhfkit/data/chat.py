@@ -158,3 +158,28 @@ def format_prompts(tokenizer: Any, prompts: list, args: Any) -> list[str]:
     if not use_chat_template(tokenizer, args.chat_template):
         return [with_bos(tokenizer, plain_format(to_messages(p, args.system_prompt))) for p in prompts]
     return [format_prompt(tokenizer, p, system=args.system_prompt) for p in prompts]
+
+
+def text_of(item: Any) -> str:
+    """The text of a prompt or completion: a string as is; a message list (conversational data,
+    ``[{"role": "assistant", "content": ...}]``) as its last message's content."""
+    if isinstance(item, (list, tuple)) and item and isinstance(item[-1], dict):
+        return str(item[-1].get("content", ""))
+    return item if isinstance(item, str) else str(item)
+
+
+def format_example(tokenizer, prompt, response: str, chat_template: bool | None = None,
+                   system: str | None = None) -> tuple[str, str]:
+    """``(prompt_text, full_text)`` for one (prompt, response) pair, shared by SFT, the reward
+    model, its scorer and eval so that all of them see the same text.
+
+    ``chat_template`` as in `use_chat_template` (None: the tokenizer's
+    template when it has one, True: required). With the template:
+    `format_sft_example`; otherwise the plain format
+    ``User: {prompt}\\n\\nAssistant: {response}`` (plus the EOS string, if any), after the BOS
+    string when the tokenizer adds one to plain text (`with_bos`).
+    """
+    if use_chat_template(tokenizer, chat_template):
+        return format_sft_example(tokenizer, prompt, response, system)
+    prompt_text = with_bos(tokenizer, plain_format(to_messages(prompt, system)))
+    return prompt_text, prompt_text + response + end_of_turn(tokenizer)

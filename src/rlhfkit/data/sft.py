@@ -20,11 +20,11 @@ from typing import Any, Protocol, runtime_checkable
 
 import torch
 
+from rlhfkit.core.devices import HOST
 from rlhfkit.data.chat import IGNORE_INDEX, end_of_turn, tokenize_sft_example, with_bos
 from rlhfkit.data.readers import Records, expect_messages, expect_text, message_text, missing_field
 from rlhfkit.data.sets import builtin_name, load_split, sample
 from rlhfkit.errors import DataError
-from rlhfkit.runtime.devices import HOST
 
 RESPONSE_FIELDS = ("response", "completion")
 
@@ -149,7 +149,7 @@ def tokenize_examples(tok, examples: list[dict], cfg: PromptFormat, max_length: 
 def loss_spans(tok, ex: dict, cfg: PromptFormat) -> tuple[str, list[tuple[int, int]]]:
     """(the example's full text, the character spans (start, end) its loss covers). `cfg` carries the
     prompt format and, for SFT, SFTLossOptions (without them: the response only)."""
-    from rlhfkit.models.reward_model import format_example
+    from rlhfkit.data.chat import format_example
 
     if ex.get("text") is not None and ex.get("prompt") == "":  # language modelling: every token after BOS
         start = with_bos(tok, "")
@@ -172,7 +172,7 @@ def loss_spans(tok, ex: dict, cfg: PromptFormat) -> tuple[str, list[tuple[int, i
 def earlier_turns(tok, messages: list[dict], full: str, cfg: Any) -> list[tuple[int, int]]:
     """The spans of the assistant turns before the last in `full` (the whole conversation's text):
     each turn's content and, where the format writes one there, its end-of-turn string."""
-    from rlhfkit.models.reward_model import format_example
+    from rlhfkit.data.chat import format_example
 
     spans = []
     for i, m in enumerate(messages):

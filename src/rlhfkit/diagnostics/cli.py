@@ -6,6 +6,7 @@ import argparse
 import json
 from pathlib import Path
 
+from rlhfkit.core.argv import OptionsHelpFormatter, RawDescriptionOptionsHelpFormatter, parse_command_line
 from rlhfkit.diagnostics.findings import SEVERITIES, Finding, severity_rank, summarize
 from rlhfkit.diagnostics.monitor import diagnose
 from rlhfkit.diagnostics.rules import RULES
@@ -87,12 +88,12 @@ def _list_rules() -> str:
     return "\n".join(lines)
 
 
-def doctor_main(argv: list[str]) -> int:
-    """Print the training-health findings of a run; exit 1 on a critical finding."""
+def doctor_parser() -> argparse.ArgumentParser:
+    """The options of `rlhfkit doctor`."""
     p = argparse.ArgumentParser(
         prog="rlhfkit doctor", description="Diagnose a finished or running training run: recompute the "
         "training-health findings from RUN_DIR/metrics.jsonl and show those recorded during training "
-        "(RUN_DIR/diagnostics.jsonl).", epilog=DOCTOR_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+        "(RUN_DIR/diagnostics.jsonl).", epilog=DOCTOR_EPILOG, formatter_class=RawDescriptionOptionsHelpFormatter)
     p.add_argument("run_dir", nargs="?", metavar="RUN_DIR", help="a run folder, e.g. runs/ppo-demo (or a TRL "
                    "output folder, trainer_state.json or JSONL log)")
     p.add_argument("--all", action="store_true",
@@ -104,7 +105,13 @@ def doctor_main(argv: list[str]) -> int:
                    help="print the recomputed findings as a JSON list (for scripts) instead of text")
     p.add_argument("--list-rules", action="store_true", help="list the rules and thresholds, then exit")
     _add_threshold_args(p)
-    args = p.parse_args(argv)
+    return p
+
+
+def doctor_main(argv: list[str]) -> int:
+    """Print the training-health findings of a run; exit 1 on a critical finding."""
+    p = doctor_parser()
+    args = parse_command_line(p, argv)
     if args.list_rules:
         print(_list_rules())
         return 0
@@ -155,9 +162,9 @@ def _parse_iterations(text: str | None) -> list[int] | None:
         raise UserError(f"--iterations expects comma-separated integers, got '{text}'") from None
 
 
-def report_main(argv: list[str]) -> int:
-    """Build a self-contained HTML report (plus PNG charts) of one or more runs."""
-    p = argparse.ArgumentParser(
+def report_parser() -> argparse.ArgumentParser:
+    """The options of `rlhfkit report`."""
+    p = argparse.ArgumentParser(formatter_class=OptionsHelpFormatter,
         prog="rlhfkit report", description="Build a self-contained HTML report of one or more runs: every "
         "metric over iterations (runs overlaid), the findings, sample completions with rewards, the "
         "config and the summary. It opens offline; a PNG of each chart is written to plots/ beside it.")
@@ -172,7 +179,12 @@ def report_main(argv: list[str]) -> int:
     p.add_argument("--no-png", action="store_true", help="skip the PNG charts (the HTML has inline SVG charts)")
     p.add_argument("--title", help="report title (default: the run names)")
     _add_threshold_args(p)
-    args = p.parse_args(argv)
+    return p
+
+
+def report_main(argv: list[str]) -> int:
+    """Build a self-contained HTML report (plus PNG charts) of one or more runs."""
+    args = parse_command_line(report_parser(), argv)
     if args.samples < 0:
         raise UserError(f"--samples must be >= 0, got {args.samples}")
     thresholds = _thresholds(args)

@@ -5,7 +5,6 @@ defaults. Used by the HTML report and the exported model card."""
 from __future__ import annotations
 
 from collections.abc import Sequence
-from pathlib import Path
 from typing import Any
 
 # charts shown first, in this order (a name ending in "/" takes its whole namespace)
@@ -65,23 +64,6 @@ def key_first(names: Sequence[str]) -> list[tuple[str, list[str]]]:
             groups.setdefault(m.split("/", 1)[0] if "/" in m else "other", []).append(m)
     ordered = sorted(groups, key=lambda g: g in LAST_GROUPS)
     return ([("key metrics", key)] if key else []) + [(f"{g}/", groups[g]) for g in ordered]
-
-
-def config_defaults(run_dir: Path, config: dict[str, Any]) -> tuple[str, dict[str, Any]] | None:
-    """(command, its default config as config.yaml records it) for a run folder; None when the command
-    is not known (another tool's folder)."""
-    from rlhfkit.api import COMMAND_CONFIGS, config_class
-    from rlhfkit.export import run_method
-    from rlhfkit.runtime.recorded import recorded_value
-
-    command = run_method(Path(run_dir), config)
-    if command not in COMMAND_CONFIGS:
-        return None
-    import dataclasses
-
-    fields = dataclasses.fields(config_class(COMMAND_CONFIGS[command]))
-    return command, {f.name: recorded_value(f.default if f.default is not dataclasses.MISSING
-                                            else f.default_factory()) for f in fields}  # type: ignore[misc]
 
 
 def differing_keys(configs: Sequence[dict[str, Any]], defaults: dict[str, Any] | None) -> list[str]:

@@ -23,7 +23,6 @@ from rlhfkit.diagnostics.findings import SEVERITIES, Finding, summarize
 from rlhfkit.diagnostics.glossary import describe, sort_metrics
 from rlhfkit.diagnostics.headline import (
     before_after,
-    config_defaults,
     differing_keys,
     key_first,
     paired_samples,
@@ -360,6 +359,8 @@ def _paired_samples_section(runs: Sequence[RunData], labels: list[str]) -> str:
 
 def _config_section(runs: Sequence[RunData], labels: list[str]) -> str:
     """The keys that differ (between runs, or from the command's defaults), then the whole config."""
+    from rlhfkit.commands.runs import config_defaults
+
     configs = [r.config for r in runs]
     found = config_defaults(runs[0].path, configs[0]) if len(runs) == 1 and configs[0] else None
     command, defaults = found if found else (None, None)

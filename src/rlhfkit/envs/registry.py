@@ -12,11 +12,11 @@ import inspect
 from collections.abc import Callable
 from typing import Any
 
+from rlhfkit.core.imports import first_line, get_attribute, is_file_source, load_source, split_target
 from rlhfkit.envs.base import Environment
 from rlhfkit.envs.builtin import ArithmeticToolEnv, SelfCorrectEnv
 from rlhfkit.envs.tools import TAG, observation_role, tool_format
 from rlhfkit.errors import UserError
-from rlhfkit.runtime.imports import first_line, get_attribute, is_file_source, load_source, split_target
 
 BUILTINS: dict[str, type] = {"arithmetic-tool": ArithmeticToolEnv, "self-correct": SelfCorrectEnv}
 SPEC_FORMS = (*BUILTINS, "python:MODULE:CLASS", "python:FILE.py:CLASS", "FILE.py:CLASS")

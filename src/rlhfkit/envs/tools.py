@@ -25,8 +25,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from rlhfkit.core.imports import first_line
 from rlhfkit.errors import UserError
-from rlhfkit.runtime.imports import first_line
 
 TAG, JSON = "tag", "json"
 FORMATS = (TAG, JSON)

@@ -21,6 +21,7 @@ import sys
 from pathlib import Path
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
+from rlhfkit.core.argv import parse_command_line
 from rlhfkit.errors import DataError, UserError
 from rlhfkit.label.options import OneLineParser, check_duration, check_number, check_positive, default_db
 
@@ -137,7 +138,7 @@ def cmd_pairs(args: argparse.Namespace) -> int:
     prompts_file = Path(args.prompts)
     out = check_output(args.out, args.force, [("prompts file", prompts_file)] if prompts_file.is_file() else [])
     from rlhfkit.data.prompts import load_prompts  # lazy: heavy imports
-    from rlhfkit.generate import sample_texts
+    from rlhfkit.rollout.texts import sample_texts
 
     rows = load_prompts(args.prompts, split=args.split, limit=args.limit or None, seed=args.seed)
     prompts = [r["prompt"] for r in rows]
@@ -265,7 +266,7 @@ COMMANDS = {"pairs": cmd_pairs, "serve": _serve, "invite": cmd_invite, "export":
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point used by `rlhfkit label ...`."""
-    args = build_parser().parse_args(sys.argv[1:] if argv is None else argv)
+    args = parse_command_line(build_parser(), sys.argv[1:] if argv is None else argv)
     return COMMANDS[args.command](args)  # a closed pipe (`| head`): errors.run_guarded
 
 

@@ -179,7 +179,7 @@ def sample_pairs(
     """Sample two responses per prompt: two from ``model_a``, or one from each model.
 
     ``sample_texts(model, prompts, num_samples, max_new_tokens=, temperature=, seed=)`` returns
-    one list of ``num_samples`` strings per prompt (``rlhfkit.generate.sample_texts``).
+    one list of ``num_samples`` strings per prompt (``rlhfkit.rollout.texts.sample_texts``).
     """
     kw = {"max_new_tokens": max_new_tokens, "temperature": temperature, "seed": seed}
     prompts = list(prompts)

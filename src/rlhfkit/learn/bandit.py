@@ -22,7 +22,7 @@ from dataclasses import dataclass
 import torch
 
 from rlhfkit import algos
-from rlhfkit.runtime.devices import HOST
+from rlhfkit.core.devices import HOST
 
 MEANS = (0.2, 0.5, 0.8, 0.4, 0.1)  # the arms' mean rewards: arm 2 is best
 NOISE = 1.0  # sd of a reward around its arm's mean: a draw says little, many draws say more

@@ -13,8 +13,8 @@ from collections.abc import Callable
 import torch
 
 from rlhfkit import algos
-from rlhfkit.runtime.devices import HOST
-from rlhfkit.selfcheck import Check, _row, _tiny_llama
+from rlhfkit.core.devices import HOST
+from rlhfkit.learn.worked import Check, row, tiny_llama
 
 
 def _doctor(check: Check, rows: list[dict]) -> None:
@@ -31,7 +31,7 @@ def _first_ratio(temperature_scored: float, dropout: float = 0.0, off_by_one: bo
     then score them in one teacher-forced pass as the first PPO micro-batch does: the scoring pass at
     `temperature_scored`, in train mode with attention dropout `dropout`, with the logits slice
     [P-1 : P+R-1] or, `off_by_one`, [P : P+R]. Returns max |ratio - 1| over the 6 tokens."""
-    lm = _tiny_llama()
+    lm = tiny_llama()
     lm.config.attention_dropout = dropout
     for layer in lm.model.layers:
         layer.self_attn.attention_dropout = dropout
@@ -118,10 +118,10 @@ def break_unmasked_gae() -> Check:
     # right, terminal after t = 1: A_1 = 1 - 0.6 = 0.4; A_0 = (0 + 0.6 - 0.4) + 0.95 * 0.4 = 0.58
     # wrong: deltas (0.2, 1 + 5 - 0.6, 5 - 5, -5) = (0.2, 5.4, 0, -5): A_3 = -5, A_2 = -4.75,
     #        A_1 = 5.4 - 0.95 * 4.75 = 0.8875, A_0 = 0.2 + 0.95 * 0.8875 = 1.043125
-    c.lines.append(_row("t", "r_t", "V(s_t)", "A masked", "by hand", "A unmasked", "by hand", ""))
+    c.lines.append(row("t", "r_t", "V(s_t)", "A masked", "by hand", "A unmasked", "by hand", ""))
     for t, hand, hand_wrong in ((0, 0.58, 1.043125), (1, 0.4, 0.8875)):
         ok = [c.expect(float(right[0, t]), hand), c.expect(float(wrong[0, t]), hand_wrong)]
-        c.lines.append(_row(t, float(r[0, t]), float(v[0, t]), float(right[0, t]), hand, float(wrong[0, t]),
+        c.lines.append(row(t, float(r[0, t]), float(v[0, t]), float(right[0, t]), hand, float(wrong[0, t]),
                             hand_wrong, "ok" if ok == ["ok", "ok"] else "MISMATCH"))
     c.ok = c.ok and abs(float(wrong[0, 1]) - float(right[0, 1])) > 0.1
     c.lines.append("the padding's values leak into the valid tokens' advantages (A_1: 0.4 -> 0.89); at lambda = 1 "
@@ -139,7 +139,7 @@ def break_k1_loss() -> Check:
     beta = 0.5
     best = ref.exp() * torch.exp(reward / beta)
     best = best / best.sum()  # the KL-regularised optimum pi_ref exp(r / beta) / Z (entry 26)
-    c.lines.append(_row("estimator", "pi(token 0)", "KL(pi||ref)", "reward", width=12))
+    c.lines.append(row("estimator", "pi(token 0)", "KL(pi||ref)", "reward", width=12))
     kls = {}
     for name, estimator in (("k1", algos.kl_k1), ("k2", algos.kl_k2), ("k3", algos.kl_k3)):
         z = torch.zeros(3, dtype=torch.float64, requires_grad=True, device=HOST)
@@ -153,9 +153,9 @@ def break_k1_loss() -> Check:
             opt.step()
         logp = z.detach().log_softmax(-1)
         kls[name] = float((logp.exp() * (logp - ref)).sum())
-        c.lines.append(_row(name, float(logp.exp()[0]), kls[name], float((logp.exp() * reward).sum()), width=12))
+        c.lines.append(row(name, float(logp.exp()[0]), kls[name], float((logp.exp() * reward).sum()), width=12))
     opt_kl = float((best * (best.log() - ref)).sum())
-    c.lines.append(_row("optimum", float(best[0]), opt_kl, float(best[0]), width=12))
+    c.lines.append(row("optimum", float(best[0]), opt_kl, float(best[0]), width=12))
     c.ok = kls["k1"] > 2 * opt_kl and abs(kls["k2"] - opt_kl) < 1e-3 * max(1.0, opt_kl)
     c.lines.append("k1's gradient averages to 0: the policy runs to the rewarded token as if beta were 0 "
                    "(KL -> ln(1/0.3) = 1.204); k2 reaches the optimum; k3 follows KL(ref || pi) and stops elsewhere (entry 15).")

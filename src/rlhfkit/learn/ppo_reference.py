@@ -21,8 +21,8 @@ from __future__ import annotations
 import torch
 
 from rlhfkit import algos
+from rlhfkit.core.devices import HOST
 from rlhfkit.rollout import Rollout
-from rlhfkit.runtime.devices import HOST
 
 
 def response_positions(x: torch.Tensor, num_response: int) -> torch.Tensor:

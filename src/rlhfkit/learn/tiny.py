@@ -103,7 +103,7 @@ def watch_it_learn(workdir: Path, *, iterations: int = 12, seed: int = 0) -> lis
     """Train the tiny model with PPO on `vowel_share` in `workdir` (model, prompts and the run
     folder `runs/vowels` are written there); return the mean reward of each iteration's rollout,
     one float per iteration."""
-    from rlhfkit.runtime.config import build_config
+    from rlhfkit.core.config import build_config
     from rlhfkit.trainers.ppo import PPOConfig, train
 
     workdir = Path(workdir)

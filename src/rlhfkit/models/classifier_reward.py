@@ -6,7 +6,7 @@ backbone plus a ``score``/``classifier`` head, the score read at the last non-pa
 ``config.pad_token_id``; transformers does the pooling). `reward=model:PATH` takes such a folder
 or Hub id through `load_classifier_scorer`.
 
-Texts are formatted as rlhfkit's own reward model formats them (models.reward_model.format_example:
+Texts are formatted as rlhfkit's own reward model formats them (data.chat.format_example:
 the chat template when the tokenizer has one, else ``User: ...\\n\\nAssistant: ...``), so the
 standard copy of an rlhfkit reward model scores exactly what it scored in training.
 """
@@ -44,8 +44,7 @@ class ClassifierScorer:
         self.causal = not getattr(model.config, "is_encoder_decoder", False) and model.config.model_type not in _encoders()
 
     def texts(self, prompts: Sequence, completions: Sequence) -> list[str]:
-        from rlhfkit.models.reward_model import format_example
-        from rlhfkit.rewards.builtins import text_of
+        from rlhfkit.data.chat import format_example, text_of
 
         return [format_example(self.tok, p, text_of(c))[1] for p, c in zip(prompts, completions)]
 
@@ -63,9 +62,12 @@ class ClassifierScorer:
         return out
 
 
-def _encoders() -> frozenset:
-    from rlhfkit.models.reward_model import ENCODER_TYPES
+# Bidirectional encoders: right padding, their own [CLS]/[SEP] special tokens, no position ids.
+ENCODER_TYPES = frozenset({"bert", "roberta", "distilbert", "deberta", "deberta-v2", "electra",
+                           "xlm-roberta", "mpnet", "albert", "modernbert"})
 
+
+def _encoders() -> frozenset:
     return ENCODER_TYPES
 
 

@@ -23,8 +23,8 @@ import functools
 import torch
 from torch import nn
 
+from rlhfkit.core.devices import free_cuda_bytes
 from rlhfkit.errors import UserError
-from rlhfkit.runtime.devices import free_cuda_bytes
 
 
 def lora_layers(model: nn.Module) -> list[nn.Module]:

@@ -16,7 +16,7 @@ from torch import nn
 
 from rlhfkit.algos.head import head_logprobs, softcap_logits
 from rlhfkit.models.shared_prompts import response_hidden, shared_prefix_hidden
-from rlhfkit.models.trunk import frozen_depth, top_states, trunk_states
+from rlhfkit.models.trunk import frozen_depth, position_ids_from_mask, top_states, trunk_states
 
 VALUE_HEAD_FILE = "value_head.safetensors"
 
@@ -62,12 +62,6 @@ def output_width(lm: nn.Module) -> int:
     its residual stream to the embedding width first (OPT's word_embed_proj_dim: opt-350m 1024 -> 512)."""
     cfg = lm.config
     return getattr(cfg, "word_embed_proj_dim", None) or cfg.hidden_size
-
-
-def position_ids_from_mask(attention_mask: torch.Tensor) -> torch.Tensor:
-    """Positions that skip left padding (docs/pitfalls.md#padding-and-positions): cumsum(mask) - 1,
-    clamped at 0. (B, L)"""
-    return (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
 
 
 def response_hidden_states(decoder: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor,

@@ -7,9 +7,9 @@ import torch
 from torch import nn
 
 from rlhfkit.algos import logprobs_from_logits
+from rlhfkit.core.precision import autocast
 from rlhfkit.data.chat import IGNORE_INDEX
 from rlhfkit.data.sft import collate
-from rlhfkit.runtime.precision import autocast
 
 
 class ResponseNLL(nn.Module):
@@ -27,7 +27,8 @@ class ResponseNLL(nn.Module):
         self.model = model
 
     def forward(self, input_ids, attention_mask, labels, position_ids=None):
-        from rlhfkit.models.policy import output_logits, position_ids_from_mask
+        from rlhfkit.models.policy import output_logits
+        from rlhfkit.models.trunk import position_ids_from_mask
 
         get_base = getattr(self.model, "get_base_model", None)
         lm = get_base() if callable(get_base) else self.model  # LoRA layers stay injected

@@ -33,47 +33,20 @@ import torch
 from torch import nn
 
 from rlhfkit.algos import last_valid_index
+from rlhfkit.data.chat import format_example, text_of
 from rlhfkit.errors import UserError
+from rlhfkit.models.classifier_reward import ENCODER_TYPES
 from rlhfkit.models.lora import check_lora_targets, fan_in_fan_out
-from rlhfkit.models.policy import output_width, position_ids_from_mask
-from rlhfkit.rewards.builtins import text_of
+from rlhfkit.models.policy import output_width
+from rlhfkit.models.trunk import position_ids_from_mask
 
 META_FILE = "rlhfkit_rm.json"
 HEAD_FILE = "score_head.safetensors"
 NORMALIZE_MODES = ("none", "center", "standardize")
 POOLING_MODES = ("auto", "last", "mean")
-# Bidirectional encoders: right padding, their own [CLS]/[SEP] special tokens, no position ids.
-ENCODER_TYPES = frozenset({"bert", "roberta", "distilbert", "deberta", "deberta-v2", "electra",
-                           "xlm-roberta", "mpnet", "albert", "modernbert"})
 
 
 # ----------------------------------------------------------------------------- formatting
-
-
-def format_example(tokenizer, prompt, response: str, chat_template: bool | None = None,
-                   system: str | None = None) -> tuple[str, str]:
-    """``(prompt_text, full_text)`` for one (prompt, response) pair, shared by SFT, the reward
-    model, its scorer and eval so that all of them see the same text.
-
-    ``chat_template`` as in :func:`rlhfkit.data.chat.use_chat_template` (None: the tokenizer's
-    template when it has one, True: required). With the template:
-    :func:`rlhfkit.data.chat.format_sft_example`; otherwise the plain format
-    ``User: {prompt}\\n\\nAssistant: {response}`` (plus the EOS string, if any), after the BOS
-    string when the tokenizer adds one to plain text (:func:`rlhfkit.data.chat.with_bos`).
-    """
-    from rlhfkit.data.chat import (
-        end_of_turn,
-        format_sft_example,
-        plain_format,
-        to_messages,
-        use_chat_template,
-        with_bos,
-    )
-
-    if use_chat_template(tokenizer, chat_template):
-        return format_sft_example(tokenizer, prompt, response, system)
-    prompt_text = with_bos(tokenizer, plain_format(to_messages(prompt, system)))
-    return prompt_text, prompt_text + response + end_of_turn(tokenizer)
 
 
 # ----------------------------------------------------------------------------- model

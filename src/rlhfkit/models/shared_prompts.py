@@ -28,6 +28,7 @@ import torch
 from torch import nn
 
 from rlhfkit.models.hf_compat import cache_kwargs, is_checkpointing, returned_cache
+from rlhfkit.models.trunk import position_ids_from_mask
 
 
 def distinct_prompts(prompt_ids: torch.Tensor, prompt_mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
@@ -81,8 +82,6 @@ def response_hidden(decoder: nn.Module, input_ids: torch.Tensor, attention_mask:
     rows, inverse = shared
     S = common_prefix_length(input_ids[rows, :P], attention_mask[rows, :P]) if share_prefix else 0
     if S >= MIN_PREFIX and (len(rows) - 1) * S >= MIN_PREFIX_SAVING and not sliding_window_bites(decoder.config, L):
-        from rlhfkit.models.policy import position_ids_from_mask  # policy imports this module
-
         input_ids, attention_mask = prefix_first(input_ids, attention_mask, P, S)
         position_ids = position_ids_from_mask(attention_mask)
         cache = distinct_prompt_cache(decoder, input_ids[:, : P - 1], attention_mask[:, : P - 1],
@@ -108,8 +107,6 @@ def shared_prompt_cache(model: nn.Module, input_ids: torch.Tensor, attention_mas
     shared = distinct_prompts(input_ids, attention_mask)
     if shared is None:
         return None
-    from rlhfkit.models.policy import position_ids_from_mask  # policy imports this module
-
     rows, inverse = shared
     pos = position_ids_from_mask(attention_mask)
     return prompt_cache(model, input_ids[:, :-1], attention_mask[:, :-1], pos[:, :-1], rows, inverse)
@@ -192,8 +189,6 @@ def shared_prefix_hidden(decoder: nn.Module, input_ids: torch.Tensor, attention_
     `response_hidden`, with the prompt prefix all rows share run once. None when there is no
     prefix of at least MIN_PREFIX tokens, or a sliding window narrower than the rows (the caller
     runs the plain forward)."""
-    from rlhfkit.models.policy import position_ids_from_mask  # policy imports this module
-
     L = input_ids.shape[1]
     P = L - num_response
     if (decoder.training and is_checkpointing(decoder)) or sliding_window_bites(decoder.config, L):
@@ -213,8 +208,6 @@ def shared_prefix_prompts(model: nn.Module, input_ids: torch.Tensor, attention_m
     """For generation: (ids, mask, cache) with the shared prefix moved to the front and its cache
     computed once (`generate(ids, mask, cache=cache)` then prefills the rest per row),
     or None without a prefix of at least MIN_PREFIX tokens or with sliding-window attention."""
-    from rlhfkit.models.policy import position_ids_from_mask
-
     if sliding_window_bites(model.config):  # the response length is not known here
         return None
     S = common_prefix_length(input_ids, attention_mask)

@@ -89,3 +89,9 @@ def top_states(decoder: nn.Module, depth: int, trunk: torch.Tensor, attention_ma
     with _only(decoder, slice(depth, None), norm=True):
         return decoder(inputs_embeds=trunk, attention_mask=attention_mask, position_ids=position_ids,
                        use_cache=False).last_hidden_state
+
+
+def position_ids_from_mask(attention_mask: torch.Tensor) -> torch.Tensor:
+    """Positions that skip left padding (docs/pitfalls.md#padding-and-positions): cumsum(mask) - 1,
+    clamped at 0. (B, L)"""
+    return (attention_mask.long().cumsum(-1) - 1).clamp(min=0)

@@ -15,6 +15,7 @@ import re
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from rlhfkit.data.chat import text_of
 from rlhfkit.errors import UserError
 
 RewardFn = Callable[..., Sequence[float]]
@@ -24,14 +25,6 @@ DEFAULT_LENGTH_TARGET = 30
 # A number: optional sign (only when not glued to a preceding word/digit, so
 # "5-3" reads as 5 and 3), thousands groups ("1,234") or plain digits, optional decimals.
 _NUMBER = re.compile(r"(?:(?<![\w.)])[-\u2212])?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?")
-
-
-def text_of(item: Any) -> str:
-    """The text of a prompt or completion: a string as is; a message list (conversational data,
-    ``[{"role": "assistant", "content": ...}]``) as its last message's content."""
-    if isinstance(item, (list, tuple)) and item and isinstance(item[-1], dict):
-        return str(item[-1].get("content", ""))
-    return item if isinstance(item, str) else str(item)
 
 
 # --------------------------------------------------------------------------- sentiment

@@ -14,9 +14,9 @@ import functools
 from collections.abc import Sequence
 from typing import Any
 
+from rlhfkit.core.imports import first_line, get_attribute, load_source, split_target
 from rlhfkit.errors import UserError
 from rlhfkit.rewards.builtins import RewardFn, arithmetic, length, make_length_reward, sentiment
-from rlhfkit.runtime.imports import first_line, get_attribute, load_source, split_target
 
 BUILTINS: dict[str, RewardFn] = {"sentiment": sentiment, "arithmetic": arithmetic, "length": length}
 SPEC_FORMS = (

@@ -29,11 +29,11 @@ from typing import Protocol
 
 import torch
 
-from rlhfkit.choices import GENERATION_BACKENDS
+from rlhfkit.core.choices import GENERATION_BACKENDS
+from rlhfkit.core.devices import HOST
 from rlhfkit.rollout.core import Rollout, SamplingParams, generate, generate_ids, rollout_from_tokens
 from rlhfkit.rollout.decode import decode, lean_generate, lean_generate_ids
 from rlhfkit.rollout.static_decode import static_decode
-from rlhfkit.runtime.devices import HOST
 
 BACKENDS = GENERATION_BACKENDS
 

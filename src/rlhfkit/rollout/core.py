@@ -14,12 +14,12 @@ from dataclasses import dataclass, field, fields
 import torch
 
 from rlhfkit.algos import response_mask
+from rlhfkit.core.devices import free_cuda_bytes
 from rlhfkit.models.attention import native_attention
 from rlhfkit.models.hf_compat import cache_kwargs
 from rlhfkit.models.lora import merged_lora
 from rlhfkit.models.shared_prompts import shared_prefix_prompts, shared_prompt_cache
 from rlhfkit.rollout.sampling import ExponentialRaceSampler
-from rlhfkit.runtime.devices import free_cuda_bytes
 
 
 @dataclass
@@ -221,10 +221,10 @@ def generation_rows(n_rows: int, batch_size: int | None, row_bytes: int | None =
 
 def decode_row_bytes(config, width: int, bytes_per_value: int) -> int:
     """GPU memory one sampled row takes: its KV cache of `width` positions (prompt + new tokens;
-    runtime/memory.py `kv_cache_bytes`, the estimate's formula), one decoder layer's prefill
+    estimate/memory.py `kv_cache_bytes`, the estimate's formula), one decoder layer's prefill
     transient over the prompt part (bounded by `width`: q, k, v, o and the MLP's three
     intermediates) and the step's three float32 (V,) rows (logits, probabilities, the race's noise)."""
-    from rlhfkit.runtime.memory import kv_cache_bytes
+    from rlhfkit.estimate.memory import kv_cache_bytes
 
     hidden, layers = config.hidden_size, config.num_hidden_layers
     heads = config.num_attention_heads

@@ -20,14 +20,14 @@ from collections.abc import Callable
 
 import torch
 
+from rlhfkit.core.devices import HOST
 from rlhfkit.models.attention import native_attention
 from rlhfkit.models.hf_compat import cache_kwargs, dynamic_cache
 from rlhfkit.models.lora import merged_lora
-from rlhfkit.models.policy import position_ids_from_mask
 from rlhfkit.models.shared_prompts import shared_prefix_prompts, shared_prompt_cache
+from rlhfkit.models.trunk import position_ids_from_mask
 from rlhfkit.rollout.core import Rollout, SamplingParams, generate_ids, rollout_from_tokens, rows_per_call
 from rlhfkit.rollout.sampling import exponential_race
-from rlhfkit.runtime.devices import HOST
 
 
 def draw(logits: torch.Tensor, temperature: float) -> torch.Tensor:

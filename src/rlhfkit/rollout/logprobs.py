@@ -15,7 +15,7 @@ from rlhfkit.rollout.core import Rollout, trim_bounds, trim_rows
 
 # Positions one forward/backward runs at most on the CPU: a micro-batch that runs more runs in row
 # chunks (`row_chunks`). Activations grow with the positions the forward runs, prompt and response
-# alike (about 31 KB per position and layer for SmolLM2-135M with LoRA in bf16: runtime/memory.py
+# alike (about 31 KB per position and layer for SmolLM2-135M with LoRA in bf16: estimate/memory.py
 # CPU_ACTIVATION_BYTES), while the matmuls of a 640-position chunk still run at full speed
 # (docs/benchmarks.md). GPUs run whole micro-batches. The default of the config's cpu_chunk_positions
 # (trainers/options.py): the trainers pass the run's budget down (`chunk_budget`), so every pass of a

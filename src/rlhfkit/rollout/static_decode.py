@@ -34,10 +34,10 @@ import functools
 
 import torch
 
+from rlhfkit.core.devices import HOST
 from rlhfkit.models.hf_compat import cache_kwargs, static_layers_only
 from rlhfkit.models.hf_compat import static_cache as new_static_cache
 from rlhfkit.rollout.decode import check_temperature, decode, draw, prefill
-from rlhfkit.runtime.devices import HOST
 
 COLUMN_MULTIPLE = 64  # static cache columns come in multiples of this (`cache_columns`); masked when unused
 

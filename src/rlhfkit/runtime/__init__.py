@@ -1,1 +1,2 @@
-"""Plumbing shared by every trainer: configs, seeding, devices, run folders."""
+"""The run harness every trainer stands on: the run (run.py), run folders, checkpoints, the tracker,
+distribution (DDP, FSDP2), the gradient-accumulation step, optimiser and fault handling."""

@@ -4,7 +4,7 @@ a run is set up and passed down; never written back into the config (configs are
 On the CPU auto is the trainer's number as it was before auto existed (PPO 8, the GRPO family 16), so
 CPU runs are unchanged. On a CUDA GPU it is the largest power of two that divides the optimiser step's
 rows, is at least that number, and whose update fits: what the update adds to the loaded models
-(`update_bytes`: gradients, AdamW moments, activations, the fused head's logits; runtime/memory.py's
+(`update_bytes`: gradients, AdamW moments, activations, the fused head's logits; estimate/memory.py's
 formulas) within GPU_FIT_SHARE of the memory free at set-up. Larger micro-batches mean fewer, fuller
 kernel launches on a GPU; on the CPU a micro-batch runs in row chunks anyway (rollout/logprobs.py), so
 there is nothing to gain there.
@@ -18,9 +18,9 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable
 
-from rlhfkit.runtime.config import check
-from rlhfkit.runtime.memory import GIB, GPU_FIT_SHARE, MemoryArgs, estimate
-from rlhfkit.runtime.model_shape import ModelShape
+from rlhfkit.core.config import check
+from rlhfkit.estimate.memory import GIB, GPU_FIT_SHARE, MemoryArgs, estimate
+from rlhfkit.estimate.shape import ModelShape
 
 AUTO = "auto"
 
@@ -40,7 +40,7 @@ def power_of_two_divisors(n: int) -> list[int]:
 
 
 def update_bytes(est: dict[str, float]) -> float:
-    """Bytes the update adds on top of the models already loaded (runtime/memory.py `estimate`): the
+    """Bytes the update adds on top of the models already loaded (estimate/memory.py `estimate`): the
     training phase less the policy weights and the reference (gradients, optimiser moments, value
     head, activations, logits; on the CPU also the process and the heap, not used here)."""
     return est["training phase"] - est["policy weights"] - est["reference"]
@@ -100,7 +100,7 @@ def run_micro_batch(cfg, method: str, model_config: dict, prompt_length: int, wo
         return int(cfg.micro_batch_size), None
     free = None
     if getattr(device, "type", str(device)) == "cuda":
-        from rlhfkit.runtime.devices import free_cuda_bytes
+        from rlhfkit.core.devices import free_cuda_bytes
 
         free = (free_bytes or free_cuda_bytes)(device)
     args = estimate_args(cfg, method, prompt_length, world)

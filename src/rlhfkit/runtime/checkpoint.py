@@ -17,14 +17,11 @@ Files are written into checkpoints/.tmp-step-N, fsynced, and the folder is renam
 one `os.replace`, so a crash (even kill -9) leaves either the whole checkpoint or none of it.
 Old checkpoints are renamed to .del-step-N before they are deleted, for the same reason.
 
-A resume takes the newest checkpoint that passes `checkpoint_problem` (every file present with its
-recorded size and sha256, the step in meta.json that of the folder name); a newer one that fails
-is skipped with a notice naming the file (`resumable_checkpoint`).
+Finding and checking checkpoints (which one a resume takes) is core/run_files.py.
 """
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import shutil
@@ -35,11 +32,10 @@ from typing import Any
 
 import torch
 
+from rlhfkit.core.run_files import CHECKPOINTS, CONFIG, META, STATE, WEIGHTS, checkpoints, file_digest
 from rlhfkit.errors import UserError
 from rlhfkit.runtime import fsdp2
 
-CHECKPOINTS = "checkpoints"
-META, WEIGHTS, STATE, CONFIG = "meta.json", "trainable.safetensors", "state.pt", "config.yaml"
 TRAINING_LOGS = ("metrics.jsonl", "samples.jsonl", "diagnostics.jsonl")
 # Test hook: "N" makes the write of step-N sleep after its files are written and before the rename,
 # so a test can kill -9 the process at exactly that point.
@@ -48,117 +44,6 @@ PAUSE_ENV = "RLHFKIT_TEST_CHECKPOINT_PAUSE"
 
 def rng_file(rank: int) -> str:
     return f"rng-rank{rank}.pt"
-
-
-# ----------------------------------------------------------------------------- finding checkpoints
-
-
-def step_of(path: Path) -> int | None:
-    """N of a folder named step-N, else None."""
-    name = path.name
-    if not name.startswith("step-") or not name[5:].isdigit():
-        return None
-    return int(name[5:])
-
-
-def is_complete(path: Path) -> bool:
-    """A step-N folder whose meta.json exists and names files that all exist."""
-    try:
-        meta = json.loads((path / META).read_text())
-    except (OSError, ValueError):
-        return False
-    return all((path / f).is_file() for f in meta.get("files", []))
-
-
-def file_digest(path: Path) -> str:
-    """sha256 of a file, read in 1 MiB blocks."""
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
-
-
-def checkpoint_problem(path: Path) -> str | None:
-    """What makes checkpoint folder `path` unusable, naming the file, or None: meta.json unreadable,
-    a file missing, of another size or sha256 than recorded, a step that is not the folder's."""
-    try:
-        meta = json.loads((path / META).read_text())
-        files = meta["files"]
-    except (OSError, ValueError, KeyError, TypeError) as e:
-        return f"{path / META} is unreadable ({type(e).__name__})"
-    if meta.get("step") != step_of(path):
-        return f"{path / META} says step {meta.get('step')}, the folder step-{step_of(path)}"
-    sizes, digests = meta.get("sizes", {}), meta.get("sha256", {})
-    for name in files:
-        f = path / name
-        if not f.is_file():
-            return f"{f} is missing"
-        if name in sizes and f.stat().st_size != sizes[name]:
-            return f"{f} has {f.stat().st_size} bytes, {sizes[name]} were written (truncated or replaced)"
-        if name in digests and file_digest(f) != digests[name]:
-            return f"{f} does not match the sha256 recorded when it was written (changed or damaged)"
-    return None
-
-
-def resumable_checkpoint(run_dir: str | Path) -> tuple[Path | None, list[str]]:
-    """The newest checkpoint of a run folder that passes `checkpoint_problem` (None: none does), and
-    one notice per newer checkpoint skipped, naming what is wrong with it."""
-    root = Path(run_dir) / CHECKPOINTS
-    found = sorted(((step_of(p), p) for p in root.iterdir() if p.is_dir() and step_of(p) is not None),
-                   reverse=True) if root.is_dir() else []
-    notices = []
-    for _, path in found:
-        problem = checkpoint_problem(path)
-        if problem is None:
-            return path, [f"{n}; resuming from {path.name} instead" for n in notices]
-        notices.append(f"[resume] skipping {path.name}: {problem}")
-    return None, notices
-
-
-def checkpoints(run_dir: str | Path) -> list[Path]:
-    """Complete checkpoints of a run, oldest first (temporary and half-deleted folders are ignored)."""
-    root = Path(run_dir) / CHECKPOINTS
-    if not root.is_dir():
-        return []
-    found = [(step_of(p), p) for p in root.iterdir() if p.is_dir() and step_of(p) is not None]
-    return [p for _, p in sorted(found) if is_complete(p)]
-
-
-def checkpoint_step(path: Path) -> int:
-    """The step a checkpoint folder was written after (its meta.json's, else its name's)."""
-    try:
-        step = json.loads((Path(path) / META).read_text()).get("step")
-    except (OSError, ValueError, AttributeError):
-        step = None
-    return step if isinstance(step, int) else (step_of(Path(path)) or 0)
-
-
-def latest_checkpoint(run_dir: str | Path) -> Path | None:
-    """The newest complete checkpoint of a run folder, or None."""
-    found = checkpoints(run_dir)
-    return found[-1] if found else None
-
-
-def saved_config(run_dir: str | Path) -> dict:
-    """The configuration of a run to resume (the base that command-line overrides change): the one
-    saved with its newest checkpoint, else RUN/config.yaml (which a failed attempt may have changed)."""
-    from rlhfkit.runtime.config import read_yaml
-
-    run_dir = Path(run_dir)
-    if not run_dir.is_dir():
-        raise UserError(f"resume: {run_dir} is not a run folder")
-    return read_yaml((resumable_checkpoint(run_dir)[0] or run_dir) / CONFIG)
-
-
-def run_command(run_dir: str | Path) -> str | None:
-    """The command (sft, dpo, ...) that wrote a run folder's newest checkpoint, or None."""
-    found = latest_checkpoint(run_dir)
-    try:
-        command = json.loads((found / META).read_text()).get("command") if found else None
-    except (OSError, ValueError, AttributeError):
-        return None
-    return command if isinstance(command, str) else None
 
 
 # ----------------------------------------------------------------------------- writing
@@ -232,7 +117,7 @@ def write_checkpoint(run_dir: Path, step: int, *, model: torch.nn.Module, state:
     `barrier` (e.g. accelerator.wait_for_everyone) orders the steps across processes. `weights`:
     the trainable weights when `model`'s are sharded (runtime/fsdp2.py `trainable_weights`).
     """
-    from rlhfkit.runtime.disk import out_of_space
+    from rlhfkit.core.disk import out_of_space
 
     root = Path(run_dir) / CHECKPOINTS
     tmp = root / f".tmp-step-{step}"
@@ -249,7 +134,7 @@ def write_checkpoint(run_dir: Path, step: int, *, model: torch.nn.Module, state:
 def _write_checkpoint(run_dir: Path, step: int, *, model: torch.nn.Module, state: dict, config_text: str,
                       rank: int, world_size: int, keep: int, barrier: Callable[[], None], meta: dict | None,
                       weights: dict[str, torch.Tensor] | None) -> Path:
-    from rlhfkit.runtime.seeding import rng_state
+    from rlhfkit.core.seeding import rng_state
 
     root = Path(run_dir) / CHECKPOINTS
     tmp, final = root / f".tmp-step-{step}", root / f"step-{step}"
@@ -353,7 +238,7 @@ def truncate_logs(run_dir: Path, step: int) -> list[dict]:
     """Keep only rows with iteration < `step` in the run's jsonl logs (a resumed run writes the
     later ones again); returns the kept metrics rows. A torn last line is dropped. Each file is
     replaced in one rename (a full disk leaves it as it was, with one line naming it)."""
-    from rlhfkit.runtime.disk import write_atomic
+    from rlhfkit.core.disk import write_atomic
 
     kept_metrics: list[dict] = []
     for name in TRAINING_LOGS:

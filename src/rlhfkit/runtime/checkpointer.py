@@ -9,14 +9,10 @@ from typing import Any
 
 import torch
 
+from rlhfkit.core.run_files import CHECKPOINTS, CONFIG, STATE, WEIGHTS, checkpoint_step
 from rlhfkit.errors import UserError, one_line
 from rlhfkit.runtime import fsdp2
 from rlhfkit.runtime.checkpoint import (
-    CHECKPOINTS,
-    CONFIG,
-    STATE,
-    WEIGHTS,
-    checkpoint_step,
     clean_leftovers,
     get_state,
     load_rng,
@@ -135,7 +131,7 @@ class Checkpointer:
     def resume(self, path: Path | None, **objects: Any) -> int:
         """Register more `objects`, then load everything from checkpoint `path` (None: a fresh run)
         and cut the run's logs back to it. Returns the first step to run."""
-        from rlhfkit.runtime.seeding import set_rng_state
+        from rlhfkit.core.seeding import set_rng_state
 
         self.objects.update(objects)
         if path is None:
@@ -175,7 +171,7 @@ class Checkpointer:
     def _config_changes(self, path: Path) -> str:
         import yaml
 
-        from rlhfkit.runtime.config import to_dict
+        from rlhfkit.core.config import to_dict
 
         try:
             old = yaml.safe_load((path / CONFIG).read_text()) or {}
@@ -198,7 +194,7 @@ class Checkpointer:
 
     def remaining_checkpoint(self) -> str:
         """What a run stopped at once leaves: its newest checkpoint (to resume), or none."""
-        from rlhfkit.runtime.checkpoint import latest_checkpoint
+        from rlhfkit.core.run_files import latest_checkpoint
 
         found = latest_checkpoint(self.run_dir)
         if found is None:
@@ -207,7 +203,7 @@ class Checkpointer:
 
     def resume_hint(self) -> str:
         """How to go on after a failure: from the newest checkpoint, or afresh when there is none."""
-        from rlhfkit.runtime.checkpoint import latest_checkpoint
+        from rlhfkit.core.run_files import latest_checkpoint
 
         if latest_checkpoint(self.run_dir) is None:
             return "no checkpoint was written, so start the run again with the changes (overwrite=true)"
@@ -227,7 +223,7 @@ class Checkpointer:
     def save(self, step: int) -> Path | None:
         import yaml
 
-        from rlhfkit.runtime.config import to_dict
+        from rlhfkit.core.config import to_dict
 
         acc = self.accelerator
         if self.sharded:

@@ -8,7 +8,7 @@ from typing import Protocol
 
 import torch
 
-from rlhfkit.choices import LR_SCHEDULES
+from rlhfkit.core.choices import LR_SCHEDULES
 
 
 def single_process() -> bool:

@@ -61,7 +61,7 @@ def closes_its_runs(train: Callable) -> Callable:
 
 def check_resume_fits(checkpoint: Path, total: int, unit: str) -> None:
     """A checkpoint after more steps than this run is set to is refused before anything is written."""
-    from rlhfkit.runtime.checkpoint import checkpoint_step
+    from rlhfkit.core.run_files import checkpoint_step
 
     step = checkpoint_step(checkpoint)
     if step > total:
@@ -75,13 +75,13 @@ class Run:
     def __init__(self, cfg: Any, command: str):
         from accelerate import Accelerator
 
+        from rlhfkit.core.allocator import cap_kernel_caches, tune_malloc
+        from rlhfkit.core.seeding import seed_everything
         from rlhfkit.models.loading import resolve_dtype
-        from rlhfkit.runtime.allocator import cap_kernel_caches, tune_malloc
         from rlhfkit.runtime.fsdp2 import requested_plan
         from rlhfkit.runtime.run_folder import check_run_folder
-        from rlhfkit.runtime.seeding import seed_everything
 
-        cap_kernel_caches()  # before any matmul: each new shape's kernels stay cached (runtime/allocator.py)
+        cap_kernel_caches()  # before any matmul: each new shape's kernels stay cached (core/allocator.py)
         self.cfg, self.command = cfg, command
         # One scheduler step per optimiser step (runtime/faults.guarded_step steps it): accelerate's default
         # steps it once per process, so N processes would warm up N times faster.
@@ -138,7 +138,7 @@ class Run:
         run: runtime/run_folder.py), config.yaml, the tracker (`total` steps for its progress bar)
         and the non-finite guard. `summary` seeds summary.json. A resumed run writes config.yaml
         once `resume` has restored the checkpoint (a refused resume changes nothing)."""
-        from rlhfkit.runtime.config import save_config, to_dict
+        from rlhfkit.core.config import save_config, to_dict
         from rlhfkit.runtime.distributed import decided_on_main
         from rlhfkit.runtime.faults import NonFiniteGuard
         from rlhfkit.runtime.run_folder import RunFolder, claim_run_folder
@@ -224,7 +224,7 @@ class Run:
     def resume(self, **objects: Any) -> int:
         """Register more state to checkpoint (e.g. kl_ctl=...), then, when resuming, restore
         everything from the checkpoint and cut the logs back to it. Returns the first step."""
-        from rlhfkit.runtime.config import save_config
+        from rlhfkit.core.config import save_config
 
         start = self.checkpointer.resume(self._resume_from, **objects)
         if self._resume_from is not None and self.is_main:
@@ -266,7 +266,7 @@ class Run:
         summary."""
         import shutil
 
-        from rlhfkit.runtime.disk import out_of_space
+        from rlhfkit.core.disk import out_of_space
         from rlhfkit.runtime.distributed import full_state_dict
 
         self.checkpointer.check_finite(self.total)  # never a final model of NaNs with exit 0

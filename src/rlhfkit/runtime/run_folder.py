@@ -30,8 +30,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
+from rlhfkit.core.run_files import CHECKPOINTS, META, latest_checkpoint, resumable_checkpoint
 from rlhfkit.errors import UserError
-from rlhfkit.runtime.checkpoint import CHECKPOINTS, META, latest_checkpoint, resumable_checkpoint
 
 LOCK, FAILED = ".lock", "failed.json"
 

@@ -15,7 +15,7 @@ import math
 from pathlib import Path
 from typing import Any
 
-from rlhfkit.runtime.disk import append_text, write_atomic
+from rlhfkit.core.disk import append_text, write_atomic
 
 
 def _clean(v: Any) -> Any:

@@ -23,11 +23,11 @@ import time
 
 import torch
 
+from rlhfkit.core.config import config_main
+from rlhfkit.core.devices import HOST
 from rlhfkit.data.prefs import load_pairs, resolve_prefs
 from rlhfkit.rollout import Rollout
 from rlhfkit.runtime.accumulate import accumulate, add_up
-from rlhfkit.runtime.config import config_main
-from rlhfkit.runtime.devices import HOST
 from rlhfkit.runtime.distributed import sum_over_processes
 from rlhfkit.runtime.run import closes_its_runs
 from rlhfkit.trainers.build import build_actor

@@ -41,10 +41,10 @@ from rlhfkit.algos import (
     truncated_is_weights,
 )
 from rlhfkit.algos.registry import ADVANTAGE_ESTIMATORS, choose
+from rlhfkit.core.config import config_main
+from rlhfkit.core.precision import autocast
 from rlhfkit.rollout import Rollout, forward_logprobs
-from rlhfkit.rollout.offpolicy import OneStepOffPolicy
-from rlhfkit.runtime.config import config_main
-from rlhfkit.runtime.precision import autocast
+from rlhfkit.runtime.offpolicy import OneStepOffPolicy
 from rlhfkit.runtime.run import closes_its_runs
 from rlhfkit.trainers.build import build_actor
 from rlhfkit.trainers.grpo_config import (

@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar
 
-from rlhfkit.choices import (
+from rlhfkit.core.choices import (
     ADVANTAGES,
     GROUPLESS_ADVANTAGES,
     IMPORTANCE_LEVELS,
@@ -20,8 +20,8 @@ from rlhfkit.choices import (
     ON_POLICY_BACKENDS,
     REINFORCE_PP_ADVANTAGES,
 )
+from rlhfkit.core.config import check, option
 from rlhfkit.runtime.batch_plan import check_micro_batch_size
-from rlhfkit.runtime.config import check, option
 from rlhfkit.trainers.options import (
     REWARD_SPECS_HELP,
     EnvArgs,

@@ -30,7 +30,7 @@ def eval_records(train: list[dict], held_out: list[dict], cfg) -> list[dict]:
 
 def judged_samples(model, tok, records: list[dict], judge, cfg, seed: int) -> tuple[list[str], list[float]]:
     """eval_samples_per_prompt completions per record, scored by the judge (same seed -> same noise)."""
-    from rlhfkit.generate import sample_and_score
+    from rlhfkit.rollout.texts import sample_and_score
 
     recs = [r for r in records for _ in range(cfg.eval_samples_per_prompt)]
     formatted = format_prompts(tok, [r.get("messages") or r["prompt"] for r in recs], cfg)

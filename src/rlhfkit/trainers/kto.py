@@ -26,13 +26,13 @@ from collections.abc import Callable
 import torch
 
 from rlhfkit.algos import kto_loss, kto_reference_point
+from rlhfkit.core.config import config_main
+from rlhfkit.core.devices import HOST
 from rlhfkit.data.prefs import load_pairs, resolve_prefs
 from rlhfkit.errors import DataError
 from rlhfkit.rollout import Rollout
 from rlhfkit.rollout.logprobs import micro_batch_chunks
 from rlhfkit.runtime.accumulate import accumulate, add_up
-from rlhfkit.runtime.config import config_main
-from rlhfkit.runtime.devices import HOST
 from rlhfkit.runtime.distributed import sum_over_processes
 from rlhfkit.runtime.run import closes_its_runs
 from rlhfkit.trainers.build import build_actor

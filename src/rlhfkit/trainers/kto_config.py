@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from rlhfkit.runtime.config import check, option
+from rlhfkit.core.config import check, option
 from rlhfkit.trainers.options import (
     OVERFLOW_MODES,
     JudgedEvalArgs,

@@ -25,8 +25,8 @@ import contextlib
 import time
 from collections.abc import Callable
 
-from rlhfkit.runtime.allocator import trim_heap
-from rlhfkit.runtime.config import check
+from rlhfkit.core.allocator import trim_heap
+from rlhfkit.core.config import check
 from rlhfkit.runtime.faults import guarded_step
 from rlhfkit.runtime.run import Run
 

@@ -20,9 +20,9 @@ import time
 import torch
 
 from rlhfkit.algos import shape_rewards
+from rlhfkit.core.config import config_main
 from rlhfkit.rollout import Rollout
 from rlhfkit.runtime.accumulate import accumulate, add_up
-from rlhfkit.runtime.config import config_main
 from rlhfkit.runtime.distributed import sum_over_processes
 from rlhfkit.runtime.run import closes_its_runs
 from rlhfkit.trainers.build import build_actor

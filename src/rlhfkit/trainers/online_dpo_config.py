@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar
 
-from rlhfkit.runtime.config import check, option
+from rlhfkit.core.config import check, option
 from rlhfkit.trainers.options import (
     GenerationArgs,
     ModelArgs,

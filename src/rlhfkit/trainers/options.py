@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from rlhfkit.choices import DTYPES, GENERATION_BACKENDS, LR_SCHEDULES, PROMPT_OVERFLOW_MODES
-from rlhfkit.runtime.config import FrozenAfterValidation, check, option
+from rlhfkit.core.choices import DTYPES, GENERATION_BACKENDS, LR_SCHEDULES, PROMPT_OVERFLOW_MODES
+from rlhfkit.core.config import FrozenAfterValidation, check, option
 
 OVERFLOW_MODES = PROMPT_OVERFLOW_MODES
 # The reward specs the RL trainers take after their built-in default (`reward=` help text)

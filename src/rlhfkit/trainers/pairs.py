@@ -11,12 +11,12 @@ from __future__ import annotations
 
 import torch
 
+from rlhfkit.core.devices import HOST
+from rlhfkit.core.precision import autocast
 from rlhfkit.data.chat import format_prompts
 from rlhfkit.errors import DataError
 from rlhfkit.rollout import Rollout, forward_logprobs
 from rlhfkit.rollout.logprobs import chunk_positions, micro_batch_chunks, row_chunks, rows_of
-from rlhfkit.runtime.devices import HOST
-from rlhfkit.runtime.precision import autocast
 
 # ----------------------------------------------------------------------------- tables
 

@@ -29,9 +29,9 @@ from rlhfkit.algos import (
     ppo_policy_loss,
     ppo_value_loss,
 )
+from rlhfkit.core.config import config_main
+from rlhfkit.core.precision import autocast
 from rlhfkit.rollout import Rollout, forward_logprobs
-from rlhfkit.runtime.config import config_main
-from rlhfkit.runtime.precision import autocast
 from rlhfkit.runtime.run import closes_its_runs
 from rlhfkit.trainers.advantages import compute_advantages
 from rlhfkit.trainers.build import build_actor_critic

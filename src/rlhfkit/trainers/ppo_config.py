@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from rlhfkit.choices import KL_ESTIMATORS, KL_LOSS_ESTIMATORS, KL_PENALTY_PLACES, PPO_LOSS_AGGREGATIONS
+from rlhfkit.core.choices import KL_ESTIMATORS, KL_LOSS_ESTIMATORS, KL_PENALTY_PLACES, PPO_LOSS_AGGREGATIONS
+from rlhfkit.core.config import check, option
 from rlhfkit.runtime.batch_plan import check_micro_batch_size
-from rlhfkit.runtime.config import check, option
 from rlhfkit.trainers.options import (
     REWARD_SPECS_HELP,
     EnvArgs,

@@ -26,18 +26,18 @@ from typing import Protocol
 
 import torch
 
+from rlhfkit.core.allocator import trim_heap
+from rlhfkit.core.devices import HOST
+from rlhfkit.core.precision import autocast
 from rlhfkit.data.chat import format_prompts
 from rlhfkit.data.prompts import info_lists
 from rlhfkit.errors import UserError
+from rlhfkit.estimate.memory import check_rollout_fits
 from rlhfkit.rewards.scoring import mean_std, reward_name
 from rlhfkit.rollout import Rollout, SamplingParams, generate
 from rlhfkit.rollout.logprobs import logprob_pass as teacher_forced_pass
 from rlhfkit.rollout.score import score_rollout
-from rlhfkit.runtime.allocator import trim_heap
-from rlhfkit.runtime.devices import HOST
 from rlhfkit.runtime.distributed import mean_over_processes
-from rlhfkit.runtime.memory import check_rollout_fits
-from rlhfkit.runtime.precision import autocast
 from rlhfkit.runtime.run import Run
 from rlhfkit.trainers.rl_update import LossFn, env_rates, update_policy
 
@@ -233,7 +233,7 @@ def evaluate_episodes(model, tok, records, make_env, cfg: RLConfig, params: Samp
 def evaluate_reward(model, tok, records, reward_fn, cfg: RLConfig, params: SamplingParams, seed: int) -> dict:
     """Mean/std of the reward of sampled completions on `records` (`cfg.eval_samples_per_prompt` each,
     1 where the config has no such option: more samples per prompt make the before/after change less noisy)."""
-    from rlhfkit.generate import sample_and_score
+    from rlhfkit.rollout.texts import sample_and_score
 
     k = cfg.eval_samples_per_prompt
     records = [r for r in records for _ in range(k)]
@@ -304,7 +304,7 @@ class RLRun:
     def sample(self, records: list[dict], iteration: int, draw: int = 0) -> Rollout:
         """Sampled responses, scored by the reward; no log-probs yet. `draw` > 0: a further draw in
         the same iteration (GRPO's dynamic sampling) with a seed of its own."""
-        from rlhfkit.runtime.seeding import sampling_seed
+        from rlhfkit.core.seeding import sampling_seed
 
         self.iteration = iteration
         seed = sampling_seed(self.cfg.seed, self.run.rank, iteration) + draw * 104_729
@@ -329,7 +329,7 @@ class RLRun:
     def update(self, rollout: Rollout, loss_fn: LossFn, epochs: int, mini_batch_size: int,
                first_perm: torch.Tensor, group_size: int = 1) -> dict[str, float]:
         cfg, run = self.cfg, self.run
-        trim_heap()  # sampling's freed blocks: the update's shapes would not reuse them (runtime/allocator.py)
+        trim_heap()  # sampling's freed blocks: the update's shapes would not reuse them (core/allocator.py)
         with run.tracker.phase("update", None), contextlib.ExitStack() as after:
             after.callback(trim_heap)  # and the update's, before the next sampling or evaluation
             return update_policy(self.model, run.optimizer, run.scheduler, run.accelerator, rollout, loss_fn,

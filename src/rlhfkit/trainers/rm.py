@@ -21,11 +21,11 @@ import time
 import torch
 
 from rlhfkit.algos import bradley_terry_loss
+from rlhfkit.core.config import config_main
+from rlhfkit.core.devices import HOST
+from rlhfkit.core.precision import autocast
 from rlhfkit.data.prefs import resolve_prefs
 from rlhfkit.runtime.accumulate import accumulate, add_up
-from rlhfkit.runtime.config import config_main
-from rlhfkit.runtime.devices import HOST
-from rlhfkit.runtime.precision import autocast
 from rlhfkit.runtime.run import closes_its_runs
 from rlhfkit.trainers.offline import OfflineRun, optimizer_step
 from rlhfkit.trainers.rm_config import RMConfig
@@ -80,7 +80,7 @@ def build_reward_model(cfg: RMConfig):
 
 def pair_texts(tok, pairs: list[dict], info: dict) -> tuple[list[str], list[str]]:
     """Formatted chosen and rejected texts (the same format the scorer uses at PPO time)."""
-    from rlhfkit.models.reward_model import format_example
+    from rlhfkit.data.chat import format_example
 
     def fmt(r, resp):
         return format_example(tok, r.get("messages") or r["prompt"], resp, info["chat_template"], info["system_prompt"])[1]

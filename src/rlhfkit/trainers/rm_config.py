@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from rlhfkit.choices import RM_NORMALIZATIONS, RM_POOLINGS
-from rlhfkit.runtime.config import check, option
+from rlhfkit.core.choices import RM_NORMALIZATIONS, RM_POOLINGS
+from rlhfkit.core.config import check, option
 from rlhfkit.trainers.options import ModelArgs, OptimizerArgs, RunArgs
 
 

@@ -24,15 +24,15 @@ from functools import partial
 import torch
 
 from rlhfkit.algos import aggregate_loss
+from rlhfkit.core.config import config_main
+from rlhfkit.core.devices import HOST
+from rlhfkit.core.precision import autocast
 from rlhfkit.data.chat import IGNORE_INDEX
 from rlhfkit.data.sft import collate
 from rlhfkit.errors import UserError
 from rlhfkit.models.response_nll import ResponseNLL, mean_nll
 from rlhfkit.rollout.logprobs import chunk_positions
 from rlhfkit.runtime.accumulate import accumulate, add_up
-from rlhfkit.runtime.config import config_main
-from rlhfkit.runtime.devices import HOST
-from rlhfkit.runtime.precision import autocast
 from rlhfkit.runtime.run import closes_its_runs
 from rlhfkit.trainers.offline import OfflineRun, optimizer_step
 from rlhfkit.trainers.sft_config import SFTConfig
@@ -44,12 +44,12 @@ __all__ = ["ResponseNLL", "SFTConfig", "mean_nll", "sft_step", "train"]
 
 
 def rouge_of_responses(model, tok, rows: list[dict], cfg: SFTConfig) -> dict[str, float]:
-    """ROUGE-1/2/L F1 (rlhfkit.evaluate.rouge_scores) of the model's greedy responses to the held-out
+    """ROUGE-1/2/L F1 (rlhfkit.rewards.rouge.rouge_scores) of the model's greedy responses to the held-out
     prompts against their reference responses; the same prompts and text format as training."""
-    from rlhfkit.evaluate import rouge_scores
-    from rlhfkit.generate import generate_texts
-    from rlhfkit.models.reward_model import format_example
+    from rlhfkit.data.chat import format_example
+    from rlhfkit.rewards.rouge import rouge_scores
     from rlhfkit.rollout import SamplingParams
+    from rlhfkit.rollout.texts import generate_texts
 
     formatted = [format_example(tok, r["prompt"], "", cfg.chat_template, cfg.system_prompt)[0] for r in rows]
     params = SamplingParams(cfg.rouge_max_new_tokens, 0.0, 0, 1.0, (tok.eos_token_id,), None)

@@ -44,14 +44,14 @@ from rlhfkit.algos.trpo import (
     token_kl,
     trpo_step,
 )
+from rlhfkit.core.config import config_main
+from rlhfkit.core.devices import HOST
+from rlhfkit.core.precision import autocast
 from rlhfkit.errors import UserError
 from rlhfkit.rollout import Rollout, forward_logprobs
 from rlhfkit.rollout.logprobs import micro_batch_chunks, rows_of
 from rlhfkit.runtime.accumulate import accumulate, add_up
-from rlhfkit.runtime.config import config_main
-from rlhfkit.runtime.devices import HOST
 from rlhfkit.runtime.faults import guarded_step
-from rlhfkit.runtime.precision import autocast
 from rlhfkit.runtime.run import closes_its_runs
 from rlhfkit.trainers.advantages import compute_advantages
 from rlhfkit.trainers.build import build_actor_critic

@@ -5,8 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar
 
-from rlhfkit.choices import TRPO_FVP_MODES
-from rlhfkit.runtime.config import check, option
+from rlhfkit.core.choices import TRPO_FVP_MODES
+from rlhfkit.core.config import check, option
 from rlhfkit.trainers.ppo_config import ActorCriticArgs
 
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from rlhfkit.diagnostics.findings import Finding
 from rlhfkit.diagnostics.history import History, fmt, iterations, mean, values
-from rlhfkit.diagnostics.rules import finding, rule
 from rlhfkit.diagnostics.rules.generation import baseline_and_recent, span
+from rlhfkit.diagnostics.rules.registry import finding, rule
 from rlhfkit.diagnostics.thresholds import Thresholds
 
 GROUP_STD = "rollout/group_reward_std"

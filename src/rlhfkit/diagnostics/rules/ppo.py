@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from rlhfkit.diagnostics.findings import Finding
 from rlhfkit.diagnostics.history import History, fmt, iterations, mean, rel_change, values
-from rlhfkit.diagnostics.rules import finding, rule
 from rlhfkit.diagnostics.rules.common import lr_hint
+from rlhfkit.diagnostics.rules.registry import finding, rule
 from rlhfkit.diagnostics.thresholds import Thresholds
 
 CLIP = "params/policy_clip_frac"

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from rlhfkit.diagnostics.findings import Finding
 from rlhfkit.diagnostics.history import History, fmt
-from rlhfkit.diagnostics.rules import finding, rule
+from rlhfkit.diagnostics.rules.registry import finding, rule
 from rlhfkit.diagnostics.thresholds import Thresholds
 
 EVAL = "eval/loss"

@@ -60,11 +60,11 @@ import dataclasses
 import math
 from dataclasses import dataclass
 
-from rlhfkit.runtime.config import build_config, check, option, parse_values
-from rlhfkit.runtime.model_shape import PRESETS, ModelShape, resolve_shape
+from rlhfkit.core.config import check, option
+from rlhfkit.estimate.shape import PRESETS, ModelShape, resolve_shape
 
 GIB = 2**30
-PROG = "rlhfkit estimate-memory"
+
 # Resident memory of an rlhfkit process with the default model (bf16) and its tokenizer loaded, less
 # the weights' own 0.269 GB (Python, torch, transformers, the tokenizer, and what loading the model
 # leaves in the heap): 0.681 GB resident, bench/activation_bytes.py, Linux x86-64, torch 2.13,
@@ -75,25 +75,20 @@ PROCESS_BASELINE = 0.41e9
 CHUNK_POSITIONS = 640
 CHUNKED_METHODS = ("ppo", "trpo", "grpo", "dpo", "sft")
 TRPO_FLAT_VECTORS = 7  # algos/trpo.py: CG's x, r, p, A p; F x; the step; theta_old (+ the gradient)
+# The methods the estimate models (commands/estimate_memory.py takes their trainers' defaults).
+ESTIMATED_METHODS = ("ppo", "trpo", "grpo", "dpo", "sft", "rm")
+# Their trainers' default LoRA dropout where it is not 0 (tests/scale/test_memory_estimate.py keeps the
+# two equal; this module imports no trainer).
+TRAINER_LORA_DROPOUT = {"sft": 0.05}
 # Activation bytes per position, layer and hidden unit on the CPU: what autograd keeps after a
 # forward of SmolLM2-135M's decoder (bench/activation_bytes.py, 8 rows x 100 tokens, LoRA r=16 on every
 # layer), keyed by (dtype, kind): "lora" without dropout (the RL and preference trainers), "dropout"
 # (LoRA dropout > 0, SFT's 0.05: each dropout layer keeps its own copy of its projection's input),
 # "full" fine-tuning (bf16: float32 weights under autocast, whose bf16 copies held during the forward
 # are in the figure). The GPU formula: 34 / 2 x b_c.
-# The trainer each method describes. Options the estimate shares with it (same name, same meaning) take
-# that trainer's defaults where not given (`for_method`, the command line's path), so `estimate-memory
-# method=grpo` is the memory of `rlhfkit grpo` as it runs by default; prompt_length (the data's) and the
-# device options stay the estimate's own.
-TRAINER_CONFIGS = {"ppo": "rlhfkit.trainers.ppo_config:PPOConfig", "trpo": "rlhfkit.trainers.trpo_config:TRPOConfig",
-                   "grpo": "rlhfkit.trainers.grpo_config:GRPOConfig", "dpo": "rlhfkit.trainers.dpo_config:DPOConfig",
-                   "sft": "rlhfkit.trainers.sft_config:SFTConfig", "rm": "rlhfkit.trainers.rm_config:RMConfig"}
-TRAINER_OPTIONS = ("lora", "lora_r", "lora_layers", "lora_dropout", "gradient_checkpointing", "cpu_chunk_positions",
-                   "micro_batch_size", "max_new_tokens", "generation_batch_size", "rollout_batch_size",
-                   "mini_batch_size", "group_size", "fvp_fraction")
 CPU_ACTIVATION_BYTES = {("bf16", "lora"): 54, ("bf16", "dropout"): 88, ("bf16", "full"): 69,
                         ("fp32", "lora"): 71, ("fp32", "dropout"): 121, ("fp32", "full"): 78}
-# glibc keeps freed blocks in the heap (runtime/allocator.py), and micro-batches or chunks of other
+# glibc keeps freed blocks in the heap (core/allocator.py), and micro-batches or chunks of other
 # widths do not reuse all of them: on the CPU RSS holds this share of the training phase's transient
 # (activations + logits) on top. Fitted to the default demos (docs/benchmarks.md, "Peak memory of the
 # default demos": with the activation bytes and baseline above, the demos' peaks imply 0.4-0.6 for
@@ -117,7 +112,7 @@ class MemoryArgs:
                          "options below that the trainer has too (lora_layers, micro_batch_size, group_size, "
                          "max_new_tokens, ...) default to that trainer's defaults (`rlhfkit grpo --help`), not the "
                          "defaults listed here",
-                         ("ppo", "trpo", "grpo", "dpo", "sft", "rm"))
+                         ESTIMATED_METHODS)
     lora: bool = option(True, "LoRA adapters (frozen base, no reference copy) or full fine-tuning")
     lora_r: int = option(16, "LoRA rank")
     lora_layers: int | None = option(None, "adapt only the top N layers (None: all)")
@@ -227,7 +222,7 @@ def kv_cache_bytes(layers: int, kv_heads: int, head_dim: int, positions: int, by
 
 def cpu_activation_bytes(args: MemoryArgs) -> float:
     """CPU_ACTIVATION_BYTES for the run's dtype and kind (LoRA with or without dropout, full)."""
-    dropout = args.lora_dropout if args.lora_dropout is not None else trainer_defaults(args.method)["lora_dropout"]
+    dropout = args.lora_dropout if args.lora_dropout is not None else TRAINER_LORA_DROPOUT.get(args.method, 0.0)
     kind = "full" if not args.lora else ("dropout" if dropout > 0 else "lora")
     return CPU_ACTIVATION_BYTES[(args.dtype, kind)]
 
@@ -283,83 +278,6 @@ def trpo_terms(args: MemoryArgs, s: ModelShape, bytes_per_position: float, chunk
                                + 3 * min(rows, chunk_rows) * R * V * 4)}
 
 
-def render(args: MemoryArgs, est: dict[str, float]) -> str:
-    """A Markdown table of the estimate in GiB."""
-    head = (f"{args.model}: {est['parameters'] / 1e9:.3g}B parameters, {est['trainable'] / 1e6:.3g}M trainable "
-            f"({'LoRA r=' + str(args.lora_r) if args.lora else 'full fine-tuning'}, {args.dtype}, {args.method}, "
-            f"{args.num_devices} {args.device} device(s), sharding={args.sharding})")
-    rows = [f"| {k} | {est[k] / GIB:.3f} | {est[k] / 1e9:.3f} |"
-            for k in ("process baseline", "policy weights", "gradients", "optimiser", "reference", "value head",
-                      "KV cache", "generation gather", "merged LoRA", "activations", "logits", "heap retention",
-                      "old logits", "Fisher graphs", "Fisher product", "generation phase", "training phase", "peak")
-            if est[k] or k not in ("old logits", "Fisher graphs", "Fisher product")]
-    return "\n".join([head, "", "| component | GiB per device | GB |", "| --- | ---: | ---: |", *rows])
-
-
-# The worked table of docs/scale.md (tests/scale/test_memory_estimate.py keeps the two identical).
-WORKED = [  # LoRA rows on every layer (lora_layers=null; PPO's own default is the top 12)
-    ("135M, LoRA (all layers), fp32, 1 CPU process",
-     "model=smollm2-135m device=cpu dtype=fp32 lora_layers=null prompt_length=64 max_new_tokens=48"),
-    ("135M, full fine-tuning, fp32, 1 CPU process",
-     "model=smollm2-135m device=cpu lora=false dtype=fp32 prompt_length=64 max_new_tokens=48"),
-    ("1.7B, LoRA, bf16, 1 GPU", "model=smollm2-1.7b lora_layers=null prompt_length=256 max_new_tokens=256 generation_batch_size=64"),
-    ("8B, LoRA, bf16, 1 GPU, checkpointing", "model=llama-3-8b lora_layers=null micro_batch_size=4 prompt_length=512 max_new_tokens=512 "
-     "generation_batch_size=32 gradient_checkpointing=true"),
-    ("7B, LoRA, bf16, 8 GPUs DDP, checkpointing", "model=llama-2-7b lora_layers=null num_devices=8 micro_batch_size=4 prompt_length=512 "
-     "max_new_tokens=512 generation_batch_size=32 gradient_checkpointing=true"),
-    ("7B, full, bf16, 8 GPUs DDP", "model=llama-2-7b lora=false num_devices=8 micro_batch_size=4 prompt_length=512 "
-     "max_new_tokens=512 generation_batch_size=32"),
-    ("7B, full, bf16, 8 GPUs ZeRO-3, checkpointing", "model=llama-2-7b lora=false num_devices=8 sharding=zero3 "
-     "micro_batch_size=4 prompt_length=512 max_new_tokens=512 generation_batch_size=32 gradient_checkpointing=true"),
-    ("... and offload_reference", "model=llama-2-7b lora=false num_devices=8 sharding=zero3 micro_batch_size=4 "
-     "prompt_length=512 max_new_tokens=512 generation_batch_size=32 gradient_checkpointing=true offload_reference=true"),
-]
-WORKED_COLUMNS = ("process baseline", "policy weights", "gradients", "optimiser", "reference", "KV cache", "generation gather",
-                  "merged LoRA", "activations", "logits", "heap retention", "peak")
-
-
-def worked_table() -> str:
-    """The Markdown worked table of docs/scale.md: one PPO run per row, GiB per device, and the
-    command that gives each row."""
-    lines = ["| PPO run, GiB per device | " + " | ".join(WORKED_COLUMNS) + " |",
-             "| --- |" + " ---: |" * len(WORKED_COLUMNS)]
-    for i, (label, command) in enumerate(WORKED, 1):
-        est = estimate(for_method(parse_values(MemoryArgs, command.split(), PROG)[0]))
-        cells = ["0" if est[k] == 0 else f"{est[k] / GIB:.2f}" for k in WORKED_COLUMNS]
-        lines.append(f"| {i}. {label} | " + " | ".join(cells) + " |")
-    lines.append("")
-    lines += [f"{i}. `rlhfkit estimate-memory {command}`" for i, (_, command) in enumerate(WORKED, 1)]
-    return "\n".join(lines)
-
-
-def trainer_defaults(method: str) -> dict:
-    """The defaults of `method`'s trainer for the options the estimate shares with it
-    (TRAINER_OPTIONS). DPO's max_new_tokens and generation_batch_size size its judged samples, not
-    its training, so they are not shared; its pairs share a prompt (group_size 2), as GRPO's groups
-    do, while the trainer's share_prompts is on."""
-    import dataclasses
-    import importlib
-
-    module, name = TRAINER_CONFIGS[method].split(":")
-    fields = dataclasses.fields(getattr(importlib.import_module(module), name))
-    defaults = {f.name: f.default for f in fields if f.default is not dataclasses.MISSING}
-    skip = ("max_new_tokens", "generation_batch_size") if method == "dpo" else ()
-    out = {k: defaults[k] for k in TRAINER_OPTIONS if k in defaults and k not in skip}
-    if method == "dpo":
-        out["group_size"] = 2 if defaults.get("share_prompts") else 1
-    elif "group_size" in out and not defaults.get("share_prompts"):
-        out["group_size"] = 1
-    return out
-
-
-def for_method(values: dict, sources: dict[str, str] | None = None) -> MemoryArgs:
-    """MemoryArgs from the given `values` (as parsed from a command line or YAML), the method's
-    trainer defaults (`trainer_defaults`) under them."""
-    method = values.get("method", "ppo")
-    defaults = trainer_defaults(method) if method in TRAINER_CONFIGS else {}  # else build_config names the choices
-    return build_config(MemoryArgs, {**defaults, **values}, sources=sources)
-
-
 def micro_batch_that_fits(args: MemoryArgs, budget_bytes: float, shape: ModelShape | None = None) -> int | None:
     """The largest micro_batch_size whose estimated peak (`estimate`) is at most `budget_bytes`, among the divisors
     of the rows one optimiser step takes (mini_batch_size, else the rollout), so gradient accumulation stays
@@ -371,36 +289,6 @@ def micro_batch_that_fits(args: MemoryArgs, budget_bytes: float, shape: ModelSha
         if estimate(dataclasses.replace(args, micro_batch_size=m), s)["peak"] <= budget_bytes:
             return m
     return None
-
-
-def fit_line(args: MemoryArgs) -> str | None:
-    """What `gpu_memory_gib` asks: the micro_batch_size that fits GPU_FIT_SHARE of it (None: not asked, or not a
-    GPU run of a method with mini-batches)."""
-    if args.gpu_memory_gib is None or args.device != "gpu" or args.method not in FIT_METHODS:
-        return None
-    budget = GPU_FIT_SHARE * args.gpu_memory_gib * GIB
-    m = micro_batch_that_fits(args, budget)
-    where = f"{GPU_FIT_SHARE:.0%} of {args.gpu_memory_gib:g} GiB ({budget / GIB:.1f} GiB)"
-    if m is None:
-        return f"micro_batch_size that fits {where}: none, even one row's peak is larger"
-    return (f"micro_batch_size that fits {where}: {m} (the largest divisor of the mini-batch's "
-            f"{args.mini_batch_size or args.rollout_batch_size} rows that does)")
-
-
-def run(args: MemoryArgs) -> dict:
-    est = estimate(args)
-    print(render(args, est))
-    line = fit_line(args)
-    if line:
-        print("\n" + line)
-    return est
-
-
-def main(argv: list[str]) -> int:
-    parsed = parse_values(MemoryArgs, argv, PROG)
-    if parsed is not None:
-        run(for_method(*parsed))
-    return 0
 
 
 # ----------------------------------------------------------------------------- a rollout's own tensors

@@ -16,8 +16,8 @@ from typing import Any, TypeVar
 
 import yaml
 
+from rlhfkit.core.aliases import alias_hint, aliases_of, canonical_key
 from rlhfkit.errors import ConfigError
-from rlhfkit.runtime.aliases import alias_hint, aliases_of, canonical_key
 
 C = TypeVar("C")
 BOOL_WORDS = ("1", "true", "yes", "on", "0", "false", "no", "off")
@@ -154,7 +154,7 @@ def _unknown_key(key: Any, known: typing.Iterable[str], source: str) -> ConfigEr
 
 def _field_key(cls: type, key: Any, source: str) -> str:
     """The option of `cls` that `key` names (its own name or an alias: TRL's `learning_rate` is `lr`,
-    runtime/aliases.py), or a one-line ConfigError with a hint."""
+    core/aliases.py), or a one-line ConfigError with a hint."""
     name = canonical_key(str(key), _fields(cls))
     if name is None:
         raise _unknown_key(key, _fields(cls), source)
@@ -344,19 +344,41 @@ def _flag_values(cls: type, argv: list[str]) -> list[str]:
     return out
 
 
+def saved_config(run_dir: str | Path) -> dict:
+    """The configuration of a run to resume (the base that command-line overrides change): the one
+    saved with its newest checkpoint, else RUN/config.yaml (which a failed attempt may have changed)."""
+    from rlhfkit.core.run_files import CONFIG, resumable_checkpoint
+    from rlhfkit.errors import UserError
+
+    run_dir = Path(run_dir)
+    if not run_dir.is_dir():
+        raise UserError(f"resume: {run_dir} is not a run folder")
+    return read_yaml((resumable_checkpoint(run_dir)[0] or run_dir) / CONFIG)
+
+
+def run_command(run_dir: str | Path) -> str | None:
+    """The command (sft, dpo, ...) that wrote a run folder's newest checkpoint, or None."""
+    import json
+
+    from rlhfkit.core.run_files import META, latest_checkpoint
+
+    found = latest_checkpoint(run_dir)
+    try:
+        command = json.loads((found / META).read_text()).get("command") if found else None
+    except (OSError, ValueError, AttributeError):
+        return None
+    return command if isinstance(command, str) else None
+
+
 def _with_resumed_config(cls: type, merged: dict[str, Any], command: str = "") -> dict[str, Any]:
     """Resuming a run folder: its saved config.yaml is the base that the given keys override. A
     folder of another command's run is named as such (its keys would be unknown here)."""
     resume = merged.get("resume")
     if resume in (None, "", "auto") or "resume" not in _fields(cls):
         return merged
-    from rlhfkit.runtime.checkpoint import saved_config
-
     base = saved_config(str(resume))
     for k in base:
         if k not in _fields(cls):
-            from rlhfkit.runtime.checkpoint import run_command
-
             other = run_command(str(resume))
             if other and other != command:
                 raise ConfigError(f"resume: {resume} is a {other} run, not a {command} run: continue it with "
@@ -375,7 +397,7 @@ def config_main(cls: type[C], run: typing.Callable[[C], Any], argv: list[str], p
 
 def help_text(cls: type, prog: str) -> str:
     doc = (cls.__doc__ or "").strip().splitlines()[0] if cls.__doc__ else ""
-    lines = [f"usage: {prog} [CONFIG.yaml] [key=value ...]", "", doc, "", "options (key=value):"]
+    lines = [f"usage: {prog} [CONFIG.yaml] [key=value | --key value ...]", "", doc, "", "options (key=value or --key value):"]
     hints = typing.get_type_hints(cls)
     fields = _fields(cls)
     for f in dataclasses.fields(cls):
@@ -393,15 +415,15 @@ def help_text(cls: type, prog: str) -> str:
 
 def to_dict(cfg: Any) -> dict[str, Any]:
     """The config as YAML can hold it: a callable reward as its import path, a Dataset as a note
-    (runtime/recorded.py)."""
-    from rlhfkit.runtime.recorded import recorded_value
+    (core/recorded.py)."""
+    from rlhfkit.core.recorded import recorded_value
 
     return {f.name: recorded_value(getattr(cfg, f.name)) for f in dataclasses.fields(cfg)}
 
 
 def save_config(cfg: Any, path: str | Path) -> None:
     """Write config.yaml in one rename (never an empty or half-written file, even on a full disk)."""
-    from rlhfkit.runtime.disk import write_atomic
+    from rlhfkit.core.disk import write_atomic
 
     write_atomic(Path(path), yaml.safe_dump(to_dict(cfg), sort_keys=False), Path(path).parent)
 

@@ -8,8 +8,9 @@ import math
 from typing import Any
 
 from rlhfkit import __version__
-from rlhfkit.export import BUILTIN_HUB_IDS
 
+# the built-in default model's name -> its Hub id (commands/export.py `base_model_id`)
+BUILTIN_HUB_IDS = {"smollm2-135m-instruct": "HuggingFaceTB/SmolLM2-135M-Instruct"}
 DATA_KEYS = ("prompts", "eval_prompts", "data", "eval_data", "prefs", "reward", "reward_model", "judge")
 SETTING_KEYS = ("seed", "dtype", "lora", "lora_r", "lora_alpha", "lora_layers", "lr", "warmup_steps", "iterations",
                 "epochs", "max_steps", "batch_size", "rollout_batch_size", "mini_batch_size", "ppo_epochs",

@@ -28,8 +28,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from rlhfkit.core.config import check, config_main, option
 from rlhfkit.errors import ConfigError
-from rlhfkit.runtime.config import check, config_main, option
 
 LOSS_PROMPT = ("Here is a request and two answers to it.\n\nRequest: {query}\n\nAnswer A: {chosen}\n\n"
                "Answer B: {rejected}\n\nAnswer A was rated better than answer B. In two sentences, explain what "
@@ -206,7 +206,7 @@ def best_of_n(results: list[dict], formatted: list[str], gen: Generate, score: S
 def summarise(results: list[dict]) -> dict:
     """Means over prompts: score and generated tokens of each method, TPO vs best-of-N per prompt,
     the mean answer score of each round, and how often TPO's answer came from a rewrite."""
-    from rlhfkit.evaluate import win_rate
+    from rlhfkit.commands.evaluate import win_rate
 
     n = len(results)
 
@@ -249,9 +249,9 @@ def model_generate(model, tok, cfg: TPOConfig) -> tuple[Generate, Callable[[], i
     a counter of generate inputs cut to the prompt limit (long critique or rewrite prompts)."""
     import torch
 
+    from rlhfkit.core.precision import autocast
     from rlhfkit.rollout import SamplingParams, generate
     from rlhfkit.rollout.prompt_fit import long_prompts, prompt_token_limit
-    from rlhfkit.runtime.precision import autocast
 
     stop = (tok.eos_token_id,)
     params = {}
@@ -280,14 +280,14 @@ def model_generate(model, tok, cfg: TPOConfig) -> tuple[Generate, Callable[[], i
 
 def run(cfg: TPOConfig) -> dict:
     """Load, search, compare, write OUT/results.jsonl and OUT/summary.json; returns the summary."""
+    from rlhfkit.core.seeding import seed_everything
     from rlhfkit.data.chat import format_prompts
     from rlhfkit.data.prompts import info_lists, load_prompts
     from rlhfkit.errors import UserError
-    from rlhfkit.generate import load_for_inference
     from rlhfkit.models.loading import resolve_dtype
     from rlhfkit.rewards import get_reward, score_batch
     from rlhfkit.rollout.prompt_fit import enforce_prompt_limit, prompt_token_limit
-    from rlhfkit.runtime.seeding import seed_everything
+    from rlhfkit.rollout.texts import load_for_inference
 
     t0 = time.time()
     cfg.dtype = resolve_dtype(cfg.dtype)

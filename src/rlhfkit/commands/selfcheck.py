@@ -18,29 +18,9 @@ import argparse
 import math
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
 
-TOL = 1e-9  # float64 golden examples: agreement to ~1e-15 expected; 1e-9 leaves room, catches any real change
-
-
-@dataclass
-class Check:
-    """One worked example: what it shows, the table printed, and whether every number agreed."""
-
-    name: str
-    title: str
-    lines: list[str] = field(default_factory=list)
-    ok: bool = True
-
-    def expect(self, got: float, want: float, tol: float = TOL) -> str:
-        """'ok' or 'MISMATCH' for one number (tolerance relative to max(1, |want|)), recording failure."""
-        good = math.isfinite(got) and abs(got - want) <= tol * max(1.0, abs(want))
-        self.ok = self.ok and good
-        return "ok" if good else "MISMATCH"
-
-
-def _row(*cells: object, width: int = 11) -> str:
-    return "  ".join(f"{c:>{width}.6f}" if isinstance(c, float) else f"{c!s:>{width}}" for c in cells)
+from rlhfkit.core.argv import OptionsHelpFormatter, parse_command_line
+from rlhfkit.learn.worked import Check, row, tiny_llama
 
 
 def _gae_table(check: Check, rewards, values, gamma: float, lam: float, want_adv, boot=None) -> None:
@@ -48,7 +28,7 @@ def _gae_table(check: Check, rewards, values, gamma: float, lam: float, want_adv
     import torch
 
     from rlhfkit import algos
-    from rlhfkit.runtime.devices import HOST
+    from rlhfkit.core.devices import HOST
 
     r = torch.tensor([rewards], dtype=torch.float64, device=HOST)
     v = torch.tensor([values], dtype=torch.float64, device=HOST)
@@ -57,13 +37,13 @@ def _gae_table(check: Check, rewards, values, gamma: float, lam: float, want_adv
     adv, ret = algos.gae(r, v, m, gamma, lam, bootstrap_value=b)
     adv_loop, _ = algos.gae_reference(r, v, m, gamma, lam, bootstrap_value=b)
     next_v = list(values[1:]) + [0.0 if boot is None else boot]
-    check.lines.append(_row("t", "r_t", "V(s_t)", "delta_t", "A_t (by hand)", "A_t gae", "A_t loop", "R_t = A+V", ""))
+    check.lines.append(row("t", "r_t", "V(s_t)", "delta_t", "A_t (by hand)", "A_t gae", "A_t loop", "R_t = A+V", ""))
     for t, (rt, vt) in enumerate(zip(rewards, values)):
         delta = rt + gamma * next_v[t] - vt
         a, a_loop, r_t = float(adv[0, t]), float(adv_loop[0, t]), float(ret[0, t])
         verdicts = [check.expect(a, want_adv[t]), check.expect(a_loop, want_adv[t]), check.expect(r_t, want_adv[t] + vt)]
         verdict = "ok" if all(v == "ok" for v in verdicts) else "MISMATCH"
-        check.lines.append(_row(t, rt, vt, delta, want_adv[t], a, a_loop, r_t, verdict))
+        check.lines.append(row(t, rt, vt, delta, want_adv[t], a, a_loop, r_t, verdict))
 
 
 def check_gae_worked_example() -> Check:
@@ -102,7 +82,7 @@ def check_clip_gradients() -> Check:
     import torch
 
     from rlhfkit import algos
-    from rlhfkit.runtime.devices import HOST
+    from rlhfkit.core.devices import HOST
 
     c = Check("clip", "PPO clip, eps 0.2, token mean over N = 6: d loss / d log pi_t")
     ratio = [1.1, 1.3, 0.7, 0.9, 0.7, 1.3]
@@ -114,11 +94,11 @@ def check_clip_gradients() -> Check:
     A = torch.tensor([adv], dtype=torch.float64, device=HOST)
     loss, metrics = algos.ppo_policy_loss(logp, old, A, torch.ones_like(A, dtype=torch.bool), clip_eps=0.2)
     (grad,) = torch.autograd.grad(loss, logp)
-    c.lines.append(_row("t", "A_t", "ratio_t", "-A*ratio", "-A*clip(r)", "grad (hand)", "grad", ""))
+    c.lines.append(row("t", "A_t", "ratio_t", "-A*ratio", "-A*clip(r)", "grad (hand)", "grad", ""))
     for t in range(6):
         clipped = min(max(ratio[t], 0.8), 1.2)
         g = float(grad[0, t])
-        c.lines.append(_row(t, adv[t], ratio[t], -adv[t] * ratio[t], -adv[t] * clipped, want[t], g,
+        c.lines.append(row(t, adv[t], ratio[t], -adv[t] * ratio[t], -adv[t] * clipped, want[t], g,
                             c.expect(g, want[t])))
     frac, value = metrics["policy_clip_frac"], loss.item()
     c.lines.append(f"loss = mean of max(-A*ratio, -A*clip(ratio)) = {value:.6f} (by hand: "
@@ -133,7 +113,7 @@ def check_kl_estimators() -> Check:
     import torch
 
     from rlhfkit import algos
-    from rlhfkit.runtime.devices import HOST
+    from rlhfkit.core.devices import HOST
 
     c = Check("kl", "KL(pi || pi_ref) estimators, exact expectation over actions a ~ pi")
     pi, ref = [0.6, 0.3, 0.1], [0.3, 0.3, 0.4]
@@ -145,39 +125,27 @@ def check_kl_estimators() -> Check:
     ref_logp = torch.tensor([[math.log(q) for q in ref]], dtype=torch.float64, device=HOST)
     w = torch.tensor([pi], dtype=torch.float64, device=HOST)
     c.lines.append(f"pi = {pi}, pi_ref = {ref}: true KL = 0.6 ln 2 - 0.1 ln 4 = {kl:.6f} nats")
-    c.lines.append(_row("estimator", "E[k] (hand)", "E[k] rlhfkit", "bias", "min over a", "std", ""))
+    c.lines.append(row("estimator", "E[k] (hand)", "E[k] rlhfkit", "bias", "min over a", "std", ""))
     for kind, fn in (("k1", algos.kl_k1), ("k2", algos.kl_k2), ("k3", algos.kl_k3), ("abs", algos.kl_abs)):
         values = fn(logp, ref_logp)
         mean = float((w * values).sum())
         std = math.sqrt(max(float((w * values**2).sum()) - mean**2, 0.0))
-        c.lines.append(_row(kind, by_hand[kind], mean, mean - kl, float(values.min()), std,
+        c.lines.append(row(kind, by_hand[kind], mean, mean - kl, float(values.min()), std,
                             c.expect(mean, by_hand[kind])))
     c.lines.append("k1 and k3 average to the true KL (unbiased); k1 is negative on a = 2, k3 never is; "
                    "k2 and |d| are biased.")
     return c
 
 
-def _tiny_llama(seed: int = 0):
-    """A 2-layer random Llama with peaked next-token distributions (large init), in eval mode."""
-    import torch
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    torch.manual_seed(seed)
-    cfg = LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
-                      initializer_range=0.5, tie_word_embeddings=True)
-    return LlamaForCausalLM(cfg).eval()
-
-
 def check_logprob_offset() -> Check:
     """Sample token by token, then one teacher-forced pass: the slice [P-1, P+R-1) gives ratio 1."""
     import torch
 
+    from rlhfkit.core.devices import HOST
     from rlhfkit.models import policy
-    from rlhfkit.runtime.devices import HOST
 
     c = Check("offset", "log-prob offset: logits at position P-1+i predict response token i")
-    lm = _tiny_llama()
+    lm = tiny_llama()
     prompt, R = torch.tensor([[5, 17, 9, 30]], device=HOST), 6
     P = prompt.shape[1]
     gen = torch.Generator(device=HOST).manual_seed(0)
@@ -197,9 +165,9 @@ def check_logprob_offset() -> Check:
     dev = float((new - old).exp().sub(1).abs().max())
     dev_shifted = float((shifted - old).exp().sub(1).abs().max())
     c.lines.append(f"prompt P = {P} tokens, R = {R} sampled tokens, L = {P + R}")
-    c.lines.append(_row("t", "log pi sampled", "one pass", "off by one", width=14))
+    c.lines.append(row("t", "log pi sampled", "one pass", "off by one", width=14))
     for t in range(R):
-        c.lines.append(_row(t, float(old[0, t]), float(new[0, t]), float(shifted[0, t]), width=14))
+        c.lines.append(row(t, float(old[0, t]), float(new[0, t]), float(shifted[0, t]), width=14))
     ok_dev, ok_shift = dev <= 1e-4, dev_shifted >= 1e-2  # fp32 error is ~1e-6; a wrong slice is O(1)
     c.ok = ok_dev and ok_shift
     c.lines.append(f"max |ratio - 1| with the slice [P-1 : P+R-1]: {dev:.2e} (float error only) "
@@ -232,10 +200,9 @@ def run_checks(names: list[str], table: dict[str, Callable[[], Check]] | None = 
     return out
 
 
-def main(argv: list[str]) -> int:
-    from rlhfkit.errors import UserError
-
-    p = argparse.ArgumentParser(prog="rlhfkit selfcheck", description="Run the worked examples of the learning "
+def build_parser() -> argparse.ArgumentParser:
+    """The options of `rlhfkit selfcheck`."""
+    p = argparse.ArgumentParser(formatter_class=OptionsHelpFormatter, prog="rlhfkit selfcheck", description="Run the worked examples of the learning "
                                 "path (docs/learn/) on the installed code and print each with its numbers. "
                                 "Exit status 1 when any number disagrees with the one worked out by hand.")
     p.add_argument("names", nargs="*", metavar="CHECK", help=f"checks to run (default: all): {', '.join(CHECKS)}")
@@ -244,7 +211,13 @@ def main(argv: list[str]) -> int:
                    help="instead of the checks, make one classic bug on purpose and show its symptom in numbers "
                         "and the doctor's finding, next to the right code (repeatable; names: see --list; "
                         "docs/learn/09-break-it-yourself.md). Exit status 1 when a symptom fails to show")
-    args = p.parse_args(argv)
+    return p
+
+
+def main(argv: list[str]) -> int:
+    from rlhfkit.errors import UserError
+
+    args = parse_command_line(build_parser(), argv)
     from rlhfkit.learn.breaks import BREAKS
 
     if args.list:

@@ -31,12 +31,12 @@ import time
 
 import torch
 
+from rlhfkit.core.precision import autocast
 from rlhfkit.data.chat import format_prompts
 from rlhfkit.errors import UserError
 from rlhfkit.rollout.core import Rollout, generate
 from rlhfkit.rollout.logprobs import logprob_pass
 from rlhfkit.rollout.sampling import thread_generator
-from rlhfkit.runtime.precision import autocast
 
 
 def sampler_copy(core: torch.nn.Module) -> torch.nn.Module:
@@ -156,8 +156,8 @@ class OneStepOffPolicy:
 
     def start(self, records: list[dict], it: int) -> None:
         """Sample batch `it` of `records` with the sampler: in the thread, or now (threaded = False)."""
+        from rlhfkit.core.seeding import sampling_seed
         from rlhfkit.data.prompts import info_lists
-        from rlhfkit.runtime.seeding import sampling_seed
 
         rl, cfg = self.rl, self.cfg
         seed = sampling_seed(cfg.seed, rl.run.rank, it)

@@ -19,7 +19,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from rlhfkit.runtime.config import check, config_main, option
+from rlhfkit.core.config import check, config_main, option
+from rlhfkit.rewards.rouge import rouge_scores
 
 
 @dataclass
@@ -93,34 +94,8 @@ def win_rate(model_scores: list[float], ref_scores: list[float]) -> dict:
             "win_rate": (wins + 0.5 * ties) / n if n else float("nan")}
 
 
-ROUGE_TYPES = {"rouge_1": "rouge1", "rouge_2": "rouge2", "rouge_l": "rougeL"}  # report key -> rouge-score name
 
 
-def rouge_scores(predictions: list[str], references: list[str]) -> dict[str, float]:
-    """Mean ROUGE-1, ROUGE-2 and ROUGE-L F1 of predictions against references (Lin 2004).
-
-    Computed by Google's `rouge-score` package (the reimplementation of ROUGE-1.5.5) with Porter
-    stemming, one pair at a time, then averaged over pairs: {"rouge_1", "rouge_2", "rouge_l"}, each
-    in [0, 1]; NaN for no pairs. ROUGE-L is the sentence-level LCS score (`rougeL`, not the
-    newline-split `rougeLsum`). Its tokenizer keeps lower-cased ASCII letters and digits only.
-    """
-    if len(predictions) != len(references):
-        raise ValueError(f"{len(predictions)} predictions vs {len(references)} references")
-    from rouge_score import rouge_scorer
-
-    scorer = rouge_scorer.RougeScorer(list(ROUGE_TYPES.values()), use_stemmer=True)
-    sums = dict.fromkeys(ROUGE_TYPES, 0.0)
-    for pred, ref in zip(predictions, references):
-        scores = scorer.score(ref, pred)  # score(target, prediction)
-        for key, name in ROUGE_TYPES.items():
-            sums[key] += scores[name].fmeasure
-    n = len(predictions)
-    return {key: total / n if n else float("nan") for key, total in sums.items()}
-
-
-def rouge_l(predictions: list[str], references: list[str]) -> float:
-    """Mean ROUGE-L F1 (rouge-score, Porter stemming); see :func:`rouge_scores`."""
-    return rouge_scores(predictions, references)["rouge_l"]
 
 
 def mean_std(xs: list[float]) -> dict:
@@ -138,11 +113,11 @@ def run_model(spec: str, records: list[dict], cfg: EvalConfig) -> dict:
     """Completions (step 2) and the reference-response perplexity (step 5) of one model."""
     import torch
 
-    from rlhfkit.generate import generate_texts, load_for_inference
-    from rlhfkit.models.reward_model import format_example
+    from rlhfkit.core.precision import autocast
+    from rlhfkit.data.chat import format_example
     from rlhfkit.rollout import SamplingParams
     from rlhfkit.rollout.prompt_fit import enforce_prompt_limit, prompt_token_limit
-    from rlhfkit.runtime.precision import autocast
+    from rlhfkit.rollout.texts import generate_texts, load_for_inference
 
     model, tok = load_for_inference(spec, cfg.dtype)
     device = next(model.parameters()).device
@@ -195,11 +170,11 @@ def model_metrics(run: dict, records: list[dict], scores: dict[str, list[float]]
 
 def evaluate(cfg: EvalConfig) -> dict:
     """Run the evaluation; writes OUT/report.json and OUT/samples.jsonl and returns the report."""
+    from rlhfkit.core.seeding import seed_everything
     from rlhfkit.data.prompts import info_lists, load_prompts
     from rlhfkit.errors import UserError
     from rlhfkit.models.loading import resolve_dtype
     from rlhfkit.rewards import get_reward, score_batch
-    from rlhfkit.runtime.seeding import seed_everything
 
     t0 = time.time()
     cfg.dtype = resolve_dtype(cfg.dtype)

@@ -40,7 +40,7 @@ def is_disk_full(e: BaseException, path: Path) -> bool:
 
 
 def resume_advice(run_dir: Path | None) -> str:
-    from rlhfkit.runtime.checkpoint import latest_checkpoint
+    from rlhfkit.core.run_files import latest_checkpoint
 
     if run_dir is not None and latest_checkpoint(run_dir) is not None:
         return f"free space, then --resume {run_dir}"

@@ -1,6 +1,6 @@
 """The sizes of a Llama-style decoder (SmolLM2, Llama, Mistral, Qwen without biases), from a preset,
 a local config.json or a Hub id's config.json, and the parameter counts they give: what
-`rlhfkit estimate-memory` (runtime/memory.py) and the FLOP counts of the bench (runtime/flops.py)
+`rlhfkit estimate-memory` (estimate/memory.py) and the FLOP counts of the bench (estimate/flops.py)
 are computed from. No weights are loaded.
 """
 
@@ -11,7 +11,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from rlhfkit.runtime.config import check
+from rlhfkit.core.config import check
 
 LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 

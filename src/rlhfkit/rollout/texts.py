@@ -1,13 +1,11 @@
-"""`rlhfkit generate`: sample completions from a model; helpers reused by eval and trainers."""
+"""Sampling texts from a model: `sample_texts` for `rlhfkit generate` and the labelling app, the
+helpers eval, prefs, tpo and the trainers reuse (`generate_texts`, `sample_and_score`, `load_for_inference`)."""
 
 from __future__ import annotations
-
-import argparse
 
 import torch
 
 from rlhfkit.rollout import SamplingParams, generate
-from rlhfkit.runtime.seeding import seed_everything
 
 
 def generate_texts(model, tokenizer, formatted: list[str], params: SamplingParams, seed: int,
@@ -40,9 +38,9 @@ def model_generation_config(model, tokenizer, max_new_tokens: int, overrides: di
 def sample_and_score(model, tokenizer, records: list[dict], formatted: list[str], reward_fn, params: SamplingParams,
                      seed: int, batch_size: int = 16, dtype: str = "fp32") -> tuple[list[str], list[float]]:
     """Sample one completion per prompt and score it with `reward_fn`."""
+    from rlhfkit.core.precision import autocast
     from rlhfkit.data.prompts import info_lists, reward_inputs
     from rlhfkit.rewards import score_batch
-    from rlhfkit.runtime.precision import autocast
 
     device = next(model.parameters()).device
     with autocast(dtype, device):
@@ -69,9 +67,9 @@ def sample_texts(model: str, prompts: list[str], num_samples: int, max_new_token
     Every sample of every prompt is drawn in one batch (a prompt's rows share its prefill), so a
     decoding step reads the weights once for all of them; `dtype` 'auto' is bf16 where bf16 matmuls
     are fast, else fp32."""
+    from rlhfkit.core.precision import autocast
     from rlhfkit.data.chat import format_prompt
     from rlhfkit.models.loading import resolve_dtype
-    from rlhfkit.runtime.precision import autocast
 
     dtype = resolve_dtype(dtype)
     lm, tok = load_for_inference(model, dtype)
@@ -87,32 +85,3 @@ def sample_texts(model: str, prompts: list[str], num_samples: int, max_new_token
         texts = generate_texts(lm, tok, rows, params, seed, batch_size=16 * max(num_samples, 1),
                                generation_config=gen_cfg, share_prompts=num_samples > 1)
     return [texts[i * num_samples : (i + 1) * num_samples] for i in range(len(prompts))]
-
-
-def main(argv: list[str]) -> int:
-    p = argparse.ArgumentParser(prog="rlhfkit generate", description="Sample completions from a model.")
-    p.add_argument("--model", default="smollm2-135m-instruct", help="model folder, run output (runs/NAME/final) or the default")
-    p.add_argument("--prompt", action="append", required=True, help="a prompt (repeat for several)")
-    p.add_argument("--num-samples", type=int, default=1, help="completions per prompt")
-    p.add_argument("--max-new-tokens", type=int, default=64, help="tokens to generate at most")
-    p.add_argument("--temperature", type=float, default=None,
-                   help="sampling temperature; 0 = greedy (default: 1, or the model's own with "
-                        "--model-generation-config)")
-    p.add_argument("--seed", type=int, default=0, help="sampling seed")
-    p.add_argument("--dtype", choices=["auto", "bf16", "fp32"], default="auto",
-                   help="weights and matmuls while sampling: auto = bf16 where bf16 matmuls are fast (AVX-512 BF16, "
-                        "recent GPUs), else fp32")
-    p.add_argument("--model-generation-config", action="store_true",
-                   help="sample with the model folder's own generation_config.json (its temperature, top-k/top-p, "
-                        "repetition penalty, ...); by default only rlhfkit's settings apply: the full distribution "
-                        "at --temperature, as in training")
-    a = p.parse_args(argv)
-    seed_everything(a.seed)
-    temperature = 1.0 if a.temperature is None and not a.model_generation_config else a.temperature
-    outs = sample_texts(a.model, a.prompt, a.num_samples, a.max_new_tokens, temperature, a.seed,
-                        use_model_config=a.model_generation_config, dtype=a.dtype)
-    for prompt, samples in zip(a.prompt, outs):
-        print(f"### {prompt}")
-        for s in samples:
-            print(f"- {s}")
-    return 0

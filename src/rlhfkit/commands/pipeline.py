@@ -34,9 +34,11 @@ from typing import Any
 
 import yaml
 
+from rlhfkit.commands import COMMANDS, load
+from rlhfkit.core.allocator import trim_heap
+from rlhfkit.core.argv import pair_argv
+from rlhfkit.core.config import build_config, coerce, read_yaml, to_dict
 from rlhfkit.errors import ConfigError, UserError
-from rlhfkit.runtime.allocator import trim_heap
-from rlhfkit.runtime.config import build_config, coerce, read_yaml, to_dict
 
 STAGES = ("sft", "prefs", "rm", "ppo", "eval")
 MARKER = "rlhfkit_stage.json"
@@ -134,12 +136,6 @@ def output_folder(value: Any) -> Path:
 
 def stage_configs(cfg: dict) -> dict[str, Any]:
     """The typed config of every enabled stage, with the links between stages filled in."""
-    from rlhfkit.evaluate import EvalConfig
-    from rlhfkit.prefs import PrefsConfig
-    from rlhfkit.trainers.ppo_config import PPOConfig
-    from rlhfkit.trainers.rm import RMConfig
-    from rlhfkit.trainers.sft import SFTConfig
-
     out_dir = output_folder(cfg["output_dir"])
     dtype = resolve_dtype(cfg["dtype"])
     common = {"dtype": dtype, "seed": cfg["seed"]}
@@ -148,24 +144,25 @@ def stage_configs(cfg: dict) -> dict[str, Any]:
     policy = cfg["model"]
     built: dict[str, Any] = {}
 
-    def make(stage: str, cls, defaults: dict):  # the section's own keys win over the links
+    def make(stage: str, defaults: dict):  # the section's own keys win over the links
+        cls = load(COMMANDS[stage].config)
         return build_config(cls, {**defaults, **cfg[stage]}, source=f"pipeline section '{stage}'")
 
-    sft = make("sft", SFTConfig, {**run, "model": policy, "run_name": "sft", "save_merged": True})
+    sft = make("sft", {**run, "model": policy, "run_name": "sft", "save_merged": True})
     if "sft" in enabled:
         built["sft"] = sft
         final = Path(sft.output_dir).resolve() / sft.run_name / "final"
         policy = str(final / "merged" if sft.lora and sft.save_merged else final)
     prefs_file = str(out_dir / "prefs" / "prefs.jsonl")
-    built["prefs"] = make("prefs", PrefsConfig, {**common, "model": policy, "prompts": cfg["prompts"],
+    built["prefs"] = make("prefs", {**common, "model": policy, "prompts": cfg["prompts"],
                                                  "scorer": cfg["ground_truth"], "out": prefs_file, "overwrite": True})
-    built["rm"] = make("rm", RMConfig, {**run, "model": policy, "data": built["prefs"].out, "run_name": "rm"})
+    built["rm"] = make("rm", {**run, "model": policy, "data": built["prefs"].out, "run_name": "rm"})
     rm_path = str(Path(built["rm"].output_dir).resolve() / built["rm"].run_name / "final")
-    built["ppo"] = make("ppo", PPOConfig, {**run, "model": policy, "prompts": cfg["prompts"],
+    built["ppo"] = make("ppo", {**run, "model": policy, "prompts": cfg["prompts"],
                                            "reward": f"model:{rm_path}", "run_name": "ppo", "num_eval_prompts": 0})
     ppo_final = str(Path(built["ppo"].output_dir).resolve() / built["ppo"].run_name / "final")
     rewards = [f"learned_rm={built['ppo'].reward}", f"ground_truth={cfg['ground_truth']}"]
-    built["eval"] = make("eval", EvalConfig, {**common, "model": ppo_final,
+    built["eval"] = make("eval", {**common, "model": ppo_final,
                                               "ref_model": policy, "prompts": cfg["prompts"], "rewards": rewards,
                                               "out_dir": str(out_dir / "eval")})
     return {s: c for s, c in built.items() if s in enabled}
@@ -207,23 +204,13 @@ def is_complete(stage: str, c: Any, fp: str) -> bool:
 
 
 def run_stage(stage: str, c: Any) -> dict:
-    """Run one stage's command in-process; returns its summary."""
-    if stage == "sft":
-        from rlhfkit.trainers.sft import train
-    elif stage == "prefs":
-        from rlhfkit.prefs import make_preferences as train
-    elif stage == "rm":
-        from rlhfkit.trainers.rm import train
-    elif stage == "ppo":
-        from rlhfkit.trainers.ppo import RatioCheckError, train
+    """Run one stage's command in-process (its `run` in rlhfkit.commands.COMMANDS); returns its summary."""
+    from rlhfkit.trainers.ppo import RatioCheckError
 
-        try:
-            return train(c)
-        except RatioCheckError as e:
-            raise UserError(str(e)) from None
-    else:
-        from rlhfkit.evaluate import evaluate as train
-    return train(c)
+    try:
+        return load(COMMANDS[stage].run)(c)
+    except RatioCheckError as e:
+        raise UserError(str(e)) from None
 
 
 # ----------------------------------------------------------------------------- run
@@ -256,7 +243,7 @@ def run_pipeline(cfg: dict) -> dict:
         t0 = time.time()
         summary = run_stage(stage, c)
         gc.collect()  # the stage's model, optimiser and data are garbage now:
-        trim_heap()  # hand their freed heap back, so the next stage starts low (runtime/allocator.py)
+        trim_heap()  # hand their freed heap back, so the next stage starts low (core/allocator.py)
         secs = time.time() - t0
         folder.mkdir(parents=True, exist_ok=True)
         (folder / MARKER).write_text(json.dumps({"stage": stage, "fingerprint": fp, "seconds": secs,
@@ -303,8 +290,9 @@ def before_after_table(report: dict, timings: dict | None = None) -> str:
 
 def main(argv: list[str]) -> int:
     if any(a in ("-h", "--help") for a in argv):
+        print("usage: rlhfkit pipeline [CONFIG.yaml] [key=value | --key value | stage.key=value ...]\n")
         print(__doc__.strip())
         print(f"\nDefault config: {default_config_path()}")
         return 0
-    run_pipeline(load_pipeline_config(argv))
+    run_pipeline(load_pipeline_config(pair_argv(argv)))
     return 0

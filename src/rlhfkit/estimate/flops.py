@@ -24,7 +24,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 
-from rlhfkit.runtime.model_shape import LORA_TARGETS, ModelShape
+from rlhfkit.estimate.shape import LORA_TARGETS, ModelShape
 
 __all__ = ["shape_of", "attention_pairs", "forward_flops", "backward_flops", "train_flops", "sampling_flops",
            "decode_step_bytes"]

@@ -25,9 +25,10 @@ import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
+from rlhfkit.commands.runs import run_method
+from rlhfkit.core.argv import OptionsHelpFormatter, parse_command_line
 from rlhfkit.errors import UserError
 
-BUILTIN_HUB_IDS = {"smollm2-135m-instruct": "HuggingFaceTB/SmolLM2-135M-Instruct"}
 VALUE_HEAD_DIR = "value_head"
 STANDARD_DIR = "sequence_classification"  # models/classifier_reward.py: `rlhfkit rm`'s standard copy
 
@@ -76,28 +77,10 @@ def read_run(run_dir: Path) -> RunInfo:
                    head if head.is_file() else None, reward_model)
 
 
-def run_method(run_dir: Path, config: dict) -> str:
-    """The command that made the run: from a checkpoint's meta.json, else the default run name
-    (COMMAND-DATE-TIME), else the config's telltale keys."""
-    from rlhfkit.cli import COMMANDS
-
-    for meta in sorted((run_dir / "checkpoints").glob("step-*/meta.json")):
-        try:
-            return str(json.loads(meta.read_text())["command"])
-        except (OSError, ValueError, KeyError):
-            continue
-    prefix = run_dir.name.split("-", 1)[0]
-    if prefix in COMMANDS:
-        return prefix
-    for key, method in (("vf_coef", "ppo"), ("prefs", "dpo"), ("group_size", "grpo"), ("data", "sft")):
-        if key in config:
-            return method
-    return "rlhfkit"
-
-
 def base_model_id(config: dict) -> str | None:
     """The base model as others can get it (a Hub id, without an `@revision`), or None for a local
     folder."""
+    from rlhfkit.commands.export_card import BUILTIN_HUB_IDS
     from rlhfkit.models.loading import hub_reference
 
     model = str(config.get("model", ""))
@@ -114,7 +97,7 @@ def write_export(info: RunInfo, out: Path, merged: bool) -> None:
     """Weights, tokenizer, generation config, value head, report and model card into `out`."""
     from transformers import AutoTokenizer
 
-    from rlhfkit.export_card import model_card
+    from rlhfkit.commands.export_card import model_card
 
     tok = AutoTokenizer.from_pretrained(info.final)
     if info.reward_model:  # already a plain transformers folder
@@ -264,8 +247,9 @@ def push_to_hub(folder: Path, repo: str, private: bool) -> str:
     return str(getattr(info, "commit_url", "") or info)
 
 
-def main(argv: list[str]) -> int:
-    p = argparse.ArgumentParser(prog="rlhfkit export", description="Write a trained run as a folder that plain "
+def build_parser() -> argparse.ArgumentParser:
+    """The options of `rlhfkit export`."""
+    p = argparse.ArgumentParser(formatter_class=OptionsHelpFormatter, prog="rlhfkit export", description="Write a trained run as a folder that plain "
                                 "transformers, peft and vLLM load, with a model card; optionally upload it.")
     p.add_argument("run_dir", metavar="RUN_DIR", help="a finished run folder, e.g. runs/ppo-20261122-101500")
     p.add_argument("--out", required=True, metavar="DIR", help="the folder to write (must not exist, or be empty)")
@@ -274,7 +258,11 @@ def main(argv: list[str]) -> int:
     p.add_argument("--push-to-hub", metavar="REPO", help="upload the folder to this Hub repository (ORG/NAME)")
     p.add_argument("--private", action="store_true", help="with --push-to-hub: create the repository private")
     p.add_argument("--force", action="store_true", help="replace a non-empty --out folder")
-    args = p.parse_args(argv)
+    return p
+
+
+def main(argv: list[str]) -> int:
+    args = parse_command_line(build_parser(), argv)
     out = export_run(args.run_dir, args.out, merged=args.merged, force=args.force)
     print(f"wrote {out}" + (" (merged weights)" if args.merged else ""))
     if args.push_to_hub:

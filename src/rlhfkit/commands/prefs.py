@@ -19,8 +19,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from rlhfkit.core.config import check, option, parse_args
 from rlhfkit.errors import UserError
-from rlhfkit.runtime.config import check, option, parse_args
 from rlhfkit.trainers.options import PromptFormatArgs, PromptLimitArgs
 
 PAIR_MODES = ("best-worst", "all")
@@ -147,15 +147,15 @@ def make_preferences(cfg: PrefsConfig) -> dict:
     """Sample, score and pair; writes cfg.out atomically. Returns a summary dict."""
     import torch
 
+    from rlhfkit.core.precision import autocast
+    from rlhfkit.core.seeding import seed_everything
+    from rlhfkit.data.chat import format_example
     from rlhfkit.data.prompts import info_lists
-    from rlhfkit.generate import generate_texts, load_for_inference
     from rlhfkit.models.loading import resolve_dtype
-    from rlhfkit.models.reward_model import format_example
     from rlhfkit.rewards import get_reward, score_batch
     from rlhfkit.rollout import SamplingParams
     from rlhfkit.rollout.prompt_fit import enforce_prompt_limit, prompt_token_limit
-    from rlhfkit.runtime.precision import autocast
-    from rlhfkit.runtime.seeding import seed_everything
+    from rlhfkit.rollout.texts import generate_texts, load_for_inference
 
     cfg.dtype = resolve_dtype(cfg.dtype)
     out = Path(cfg.out)

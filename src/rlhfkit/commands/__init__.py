@@ -1,0 +1,85 @@
+"""The commands `rlhfkit COMMAND` runs, listed once (`COMMANDS`): the CLI dispatches from this list,
+the pipeline runs its stages through it and `estimate-memory` takes the trainers' configs from it.
+Each entry names its code by import path, so reading the list imports nothing. The trainers are
+commands too (their modules sit in trainers/); the other commands' modules sit in this package.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+from types import MappingProxyType
+from typing import Any
+
+
+@dataclasses.dataclass(frozen=True)
+class Command:
+    """One command: `main` ("module:function", takes argv and returns an exit code), its one-line
+    `summary` for `rlhfkit --help`, the "module:Class" of the `config` its options parse into (the
+    config-driven commands: key=value and --key value alike, core/config.py), the "module:function"
+    that `run`s such a config in-process, and for an argparse command the "module:function" that
+    builds its `parser` (read through core/argv.py `parse_command_line`, which takes both styles too)."""
+
+    main: str
+    summary: str
+    config: str = ""
+    run: str = ""
+    parser: str = ""
+
+
+def _trainer(module: str, config: str, summary: str, main: str = "main") -> Command:
+    return Command(f"rlhfkit.trainers.{module}:{main}", summary, f"rlhfkit.trainers.{config}",
+                   f"rlhfkit.trainers.{module}:train")
+
+
+COMMANDS: MappingProxyType[str, Command] = MappingProxyType({
+    "ppo": _trainer("ppo", "ppo_config:PPOConfig", "PPO with GAE and a value head (the default demo)"),
+    "trpo": _trainer("trpo", "trpo_config:TRPOConfig", "TRPO: a natural-gradient step inside a KL trust region"),
+    "sft": _trainer("sft", "sft_config:SFTConfig", "supervised fine-tuning (LoRA or full)"),
+    "rm": _trainer("rm", "rm_config:RMConfig", "train a reward model on preference pairs"),
+    "dpo": _trainer("dpo", "dpo_config:DPOConfig", "direct preference optimisation (sigmoid, IPO, cDPO)"),
+    "simpo": _trainer("dpo", "dpo_config:SimPOConfig", "SimPO: reference-free, length-normalised, with a margin",
+                      "simpo_main"),
+    "orpo": _trainer("dpo", "dpo_config:ORPOConfig", "ORPO: SFT plus an odds-ratio preference term, no reference",
+                     "orpo_main"),
+    "kto": _trainer("kto", "kto_config:KTOConfig", "KTO: desirable / undesirable completions, no pairs needed"),
+    "online-dpo": _trainer("online_dpo", "online_dpo_config:OnlineDPOConfig",
+                           "online DPO: two samples per prompt, a judge picks, DPO step"),
+    "grpo": _trainer("grpo", "grpo_config:GRPOConfig", "GRPO: group-relative policy optimisation"),
+    "rloo": _trainer("grpo", "grpo_config:RLOOConfig", "RLOO: REINFORCE with a leave-one-out baseline", "rloo_main"),
+    "gspo": _trainer("grpo", "grpo_config:GSPOConfig", "GSPO: GRPO with sequence-level importance ratio and clip",
+                     "gspo_main"),
+    "dapo": _trainer("grpo", "grpo_config:DAPOConfig", "DAPO: clip-higher, dynamic sampling, overlong reward shaping",
+                     "dapo_main"),
+    "reinforce_pp": _trainer("grpo", "grpo_config:ReinforcePPConfig",
+                             "REINFORCE++: KL in the reward, batch-normalised returns", "reinforce_pp_main"),
+    "prefs": Command("rlhfkit.commands.prefs:main", "build preference data offline (`prefs make`)",
+                     "rlhfkit.commands.prefs:PrefsConfig", "rlhfkit.commands.prefs:make_preferences"),
+    "eval": Command("rlhfkit.commands.evaluate:main", "evaluate a model on a prompt set",
+                    "rlhfkit.commands.evaluate:EvalConfig", "rlhfkit.commands.evaluate:evaluate"),
+    "generate": Command("rlhfkit.commands.generate:main", "sample completions from a model",
+                        parser="rlhfkit.commands.generate:build_parser"),
+    "export": Command("rlhfkit.commands.export:main",
+                      "write a run as a transformers/peft/vLLM folder with a model card; --push-to-hub",
+                      parser="rlhfkit.commands.export:build_parser"),
+    "tpo": Command("rlhfkit.commands.tpo:main", "test-time preference optimisation (textual feedback) vs best-of-N",
+                   "rlhfkit.commands.tpo:TPOConfig"),
+    "pipeline": Command("rlhfkit.commands.pipeline:main", "SFT -> preferences -> RM -> PPO -> eval"),
+    "label": Command("rlhfkit.label.cli:main", "collect human preferences in a local web app",
+                     parser="rlhfkit.label.cli:build_parser"),
+    "doctor": Command("rlhfkit.diagnostics.cli:doctor_main", "print training-health findings for a run",
+                      parser="rlhfkit.diagnostics.cli:doctor_parser"),
+    "report": Command("rlhfkit.diagnostics.cli:report_main", "build an HTML report of one or more runs",
+                      parser="rlhfkit.diagnostics.cli:report_parser"),
+    "selfcheck": Command("rlhfkit.commands.selfcheck:main", "check the RL maths on worked examples",
+                         parser="rlhfkit.commands.selfcheck:build_parser"),
+    "estimate-memory": Command("rlhfkit.commands.estimate_memory:main",
+                               "memory per device of a run, component by component",
+                               "rlhfkit.estimate.memory:MemoryArgs"),
+})
+
+
+def load(target: str) -> Any:
+    """The object a "module:name" import path names (imported now)."""
+    module, _, name = target.partition(":")
+    return getattr(importlib.import_module(module), name)
