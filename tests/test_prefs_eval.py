@@ -6,11 +6,12 @@ import json
 
 import pytest
 
-from rlhfkit.commands.evaluate import EvalConfig, evaluate, parse_rewards, rouge_l, win_rate
+from rlhfkit.commands.evaluate import EvalConfig, evaluate, parse_rewards, win_rate
 from rlhfkit.commands.prefs import PrefsConfig, build_pairs, make_preferences
 from rlhfkit.commands.prefs import main as prefs_main
 from rlhfkit.core.config import build_config
 from rlhfkit.errors import ConfigError, UserError
+from rlhfkit.rewards.rouge import rouge_l
 
 # A deterministic scorer: the number of letters 'e' in the completion.
 SCORER = "def score(prompts, completions, **kw):\n    return [float(c.count('e')) for c in completions]\n"

@@ -1,4 +1,4 @@
-"""ROUGE-1/2/L (`rlhfkit.commands.evaluate.rouge_scores`, rouge-score underneath) and their place in `rlhfkit eval`."""
+"""ROUGE-1/2/L (`rlhfkit.rewards.rouge.rouge_scores`, rouge-score underneath) and their place in `rlhfkit eval`."""
 
 from __future__ import annotations
 
@@ -7,8 +7,9 @@ import math
 
 import pytest
 
-from rlhfkit.commands.evaluate import EvalConfig, evaluate, format_report, rouge_l, rouge_scores
+from rlhfkit.commands.evaluate import EvalConfig, evaluate, format_report
 from rlhfkit.core.config import build_config
+from rlhfkit.rewards.rouge import rouge_l, rouge_scores
 
 
 def f1(p: float, r: float) -> float:

@@ -6,9 +6,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from rlhfkit import choices
 from rlhfkit.algos import clipped_policy_loss, group_advantages, leave_one_out_advantages, remax_advantages
 from rlhfkit.algos.registry import ADVANTAGE_ESTIMATORS, IMPORTANCE_RATIOS, KL_ESTIMATORS, choose
+from rlhfkit.core import choices
 
 
 def test_registry_keys_are_the_configs_choices():

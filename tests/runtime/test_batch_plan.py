@@ -9,11 +9,11 @@ import types
 import pytest
 import torch
 
+from rlhfkit.core import devices
 from rlhfkit.core.config import build_config, parse_args
 from rlhfkit.errors import ConfigError
 from rlhfkit.estimate.memory import MemoryArgs, estimate
 from rlhfkit.estimate.shape import ModelShape
-from rlhfkit.runtime import devices
 from rlhfkit.runtime.batch_plan import plan_micro_batch, power_of_two_divisors, run_micro_batch, update_bytes
 from rlhfkit.trainers.grpo_config import GRPOConfig
 from rlhfkit.trainers.ppo_config import PPOConfig

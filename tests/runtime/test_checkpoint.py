@@ -9,13 +9,9 @@ import numpy as np
 import pytest
 import torch
 
+from rlhfkit.core.run_files import CHECKPOINTS, META, WEIGHTS, checkpoints, latest_checkpoint
 from rlhfkit.errors import UserError
 from rlhfkit.runtime.checkpoint import (
-    CHECKPOINTS,
-    META,
-    WEIGHTS,
-    checkpoints,
-    latest_checkpoint,
     load_rng,
     load_state,
     load_trainable,
@@ -158,7 +154,7 @@ def _damage(path, how):
     ("step", "meta.json says step 1, the folder step-2"),
 ])
 def test_a_damaged_newest_checkpoint_falls_back_to_the_one_before_with_a_notice(how, problem, tmp_path):
-    from rlhfkit.runtime.checkpoint import resumable_checkpoint
+    from rlhfkit.core.run_files import resumable_checkpoint
 
     one, two = _write(tmp_path, 1), _write(tmp_path, 2)
     assert resumable_checkpoint(tmp_path) == (two, [])
@@ -177,7 +173,7 @@ def _old_format(path):
 
 
 def test_files_of_two_checkpoints_mixed_or_unreadable_are_one_line(tmp_path):
-    from rlhfkit.runtime.checkpoint import STATE
+    from rlhfkit.core.run_files import STATE
     from rlhfkit.runtime.checkpointer import load_checked
 
     model = _model()

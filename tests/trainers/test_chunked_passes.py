@@ -166,10 +166,10 @@ def test_dpo_with_chunks_equals_dpo_without(tmp_path, tiny_model_dir, monkeypatc
     reference table is cut as the steps are)."""
     from test_dpo import tiny_cfg
 
-    import rlhfkit.trainers.dpo as dpo
+    import rlhfkit.trainers.pairs as pairs
     from rlhfkit.trainers.dpo import train
 
-    cuts = spy_chunks(monkeypatch, dpo)
+    cuts = spy_chunks(monkeypatch, pairs)  # DPO cuts with pairs.pair_chunks
 
     def run(name, positions):
         out = train(tiny_cfg(tmp_path, tiny_model_dir, precompute_ref_logps=precompute, lr=1e-2, max_steps=3,
@@ -191,10 +191,10 @@ def test_online_dpo_with_chunks_equals_online_dpo_without(tmp_path, tiny_model_d
     loss, gradient norm and implicit rewards as whole micro-batches, and the first step stays at log 2."""
     from test_online_dpo import tiny_cfg
 
-    import rlhfkit.trainers.dpo as dpo
+    import rlhfkit.trainers.pairs as pairs
     from rlhfkit.trainers.online_dpo import train
 
-    cuts = spy_chunks(monkeypatch, dpo)  # online DPO cuts with dpo.pair_chunks
+    cuts = spy_chunks(monkeypatch, pairs)  # online DPO cuts with pairs.pair_chunks, as DPO does
 
     def run(name, positions):
         train(tiny_cfg(tmp_path, tiny_model_dir, run_name=name, lr=1e-2, seed=5, cpu_chunk_positions=positions))

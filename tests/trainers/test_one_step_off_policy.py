@@ -21,7 +21,8 @@ from rlhfkit.core.config import build_config
 from rlhfkit.errors import ConfigError
 from rlhfkit.models.lora import merged_lora
 from rlhfkit.models.policy import ActorCritic
-from rlhfkit.rollout import SamplingParams, logprob_pass, offpolicy
+from rlhfkit.rollout import SamplingParams, logprob_pass
+from rlhfkit.runtime import offpolicy
 from rlhfkit.runtime import tracker as tracker_mod
 from rlhfkit.runtime.faults import Interrupted
 from rlhfkit.runtime.offpolicy import (

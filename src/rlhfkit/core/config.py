@@ -175,6 +175,8 @@ def build_config(cls: type[C], values: dict[str, Any], source: str = "",
     hints = typing.get_type_hints(cls)
     kwargs = {}
     for given, raw in values.items():
+        if given == FROZEN_FLAG:  # {**vars(cfg), ...} of a built config carries the flag: not an option
+            continue
         key = _field_key(cls, given, source)
         where = (sources or {}).get(given, (sources or {}).get(key, source))
         if fields[key].metadata.get("several") and isinstance(raw, (list, tuple)) and all(isinstance(x, str) for x in raw):
@@ -188,6 +190,9 @@ def build_config(cls: type[C], values: dict[str, Any], source: str = "",
     return freeze(dataclasses.replace(cfg, **derived_values(cfg))) if isinstance(cfg, FrozenAfterValidation) else cfg
 
 
+FROZEN_FLAG = "_frozen"  # the instance attribute that marks a validated config read-only
+
+
 class FrozenAfterValidation:
     """Mixin of the trainers' configs: `build_config` freezes them, so a field assigned after
     validation raises (one line). A value worked out from the options (the resolved dtype, a default
@@ -196,7 +201,7 @@ class FrozenAfterValidation:
     until `build_config` (the Python API's `train` rebuilds it) checks it."""
 
     def __setattr__(self, name: str, value: Any) -> None:
-        if vars(self).get("_frozen", False):
+        if vars(self).get(FROZEN_FLAG, False):
             raise dataclasses.FrozenInstanceError(
                 f"{type(self).__name__} is frozen after validation: cannot set {name}={value!r} "
                 f"(use dataclasses.replace, or keep the derived value in the run)")
@@ -206,7 +211,7 @@ class FrozenAfterValidation:
 def freeze(cfg: C) -> C:
     """`cfg` with assignment refused from now on (a FrozenAfterValidation config; others unchanged)."""
     if isinstance(cfg, FrozenAfterValidation):
-        object.__setattr__(cfg, "_frozen", True)
+        object.__setattr__(cfg, FROZEN_FLAG, True)
     return cfg
 
 

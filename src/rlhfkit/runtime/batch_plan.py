@@ -94,7 +94,7 @@ def run_micro_batch(cfg, method: str, model_config: dict, prompt_length: int, wo
                     free_bytes: Callable | None = None) -> tuple[int, str | None]:
     """(micro-batch size, reason) of a run: cfg.micro_batch_size when it is a number (reason None), else
     `plan_micro_batch` with the memory free on `device` when it is a CUDA device (`free_bytes(device)`,
-    runtime/devices.py `free_cuda_bytes` by default), the CPU rule elsewhere. `model_config`: the loaded
+    core/devices.py `free_cuda_bytes` by default), the CPU rule elsewhere. `model_config`: the loaded
     policy's config (a Hugging Face config.json mapping)."""
     if cfg.micro_batch_size != AUTO:
         return int(cfg.micro_batch_size), None
