@@ -19,33 +19,18 @@ import dataclasses
 import importlib
 from typing import Any
 
-# config class -> "module:class" of the config and the module whose train() runs it (subclasses:
-# RLOO/GSPO/DAPO/REINFORCE++ run GRPO's train, SimPO/ORPO DPO's)
-CONFIGS: dict[str, tuple[str, str]] = {
-    "PPOConfig": ("rlhfkit.trainers.ppo_config", "rlhfkit.trainers.ppo"),
-    "TRPOConfig": ("rlhfkit.trainers.trpo_config", "rlhfkit.trainers.trpo"),
-    "SFTConfig": ("rlhfkit.trainers.sft_config", "rlhfkit.trainers.sft"),
-    "RMConfig": ("rlhfkit.trainers.rm_config", "rlhfkit.trainers.rm"),
-    "DPOConfig": ("rlhfkit.trainers.dpo_config", "rlhfkit.trainers.dpo"),
-    "SimPOConfig": ("rlhfkit.trainers.dpo_config", "rlhfkit.trainers.dpo"),
-    "ORPOConfig": ("rlhfkit.trainers.dpo_config", "rlhfkit.trainers.dpo"),
-    "KTOConfig": ("rlhfkit.trainers.kto_config", "rlhfkit.trainers.kto"),
-    "OnlineDPOConfig": ("rlhfkit.trainers.online_dpo_config", "rlhfkit.trainers.online_dpo"),
-    "GRPOConfig": ("rlhfkit.trainers.grpo_config", "rlhfkit.trainers.grpo"),
-    "RLOOConfig": ("rlhfkit.trainers.grpo_config", "rlhfkit.trainers.grpo"),
-    "GSPOConfig": ("rlhfkit.trainers.grpo_config", "rlhfkit.trainers.grpo"),
-    "DAPOConfig": ("rlhfkit.trainers.grpo_config", "rlhfkit.trainers.grpo"),
-    "ReinforcePPConfig": ("rlhfkit.trainers.grpo_config", "rlhfkit.trainers.grpo"),
-}
+from rlhfkit.commands import COMMANDS
 
+# the trainers: the commands whose config a `train()` in rlhfkit.trainers runs
+TRAINER_COMMANDS = {name: c for name, c in COMMANDS.items() if c.run.startswith("rlhfkit.trainers.")}
 
 # command -> its config class (`rlhfkit COMMAND` parses into this)
-COMMAND_CONFIGS: dict[str, str] = {
-    "ppo": "PPOConfig", "trpo": "TRPOConfig", "sft": "SFTConfig", "rm": "RMConfig", "dpo": "DPOConfig",
-    "simpo": "SimPOConfig", "orpo": "ORPOConfig", "kto": "KTOConfig", "online-dpo": "OnlineDPOConfig",
-    "grpo": "GRPOConfig", "rloo": "RLOOConfig", "gspo": "GSPOConfig", "dapo": "DAPOConfig",
-    "reinforce_pp": "ReinforcePPConfig",
-}
+COMMAND_CONFIGS: dict[str, str] = {name: c.config.split(":")[1] for name, c in TRAINER_COMMANDS.items()}
+
+# config class -> (the module of the config, the module whose train() runs it); subclasses share a
+# train(): RLOO/GSPO/DAPO/REINFORCE++ run GRPO's, SimPO/ORPO DPO's
+CONFIGS: dict[str, tuple[str, str]] = {c.config.split(":")[1]: (c.config.split(":")[0], c.run.split(":")[0])
+                                       for c in TRAINER_COMMANDS.values()}
 
 
 def config_class(name: str) -> type:
