@@ -106,8 +106,8 @@ def test_the_option_takes_a_number_or_auto():
 
 
 def test_a_run_set_up_on_cuda_prints_and_records_the_plan(tiny_model_dir, tiny_tokenizer, monkeypatch):
-    """trainers/rl.py `micro_batch_of_run` as RLRun calls it, the device a CUDA name with a fake free figure."""
-    from rlhfkit.trainers.rl import micro_batch_of_run
+    """runtime/batch_plan.py `micro_batch_of_run` as RLRun calls it, the device a CUDA name with a fake free figure."""
+    from rlhfkit.runtime.batch_plan import micro_batch_of_run
 
     monkeypatch.setattr(devices, "free_cuda_bytes", lambda device: 2**30)
     printed = []

@@ -105,3 +105,34 @@ def run_micro_batch(cfg, method: str, model_config: dict, prompt_length: int, wo
         free = (free_bytes or free_cuda_bytes)(device)
     args = estimate_args(cfg, method, prompt_length, world)
     return plan_micro_batch(args, free, cpu_default_micro_batch(cfg), ModelShape.from_config(model_config))
+
+
+def longest_prompt(cfg, tok, records, limit: int | None) -> int:
+    """Tokens of the longest chat-formatted prompt of `records`, at most `limit` (None: no limit)."""
+    from rlhfkit.data.chat import format_prompts
+
+    texts = format_prompts(tok, [r["prompt"] for r in records], cfg)
+    longest = max((len(ids) for ids in tok(texts, add_special_tokens=False)["input_ids"]), default=1)
+    return min(longest, limit) if limit else longest
+
+
+def micro_batch_of_run(cfg, command: str, actor, tok, records, limit: int | None, run) -> int:
+    """The run's micro-batch size (RLRun's set-up): cfg.micro_batch_size, or with auto the size
+    planned from the memory estimate (the smallest of all processes' plans, so every process cuts its
+    mini-batches alike), printed once and recorded in summary.json."""
+    import torch
+
+    from rlhfkit.runtime.distributed import max_over_processes
+
+    planned = cfg.micro_batch_size == AUTO and torch.device(run.device).type == "cuda"
+    prompt_length = longest_prompt(cfg, tok, records, limit) if planned else 0  # the CPU plan needs none
+    size, reason = run_micro_batch(cfg, "ppo" if command == "ppo" else "grpo", actor.policy.config.to_dict(),
+                                   prompt_length, run.world, run.device)
+    if reason is not None and run.world > 1:
+        smallest = int(-max_over_processes(run.accelerator, -size))
+        reason += "" if smallest == size else f"; {smallest}, the smallest plan of {run.world} processes"
+        size = smallest
+    if reason is not None:
+        run.print(f"micro-batch {size} ({reason})")
+        run.summary["micro_batch_size"] = {"size": size, "reason": reason}
+    return size

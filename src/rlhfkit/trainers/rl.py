@@ -37,6 +37,7 @@ from rlhfkit.rewards.scoring import mean_std, reward_name
 from rlhfkit.rollout import Rollout, SamplingParams, generate
 from rlhfkit.rollout.logprobs import logprob_pass as teacher_forced_pass
 from rlhfkit.rollout.score import score_rollout
+from rlhfkit.runtime.batch_plan import micro_batch_of_run
 from rlhfkit.runtime.distributed import mean_over_processes
 from rlhfkit.runtime.run import Run
 from rlhfkit.trainers.rl_update import LossFn, env_rates, update_policy
@@ -117,34 +118,6 @@ def planned_optimizer_steps(cfg: RLConfig) -> int:
     """The optimiser steps an RL run plans (the length of a linear/cosine lr schedule): per iteration,
     every update epoch's mini-batches. Groups dropped for a zero reward spread make fewer."""
     return cfg.iterations * cfg.optimiser_steps_per_iteration
-
-
-def longest_prompt(cfg, tok, records, limit: int | None) -> int:
-    """Tokens of the longest chat-formatted prompt of `records`, at most `limit` (None: no limit)."""
-    texts = format_prompts(tok, [r["prompt"] for r in records], cfg)
-    longest = max((len(ids) for ids in tok(texts, add_special_tokens=False)["input_ids"]), default=1)
-    return min(longest, limit) if limit else longest
-
-
-def micro_batch_of_run(cfg, command: str, actor, tok, records, limit: int | None, run) -> int:
-    """The run's micro-batch size (runtime/batch_plan.py): cfg.micro_batch_size, or with auto the size
-    planned from the memory estimate (the smallest of all processes' plans, so every process cuts its
-    mini-batches alike), printed once and recorded in summary.json."""
-    from rlhfkit.runtime.batch_plan import AUTO, run_micro_batch
-    from rlhfkit.runtime.distributed import max_over_processes
-
-    planned = cfg.micro_batch_size == AUTO and torch.device(run.device).type == "cuda"
-    prompt_length = longest_prompt(cfg, tok, records, limit) if planned else 0  # the CPU plan needs none
-    size, reason = run_micro_batch(cfg, "ppo" if command == "ppo" else "grpo", actor.policy.config.to_dict(),
-                                   prompt_length, run.world, run.device)
-    if reason is not None and run.world > 1:
-        smallest = int(-max_over_processes(run.accelerator, -size))
-        reason += "" if smallest == size else f"; {smallest}, the smallest plan of {run.world} processes"
-        size = smallest
-    if reason is not None:
-        run.print(f"micro-batch {size} ({reason})")
-        run.summary["micro_batch_size"] = {"size": size, "reason": reason}
-    return size
 
 
 def rollout_rows(cfg, world: int) -> tuple[str, int, int]:
