@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import difflib
 import functools
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
+from types import MappingProxyType
 from typing import Any
 
 from rlhfkit.core.imports import first_line, get_attribute, load_source, split_target
@@ -29,8 +30,31 @@ SPEC_FORMS = (
 )
 
 
-def get_reward(spec: str | RewardFn) -> RewardFn:
-    """The reward function named by ``spec`` (a callable is returned as is).
+# A reward kind "KIND:TARGET" -> builder(target, spec, options) -> reward function. `options` are the
+# run's reward settings (the trainer config's reward option groups as a read-only mapping; empty outside
+# a trainer); a builder reads the keys it knows with its own defaults.
+RewardBuilder = Callable[[str, str, Mapping[str, Any]], RewardFn]
+NO_OPTIONS: Mapping[str, Any] = MappingProxyType({})
+
+
+def _length_kind(target: str, spec: str, options: Mapping[str, Any]) -> RewardFn:
+    return make_length_reward(_positive_int(target, spec))
+
+
+def _python_kind(target: str, spec: str, options: Mapping[str, Any]) -> RewardFn:
+    return _python_reward(target, spec)
+
+
+def _model_kind(target: str, spec: str, options: Mapping[str, Any]) -> RewardFn:
+    return _model_reward(target, spec)
+
+
+KINDS: dict[str, RewardBuilder] = {"length": _length_kind, "python": _python_kind, "model": _model_kind}
+
+
+def get_reward(spec: str | RewardFn, options: Mapping[str, Any] = NO_OPTIONS) -> RewardFn:
+    """The reward function named by ``spec`` (a callable is returned as is): a built-in name or
+    ``KIND:TARGET`` with KIND a key of `KINDS`, built with the run's reward `options`.
 
     The result has a ``reward_name`` attribute (the spec) that error messages use.
     Raises UserError for unknown specs, failed imports and missing or
@@ -46,13 +70,9 @@ def get_reward(spec: str | RewardFn) -> RewardFn:
     kind, _, rest = spec.partition(":")
     if kind in BUILTINS and not rest:
         return _named(BUILTINS[kind], spec)
-    if kind == "length":
-        return _named(make_length_reward(_positive_int(rest, spec)), spec)
-    if kind == "python":
-        return _named(_python_reward(rest, spec), spec)
-    if kind == "model":
-        return _named(_model_reward(rest, spec), spec)
-    close = difflib.get_close_matches(kind, [*BUILTINS, "python", "model"], n=1)
+    if kind in KINDS:
+        return _named(KINDS[kind](rest, spec, options), spec)
+    close = difflib.get_close_matches(kind, [*BUILTINS, *KINDS], n=1)
     hint = f" (did you mean {close[0]!r}?)" if close else ""
     raise UserError(f"unknown reward {spec!r}{hint}; expected one of: {', '.join(SPEC_FORMS)}")
 
@@ -72,17 +92,19 @@ class WeightedRewards:
         return score_parts(self, prompts, completions, info)[0]
 
 
-def get_rewards(spec: Any, weights: Sequence[float] | None = None) -> RewardFn:
+def get_rewards(spec: Any, weights: Sequence[float] | None = None,
+                options: Mapping[str, Any] = NO_OPTIONS) -> RewardFn:
     """One reward function from ``spec``: a spec string, ``a,b`` (several, summed with `weights`,
-    default 1 each), a callable, or a list of specs and callables (the Python API)."""
+    default 1 each), a callable, or a list of specs and callables (the Python API); spec strings
+    are built with the run's reward `options` (see `KINDS`)."""
     specs = _as_specs(spec)
     if weights is not None and len(weights) != len(specs):
         raise UserError(f"reward_weights has {len(weights)} values for {len(specs)} rewards "
                         f"({', '.join(map(_spec_label, specs))}): give one weight per reward")
     if len(specs) == 1 and weights is None:
-        return get_reward(specs[0])
+        return get_reward(specs[0], options)
     labels = _unique([_spec_label(s) for s in specs])
-    return WeightedRewards([(label, get_reward(s), float(w))
+    return WeightedRewards([(label, get_reward(s, options), float(w))
                             for label, s, w in zip(labels, specs, weights or [1.0] * len(specs))])
 
 
