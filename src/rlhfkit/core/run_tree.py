@@ -37,7 +37,8 @@ def real_path(path: str | Path) -> Path:
 
 
 def lock_is_held(path: Path) -> bool:
-    """Whether a live process holds the lock of run folder `path` (tried and released at once)."""
+    """Whether a live process holds the lock of run folder `path` (a shared lock tried and released at
+    once: it fails only against the owner's exclusive one)."""
     lock = path / LOCK
     if fcntl is None or not lock.is_file():
         return False
@@ -45,8 +46,8 @@ def lock_is_held(path: Path) -> bool:
         fd = os.open(lock, os.O_RDONLY)
     except OSError:
         return False
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    try:  # shared: two processes asking at once do not see each other as the owner
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
     except OSError:
         return True
     finally:
