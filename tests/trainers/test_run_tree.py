@@ -195,3 +195,48 @@ def test_two_runs_started_together_on_nested_paths_do_not_both_train(tmp_path, t
     winner = tmp_path / "runs" / ("nest" if codes[0] == 0 else "nest/inner")
     if 0 in codes:
         assert [r["iteration"] for r in read_jsonl(winner / "metrics.jsonl")] == [0, 1, 2]
+
+
+def test_what_makes_a_run_folder(tmp_path):
+    """One definition (core/run_tree.run_marker): .lock with config.yaml, a held .lock, or config.yaml with
+    metrics.jsonl. A .lock alone (pytest's own temporary folders hold one), config.yaml alone (a user's
+    file, each checkpoint's) or summary.json (the pipeline's) is not."""
+    import fcntl
+
+    from rlhfkit.core.run_tree import run_marker
+
+    def folder(name, *files):
+        (tmp_path / name).mkdir()
+        for f in files:
+            (tmp_path / name / f).write_text("1\n")
+        return tmp_path / name
+
+    assert run_marker(folder("finished", ".lock", "config.yaml")) == ".lock and config.yaml"
+    assert run_marker(folder("copied", "config.yaml", "metrics.jsonl")) == "config.yaml and metrics.jsonl"
+    for name, files in (("pytest-like", [".lock"]), ("user", ["config.yaml"]), ("pipeline", ["summary.json"]),
+                        ("metrics-only", ["metrics.jsonl"])):
+        assert run_marker(folder(name, *files)) is None, name
+    opening = folder("opening", ".lock")
+    fd = os.open(opening / ".lock", os.O_RDWR)
+    fcntl.flock(fd, fcntl.LOCK_EX)  # a run between its lock and its config.yaml
+    try:
+        assert run_marker(opening) == "a .lock held by a live process"
+    finally:
+        os.close(fd)
+    assert run_marker(opening) is None
+
+
+def test_only_run_folders_are_cleared(tmp_path, tiny_model_dir):
+    """overwrite=true and resume=auto (no checkpoint) delete a folder's contents only when it is a run
+    folder: a folder of other files is refused, before the model loads, and kept as it was."""
+    from rlhfkit.trainers.sft import train
+
+    mine = tmp_path / "runs" / "notes"
+    mine.mkdir(parents=True)
+    (mine / "thesis.tex").write_text("years of work")
+    (mine / "config.yaml").write_text("mine: true\n")
+    base = dataclasses.replace(make_cfg("sft", tmp_path, tiny_model_dir, "notes"), model=str(tmp_path / "none"))
+    for over in ({"overwrite": True}, {"resume": "auto"}):
+        with pytest.raises(UserError, match=f"{mine} holds files but is not a run folder"):
+            train(dataclasses.replace(base, **over))
+    assert sorted(p.name for p in mine.iterdir()) == ["config.yaml", "thesis.tex"]

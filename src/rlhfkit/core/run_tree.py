@@ -77,12 +77,18 @@ def enclosing_run(real: Path) -> Path | None:
     return next((p for p in real.parents if is_run_folder(p)), None)
 
 
-def nested_run(real: Path) -> Path | None:
-    """A run folder strictly below resolved folder `real` (symlinks inside it are not followed), or None."""
+def nested_run(real: Path, limit: int = 10_000) -> Path | None:
+    """A run folder strictly below resolved folder `real` (symlinks inside it are not followed), or None.
+    The search stops after `limit` folders: a run folder's tree is far smaller, and a larger folder
+    of other files is refused anyway before it could be cleared (it is not a run folder)."""
+    seen = 0
     for top, dirs, _ in os.walk(real):
-        for name in list(dirs):
+        for name in dirs:
             if is_run_folder(Path(top) / name):
                 return Path(top) / name
+        seen += len(dirs)
+        if seen > limit:
+            break
     return None
 
 
