@@ -1,5 +1,6 @@
 """When a training loop checkpoints and how it resumes: every `save_every` steps, at the end, and
-on SIGINT/SIGTERM/SIGHUP; the checkpoint files themselves are runtime/checkpoint.py's."""
+on SIGINT/SIGTERM/SIGHUP (with the one message of a stopped run, `interrupted`); the checkpoint
+files themselves are runtime/checkpoint.py's."""
 
 from __future__ import annotations
 
@@ -106,7 +107,8 @@ class Checkpointer:
     """
 
     def __init__(self, cfg, run_dir: Path, command: str, accelerator, tracker, *, model, optimizer, scheduler,
-                 objects: dict[str, Any] | None = None, guard=None, unit: str = "iteration", total: int | None = None):
+                 objects: dict[str, Any] | None = None, guard=None, unit: str = "iteration", total: int | None = None,
+                 signals=None):
         from rlhfkit.runtime.faults import StopSignals
 
         self.cfg, self.run_dir, self.command = cfg, Path(run_dir), command
@@ -120,7 +122,7 @@ class Checkpointer:
         self.every, self.keep = cfg.save_every, cfg.keep_checkpoints
         self.start = 0
         self.saved_step: int | None = None
-        self.signals = StopSignals(self.remaining_checkpoint)
+        self.signals = signals if signals is not None else StopSignals(self.remaining_checkpoint)  # the run's
         self.on_fsdp2 = fsdp2.is_sharded(model)  # checkpoints gather the shards (optimizer_format "fsdp2")
         self.sharded = _sharded(accelerator, model) and not self.on_fsdp2  # DeepSpeed: no checkpoints
         if self.sharded and self.every:
@@ -249,10 +251,36 @@ class Checkpointer:
                 signum = signum or int(signal.SIGTERM)
         return signum
 
+    def interrupted(self, signum: int, when: str, path: Path | None = None):
+        """The one message of a run stopped by signal `signum` (an Interrupted to raise): `when` it
+        came, what was saved (checkpoint `path`, else the newest one) and the command that continues."""
+        from rlhfkit.core.run_files import latest_checkpoint
+        from rlhfkit.runtime.faults import Interrupted
+
+        stopped = f"{signal.Signals(signum).name} {when}"
+        if self.sharded:
+            return Interrupted(f"{stopped}; no checkpoint (not supported under DeepSpeed)", signum)
+        path = path or latest_checkpoint(self.run_dir)
+        if path is None:
+            return Interrupted(f"{stopped}; nothing to resume from was saved (no {self.unit} was done): start the "
+                               "run again", signum)
+        return Interrupted(f"{stopped}; checkpoint {path}. Continue with: rlhfkit {self.command} --resume "
+                           f"{self.run_dir}", signum)
+
+    def stop_if_asked(self, when: str, done: int | None = None) -> None:
+        """After a signal (agreed by every process), stop: raise `interrupted`. `done`: the steps
+        done by now, saved first unless that checkpoint exists (a signal after training with
+        save_every=0 keeps the trained weights)."""
+        signum = self._stop_signal()
+        if not signum:
+            return
+        path = self.save(done) if done is not None and self.saved_step != done else None
+        raise self.interrupted(signum, when, path)
+
     def end_step(self, step: int) -> None:
         """After step `step` (0-based) is done and logged: stop if too many optimiser steps in a row
         were non-finite; checkpoint when due; after a signal, checkpoint and raise Interrupted."""
-        from rlhfkit.runtime.faults import Interrupted, NonFiniteError
+        from rlhfkit.runtime.faults import NonFiniteError
 
         if self.guard is not None:
             try:
@@ -265,20 +293,13 @@ class Checkpointer:
         if path is not None and not signum:  # a signal during that write: stop now, not a step later
             signum = self._stop_signal()
         if signum:
-            stopped = f"{signal.Signals(signum).name} after {done} {self.unit}{'s' * (done != 1)}"
-            if path is None:
-                raise Interrupted(f"{stopped}; no checkpoint (not supported under DeepSpeed)", signum)
-            raise Interrupted(f"{stopped}; checkpoint {path}. Continue with: rlhfkit {self.command} --resume "
-                              f"{self.run_dir}", signum)
+            raise self.interrupted(signum, f"after {done} {self.unit}{'s' * (done != 1)}", path)
 
     def finish(self, steps: int) -> None:
         """The final checkpoint (unless save_every = 0 or this step is already saved). Called with
         the signals still caught: a signal during it stops the run (Interrupted) once it is written."""
-        from rlhfkit.runtime.faults import Interrupted
-
         if self.every and self.saved_step != steps:
             path = self.save(steps)
             signum = self._stop_signal()
             if signum and path is not None:
-                raise Interrupted(f"{signal.Signals(signum).name} during the final checkpoint {path}, before the "
-                                  f"final save. Finish with: rlhfkit {self.command} --resume {self.run_dir}", signum)
+                raise self.interrupted(signum, "during the final checkpoint, before the final save", path)
