@@ -304,3 +304,24 @@ def test_a_checkpoint_without_sizes_and_sha256_resumes_only_with_a_notice(tmp_pa
     assert found == one and notices[1].endswith(
         "only their structure and the step in state.pt; its weights record none, so weights copied from another "
         "step go unnoticed; resuming from it")
+
+
+def test_state_that_does_not_fit_the_optimiser_is_one_line(tmp_path):
+    """A well-formed state.pt of another optimiser (two parameter groups for this run's one): one
+    line naming the file, not a ValueError from torch."""
+    from types import SimpleNamespace
+
+    from rlhfkit.runtime.checkpointer import Checkpointer
+
+    model = _model()
+    opt = torch.optim.SGD([p for p in model.parameters() if p.requires_grad], lr=0.1)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda step: 1.0)
+    groups = [{**opt.state_dict()["param_groups"][0], "params": [i]} for i in (0, 1)]
+    state = {**_state(1), "optimizer": {"state": {}, "param_groups": groups}, "scheduler": sched.state_dict()}
+    path = write_checkpoint(tmp_path, 1, model=model, state=state, config_text="seed: 0\n")
+    one_process = SimpleNamespace(distributed_type=None, process_index=0, num_processes=1, is_main_process=True)
+    checkpointer = Checkpointer(SimpleNamespace(save_every=0, keep_checkpoints=2), tmp_path, "ppo", one_process,
+                                SimpleNamespace(print=print), model=model, optimizer=opt, scheduler=sched)
+    with pytest.raises(UserError, match=r"^resume: .*step-1/state.pt does not fit this run \(ValueError: .*\): was "
+                                        "it saved with another model, optimiser or lora setting\\?$"):
+        checkpointer.resume(path)

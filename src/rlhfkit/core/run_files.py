@@ -143,7 +143,7 @@ def _weights_step(path: Path) -> int | None:
 STATE_FIELDS = {"optimizer": dict, "scheduler": dict, "objects": dict}
 
 
-def _state_problem(state: object, step: int) -> str | None:
+def state_problem(state: object, step: int) -> str | None:
     """What state.pt's unpickled value lacks of the checkpoint state (runtime/checkpointer.py
     Checkpointer.state), or None."""
     if not isinstance(state, dict):
@@ -189,7 +189,7 @@ def file_problem(path: Path, step: int) -> str | None:
             saved = _weights_step(path)
             return None if saved in (None, step) else f"holds the weights of step {saved}, not of step-{step}"
         if name == STATE:
-            return _state_problem(torch.load(path, map_location="cpu", weights_only=True, mmap=True), step)
+            return state_problem(torch.load(path, map_location="cpu", weights_only=True, mmap=True), step)
         if name.startswith("rng-rank") and name.endswith(".pt"):
             return _rng_problem(torch.load(path, map_location="cpu", weights_only=True))
         if name == CONFIG:

@@ -10,7 +10,7 @@ from typing import Any
 
 import torch
 
-from rlhfkit.core.run_files import CHECKPOINTS, CONFIG, STATE, WEIGHTS, checkpoint_step
+from rlhfkit.core.run_files import CHECKPOINTS, CONFIG, STATE, WEIGHTS, checkpoint_step, state_problem
 from rlhfkit.errors import UserError, one_line
 from rlhfkit.runtime import fsdp2
 from rlhfkit.runtime.checkpoint import (
@@ -28,7 +28,7 @@ from rlhfkit.runtime.checkpoint import (
 
 def read_file(path: Path, read):
     """`read()` of a checkpoint file; a file that cannot be read is a one-line UserError naming it
-    (checkpoints written before sizes and hashes were recorded are only checked here)."""
+    (a resume has checked every file already: core/run_files.py checkpoint_problem)."""
     try:
         return read()
     except UserError:
@@ -44,10 +44,24 @@ def load_checked(path: Path, model) -> dict:
     read_file(path / WEIGHTS, lambda: load_trainable(model, path))
     state = read_file(path / STATE, lambda: load_state(path))
     step = checkpoint_step(path)
-    if int(state.get("step", -1)) != step:
+    if isinstance(state, dict) and state.get("step") != step:
         raise UserError(f"resume: {path / STATE} is from step {state.get('step')}, but the checkpoint is "
                         f"step-{step}: its files come from different checkpoints")
+    problem = state_problem(state, step)
+    if problem:
+        raise UserError(f"resume: {path / STATE} {problem}; delete that checkpoint folder to resume from the one "
+                        "before")
     return state
+
+
+def _restore(path: Path, restore) -> None:
+    """`restore()` of optimiser, schedule and objects from a checkpoint's state; state that does not
+    fit this run's (another optimiser, number of parameter groups, ...) is one line naming the file."""
+    try:
+        restore()
+    except (KeyError, ValueError, TypeError, RuntimeError, IndexError) as e:
+        raise UserError(f"resume: {path / STATE} does not fit this run ({type(e).__name__}: {one_line(e)[:160]}): "
+                        "was it saved with another model, optimiser or lora setting?") from None
 
 
 # Optimiser settings that come from the configuration, not from training: a resumed run takes them
@@ -145,16 +159,7 @@ class Checkpointer:
         if fmt != mine:
             raise UserError(f"resume: {path} was written {'under' if fmt == 'fsdp2' else 'without'} FSDP2; "
                             f"resume it {'under' if fmt == 'fsdp2' else 'without'} FSDP2 too (the accelerate config)")
-        configured = optimizer_settings(self.optimizer, self.scheduler)  # this run's lr, weight_decay, eps
-        if self.on_fsdp2:
-            fsdp2.load_optimizer_state(self.model, self.optimizer, state["optimizer"])
-        else:
-            self.optimizer.load_state_dict(state["optimizer"])
-        self.scheduler.load_state_dict(state["scheduler"])
-        apply_optimizer_settings(self.optimizer, self.scheduler, configured)
-        for name, obj in self.objects.items():
-            if name in state["objects"]:
-                set_state(obj, state["objects"][name])
+        _restore(path, lambda: self._restore_state(state))
         rng = read_file(path / rng_file(self.accelerator.process_index),
                         lambda: load_rng(path, self.accelerator.process_index))
         if rng is None:
@@ -169,6 +174,19 @@ class Checkpointer:
         self.tracker.resume(kept)
         self.tracker.print(f"[resume] {path}: continuing at {self.unit} {self.start}{self._config_changes(path)}")
         return self.start
+
+    def _restore_state(self, state: dict) -> None:
+        """Optimiser (with this run's configured settings kept), schedule and objects from `state`."""
+        configured = optimizer_settings(self.optimizer, self.scheduler)  # this run's lr, weight_decay, eps
+        if self.on_fsdp2:
+            fsdp2.load_optimizer_state(self.model, self.optimizer, state["optimizer"])
+        else:
+            self.optimizer.load_state_dict(state["optimizer"])
+        self.scheduler.load_state_dict(state["scheduler"])
+        apply_optimizer_settings(self.optimizer, self.scheduler, configured)
+        for name, obj in self.objects.items():
+            if name in state["objects"]:
+                set_state(obj, state["objects"][name])
 
     def _config_changes(self, path: Path) -> str:
         import yaml

@@ -268,12 +268,14 @@ class Run:
         from rlhfkit.runtime.faults import pause_point
 
         then = "stopping" if when == "before" else "stopping with a checkpoint"
+        done = None if when == "before" else self.total
+        if self.checkpointer is not None:  # a signal already there (e.g. during a reference pass): no evaluation
+            self.checkpointer.stop_if_asked(f"before the evaluation {when} training", done)
         self.signals.doing = f"the evaluation {when} training, then {then}"
         pause_point(f"evaluation-{when}", self.signals)
         yield
         if self.checkpointer is not None:
-            self.checkpointer.stop_if_asked(f"during the evaluation {when} training",
-                                            None if when == "before" else self.total)
+            self.checkpointer.stop_if_asked(f"during the evaluation {when} training", done)
 
     def steps(self) -> Iterator[int]:
         """The steps still to run. A signal before the first one stops the run; after each one: stop
