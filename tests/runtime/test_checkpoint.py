@@ -27,8 +27,14 @@ def _model(seed=0):
     return m
 
 
+def _state(step):
+    """The smallest state.pt a resume accepts (runtime/checkpointer.py Checkpointer.state)."""
+    return {"step": step, "optimizer": {"state": {}, "param_groups": []}, "optimizer_format": "torch",
+            "scheduler": {}, "objects": {}}
+
+
 def _write(run, step, model=None, keep=5):
-    return write_checkpoint(run, step, model=model or _model(), state={"step": step}, config_text="seed: 0\n", keep=keep)
+    return write_checkpoint(run, step, model=model or _model(), state=_state(step), config_text="seed: 0\n", keep=keep)
 
 
 def test_written_checkpoint_holds_trainable_weights_state_and_rng(tmp_path):
@@ -39,7 +45,7 @@ def test_written_checkpoint_holds_trainable_weights_state_and_rng(tmp_path):
     path = _write(tmp_path, 7, model)
     expected = (random.random(), float(np.random.rand()), torch.rand(1).item())
     assert path == tmp_path / CHECKPOINTS / "step-7" and latest_checkpoint(tmp_path) == path
-    assert json.loads((path / META).read_text())["step"] == 7 and load_state(path) == {"step": 7}
+    assert json.loads((path / META).read_text())["step"] == 7 and load_state(path) == _state(7)
     from safetensors.torch import load_file
 
     assert set(load_file(str(path / WEIGHTS))) == {"1.weight", "1.bias"}  # requires_grad only
@@ -187,3 +193,135 @@ def test_files_of_two_checkpoints_mixed_or_unreadable_are_one_line(tmp_path):
     _damage(three, "truncated")
     with pytest.raises(UserError, match=rf"resume: cannot read {three / WEIGHTS} \(.*\); delete that checkpoint"):
         load_checked(three, model)
+
+
+# ----------------------------------------------------------------------------- structure, old checkpoints
+
+
+def _reseal(path):
+    """Record the sizes and sha256 of the files as they are now (a damage that checksums cannot see)."""
+    from rlhfkit.core.run_files import file_digest
+
+    meta = json.loads((path / META).read_text())
+    meta["sizes"] = {f: (path / f).stat().st_size for f in meta["files"]}
+    meta["sha256"] = {f: file_digest(path / f) for f in meta["files"]}
+    (path / META).write_text(json.dumps(meta))
+
+
+def _misshape(path, how):
+    """Files that pass their checksums but hold the wrong thing."""
+    from rlhfkit.core.run_files import CONFIG, STATE
+
+    if how == "meta-list":
+        (path / META).write_text(json.dumps([json.loads((path / META).read_text())]))
+        return
+    if how == "meta-files":
+        meta = json.loads((path / META).read_text())
+        (path / META).write_text(json.dumps({**meta, "files": "state.pt"}))
+        return
+    if how == "state-list":
+        torch.save([1, 2, 3], path / STATE)
+    elif how == "state-step":
+        torch.save(_state(1), path / STATE)
+    elif how == "state-no-optimizer":
+        torch.save({**_state(2), "optimizer": [0]}, path / STATE)
+    elif how == "state-pickle":
+        (path / STATE).write_bytes(b"not a zip file at all")
+    elif how == "rng-list":
+        torch.save(["python", "numpy"], path / "rng-rank0.pt")
+    elif how == "config-list":
+        (path / CONFIG).write_text("- seed\n- 0\n")
+    elif how == "weights-garbage":
+        (path / WEIGHTS).write_bytes(b"\x08\x00\x00\x00\x00\x00\x00\x00{}garbage")
+    _reseal(path)
+
+
+@pytest.mark.parametrize("how, problem", [
+    ("meta-list", r"meta.json is unreadable \(TypeError: a JSON list, not an object\)"),
+    ("meta-files", r"meta.json is unreadable \(TypeError: 'files' is not a list of file names\)"),
+    ("state-list", "state.pt holds a list, not the checkpoint's state dict"),
+    ("state-step", "state.pt is from step 1, but the checkpoint is step-2"),
+    ("state-no-optimizer", r"state.pt has no optimizer state \('optimizer': list\)"),
+    ("state-pickle", r"state.pt is unreadable \(RuntimeError"),
+    ("rng-list", "rng-rank0.pt holds a list, not RNG states"),
+    ("config-list", "config.yaml holds a list, not a configuration"),
+    ("weights-garbage", r"trainable.safetensors is unreadable \("),
+])
+def test_a_newest_checkpoint_of_the_wrong_structure_falls_back_like_a_damaged_one(how, problem, tmp_path):
+    """Checksums recomputed to match: only the structure shows the damage (meta.json a list used to
+    be an AttributeError traceback; state.pt a list a TypeError deep in the resume)."""
+    from rlhfkit.core.run_files import resumable_checkpoint
+
+    one, two = _write(tmp_path, 1), _write(tmp_path, 2)
+    _misshape(two, how)
+    found, notices = resumable_checkpoint(tmp_path)
+    assert found == one and len(notices) == 1, notices
+    assert notices[0].startswith(f"[resume] skipping step-2: {two}/") and notices[0].endswith(
+        "; resuming from step-1 instead")
+    assert __import__("re").search(problem, notices[0]), notices[0]
+    assert latest_checkpoint(tmp_path) in (one, two)  # no traceback from the completeness check either
+
+
+def test_weights_record_their_step_and_weights_of_another_step_fall_back(tmp_path):
+    from safetensors import safe_open
+
+    from rlhfkit.core.run_files import resumable_checkpoint
+
+    model = _model()
+    one, two = _write(tmp_path, 1, model), _write(tmp_path, 2, model)
+    with safe_open(str(two / WEIGHTS), framework="pt") as f:
+        assert f.metadata() == {"step": "2"}
+    (two / WEIGHTS).write_bytes((one / WEIGHTS).read_bytes())  # step-1's weights copied into step-2
+    _reseal(two)
+    found, notices = resumable_checkpoint(tmp_path)
+    assert found == one and notices == [f"[resume] skipping step-2: {two / WEIGHTS} holds the weights of step 1, not "
+                                        "of step-2; resuming from step-1 instead"]
+
+
+def test_a_checkpoint_without_sizes_and_sha256_resumes_only_with_a_notice(tmp_path):
+    """Written before sizes and sha256 were recorded: taken, with a notice that it cannot be
+    verified; the weights' own step still catches step-1's weights copied in."""
+    from rlhfkit.core.run_files import resumable_checkpoint
+
+    one, two = _write(tmp_path, 1), _write(tmp_path, 2)
+    _old_format(one)
+    _old_format(two)
+    found, notices = resumable_checkpoint(tmp_path)
+    assert found == two and notices == [
+        "[resume] step-2 has no recorded sizes and sha256 (written by an older rlhfkit): its files cannot be "
+        "verified, only their structure and the step recorded in its weights; resuming from it"]
+    (two / WEIGHTS).write_bytes((one / WEIGHTS).read_bytes())
+    found, notices = resumable_checkpoint(tmp_path)
+    assert found == one and len(notices) == 2
+    assert notices[0] == (f"[resume] skipping step-2: {two / WEIGHTS} holds the weights of step 1, not of step-2; "
+                          "resuming from step-1 instead")
+    assert notices[1].startswith("[resume] step-1 has no recorded sizes and sha256")
+
+    from safetensors.torch import load_file, save_file
+
+    save_file(load_file(str(one / WEIGHTS)), str(one / WEIGHTS))  # weights as older versions wrote them: no step
+    found, notices = resumable_checkpoint(tmp_path)
+    assert found == one and notices[1].endswith(
+        "only their structure and the step in state.pt; its weights record none, so weights copied from another "
+        "step go unnoticed; resuming from it")
+
+
+def test_state_that_does_not_fit_the_optimiser_is_one_line(tmp_path):
+    """A well-formed state.pt of another optimiser (two parameter groups for this run's one): one
+    line naming the file, not a ValueError from torch."""
+    from types import SimpleNamespace
+
+    from rlhfkit.runtime.checkpointer import Checkpointer
+
+    model = _model()
+    opt = torch.optim.SGD([p for p in model.parameters() if p.requires_grad], lr=0.1)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda step: 1.0)
+    groups = [{**opt.state_dict()["param_groups"][0], "params": [i]} for i in (0, 1)]
+    state = {**_state(1), "optimizer": {"state": {}, "param_groups": groups}, "scheduler": sched.state_dict()}
+    path = write_checkpoint(tmp_path, 1, model=model, state=state, config_text="seed: 0\n")
+    one_process = SimpleNamespace(distributed_type=None, process_index=0, num_processes=1, is_main_process=True)
+    checkpointer = Checkpointer(SimpleNamespace(save_every=0, keep_checkpoints=2), tmp_path, "ppo", one_process,
+                                SimpleNamespace(print=print), model=model, optimizer=opt, scheduler=sched)
+    with pytest.raises(UserError, match=r"^resume: .*step-1/state.pt does not fit this run \(ValueError: .*\): was "
+                                        "it saved with another model, optimiser or lora setting\\?$"):
+        checkpointer.resume(path)

@@ -88,6 +88,7 @@ def test_a_resumed_run_starts_after_the_checkpoint_and_keeps_the_before_evaluati
     calls: list = []
     _train(again, model2, calls)
     assert calls == [4, 5]
+    again.close()  # the lock and the signal handlers go back
 
 
 def _calls(tree: ast.AST) -> set[str]:

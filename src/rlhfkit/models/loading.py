@@ -266,6 +266,20 @@ def load_tokenizer(name_or_path: str, padding_side: str = "left"):
     return tok
 
 
+def save_tokenizer(tok, folder) -> None:
+    """`tok.save_pretrained(folder)` with no padding or truncation in its tokenizer.json: a fast
+    tokenizer keeps those of its last call (sampling pads, a resume that samples nothing does not),
+    so saved files would depend on what ran in the process. `tok` itself is left as it is."""
+    import copy
+
+    saved = copy.deepcopy(tok)
+    backend = getattr(saved, "backend_tokenizer", None)
+    if backend is not None:
+        backend.no_padding()
+        backend.no_truncation()
+    saved.save_pretrained(folder)
+
+
 def set_chat_template(tok, path: str | None):
     """`tok` with the chat template of `path` (a Jinja file, or a folder whose tokenizer has one: TRL's
     `chat_template_path`); unchanged for None. A one-line UserError names a path that has none."""

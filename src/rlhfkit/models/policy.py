@@ -15,6 +15,7 @@ import torch
 from torch import nn
 
 from rlhfkit.algos.head import head_logprobs, softcap_logits
+from rlhfkit.models.loading import save_tokenizer
 from rlhfkit.models.shared_prompts import response_hidden, shared_prefix_hidden
 from rlhfkit.models.trunk import frozen_depth, position_ids_from_mask, top_states, trunk_states
 
@@ -343,7 +344,7 @@ def save_actor(actor: ActorCritic, tokenizer, out_dir: str | Path, merge: bool =
     if merge and hasattr(policy, "merge_and_unload"):
         policy = copy.deepcopy(policy).merge_and_unload()
     policy.save_pretrained(out, state_dict=_part(state_dict, "policy."))
-    tokenizer.save_pretrained(out)
+    save_tokenizer(tokenizer, out)
     head = None
     if actor.value_head is not None:
         head = VALUE_HEAD_FILE

@@ -36,6 +36,7 @@ from rlhfkit.algos import last_valid_index
 from rlhfkit.data.chat import format_example, text_of
 from rlhfkit.errors import UserError
 from rlhfkit.models.classifier_reward import ENCODER_TYPES
+from rlhfkit.models.loading import save_tokenizer
 from rlhfkit.models.lora import check_lora_targets, fan_in_fan_out
 from rlhfkit.models.policy import output_width
 from rlhfkit.models.trunk import position_ids_from_mask
@@ -179,7 +180,7 @@ def save_reward_model(model: RewardModel, tokenizer, out_dir: str | Path, meta: 
         return None if state_dict is None else {k[len(prefix):]: v for k, v in state_dict.items() if k.startswith(prefix)}
 
     backbone.save_pretrained(out, state_dict=part("backbone."))
-    tokenizer.save_pretrained(out)
+    save_tokenizer(tokenizer, out)
     head = part("head.") or model.head.state_dict()
     save_file({k: v.detach().float().contiguous().cpu() for k, v in head.items()}, out / HEAD_FILE)
     full = {**meta, "adapter": is_adapter, "causal": model.causal, "pooling": model.pooling, "head": HEAD_FILE}

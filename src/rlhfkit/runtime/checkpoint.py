@@ -4,7 +4,8 @@ Layout of one checkpoint, RUN/checkpoints/step-N (N = iterations or optimiser st
 
   trainable.safetensors  parameters with requires_grad: LoRA adapters + value/score head, or all
                          weights under full fine-tuning (frozen base weights come from `model`);
-                         whole tensors, gathered from the shards under FSDP2
+                         whole tensors, gathered from the shards under FSDP2; the step is in its
+                         metadata ({"step": "N"}: weights copied in from another step are caught)
   state.pt               optimiser (under FSDP2 its whole state keyed by parameter name:
                          `optimizer_format`), lr scheduler, data position, torch.Generator states,
                          KL controller, counters, the before-training evaluation
@@ -148,7 +149,8 @@ def _write_checkpoint(run_dir: Path, step: int, *, model: torch.nn.Module, state
     if rank == 0:
         from safetensors.torch import save_file
 
-        save_file(trainable_tensors(model) if weights is None else weights, str(tmp / WEIGHTS))
+        save_file(trainable_tensors(model) if weights is None else weights, str(tmp / WEIGHTS),
+                  metadata={"step": str(step)})
         torch.save(state, tmp / STATE)
         (tmp / CONFIG).write_text(config_text)
         for name in (WEIGHTS, STATE, CONFIG):

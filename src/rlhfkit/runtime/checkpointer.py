@@ -1,5 +1,6 @@
 """When a training loop checkpoints and how it resumes: every `save_every` steps, at the end, and
-on SIGINT/SIGTERM/SIGHUP; the checkpoint files themselves are runtime/checkpoint.py's."""
+on SIGINT/SIGTERM/SIGHUP (with the one message of a stopped run, `interrupted`); the checkpoint
+files themselves are runtime/checkpoint.py's."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ from typing import Any
 
 import torch
 
-from rlhfkit.core.run_files import CHECKPOINTS, CONFIG, STATE, WEIGHTS, checkpoint_step
+from rlhfkit.core.run_files import CHECKPOINTS, CONFIG, STATE, WEIGHTS, checkpoint_step, state_problem
 from rlhfkit.errors import UserError, one_line
 from rlhfkit.runtime import fsdp2
 from rlhfkit.runtime.checkpoint import (
@@ -27,7 +28,7 @@ from rlhfkit.runtime.checkpoint import (
 
 def read_file(path: Path, read):
     """`read()` of a checkpoint file; a file that cannot be read is a one-line UserError naming it
-    (checkpoints written before sizes and hashes were recorded are only checked here)."""
+    (a resume has checked every file already: core/run_files.py checkpoint_problem)."""
     try:
         return read()
     except UserError:
@@ -43,10 +44,24 @@ def load_checked(path: Path, model) -> dict:
     read_file(path / WEIGHTS, lambda: load_trainable(model, path))
     state = read_file(path / STATE, lambda: load_state(path))
     step = checkpoint_step(path)
-    if int(state.get("step", -1)) != step:
+    if isinstance(state, dict) and state.get("step") != step:
         raise UserError(f"resume: {path / STATE} is from step {state.get('step')}, but the checkpoint is "
                         f"step-{step}: its files come from different checkpoints")
+    problem = state_problem(state, step)
+    if problem:
+        raise UserError(f"resume: {path / STATE} {problem}; delete that checkpoint folder to resume from the one "
+                        "before")
     return state
+
+
+def _restore(path: Path, restore) -> None:
+    """`restore()` of optimiser, schedule and objects from a checkpoint's state; state that does not
+    fit this run's (another optimiser, number of parameter groups, ...) is one line naming the file."""
+    try:
+        restore()
+    except (KeyError, ValueError, TypeError, RuntimeError, IndexError) as e:
+        raise UserError(f"resume: {path / STATE} does not fit this run ({type(e).__name__}: {one_line(e)[:160]}): "
+                        "was it saved with another model, optimiser or lora setting?") from None
 
 
 # Optimiser settings that come from the configuration, not from training: a resumed run takes them
@@ -106,7 +121,8 @@ class Checkpointer:
     """
 
     def __init__(self, cfg, run_dir: Path, command: str, accelerator, tracker, *, model, optimizer, scheduler,
-                 objects: dict[str, Any] | None = None, guard=None, unit: str = "iteration", total: int | None = None):
+                 objects: dict[str, Any] | None = None, guard=None, unit: str = "iteration", total: int | None = None,
+                 signals=None):
         from rlhfkit.runtime.faults import StopSignals
 
         self.cfg, self.run_dir, self.command = cfg, Path(run_dir), command
@@ -120,7 +136,7 @@ class Checkpointer:
         self.every, self.keep = cfg.save_every, cfg.keep_checkpoints
         self.start = 0
         self.saved_step: int | None = None
-        self.signals = StopSignals(self.remaining_checkpoint)
+        self.signals = signals if signals is not None else StopSignals(self.remaining_checkpoint)  # the run's
         self.on_fsdp2 = fsdp2.is_sharded(model)  # checkpoints gather the shards (optimizer_format "fsdp2")
         self.sharded = _sharded(accelerator, model) and not self.on_fsdp2  # DeepSpeed: no checkpoints
         if self.sharded and self.every:
@@ -143,16 +159,7 @@ class Checkpointer:
         if fmt != mine:
             raise UserError(f"resume: {path} was written {'under' if fmt == 'fsdp2' else 'without'} FSDP2; "
                             f"resume it {'under' if fmt == 'fsdp2' else 'without'} FSDP2 too (the accelerate config)")
-        configured = optimizer_settings(self.optimizer, self.scheduler)  # this run's lr, weight_decay, eps
-        if self.on_fsdp2:
-            fsdp2.load_optimizer_state(self.model, self.optimizer, state["optimizer"])
-        else:
-            self.optimizer.load_state_dict(state["optimizer"])
-        self.scheduler.load_state_dict(state["scheduler"])
-        apply_optimizer_settings(self.optimizer, self.scheduler, configured)
-        for name, obj in self.objects.items():
-            if name in state["objects"]:
-                set_state(obj, state["objects"][name])
+        _restore(path, lambda: self._restore_state(state))
         rng = read_file(path / rng_file(self.accelerator.process_index),
                         lambda: load_rng(path, self.accelerator.process_index))
         if rng is None:
@@ -167,6 +174,19 @@ class Checkpointer:
         self.tracker.resume(kept)
         self.tracker.print(f"[resume] {path}: continuing at {self.unit} {self.start}{self._config_changes(path)}")
         return self.start
+
+    def _restore_state(self, state: dict) -> None:
+        """Optimiser (with this run's configured settings kept), schedule and objects from `state`."""
+        configured = optimizer_settings(self.optimizer, self.scheduler)  # this run's lr, weight_decay, eps
+        if self.on_fsdp2:
+            fsdp2.load_optimizer_state(self.model, self.optimizer, state["optimizer"])
+        else:
+            self.optimizer.load_state_dict(state["optimizer"])
+        self.scheduler.load_state_dict(state["scheduler"])
+        apply_optimizer_settings(self.optimizer, self.scheduler, configured)
+        for name, obj in self.objects.items():
+            if name in state["objects"]:
+                set_state(obj, state["objects"][name])
 
     def _config_changes(self, path: Path) -> str:
         import yaml
@@ -249,10 +269,36 @@ class Checkpointer:
                 signum = signum or int(signal.SIGTERM)
         return signum
 
+    def interrupted(self, signum: int, when: str, path: Path | None = None):
+        """The one message of a run stopped by signal `signum` (an Interrupted to raise): `when` it
+        came, what was saved (checkpoint `path`, else the newest one) and the command that continues."""
+        from rlhfkit.core.run_files import latest_checkpoint
+        from rlhfkit.runtime.faults import Interrupted
+
+        stopped = f"{signal.Signals(signum).name} {when}"
+        if self.sharded:
+            return Interrupted(f"{stopped}; no checkpoint (not supported under DeepSpeed)", signum)
+        path = path or latest_checkpoint(self.run_dir)
+        if path is None:
+            return Interrupted(f"{stopped}; nothing to resume from was saved (no {self.unit} was done): start the "
+                               "run again", signum)
+        return Interrupted(f"{stopped}; checkpoint {path}. Continue with: rlhfkit {self.command} --resume "
+                           f"{self.run_dir}", signum)
+
+    def stop_if_asked(self, when: str, done: int | None = None) -> None:
+        """After a signal (agreed by every process), stop: raise `interrupted`. `done`: the steps
+        done by now, saved first unless that checkpoint exists (a signal after training with
+        save_every=0 keeps the trained weights)."""
+        signum = self._stop_signal()
+        if not signum:
+            return
+        path = self.save(done) if done is not None and self.saved_step != done else None
+        raise self.interrupted(signum, when, path)
+
     def end_step(self, step: int) -> None:
         """After step `step` (0-based) is done and logged: stop if too many optimiser steps in a row
         were non-finite; checkpoint when due; after a signal, checkpoint and raise Interrupted."""
-        from rlhfkit.runtime.faults import Interrupted, NonFiniteError
+        from rlhfkit.runtime.faults import NonFiniteError
 
         if self.guard is not None:
             try:
@@ -265,20 +311,13 @@ class Checkpointer:
         if path is not None and not signum:  # a signal during that write: stop now, not a step later
             signum = self._stop_signal()
         if signum:
-            stopped = f"{signal.Signals(signum).name} after {done} {self.unit}{'s' * (done != 1)}"
-            if path is None:
-                raise Interrupted(f"{stopped}; no checkpoint (not supported under DeepSpeed)", signum)
-            raise Interrupted(f"{stopped}; checkpoint {path}. Continue with: rlhfkit {self.command} --resume "
-                              f"{self.run_dir}", signum)
+            raise self.interrupted(signum, f"after {done} {self.unit}{'s' * (done != 1)}", path)
 
     def finish(self, steps: int) -> None:
         """The final checkpoint (unless save_every = 0 or this step is already saved). Called with
         the signals still caught: a signal during it stops the run (Interrupted) once it is written."""
-        from rlhfkit.runtime.faults import Interrupted
-
         if self.every and self.saved_step != steps:
             path = self.save(steps)
             signum = self._stop_signal()
             if signum and path is not None:
-                raise Interrupted(f"{signal.Signals(signum).name} during the final checkpoint {path}, before the "
-                                  f"final save. Finish with: rlhfkit {self.command} --resume {self.run_dir}", signum)
+                raise self.interrupted(signum, "during the final checkpoint, before the final save", path)

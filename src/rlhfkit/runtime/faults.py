@@ -1,10 +1,13 @@
 """Faults during training: stop signals and non-finite optimiser steps.
 
-- `StopSignals`: while a loop runs (checkpoint writes included), SIGINT/SIGTERM/SIGHUP only set a
-  flag; the loop finishes its step, writes a checkpoint and raises `Interrupted` (exit code 128 +
-  signal: 130, 143, 129). A signal that comes during a checkpoint write stops right after it (that
-  checkpoint is the one to resume from). A second signal stops at once, naming the checkpoint that
-  remains.
+- `StopSignals`: while a run is open (runtime/run.py: from its folder to its final save), SIGINT/
+  SIGTERM/SIGHUP only set a flag; the run finishes what it is `doing` (a step, an evaluation before
+  or after training, a checkpoint write, the final save), writes a checkpoint where steps were done
+  since the last one, and raises `Interrupted` (exit code 128 + signal: 130, 143, 129) with one
+  message: what it was doing, the checkpoint, and the command that continues it. A second signal
+  stops at once, naming the checkpoint that remains.
+- `pause_point`: a test hook that holds the process at a named point until a signal arrives, so a
+  test can signal a real process exactly there (e.g. during the evaluation after training).
 - `guarded_step`: clip, then apply the optimiser step only when the loss and the gradient norm are
   finite; otherwise drop the gradients. `NonFiniteGuard` counts such skips; after
   `max_nonfinite_steps` in a row the run stops with a diagnosis (checked once the iteration's
@@ -17,6 +20,8 @@ import math
 import os
 import signal
 import threading
+import time
+from pathlib import Path
 
 import torch
 
@@ -47,6 +52,7 @@ class StopSignals:
     def __init__(self, remaining=lambda: "") -> None:
         self.signum: int | None = None
         self.remaining = remaining
+        self.doing = "this step, then writing a checkpoint"  # what a first signal lets finish (the run sets it)
         self._previous: dict = {}
 
     def __enter__(self) -> StopSignals:
@@ -70,8 +76,24 @@ class StopSignals:
             raise SystemExit(128 + signum)
         self.signum = signum
         # os.write, not print: a handler may run in the middle of another print
-        os.write(2, f"\nrlhfkit: {name}: finishing this step, then writing a checkpoint "
-                    f"(send {name} again to stop at once)\n".encode())
+        os.write(2, f"\nrlhfkit: {name}: finishing {self.doing} (send {name} again to stop at once)\n".encode())
+
+
+# Test hook: "POINT:FILE" makes the process create FILE at POINT (evaluation-before, evaluation-after,
+# final-save) and wait there, up to PAUSE_LIMIT_S, until a stop signal has arrived.
+PAUSE_ENV = "RLHFKIT_TEST_PAUSE_AT"
+PAUSE_LIMIT_S = 120.0
+
+
+def pause_point(point: str, signals: StopSignals) -> None:
+    """Hold at `point` when the test hook PAUSE_ENV names it (see there); otherwise nothing."""
+    name, _, marker = os.environ.get(PAUSE_ENV, "").partition(":")
+    if name != point or not marker:
+        return
+    Path(marker).touch()
+    deadline = time.monotonic() + PAUSE_LIMIT_S
+    while signals.signum is None and time.monotonic() < deadline:
+        time.sleep(0.01)
 
 
 class NonFiniteGuard:

@@ -7,11 +7,16 @@ A trainer's `train(cfg)` reads, with `run = Run(cfg, "sft")`:
     run.open(total=STEPS)              # run folder, config.yaml, tracker, non-finite guard
     model = run.prepare(model, optimizer, scheduler, micro_batch_size, stream=..., ...)
     run.resume()                       # continue from the checkpoint, when resuming
-    before = run.once("eval_before", evaluate)
-    for step in run.steps():           # SIGINT/SIGTERM/SIGHUP -> checkpoint, stop; checkpoints when due
+    with run.evaluation("before"):     # (a signal during it stops the run right after it)
+        before = run.once("eval_before", evaluate)
+    for step in run.steps():           # checkpoints when due
         ... the method's step ...
         run.log(step, metrics)
     return run.finish(save_final)      # final weights (gathered when sharded), summary.json
+
+From `open` to the end of `finish`, SIGINT/SIGTERM/SIGHUP let the run finish what it is doing (a
+step, an evaluation, a checkpoint write, the final save), then stop it with a checkpoint of the steps
+done and one message (runtime/checkpointer.py `interrupted`): exit 128 + signal.
 
 `run.summary` is the dict written to summary.json; it is checkpointed, so a resumed run keeps
 its before-training evaluation. Modes are explicit: `prepare` puts the trained model in train
@@ -20,8 +25,10 @@ mode (dropout stays off: models/loading.disable_dropout; gradient checkpointing 
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
+import signal
 from collections.abc import Callable, Iterator
 from contextvars import ContextVar
 from pathlib import Path
@@ -38,8 +45,9 @@ _LIVE_RUNS: ContextVar[list] = ContextVar("rlhfkit_live_runs")
 def closes_its_runs(train: Callable) -> Callable:
     """Decorator of a trainer's `train(cfg)`: however the call ends, the run folders it opened are
     released (their lock dropped); a failed run's folder is removed when the run created it and
-    had logged nothing yet, else marked failed (runtime/run_folder.py). A stop by a signal (Interrupted) is not a failure: its
-    checkpoint is there to resume from."""
+    had logged nothing yet, else marked failed (runtime/run_folder.py). A stop by a signal (Interrupted)
+    is not a failure: its checkpoint is there to resume from (stopped before its first step, it
+    leaves the folder as a failure then does: nothing of it to resume)."""
     from rlhfkit.runtime.faults import Interrupted
 
     @functools.wraps(train)
@@ -49,7 +57,7 @@ def closes_its_runs(train: Callable) -> Callable:
             return train(cfg, *args, **kwargs)
         except BaseException as e:
             for run in _LIVE_RUNS.get():
-                run.close(None if isinstance(e, Interrupted) else e)
+                run.close(None if isinstance(e, Interrupted) and run.has_steps() else e)
             raise
         finally:
             for run in _LIVE_RUNS.get():
@@ -108,6 +116,7 @@ class Run:
         self.summary: dict = {}
         self.total = 0
         self._resume_from: Path | None = None
+        self.signals: Any = None  # SIGINT/SIGTERM/SIGHUP caught from `open` to the end of `finish`
 
     # ---- properties ---------------------------------------------------------------------
     @property
@@ -140,7 +149,7 @@ class Run:
         once `resume` has restored the checkpoint (a refused resume changes nothing)."""
         from rlhfkit.core.config import save_config, to_dict
         from rlhfkit.runtime.distributed import decided_on_main
-        from rlhfkit.runtime.faults import NonFiniteGuard
+        from rlhfkit.runtime.faults import NonFiniteGuard, StopSignals
         from rlhfkit.runtime.run_folder import RunFolder, claim_run_folder
         from rlhfkit.runtime.tracker import Tracker
 
@@ -167,7 +176,20 @@ class Run:
         self.summary.update({"run_dir": str(self.run_dir), **summary})
         self.guard = NonFiniteGuard.for_config(cfg, self.tracker.print)
         self.total, self._unit = total, unit
+        self.signals = StopSignals(self._remaining)
+        self.signals.doing = "the preparation before training, then stopping"
+        self.signals.__enter__()  # released by `close`
         return self
+
+    def _remaining(self) -> str:
+        """What a run stopped at once leaves (the second signal's message)."""
+        if self.checkpointer is not None:
+            return self.checkpointer.remaining_checkpoint()
+        return "no checkpoint was written" if self._resume_from is None else f"the checkpoint is {self._resume_from}"
+
+    def has_steps(self) -> bool:
+        """Whether this run has steps to resume from: logged ones, or a checkpoint it resumed."""
+        return self._resume_from is not None or (self.tracker is not None and self.tracker.logged > 0)
 
     def prepare(self, model: torch.nn.Module, optimizer, scheduler, micro_batch_size: int,
                 **objects: Any) -> torch.nn.Module:
@@ -199,7 +221,7 @@ class Run:
         self.checkpointer = Checkpointer(self.cfg, self.run_dir, self.command, self.accelerator, self.tracker,
                                          model=self.core, optimizer=self.optimizer, scheduler=self.scheduler,
                                          objects={**objects, "summary": self.summary}, guard=self.guard,
-                                         unit=self._unit, total=self.total)
+                                         unit=self._unit, total=self.total, signals=self.signals)
         return self.model
 
     def shard_reference(self, reference) -> None:
@@ -239,15 +261,33 @@ class Run:
             self.summary[key] = compute()
         return self.summary[key]
 
+    @contextlib.contextmanager
+    def evaluation(self, when: str):
+        """Around the evaluation `when` ("before" or "after") training: a signal during it lets it
+        finish, then stops the run (after training: with a checkpoint of every step)."""
+        from rlhfkit.runtime.faults import pause_point
+
+        then = "stopping" if when == "before" else "stopping with a checkpoint"
+        done = None if when == "before" else self.total
+        if self.checkpointer is not None:  # a signal already there (e.g. during a reference pass): no evaluation
+            self.checkpointer.stop_if_asked(f"before the evaluation {when} training", done)
+        self.signals.doing = f"the evaluation {when} training, then {then}"
+        pause_point(f"evaluation-{when}", self.signals)
+        yield
+        if self.checkpointer is not None:
+            self.checkpointer.stop_if_asked(f"during the evaluation {when} training", done)
+
     def steps(self) -> Iterator[int]:
-        """The steps still to run. After each one: stop after too many non-finite steps, checkpoint
-        when due; on SIGINT/SIGTERM/SIGHUP checkpoint and raise Interrupted. After the last: the final
-        checkpoint."""
-        with self.checkpointer.signals:
-            for step in range(self.checkpointer.start, self.total):
-                yield step
-                self.checkpointer.end_step(step)
-            self.checkpointer.finish(self.total)
+        """The steps still to run. A signal before the first one stops the run; after each one: stop
+        after too many non-finite steps, checkpoint when due; on SIGINT/SIGTERM/SIGHUP checkpoint and
+        raise Interrupted. After the last: the final checkpoint."""
+        self.checkpointer.stop_if_asked("before training (during its preparation)")
+        self.signals.doing = "this step, then writing a checkpoint"
+        for step in range(self.checkpointer.start, self.total):
+            yield step
+            self.checkpointer.end_step(step)
+        self.checkpointer.finish(self.total)
+        self.signals.doing = "the work after training, then stopping with a checkpoint"
 
     def eval_due(self, step: int, every: int) -> bool:
         """Evaluate after step `step`: every `every` steps (0: never) and after the last one."""
@@ -268,11 +308,15 @@ class Run:
 
         from rlhfkit.core.disk import out_of_space
         from rlhfkit.runtime.distributed import full_state_dict
+        from rlhfkit.runtime.faults import pause_point
 
         self.checkpointer.check_finite(self.total)  # never a final model of NaNs with exit 0
+        self.checkpointer.stop_if_asked("after training, before the final save", self.total)
+        self.signals.doing = "the final save, then stopping"
         state = full_state_dict(self.accelerator, self.model)  # every process takes part in the gather
         if self.is_main:
             final = self.run_dir / "final"
+            pause_point("final-save", self.signals)
             try:
                 with out_of_space(final, self.run_dir):
                     self.summary.update(save(final, state) or {})
@@ -280,16 +324,31 @@ class Run:
                 shutil.rmtree(final, ignore_errors=True)  # no half-written final model
                 raise
             self.tracker.write_json("summary.json", self.summary)
+            self._clear_failure()
             from rlhfkit.diagnostics.console import closing_line
 
             self.print(closing_line(self.run_dir))
         self.tracker.close()
+        signum = self.checkpointer._stop_signal()
         self.close()
+        if signum:  # the run is complete: nothing to continue
+            from rlhfkit.runtime.faults import Interrupted
+
+            raise Interrupted(f"{signal.Signals(signum).name} during the final save, which was completed: the run is "
+                              f"finished ({self.run_dir / 'final'}, {self.run_dir / 'summary.json'})", signum)
         return self.summary
 
+    def _clear_failure(self) -> None:
+        """A run that finished is no longer a failed one: an earlier attempt's RUN/failed.json goes."""
+        from rlhfkit.runtime.run_folder import FAILED
+
+        (self.run_dir / FAILED).unlink(missing_ok=True)
+
     def close(self, error: BaseException | None = None) -> None:
-        """Release the run folder (idempotent); after an `error`, remove or mark it
+        """Release the run folder and the signals (idempotent); after an `error`, remove or mark it
         (runtime/run_folder.py RunFolder.close)."""
+        if self.signals is not None:
+            self.signals.__exit__()
         if self.folder is not None:
             folder, self.folder = self.folder, None
             if self.is_main:

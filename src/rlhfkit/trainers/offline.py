@@ -123,7 +123,9 @@ class OfflineRun:
     # ---- evaluation ---------------------------------------------------------------------
     def evaluate_before(self, evaluate: Callable[[], dict], line: Callable[[dict], str]) -> None:
         """`evaluate()` before training, once per run (summary eval_before), and its line."""
-        self.run.print(line(self.run.once("eval_before", evaluate)))
+        with self.run.evaluation("before"):
+            result = self.run.once("eval_before", evaluate)
+        self.run.print(line(result))
 
     def evaluate_due(self, step: int, every: int, evaluate: Callable[[], dict]) -> dict:
         """`evaluate()` after step `step` when due (summary eval_after), else {}."""
@@ -142,7 +144,7 @@ class OfflineRun:
         from rlhfkit.trainers.judged import judged_samples
 
         if records and "before" not in self.judged:
-            with self.run.full_weights():
+            with self.run.evaluation("before"), self.run.full_weights():
                 self.judged["before"] = judged_samples(model, tok, records, judge, self.cfg,
                                                        self.cfg.seed + JUDGE_SEED_OFFSET)[1]
 
@@ -157,7 +159,7 @@ class OfflineRun:
         from rlhfkit.trainers.judged import judged_after
 
         if records:
-            with self.run.full_weights():
+            with self.run.evaluation("after"), self.run.full_weights():
                 judged_after(self.run, model, tok, records, judge, self.judged["before"],
                              self.cfg.seed + JUDGE_SEED_OFFSET, "held-out" if held_out else "training")
         return self.finish(actor_saver(self.run, model, tok))

@@ -102,7 +102,7 @@ def train(cfg: OnlineDPOConfig) -> dict:
     rl.run.resume(judged=judged)
     records, seed = rl.eval_records, cfg.seed + JUDGE_SEED_OFFSET  # same seed before and after: the same noise
     if records and "before" not in judged:
-        with rl.generation_context():
+        with rl.run.evaluation("before"), rl.generation_context():
             judged["before"] = judged_samples(rl.core, rl.tok, records, rl.reward_fn, cfg, seed)[1]
     for it in rl.run.steps():
         t0 = time.time()
@@ -116,7 +116,7 @@ def train(cfg: OnlineDPOConfig) -> dict:
         metrics.update(dpo_step(rl, cfg, rollout, chosen, rejected, it))  # step 3
         rl.log(it, rollout, metrics, (t0, t1, time.time()))  # step 4
     if records:
-        with rl.generation_context():
+        with rl.run.evaluation("after"), rl.generation_context():
             judged_after(rl.run, rl.core, rl.tok, records, rl.reward_fn, judged["before"], seed, "held-out")
     return rl.finish()
 

@@ -360,7 +360,7 @@ class RLRun:
             return f"[eval] {when} mean reward {r['mean']:.3f} (sd {r['std']:.3f}, n={r['n']}){tools}"
 
         def evaluate_shown(step: int) -> dict:  # a bar while it samples; the mean to TensorBoard / W&B
-            with run.tracker.phase("evaluation", None):
+            with run.evaluation("before" if step == 0 else "after"), run.tracker.phase("evaluation", None):
                 result = run.once("eval_before", evaluate) if step == 0 else evaluate()
             run.tracker.log_sinks(step, {f"eval/reward_{k}": result[k] for k in ("mean", "std")})
             return result

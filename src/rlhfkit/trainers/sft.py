@@ -30,6 +30,7 @@ from rlhfkit.core.precision import autocast
 from rlhfkit.data.chat import IGNORE_INDEX
 from rlhfkit.data.sft import collate
 from rlhfkit.errors import UserError
+from rlhfkit.models.loading import save_tokenizer
 from rlhfkit.models.response_nll import ResponseNLL, mean_nll
 from rlhfkit.rollout.logprobs import chunk_positions
 from rlhfkit.runtime.accumulate import accumulate, add_up
@@ -182,12 +183,12 @@ def save_sft(model, tok, out, merged: bool, state_dict: dict | None = None) -> d
     `state_dict`: the full weights when the live ones are sharded (FSDP/ZeRO-3; no merged copy then)."""
     out.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(out, state_dict=state_dict)
-    tok.save_pretrained(out)
+    save_tokenizer(tok, out)
     paths = {"final": str(out)}
     if merged and state_dict is None:
         full = copy.deepcopy(model).merge_and_unload()
         full.save_pretrained(out / "merged")
-        tok.save_pretrained(out / "merged")
+        save_tokenizer(tok, out / "merged")
         paths["merged"] = str(out / "merged")
     return paths
 
