@@ -111,9 +111,9 @@ def check_reward_call(fn: RewardFn, columns: Sequence[str], name: str | None = N
     first rollout. Several weighted rewards check each one."""
     for part_name, part, _ in getattr(fn, "parts", ()):
         check_reward_call(part, columns, part_name)
-    check_columns = _hook(fn, "check_columns")
-    if check_columns is not None:  # a reward that reads named columns (a judge's template, verl's ground truth)
-        check_columns(list(columns))
+    needs = getattr(inspect.unwrap(fn), "check_columns", None)  # a reward that reads given columns
+    if needs is not None:
+        needs(list(columns))
     sig = _signature(fn)
     if sig is None or getattr(fn, "parts", None):
         return
@@ -130,20 +130,12 @@ def check_reward_call(fn: RewardFn, columns: Sequence[str], name: str | None = N
                           "a reward receives every prompt field as a keyword: add **kwargs") from None
 
 
-def _hook(fn: Any, name: str) -> Any:
-    """`fn`'s attribute `name`, or that of the function registry._named wraps (None if neither has it)."""
-    found = getattr(fn, name, None)
-    if found is None and hasattr(fn, "__wrapped__"):
-        found = getattr(fn.__wrapped__, name, None)
-    return found if callable(found) else None
-
-
 def reward_metrics(reward_fn: Any) -> dict[str, float]:
     """The metrics a reward keeps about its own calls since the last time they were read (its
     ``pop_metrics()``, e.g. the seconds waited on a reward server), summed over weighted parts."""
     out: dict[str, float] = {}
     for fn in [reward_fn, *(part for _, part, _ in getattr(reward_fn, "parts", ()))]:
-        pop = _hook(fn, "pop_metrics")
+        pop = getattr(inspect.unwrap(fn), "pop_metrics", None)
         for key, value in (pop() if pop is not None else {}).items():
             out[key] = out.get(key, 0.0) + float(value)
     return out

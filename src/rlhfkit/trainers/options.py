@@ -8,10 +8,8 @@ and freezes the config (RunArgs is FrozenAfterValidation): nothing assigns a fie
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from types import MappingProxyType
-from typing import Any
 
 from rlhfkit.core.choices import DTYPES, GENERATION_BACKENDS, LR_SCHEDULES, PROMPT_OVERFLOW_MODES
 from rlhfkit.core.config import FrozenAfterValidation, check, option
@@ -28,55 +26,6 @@ REWARD_SPECS_HELP = ("length[:N] | model:PATH (an `rlhfkit rm` folder, or any Au
                      "summed with reward_weights, each logged as reward/NAME. docs/rewards.md has an example of each. "
                      "In Python: a callable or a list")
 
-
-class RewardOptionGroup:
-    """A marker: the fields an option group declares when it names this as a base are the run's reward options,
-    the read-only mapping reward builders receive (rewards.registry.KINDS, `reward_options`)."""
-
-
-def reward_options(cfg: Any) -> Mapping[str, Any]:
-    """The run's reward settings: the fields of `cfg`'s RewardOptionGroup mixins, read-only (empty for a
-    config without any)."""
-    names = {name for cls in type(cfg).__mro__ if RewardOptionGroup in cls.__bases__
-             for name in vars(cls).get("__annotations__", {})}
-    return MappingProxyType({name: getattr(cfg, name) for name in sorted(names)})
-
-
-@dataclass
-class RemoteRewardArgs(RewardOptionGroup):
-    """Rewards scored outside the process: reward servers (reward=http://...) and LLM judges
-    (reward=judge:URL); rewards/remote.py and rewards/judge.py read these."""
-
-    reward_batch_size: int = option(64, "http/judge rewards: samples per request to a reward server (a judge "
-                                    "gets one chat request per sample, this many prepared at a time)")
-    reward_concurrency: int = option(4, "http/judge rewards: requests in flight at once (servers joined with + "
-                                     "take the requests in turn)")
-    reward_timeout: float = option(60.0, "http/judge rewards: seconds one request may take before it is retried")
-    reward_retries: int = option(3, "http/judge rewards: further tries of a request that failed to connect, timed "
-                                 "out or got a 5xx/429 answer, after 0.5 s, 1 s, 2 s, ... (at most 8 s)")
-    reward_api_key_env: str = option("", "http rewards: environment variable holding the server's access token "
-                                     "(sent as a bearer token; `rlhfkit serve-reward --token`). \"\" = none")
-    reward_label_key: str | None = option(None, "the column sent as `labels` to reward servers and OpenRLHF "
-                                          "reward_func (None: label, labels, answer, ground_truth, then verl's "
-                                          "reward_model.ground_truth, the first present)")
-    judge_model: str = option("", "judge: the model name sent to the judge server (\"\": the first model its "
-                              "/v1/models lists)")
-    judge_template: str = option("", "judge: the prompt the judge sees, a text or a .txt file, with {prompt}, "
-                                 "{completion} and any prompt column as {NAME} (\"\": a built-in 0-10 rating "
-                                 "prompt, rewards/judge.py)")
-    judge_score_field: str = option("score", "judge: a reply holding a JSON object scores its field of this name; "
-                                    "other replies score N/10 from their last 'N/10', as N/10")
-    judge_unparsed: str = option("zero", "judge: a reply with no score scores 0 (zero; counted in "
-                                 "rollout/judge_unparsed_rate) or stops the run (error)", ("zero", "error"))
-    judge_max_tokens: int = option(64, "judge: most tokens of a judge's reply")
-    judge_api_key_env: str = option("", "judge: environment variable holding the judge server's API key "
-                                    "(\"\": none; a local server needs none)")
-
-    def validate(self) -> None:
-        for k in ("reward_batch_size", "reward_concurrency", "judge_max_tokens"):
-            check(getattr(self, k) >= 1, f"{k} ({getattr(self, k)}) must be >= 1")
-        check(self.reward_timeout > 0, f"reward_timeout ({self.reward_timeout}) must be > 0")
-        check(self.reward_retries >= 0, f"reward_retries ({self.reward_retries}) must be >= 0")
 
 
 @dataclass
@@ -291,3 +240,50 @@ class EnvArgs:
         if self.env and self.generation_backend == "vllm":
             check(False, f"env ({self.env}) samples its turns on the training policy; set generation_backend=hf "
                   f"or lean (got {self.generation_backend})")
+
+
+@dataclass
+class RemoteRewardArgs:
+    """Rewards scored outside the process: reward servers (reward=http://...) and LLM judges
+    (reward=judge:URL); rewards/remote.py and rewards/judge.py read these."""
+
+    reward_batch_size: int = option(64, "http/judge rewards: samples per request to a reward server (a judge "
+                                    "gets one chat request per sample, this many prepared at a time)")
+    reward_concurrency: int = option(4, "http/judge rewards: requests in flight at once (servers joined with + "
+                                     "take the requests in turn)")
+    reward_timeout: float = option(60.0, "http/judge rewards: seconds one request may take before it is retried")
+    reward_retries: int = option(3, "http/judge rewards: further tries of a request that failed to connect, timed "
+                                 "out or got a 5xx/429 answer, after 0.5 s, 1 s, 2 s, ... (at most 8 s)")
+    reward_api_key_env: str = option("", "http rewards: environment variable holding the server's access token "
+                                     "(sent as a bearer token; `rlhfkit serve-reward --token`). \"\" = none")
+    reward_label_key: str | None = option(None, "the column sent as `labels` to reward servers and OpenRLHF "
+                                          "reward_func (None: label, labels, answer, ground_truth, then verl's "
+                                          "reward_model.ground_truth, the first present)")
+    judge_model: str = option("", "judge: the model name sent to the judge server (\"\": the first model its "
+                              "/v1/models lists)")
+    judge_template: str = option("", "judge: the prompt the judge sees, a text or a .txt file, with {prompt}, "
+                                 "{completion} and any prompt column as {NAME} (\"\": a built-in 0-10 rating "
+                                 "prompt, rewards/judge.py)")
+    judge_score_field: str = option("score", "judge: a reply holding a JSON object scores its field of this name; "
+                                    "other replies score N/10 from their last 'N/10', as N/10")
+    judge_unparsed: str = option("zero", "judge: a reply with no score scores 0 (zero; counted in "
+                                 "rollout/judge_unparsed_rate) or stops the run (error)", ("zero", "error"))
+    judge_max_tokens: int = option(64, "judge: most tokens of a judge's reply")
+    judge_api_key_env: str = option("", "judge: environment variable holding the judge server's API key "
+                                    "(\"\": none; a local server needs none)")
+
+    def validate(self) -> None:
+        for k in ("reward_batch_size", "reward_concurrency", "judge_max_tokens"):
+            check(getattr(self, k) >= 1, f"{k} ({getattr(self, k)}) must be >= 1")
+        check(self.reward_timeout > 0, f"reward_timeout ({self.reward_timeout}) must be > 0")
+        check(self.reward_retries >= 0, f"reward_retries ({self.reward_retries}) must be >= 0")
+
+
+REWARD_OPTION_GROUPS: tuple[type, ...] = (RemoteRewardArgs,)
+
+
+def reward_options(cfg) -> MappingProxyType:
+    """The run's reward settings for rewards.get_rewards: every field of the reward option groups
+    `cfg` mixes in, read-only."""
+    names = [f.name for group in REWARD_OPTION_GROUPS if isinstance(cfg, group) for f in fields(group)]
+    return MappingProxyType({k: getattr(cfg, k) for k in names})
