@@ -1,7 +1,8 @@
 """Real reward servers for the remote-reward tests, each its own process on a free loopback port:
 
 - `scripted_server(mode)`: a standard-library HTTP server that answers OpenRLHF's protocol as told
-  (right, or with a wrong count, NaN, text, HTML, 503s, slowly ...) and logs every request body;
+  (right, or with a wrong count, NaN, text, HTML, 503s, slowly ...) and logs every request body; it
+  also answers OpenAI's /v1/models and /v1/chat/completions as a parrot (the reply is the user message);
 - `rlhfkit_process(argv)`: an `rlhfkit` command (serve-reward, serve) whose first stdout line names its URL.
 
 Every wait is bounded in time; every process is stopped when its `with` block ends.
@@ -46,6 +47,12 @@ class Handler(BaseHTTPRequestHandler):
         self.end_headers()
         self.wfile.write(data)
 
+    def do_GET(self):
+        if self.path.endswith("/models"):
+            return self.answer(200, json.dumps({"object": "list", "data": [
+                {"id": "parrot", "object": "model", "created": 0, "owned_by": "tests"}]}))
+        self.answer(404, '{"detail": "Not Found"}')
+
     def do_POST(self):
         body = json.loads(self.rfile.read(int(self.headers.get("Content-Length") or 0)) or b"{}")
         with lock:
@@ -54,6 +61,13 @@ class Handler(BaseHTTPRequestHandler):
             with open(log, "a") as f:
                 f.write(json.dumps({"path": self.path, "auth": self.headers.get("Authorization"),
                                     "body": body}) + "\n")
+        if self.path.endswith("/chat/completions"):  # an OpenAI-compatible parrot: the reply is the user message
+            text = body["messages"][-1]["content"]
+            return self.answer(200, json.dumps({
+                "id": "chatcmpl-%d" % count, "object": "chat.completion", "created": 0, "model": body["model"],
+                "choices": [{"index": 0, "finish_reason": "stop",
+                             "message": {"role": "assistant", "content": text}}],
+                "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2}}))
         rewards = rewards_of(body)
         kind, _, arg = mode.partition(":")
         if kind == "flaky" and count <= int(arg):
@@ -87,22 +101,26 @@ server.serve_forever()
 '''
 
 
-def _first_line(proc: subprocess.Popen, timeout: float) -> str:
-    """The process's first stdout line, waiting at most `timeout` seconds."""
+def _first_line(proc: subprocess.Popen, timeout: float, pattern: str = "") -> str:
+    """The process's first stdout line that holds `pattern` (a regex), waiting at most `timeout` seconds."""
     sel = selectors.DefaultSelector()
     sel.register(proc.stdout, selectors.EVENT_READ)
     deadline = time.monotonic() + timeout
     buf = b""
-    while b"\n" not in buf:
+    while True:
+        lines = buf.decode(errors="replace").split("\n")
+        found = [line for line in lines[:-1] if re.search(pattern, line)]
+        if found:
+            return found[0]
         left = deadline - time.monotonic()
-        if left <= 0 or proc.poll() is not None and not sel.select(0):
-            raise RuntimeError(f"no start line within {timeout:.0f} s (exit code {proc.poll()}): {buf!r}")
+        if left <= 0:
+            raise RuntimeError(f"no start line within {timeout:.0f} s (exit code {proc.poll()}): {buf[-2000:]!r}")
         if sel.select(min(left, 1.0)):
             chunk = os.read(proc.stdout.fileno(), 4096)
-            if not chunk and proc.poll() is not None:
-                raise RuntimeError(f"exited with {proc.returncode} before starting: {buf!r}")
+            if not chunk:
+                proc.wait(10)
+                raise RuntimeError(f"exited with {proc.returncode} before starting: {buf[-2000:]!r}")
             buf += chunk
-    return buf.decode().splitlines()[0]
 
 
 def _stop(proc: subprocess.Popen) -> None:
@@ -146,14 +164,14 @@ def scripted_server(mode: str, tmp_path: Path) -> Iterator[Scripted]:
 
 @contextlib.contextmanager
 def rlhfkit_process(argv: list[str], env: dict[str, str] | None = None) -> Iterator[str]:
-    """Run `rlhfkit ARGV`; yield the first URL its first stdout line names."""
+    """Run `rlhfkit ARGV`; yield the first URL it prints (its start line)."""
     full_env = {**os.environ, "TOKENIZERS_PARALLELISM": "false", "HF_HUB_OFFLINE": "1", **(env or {})}
     src = str(Path(__file__).resolve().parents[2] / "src")
     full_env["PYTHONPATH"] = os.pathsep.join([src, full_env.get("PYTHONPATH", "")])
     proc = subprocess.Popen([sys.executable, "-m", "rlhfkit.cli", *argv], stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=full_env)
     try:
-        line = _first_line(proc, START_TIMEOUT_S)
+        line = _first_line(proc, START_TIMEOUT_S, r"https?://")
         found = re.search(r"https?://\S+", line)
         if found is None:
             raise RuntimeError(f"no URL in the start line {line!r}")
