@@ -48,7 +48,7 @@ class Handler(BaseHTTPRequestHandler):
         self.wfile.write(data)
 
     def do_GET(self):
-        if self.path.endswith("/models"):
+        if self.path == "/v1/models":
             return self.answer(200, json.dumps({"object": "list", "data": [
                 {"id": "parrot", "object": "model", "created": 0, "owned_by": "tests"}]}))
         self.answer(404, '{"detail": "Not Found"}')
@@ -61,7 +61,7 @@ class Handler(BaseHTTPRequestHandler):
             with open(log, "a") as f:
                 f.write(json.dumps({"path": self.path, "auth": self.headers.get("Authorization"),
                                     "body": body}) + "\n")
-        if self.path.endswith("/chat/completions"):  # an OpenAI-compatible parrot: the reply is the user message
+        if self.path == "/v1/chat/completions":  # an OpenAI-compatible parrot: the reply is the user message
             text = body["messages"][-1]["content"]
             return self.answer(200, json.dumps({
                 "id": "chatcmpl-%d" % count, "object": "chat.completion", "created": 0, "model": body["model"],

@@ -130,6 +130,12 @@ def test_without_the_openai_package_it_is_one_line(parrot, monkeypatch):
         get_reward(f"judge:{parrot.url('/v1')}")
 
 
+def test_a_base_url_without_v1_is_one_line_with_a_hint(parrot):
+    with pytest.raises(UserError, match=r"listing the judge server's models failed \(NotFoundError: .*\); check the "
+                                        r"base URL \(it usually ends in /v1\) or set judge_model=NAME"):
+        get_reward(f"judge:{parrot.url('')}", {"reward_retries": 0})
+
+
 @pytest.mark.parametrize("spec, fragment", [
     ("judge:", "expected 'judge:URL'"),
     ("judge:localhost:8000/v1", "is not an http(s) URL"),

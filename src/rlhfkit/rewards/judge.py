@@ -187,7 +187,8 @@ def first_model(client: Any, spec: str) -> str:
         models = [m.id for m in client.models.list()]
     except Exception as e:
         raise UserError(f"reward {spec!r}: listing the judge server's models failed ({type(e).__name__}: "
-                        f"{' '.join(str(e).split())[:120]}); set judge_model=NAME") from None
+                        f"{' '.join(str(e).split())[:120]}); check the base URL (it usually ends in /v1) or set "
+                        "judge_model=NAME") from None
     if not models:
         raise UserError(f"reward {spec!r}: the judge server lists no models; set judge_model=NAME")
     return models[0]

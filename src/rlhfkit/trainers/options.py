@@ -247,8 +247,8 @@ class RemoteRewardArgs:
     """Rewards scored outside the process: reward servers (reward=http://...) and LLM judges
     (reward=judge:URL); rewards/remote.py and rewards/judge.py read these."""
 
-    reward_batch_size: int = option(64, "http/judge rewards: samples per request to a reward server (a judge "
-                                    "gets one chat request per sample, this many prepared at a time)")
+    reward_batch_size: int = option(64, "http rewards: samples per request to a reward server (a judge gets one "
+                                    "chat request per sample)")
     reward_concurrency: int = option(4, "http/judge rewards: requests in flight at once (servers joined with + "
                                      "take the requests in turn)")
     reward_timeout: float = option(60.0, "http/judge rewards: seconds one request may take before it is retried")
@@ -264,8 +264,8 @@ class RemoteRewardArgs:
     judge_template: str = option("", "judge: the prompt the judge sees, a text or a .txt file, with {prompt}, "
                                  "{completion} and any prompt column as {NAME} (\"\": a built-in 0-10 rating "
                                  "prompt, rewards/judge.py)")
-    judge_score_field: str = option("score", "judge: a reply holding a JSON object scores its field of this name; "
-                                    "other replies score N/10 from their last 'N/10', as N/10")
+    judge_score_field: str = option("score", "judge: a reply holding a JSON object with this field scores its "
+                                    "value as given; any other reply scores its last 'N/10' as N/10 (7/10 -> 0.7)")
     judge_unparsed: str = option("zero", "judge: a reply with no score scores 0 (zero; counted in "
                                  "rollout/judge_unparsed_rate) or stops the run (error)", ("zero", "error"))
     judge_max_tokens: int = option(64, "judge: most tokens of a judge's reply")
