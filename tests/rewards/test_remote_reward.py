@@ -266,3 +266,22 @@ def _env() -> dict:
 def test_scores_are_finite_numbers(sentiment_server):
     out = get_reward(sentiment_server)(["q"], ["good"])
     assert len(out) == 1 and math.isfinite(out[0])
+
+
+def test_a_reward_model_served_scores_as_it_does_in_process(tmp_path, tiny_tokenizer):
+    """serve-reward model:PATH: a reward model on another process gives the scores it gives in this one."""
+    import torch
+    from transformers import LlamaConfig, LlamaForSequenceClassification
+
+    torch.manual_seed(0)
+    config = LlamaConfig(vocab_size=len(tiny_tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, num_labels=1, pad_token_id=0)
+    folder = tmp_path / "rm"
+    LlamaForSequenceClassification(config).eval().save_pretrained(folder)
+    tiny_tokenizer.save_pretrained(folder)
+    prompts, completions = ["Write a review.", "What is 3 + 4?", "Hi"], ["It was great.", "7", "Hello there, friend"]
+    want = get_reward(f"model:{folder}")(prompts, completions)
+    with rlhfkit_process(["serve-reward", f"model:{folder}", "--port", "0"]) as url:
+        got = get_reward(url, {"reward_batch_size": 3})(prompts, completions)
+    scale = max(abs(w) for w in want) + 1e-6
+    assert got == pytest.approx(want, rel=1e-5, abs=1e-6 * scale) and len(set(got)) == 3
