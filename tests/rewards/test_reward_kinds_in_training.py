@@ -123,3 +123,16 @@ def test_help_describes_every_reward_kind(capsys):
                      "reward_weights", "reward_batch_size", "reward_timeout", "reward_retries", "judge_model",
                      "judge_template", "judge_api_key_env", "reward_api_key_env", "docs/rewards.md"):
             assert kind in text, kind
+
+
+@pytest.mark.parametrize("mode", ["nan", "html"])
+def test_a_server_that_answers_badly_mid_run_is_one_line_and_leaves_nothing(mode, work, tiny_model_dir, capsys):
+    """The server passes the check before the model loads, then answers the first rollout wrongly."""
+    with scripted_server(mode, work.parent) as server:
+        rc = main(["grpo", f"model={tiny_model_dir}", f"prompts={work.parent / 'prompts.txt'}", *QUICK,
+                   f"reward={server.url()}", "reward_retries=0"])
+    err = capsys.readouterr().err
+    lines = [ln for ln in err.splitlines() if ln.startswith("rlhfkit:")]
+    assert rc == 2 and "Traceback" not in err and len(lines) == 1, err
+    assert f"rlhfkit: error: reward server {server.url()}" in lines[0]
+    assert not list(work.rglob("*")), "a failed run left files behind"
