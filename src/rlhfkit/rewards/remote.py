@@ -23,6 +23,7 @@ from __future__ import annotations
 import concurrent.futures
 import json
 import math
+import os
 import socket
 import threading
 import time
@@ -75,8 +76,6 @@ def settings_from(options: Mapping[str, Any], spec: str) -> RemoteSettings:
 
 def api_key_from(variable: str, spec: str, option: str) -> str | None:
     """The value of environment variable `variable` ("" = no key); an error naming `option` when unset."""
-    import os
-
     if not variable:
         return None
     value = os.environ.get(variable, "")
@@ -221,7 +220,7 @@ def _post_once(url: str, data: bytes, settings: RemoteSettings) -> bytes:
         raise RewardError(f"reward server {url} refused the request: HTTP {e.code}{detail}") from None
     except (urllib.error.URLError, OSError) as e:  # refused, reset, timed out (socket.timeout is an OSError)
         reason = getattr(e, "reason", None) or e
-        raise _Transient(f"{type(reason).__name__ if not str(reason) else reason}") from None
+        raise _Transient(str(reason) or type(reason).__name__) from None
 
 
 def _detail(body: bytes) -> str:
