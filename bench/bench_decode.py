@@ -110,7 +110,7 @@ def run(names: list[str], repeats: int) -> str:
     header = (f"{machine()}; dtype {cfg.dtype}, LoRA on the top {cfg.lora_layers} layers (merged while sampling); "
               f"measured here: copy bandwidth {bw:.1f} GB/s, bf16 matmul {peak:.0f} GFLOP/s")
     print(header, flush=True)
-    lines = [f"Machine: {header}. The machine was shared with other engineers' jobs while this ran (see the load "
+    lines = [f"Machine: {header}. The machine was shared with other jobs while this ran (see the load "
              "average): compare the ratios, taken back to back in one process, not seconds across runs.", "",
              "| workload | rows x max new | sampler | seconds (median) | kept tokens | tokens/s | of bound "
              "| speed-up (HF s / lean s, per pair) |",

@@ -13,6 +13,11 @@ ROOTS = ("README.md", "pyproject.toml", "constraints.txt", ".ci", "bench", "conf
 SKIPPED_DIRS = ("__pycache__", ".pytest_cache", ".hypothesis")
 # "<word> 14", "<word>-14", "<word> #14" for the two words; assembled from parts so this file does not match.
 WORK_ITEM = re.compile(r"\b(?:[Ss]ession|[Ii]ssue)s?[- ]#?\d+\b")
+# The team's process in other words: a work item named without its number as the reason for a figure,
+# a working period that ended, a target someone set ("(4x" then "asked)"), other people's jobs on the machine.
+PROCESS = re.compile("|".join([r"\b(?:the|this) " + "iss" + r"ue\b", r"\b(?:this|next|last) " + "sess" + r"ion\b",
+                               r"\bthe " + "sess" + r"ion ended\b", r"\(\d+x " + "ask" + r"ed\)",
+                               r"\bother " + "engin" + r"eers\b"]))
 
 
 def text_files(root: Path) -> list[Path]:
@@ -35,7 +40,7 @@ def work_item_lines(root: Path) -> list[str]:
         if b"\0" in data:
             continue  # binary
         for n, line in enumerate(data.decode("utf-8", errors="replace").splitlines(), 1):
-            if WORK_ITEM.search(line):
+            if WORK_ITEM.search(line) or PROCESS.search(line):
                 found.append(f"{path.relative_to(root)}:{n}: {line.strip()[:100]}")
     return found
 
@@ -53,6 +58,15 @@ def test_the_pattern_sees_work_items_and_leaves_product_words():
     for kept in ("a labelling session", "the session id", "session cookie", "label_session_8000",
                  "without a valid session gets 401", "issue a new link"):
         assert not WORK_ITEM.search(kept), kept
+
+
+def test_the_pattern_sees_the_process_in_other_words():
+    for flagged in ("lower than the ~12% the " + "issue", "(the " + "session ended)", "3.39x (4x " + "asked)",
+                    "shared with other " + "engineers' jobs", "as this " + "issue asks"):
+        assert PROCESS.search(flagged), flagged
+    for kept in ("the session ends with the link", "a valid session gets 401", "issue a new link",
+                 "we issue tokens"):
+        assert not PROCESS.search(kept), kept
 
 
 def test_the_scan_names_file_and_line(tmp_path):

@@ -54,7 +54,9 @@ def test_resume_auto_without_a_checkpoint_drops_the_dead_attempts_rows(tmp_path,
     from rlhfkit.trainers.sft import train
 
     run = tmp_path / "runs" / "auto"
-    run.mkdir(parents=True)  # an attempt killed before its first checkpoint
+    run.mkdir(parents=True)  # an attempt killed before its first checkpoint: its lock, config and rows
+    (run / ".lock").write_text("12345\n")
+    (run / "config.yaml").write_text("max_steps: 3\n")
     (run / "metrics.jsonl").write_text('{"iteration": 0, "loss/sft": 9.0}\n{"iteration": 1, "loss/sft": 9.0}\n')
     train(make_cfg("sft", tmp_path, tiny_model_dir, "auto", resume="auto", max_steps=3))
     rows = read_jsonl(run / "metrics.jsonl")

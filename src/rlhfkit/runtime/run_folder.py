@@ -13,7 +13,13 @@ file (fcntl.flock, released by the kernel when the process ends, even by kill -9
 - is refused while another process holds the lock (`--resume` of a run that still runs);
 - that fails before it logged a step leaves the folder as it found it: one it created is deleted,
   a resumed one is untouched (`RunFolder.close`); a run that fails after logging steps is kept,
-  marked by RUN/failed.json (the error), to be read (doctor, report) or resumed.
+  marked by RUN/failed.json (the error), to be read (doctor, report) or resumed;
+- never writes inside another run's folder, nor in a folder that holds one (core/run_tree.py: the
+  paths resolved, so no spelling gets round it). The check is made again once the lock is taken:
+  of two runs started together on nested paths, each has its `.lock` before it looks for the
+  other's, so at most one goes on;
+- deletes only in run folders (`overwrite=true` and `resume=auto` refuse a folder of other files),
+  and refuses up front a folder it could not write (read-only, no permission).
 
 `check_run_folder` runs the same refusals up front (before any model loads, nothing written);
 `claim_run_folder` then takes the folder for real when the run opens.
@@ -31,14 +37,26 @@ from pathlib import Path
 from typing import Protocol
 
 from rlhfkit.core.run_files import CHECKPOINTS, META, latest_checkpoint, resumable_checkpoint
+from rlhfkit.core.run_tree import (
+    LOCK,
+    is_run_folder,
+    lock_is_held,
+    new_folder_problem,
+    output_dir_problem,
+    real_path,
+    shown_path,
+    tree_problem,
+    unwritable_in_tree,
+)
 from rlhfkit.errors import UserError
-
-LOCK, FAILED = ".lock", "failed.json"
 
 try:
     import fcntl
 except ImportError:  # not POSIX: folders are still refused and created atomically, but not locked
     fcntl = None  # type: ignore[assignment]
+
+FAILED = "failed.json"
+
 
 
 def run_name_problem(run_name: str | None) -> str | None:
@@ -76,31 +94,6 @@ def _is_finished(path: Path) -> bool:
     return (path / "summary.json").is_file()
 
 
-def _not_a_folder(path: Path, what: str) -> str | None:
-    """The message when `path` exists but is not a folder (a file where a folder must be)."""
-    if path.exists() and not path.is_dir():
-        return f"{what}: {path} is a file, not a folder"
-    return None
-
-
-def lock_is_held(path: Path) -> bool:
-    """Whether a live process holds the run folder's lock (tried and released at once)."""
-    lock = path / LOCK
-    if fcntl is None or not lock.is_file():
-        return False
-    try:
-        fd = os.open(lock, os.O_RDONLY)
-    except OSError:
-        return False
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except OSError:
-        return True
-    finally:
-        os.close(fd)  # closing drops the lock taken here
-    return False
-
-
 class FolderOptions(Protocol):
     """What the run folder reads of a config: trainers/options.RunArgs, and the model a resumed run
     must keep (ModelArgs.model; None where a config trains no named model)."""
@@ -112,43 +105,81 @@ class FolderOptions(Protocol):
     model: str | None
 
 
+def _resuming(cfg: FolderOptions) -> bool:
+    """`--resume RUN` (not resume=auto)."""
+    return cfg.resume not in (None, "", "auto")
+
+
 def target_folder(cfg: FolderOptions) -> Path | None:
     """The folder this configuration runs in: the resumed one, else output_dir/run_name (None: a
     default COMMAND-DATE-TIME name, chosen when the run opens)."""
-    resume = cfg.resume
-    if resume not in (None, "", "auto"):
-        return Path(resume)
+    if _resuming(cfg):
+        return Path(cfg.resume)
     return Path(cfg.output_dir) / cfg.run_name if cfg.run_name else None
+
+
+def _unwritable_problem(real: Path, shown: Path, cfg: FolderOptions) -> str | None:
+    """An existing run folder this run would write or clear, with a folder (or log) it cannot write."""
+    found = unwritable_in_tree(real)
+    if found is None:
+        return None
+    where, why = found
+    if _resuming(cfg) or cfg.resume == "auto":
+        return (f"resume: {where} is not writable ({why}): a resumed run writes its checkpoints and logs in "
+                f"{shown}; make it writable, or copy the run folder somewhere writable and resume the copy")
+    return (f"run folder {shown}: {where} is not writable ({why}); make it writable, or choose another run_name "
+            "or output_dir")
+
+
+def _not_a_run_message(path: Path, why: str) -> str:
+    return (f"{why}: {path} holds files but is not a run folder (no .lock with config.yaml): rlhfkit deletes "
+            "only in run folders; choose another run_name, or empty the folder yourself")
 
 
 def check_run_folder(cfg: FolderOptions) -> None:
     """Every refusal `claim_run_folder` would make, without writing anything: run before the model
     loads, so a run that cannot have its folder stops at once. A one-line UserError."""
-    problem = run_name_problem(cfg.run_name) or _not_a_folder(Path(cfg.output_dir), "output_dir")
+    problem = run_name_problem(cfg.run_name) or output_dir_problem(cfg.output_dir)
     if problem:
         raise UserError(problem)
-    path, resume = target_folder(cfg), cfg.resume
-    if path is None or not path.exists():
-        if resume not in (None, "", "auto"):
-            raise UserError(f"resume: {path} is not a run folder")
-        return
-    problem = _not_a_folder(path, "resume" if resume not in (None, "", "auto") else "run_name")
+    path = target_folder(cfg)
+    if path is None:  # a new COMMAND-DATE-TIME folder inside output_dir
+        problem = new_folder_problem(real_path(cfg.output_dir) / "new-run", Path(cfg.output_dir) / "COMMAND-DATE")
+    else:
+        problem = _existing_folder_problem(cfg, path, real_path(path))
     if problem:
         raise UserError(problem)
-    if lock_is_held(path):
-        raise UserError(_in_use_message(path, path / LOCK))
-    if resume not in (None, "", "auto"):
-        if latest_checkpoint(path) is None:
-            raise UserError(no_checkpoint_message(path))
-        _check_same_model(cfg, latest_checkpoint(path))
+
+
+def _existing_folder_problem(cfg: FolderOptions, path: Path, real: Path) -> str | None:
+    """check_run_folder for a named folder (run_name or --resume): `path` as given, `real` resolved."""
+    resume = cfg.resume
+    if not os.path.lexists(real):
+        return f"resume: {path} is not a run folder" if _resuming(cfg) else new_folder_problem(real, path)
+    if not real.is_dir():
+        return f"{'resume' if _resuming(cfg) else 'run_name'}: {path} is a file, not a folder"
+    if lock_is_held(real):
+        return _in_use_message(path, real / LOCK)
+    problem = tree_problem(real, path)
+    if problem:
+        return problem
+    if _resuming(cfg):
+        if latest_checkpoint(real) is None:
+            return no_checkpoint_message(path)
+        _check_same_model(cfg, latest_checkpoint(real))
     elif resume == "auto":
-        if latest_checkpoint(path) is not None:
-            _check_same_model(cfg, latest_checkpoint(path))
-        if latest_checkpoint(path) is None and _is_finished(path):
-            raise UserError(f"resume=auto: {path} is a finished run without checkpoints (save_every=0); choose "
-                            "another run_name, or replace it with overwrite=true")
-    elif not cfg.overwrite and _has_content(path):
-        raise UserError(_existing_message(path))
+        if latest_checkpoint(real) is not None:
+            _check_same_model(cfg, latest_checkpoint(real))
+        elif _is_finished(real):
+            return (f"resume=auto: {path} is a finished run without checkpoints (save_every=0); choose "
+                    "another run_name, or replace it with overwrite=true")
+        elif _has_content(real) and not is_run_folder(real):
+            return _not_a_run_message(path, "resume=auto")
+    elif _has_content(real) and not cfg.overwrite:
+        return _existing_message(path)
+    elif _has_content(real) and not is_run_folder(real):
+        return _not_a_run_message(path, "overwrite=true")
+    return _unwritable_problem(real, path, cfg)
 
 
 def _same_model(a: str, b: str) -> bool:
@@ -212,7 +243,7 @@ class RunFolder:
                 (self.path / FAILED).write_text(json.dumps({"error": one_line(error), "type": type(error).__name__,
                                                             "time": time.time()}, indent=2))
         elif self.created:
-            shutil.rmtree(self.path, ignore_errors=True)
+            shutil.rmtree(self.created[0], ignore_errors=True)  # the resolved folder (self.path may be a symlink)
             for parent in self.created[1:]:
                 try:
                     parent.rmdir()  # only when empty: another run may have started in it since
@@ -220,36 +251,53 @@ class RunFolder:
                     break
 
 
-def _lock(path: Path, fresh: bool) -> int:
-    """Open and lock RUN/.lock; `fresh`: the lock file must not exist yet (a new folder). Returns
-    the descriptor; UserError when the folder is someone else's."""
+def _lock(path: Path, fresh: bool, shown: Path) -> int:
+    """Open and lock `path`/.lock (`path` resolved, `shown` as the user names it); `fresh`: the lock
+    file must not exist yet (a new folder). Returns the descriptor; UserError when the folder is
+    someone else's or cannot be written."""
     lock = path / LOCK
     flags = os.O_RDWR | os.O_CREAT | (os.O_EXCL if fresh else 0)
     try:
         fd = os.open(lock, flags, 0o644)
     except FileExistsError:
-        raise UserError(_in_use_message(path, lock) if lock_is_held(path) else _existing_message(path)) from None
-    if fcntl is not None:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError:
-            os.close(fd)
-            raise UserError(_in_use_message(path, lock)) from None
+        raise UserError(_in_use_message(shown, lock) if lock_is_held(path) else _existing_message(shown)) from None
+    except OSError as e:  # read-only, no permission: check_run_folder says so first where it can
+        raise UserError(f"run folder {shown}: cannot open {lock} for writing ({e.strerror}); make the folder "
+                        "writable, or choose another run_name or output_dir") from None
+    if fcntl is not None and not _flock(fd, fresh):
+        os.close(fd)
+        raise UserError(_in_use_message(shown, lock)) from None
     os.ftruncate(fd, 0)
     os.write(fd, f"{os.getpid()}\n".encode())
     return fd
 
 
+def _flock(fd: int, fresh: bool) -> bool:
+    """Take the exclusive lock on `fd`. A fresh lock file (made with O_EXCL) can only be held for a
+    moment by a process that checks whether it is held (run_tree.lock_is_held): wait for it. An
+    existing one is tried a few times, then taken to be a live run's."""
+    for attempt in range(1 if fresh else 5):
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | (0 if fresh else fcntl.LOCK_NB))
+            return True
+        except OSError:
+            time.sleep(0.02 * (attempt + 1))
+    return False
+
+
 def _make_folder(path: Path) -> list[Path] | None:
-    """mkdir `path` and its missing parents; the folders made, innermost first, or None when
-    `path` already existed."""
+    """mkdir `path` (resolved) and its missing parents; the folders made, innermost first, or None
+    when `path` already existed. UserError when a folder cannot be made (read-only, a file)."""
     missing = [p for p in [path, *path.parents] if not p.exists()]
-    for p in reversed(missing[1:]):
-        p.mkdir(exist_ok=True)
     try:
+        for p in reversed(missing[1:]):
+            p.mkdir(exist_ok=True)
         path.mkdir()
     except FileExistsError:
         return None
+    except OSError as e:
+        raise UserError(f"output_dir: cannot create the run folder {path} ({e.strerror}); choose a writable "
+                        "output_dir") from None
     return missing
 
 
@@ -275,37 +323,57 @@ def _default_folder(output_dir: Path, command: str) -> tuple[Path, list[Path]]:
     raise UserError(f"output_dir: {output_dir} has no free run folder name for {stem}")
 
 
-def claim_run_folder(cfg: FolderOptions, command: str) -> RunFolder:
-    """Take the run folder of `cfg` (see the module docstring), locked for this process."""
-    check_run_folder(cfg)
-    resume = cfg.resume
-    if resume not in (None, "", "auto"):
-        path = Path(resume)
-        folder = RunFolder(path, fd=_lock(path, fresh=False))
-        folder.resume_from, folder.notices = resumable_checkpoint(path)
-        if folder.resume_from is None:
-            folder.release()
-            raise UserError(no_checkpoint_message(path, folder.notices))
-        return folder
-    if not cfg.run_name:
-        path, made = _default_folder(Path(cfg.output_dir), command)
-        return RunFolder(path, created=made, fd=_lock(path, fresh=True))
-    path = Path(cfg.output_dir) / cfg.run_name
-    made = _make_folder(path)
-    if made is not None:
-        return RunFolder(path, created=made, fd=_lock(path, fresh=True))
-    if resume != "auto" and not cfg.overwrite:
-        if any(path.iterdir()):  # filled since the check
-            raise UserError(_existing_message(path))
-        return RunFolder(path, fd=_lock(path, fresh=True))
-    folder = RunFolder(path, fd=_lock(path, fresh=False))
-    if resume == "auto":
-        folder.resume_from, folder.notices = resumable_checkpoint(path)
-        if folder.resume_from is None and folder.notices:  # damaged checkpoints are not a dead attempt
-            folder.release()
-            raise UserError(no_checkpoint_message(path, folder.notices))
-    if folder.resume_from is None:  # overwrite, or resume=auto with nothing to continue: start afresh
-        _clear(path)
-        folder.created = [path]
+def _take(real: Path, shown: Path, fresh: bool, created: list[Path] = ()) -> RunFolder:
+    """Lock folder `real`, then check the tree rule again: a run started at the same time on a
+    nested path has its `.lock` by now, or will see ours. A refused claim undoes itself (its lock
+    file when new, the folders it made when empty)."""
+    folder = RunFolder(shown, created=list(created), fd=_lock(real, fresh, shown))
+    problem = tree_problem(real, shown)
+    if problem:
+        if fresh:
+            with contextlib.suppress(OSError):
+                (real / LOCK).unlink()
+        folder.release()
+        for made in folder.created:
+            try:
+                made.rmdir()  # only when empty
+            except OSError:
+                break
+        raise UserError(problem)
     return folder
 
+
+def claim_run_folder(cfg: FolderOptions, command: str) -> RunFolder:
+    """Take the run folder of `cfg` (see the module docstring), locked for this process. Every path
+    is resolved first: the lock, the tree rule and every write go to the folder itself."""
+    check_run_folder(cfg)
+    if _resuming(cfg):
+        real = real_path(cfg.resume)
+        folder = _take(real, shown_path(Path(cfg.resume), real), fresh=False)
+        folder.resume_from, folder.notices = resumable_checkpoint(folder.path)
+        if folder.resume_from is None:
+            folder.release()
+            raise UserError(no_checkpoint_message(folder.path, folder.notices))
+        return folder
+    if not cfg.run_name:
+        real, made = _default_folder(real_path(cfg.output_dir), command)
+        return _take(real, shown_path(Path(cfg.output_dir) / real.name, real), fresh=True, created=made)
+    real = real_path(Path(cfg.output_dir) / cfg.run_name)
+    shown = shown_path(Path(cfg.output_dir) / cfg.run_name, real)
+    made = _make_folder(real)
+    if made is not None:
+        return _take(real, shown, fresh=True, created=made)
+    if cfg.resume != "auto" and not cfg.overwrite:
+        if any(real.iterdir()):  # filled since the check
+            raise UserError(_existing_message(shown))
+        return _take(real, shown, fresh=True)
+    folder = _take(real, shown, fresh=False)
+    if cfg.resume == "auto":
+        folder.resume_from, folder.notices = resumable_checkpoint(shown)
+        if folder.resume_from is None and folder.notices:  # damaged checkpoints are not a dead attempt
+            folder.release()
+            raise UserError(no_checkpoint_message(shown, folder.notices))
+    if folder.resume_from is None:  # overwrite, or resume=auto with nothing to continue: start afresh
+        _clear(real)
+        folder.created = [real]
+    return folder

@@ -210,7 +210,8 @@ class RunArgs(FrozenAfterValidation):
                                 "line: --resume RUN_DIR; its config.yaml is the base, key=value overrides apply), "
                                 "or auto: continue output_dir/run_name if it has a checkpoint, else start afresh")
     overwrite: bool = option(False, "replace the run folder output_dir/run_name when it exists (its contents are "
-                             "deleted); without it an existing run folder is refused unless resumed")
+                             "deleted); without it an existing run folder is refused unless resumed. Never a "
+                             "live run's folder, one inside or holding another run's, or a folder of other files")
     max_nonfinite_steps: int = option(3, "an optimiser step whose loss or gradient norm is NaN/inf is skipped; stop "
                                       "with a diagnosis after this many in a row")
 
