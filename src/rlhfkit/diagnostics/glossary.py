@@ -36,6 +36,8 @@ METRICS: dict[str, str] = {
     "rollout/turns_mean": "Multi-turn (env=...): mean number of model turns per episode.",
     "rollout/tool_call_rate": "Multi-turn (env=...): fraction of episodes with at least one tool call (as the "
     "environment reports it in its step info).",
+    "rollout/judge_unparsed_rate": "reward=judge:URL: fraction of the judge's replies with no score in them "
+    "(neither 'N/10' nor a JSON object with judge_score_field); each scored 0 (judge_unparsed=zero).",
     "rollout/tool_error_rate": "Multi-turn (env=...): fraction of tool calls that failed (0 when there were none).",
     "rollout/env_tokens_mean": "Multi-turn (env=...): mean number of environment tokens per episode (observations "
     "and chat-template headers): in the context, outside the loss, KL and entropy.",
@@ -165,6 +167,9 @@ METRICS: dict[str, str] = {
     "timing/update_s": "Seconds of the optimisation phase (every epoch, mini-batch and micro-batch).",
     "timing/generate_s": "Seconds spent sampling the responses.",
     "timing/reward_s": "Seconds spent in the reward function or reward model.",
+    "timing/reward_remote_s": "reward=http(s)://... or judge:URL: wall seconds the iteration's scoring waited on "
+    "reward servers and judges (all requests, retries and back-off included; concurrent requests count once; "
+    "part of timing/reward_s). Logged only with such a reward.",
     "timing/logprobs_s": "Seconds of the teacher-forced pass (log-probs, values, entropy, reference log-probs).",
     "timing/step_s": "SFT, RM, DPO: seconds of one optimiser step, batch to update.",
     "throughput/tokens_per_s": "Valid generated response tokens per second of wall time over the whole "

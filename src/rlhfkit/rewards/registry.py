@@ -3,8 +3,10 @@
 Specs: ``sentiment``, ``arithmetic``, ``length`` / ``length:N``,
 ``python:module:function``, ``python:path/to/file.py:function`` and
 ``model:PATH`` (a reward model trained with ``rlhfkit rm``, or any transformers
-``AutoModelForSequenceClassification`` folder or Hub id). ``get_rewards`` takes several,
-``a,b``, summed with weights.
+``AutoModelForSequenceClassification`` folder or Hub id), ``http(s)://HOST:PORT/PATH`` (a reward
+server, rewards/remote.py), ``judge:URL`` (an LLM judge, rewards/judge.py), ``verl:FILE.py[:FN]`` and
+``openrlhf:FILE.py[:FN]`` (the peers' reward functions, rewards/peers.py). ``get_rewards`` takes
+several, ``a,b``, summed with weights.
 """
 
 from __future__ import annotations
@@ -27,6 +29,10 @@ SPEC_FORMS = (
     "python:MODULE:FUNCTION",
     "python:FILE.py:FUNCTION",
     "model:PATH",
+    "http(s)://HOST:PORT/PATH",
+    "judge:URL",
+    "verl:FILE.py[:FN]",
+    "openrlhf:FILE.py[:FN]",
 )
 
 
@@ -42,14 +48,50 @@ def _length_kind(target: str, spec: str, options: Mapping[str, Any]) -> RewardFn
 
 
 def _python_kind(target: str, spec: str, options: Mapping[str, Any]) -> RewardFn:
-    return _python_reward(target, spec)
+    """A function in verl's or OpenRLHF's convention (known by its parameter names) runs unchanged."""
+    from rlhfkit.rewards.peers import as_peer_reward, convention_of
+
+    fn = _python_reward(target, spec)
+    convention = convention_of(fn)
+    return fn if convention is None else as_peer_reward(fn, convention, options, spec)
+
+
+def _peer_kind(convention: str, default_fn: str) -> RewardBuilder:
+    """``verl:FILE.py[:FN]`` / ``openrlhf:FILE.py[:FN]``: the file's function in that peer's convention."""
+
+    def build(target: str, spec: str, options: Mapping[str, Any]) -> RewardFn:
+        from rlhfkit.rewards.peers import as_peer_reward
+
+        if not target:
+            raise UserError(f"reward {spec!r}: expected '{convention}:FILE.py' or '{convention}:FILE.py:FUNCTION'")
+        if target.endswith(".py") or ":" not in target:
+            target = f"{target}:{default_fn}"
+        return as_peer_reward(_python_reward(target, spec), convention, options, spec)
+
+    return build
+
+
+def _remote_kind(target: str, spec: str, options: Mapping[str, Any]) -> RewardFn:
+    from rlhfkit.rewards.remote import build_remote
+
+    return build_remote(spec, options)
+
+
+def _judge_kind(target: str, spec: str, options: Mapping[str, Any]) -> RewardFn:
+    from rlhfkit.rewards.judge import build_judge
+
+    return build_judge(target, spec, options)
 
 
 def _model_kind(target: str, spec: str, options: Mapping[str, Any]) -> RewardFn:
     return _model_reward(target, spec)
 
 
-KINDS: dict[str, RewardBuilder] = {"length": _length_kind, "python": _python_kind, "model": _model_kind}
+KINDS: dict[str, RewardBuilder] = {
+    "length": _length_kind, "python": _python_kind, "model": _model_kind,
+    "http": _remote_kind, "https": _remote_kind, "judge": _judge_kind,
+    "verl": _peer_kind("verl", "compute_score"), "openrlhf": _peer_kind("openrlhf", "reward_func"),
+}
 
 
 def get_reward(spec: str | RewardFn, options: Mapping[str, Any] = NO_OPTIONS) -> RewardFn:

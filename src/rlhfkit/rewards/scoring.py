@@ -111,6 +111,9 @@ def check_reward_call(fn: RewardFn, columns: Sequence[str], name: str | None = N
     first rollout. Several weighted rewards check each one."""
     for part_name, part, _ in getattr(fn, "parts", ()):
         check_reward_call(part, columns, part_name)
+    needs = getattr(inspect.unwrap(fn), "check_columns", None)  # a reward that reads given columns
+    if needs is not None:
+        needs(list(columns))
     sig = _signature(fn)
     if sig is None or getattr(fn, "parts", None):
         return
@@ -125,6 +128,17 @@ def check_reward_call(fn: RewardFn, columns: Sequence[str], name: str | None = N
         given = ", ".join(["prompts", "completions", *columns])
         raise RewardError(f"reward {name!r}: its signature {sig} does not take the call with {given} ({e}); "
                           "a reward receives every prompt field as a keyword: add **kwargs") from None
+
+
+def reward_metrics(reward_fn: Any) -> dict[str, float]:
+    """The metrics a reward keeps about its own calls since the last time they were read (its
+    ``pop_metrics()``, e.g. the seconds waited on a reward server), summed over weighted parts."""
+    out: dict[str, float] = {}
+    for fn in [reward_fn, *(part for _, part, _ in getattr(reward_fn, "parts", ()))]:
+        pop = getattr(inspect.unwrap(fn), "pop_metrics", None)
+        for key, value in (pop() if pop is not None else {}).items():
+            out[key] = out.get(key, 0.0) + float(value)
+    return out
 
 
 def score_parts(reward_fn: RewardFn, prompts: Sequence, completions: Sequence,

@@ -29,6 +29,7 @@ from rlhfkit.trainers.options import (
     ModelArgs,
     OptimizerArgs,
     ReferenceArgs,
+    RemoteRewardArgs,
     RunArgs,
     SamplingArgs,
 )
@@ -39,7 +40,7 @@ OFF_POLICY_TIS_CAP = 2.0  # one_step_off_policy's cap when tis_cap is unset (Yao
 
 
 @dataclass
-class GRPOConfig(EnvArgs, GenerationArgs, ReferenceArgs, SamplingArgs, ModelArgs, OptimizerArgs, RunArgs):
+class GRPOConfig(EnvArgs, RemoteRewardArgs, GenerationArgs, ReferenceArgs, SamplingArgs, ModelArgs, OptimizerArgs, RunArgs):
     """GRPO: G sampled completions per prompt, group-relative advantages, clipped ratio, no value head."""
 
     # data and reward

@@ -8,7 +8,8 @@ and freezes the config (RunArgs is FrozenAfterValidation): nothing assigns a fie
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
+from types import MappingProxyType
 
 from rlhfkit.core.choices import DTYPES, GENERATION_BACKENDS, LR_SCHEDULES, PROMPT_OVERFLOW_MODES
 from rlhfkit.core.config import FrozenAfterValidation, check, option
@@ -16,9 +17,15 @@ from rlhfkit.core.config import FrozenAfterValidation, check, option
 OVERFLOW_MODES = PROMPT_OVERFLOW_MODES
 # The reward specs the RL trainers take after their built-in default (`reward=` help text)
 REWARD_SPECS_HELP = ("length[:N] | model:PATH (an `rlhfkit rm` folder, or any AutoModelForSequenceClassification "
-                     "folder or Hub id) | python:module:function (called as TRL calls rewards: prompts=, completions=, "
-                     "each prompt field as a keyword); a,b (or a YAML list) = several, summed with reward_weights, each "
-                     "logged as reward/NAME. In Python: a callable or a list")
+                     "folder or Hub id) | python:module:function or python:FILE.py:function (called as TRL calls "
+                     "rewards: prompts=, completions=, each prompt field as a keyword; a verl compute_score or OpenRLHF "
+                     "reward_func is known by its parameters) | http(s)://HOST:PORT/PATH (a reward server speaking "
+                     "OpenRLHF's protocol, e.g. `rlhfkit serve-reward`; several servers joined with +) | judge:URL (an "
+                     "LLM judge behind an OpenAI-compatible /v1 server; judge_* options) | verl:FILE.py[:FN] (verl's "
+                     "compute_score) | openrlhf:FILE.py[:FN] (OpenRLHF's reward_func); a,b (or a YAML list) = several, "
+                     "summed with reward_weights, each logged as reward/NAME. docs/rewards.md has an example of each. "
+                     "In Python: a callable or a list")
+
 
 
 @dataclass
@@ -234,3 +241,50 @@ class EnvArgs:
         if self.env and self.generation_backend == "vllm":
             check(False, f"env ({self.env}) samples its turns on the training policy; set generation_backend=hf "
                   f"or lean (got {self.generation_backend})")
+
+
+@dataclass
+class RemoteRewardArgs:
+    """Rewards scored outside the process: reward servers (reward=http://...) and LLM judges
+    (reward=judge:URL); rewards/remote.py and rewards/judge.py read these."""
+
+    reward_batch_size: int = option(64, "http rewards: samples per request to a reward server (a judge gets one "
+                                    "chat request per sample)")
+    reward_concurrency: int = option(4, "http/judge rewards: requests in flight at once (servers joined with + "
+                                     "take the requests in turn)")
+    reward_timeout: float = option(60.0, "http/judge rewards: seconds one request may take before it is retried")
+    reward_retries: int = option(3, "http/judge rewards: further tries of a request that failed to connect, timed "
+                                 "out or got a 5xx/429 answer, after 0.5 s, 1 s, 2 s, ... (at most 8 s)")
+    reward_api_key_env: str = option("", "http rewards: environment variable holding the server's access token "
+                                     "(sent as a bearer token; `rlhfkit serve-reward --token`). \"\" = none")
+    reward_label_key: str | None = option(None, "the column sent as `labels` to reward servers and OpenRLHF "
+                                          "reward_func (None: label, labels, answer, ground_truth, then verl's "
+                                          "reward_model.ground_truth, the first present)")
+    judge_model: str = option("", "judge: the model name sent to the judge server (\"\": the first model its "
+                              "/v1/models lists)")
+    judge_template: str = option("", "judge: the prompt the judge sees, a text or a .txt file, with {prompt}, "
+                                 "{completion} and any prompt column as {NAME} (\"\": a built-in 0-10 rating "
+                                 "prompt, rewards/judge.py)")
+    judge_score_field: str = option("score", "judge: a reply holding a JSON object with this field scores its "
+                                    "value as given; any other reply scores its last 'N/10' as N/10 (7/10 -> 0.7)")
+    judge_unparsed: str = option("zero", "judge: a reply with no score scores 0 (zero; counted in "
+                                 "rollout/judge_unparsed_rate) or stops the run (error)", ("zero", "error"))
+    judge_max_tokens: int = option(64, "judge: most tokens of a judge's reply")
+    judge_api_key_env: str = option("", "judge: environment variable holding the judge server's API key "
+                                    "(\"\": none; a local server needs none)")
+
+    def validate(self) -> None:
+        for k in ("reward_batch_size", "reward_concurrency", "judge_max_tokens"):
+            check(getattr(self, k) >= 1, f"{k} ({getattr(self, k)}) must be >= 1")
+        check(self.reward_timeout > 0, f"reward_timeout ({self.reward_timeout}) must be > 0")
+        check(self.reward_retries >= 0, f"reward_retries ({self.reward_retries}) must be >= 0")
+
+
+REWARD_OPTION_GROUPS: tuple[type, ...] = (RemoteRewardArgs,)
+
+
+def reward_options(cfg) -> MappingProxyType:
+    """The run's reward settings for rewards.get_rewards: every field of the reward option groups
+    `cfg` mixes in, read-only."""
+    names = [f.name for group in REWARD_OPTION_GROUPS if isinstance(cfg, group) for f in fields(group)]
+    return MappingProxyType({k: getattr(cfg, k) for k in names})

@@ -14,13 +14,14 @@ from rlhfkit.trainers.options import (
     ModelArgs,
     OptimizerArgs,
     ReferenceArgs,
+    RemoteRewardArgs,
     RunArgs,
     SamplingArgs,
 )
 
 
 @dataclass
-class ActorCriticArgs(EnvArgs, GenerationArgs, ReferenceArgs, SamplingArgs, ModelArgs, OptimizerArgs, RunArgs):
+class ActorCriticArgs(EnvArgs, RemoteRewardArgs, GenerationArgs, ReferenceArgs, SamplingArgs, ModelArgs, OptimizerArgs, RunArgs):
     """What the actor-critic trainers (PPO, TRPO) share: the rollout, the KL-shaped rewards, GAE and the critic."""
 
     # The CPU demo adapts the top 12 of SmolLM2's 30 layers: backward stops there (docs/benchmarks.md, "Frozen

@@ -40,6 +40,7 @@ from rlhfkit.rollout.score import score_rollout
 from rlhfkit.runtime.batch_plan import micro_batch_of_run
 from rlhfkit.runtime.distributed import mean_over_processes
 from rlhfkit.runtime.run import Run
+from rlhfkit.trainers.options import reward_options
 from rlhfkit.trainers.rl_update import LossFn, env_rates, update_policy
 
 # ----------------------------------------------------------------------------- the config contract
@@ -83,7 +84,7 @@ def prepare_data(cfg: RLConfig, make_env=None) -> tuple:
     from rlhfkit.data.prompts import info_columns, load_prompts
     from rlhfkit.rewards import check_reward_call, get_rewards
 
-    reward_fn = None if cfg.env else get_rewards(cfg.reward, cfg.reward_weights)
+    reward_fn = None if cfg.env else get_rewards(cfg.reward, cfg.reward_weights, options=reward_options(cfg))
     prompts = env_prompts(cfg, make_env)
     train = load_prompts(prompts, split="train", seed=cfg.seed)
     if not train:
@@ -158,7 +159,7 @@ def sample_rollout(actor, tok, records, cfg, params: SamplingParams, seed: int, 
     rollout.prompts = [str(r["prompt"]) for r in records]
     rollout.info = info_lists(records)
     score_rollout(rollout, records, reward_fn)
-    rollout.timings = {"timing/generate_s": t1 - t0, "timing/reward_s": time.perf_counter() - t1}
+    rollout.timings = {"timing/generate_s": t1 - t0, "timing/reward_s": time.perf_counter() - t1, **rollout.timings}
     return rollout
 
 
