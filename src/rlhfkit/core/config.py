@@ -182,23 +182,51 @@ def build_config(cls: type[C], values: dict[str, Any], source: str = "",
         if fields[key].metadata.get("several") and isinstance(raw, (list, tuple)) and all(isinstance(x, str) for x in raw):
             raw = ",".join(raw)  # reward: [a, b] is reward=a,b
         kwargs[key] = _coerce(key, raw, hints[key], fields[key].metadata.get("choices"), where)
-    cfg = freeze(cls(**kwargs))  # validate() only reads: a derived value is `derived()`'s
+    cfg = freeze(_construct(cls, kwargs))  # validate() only reads: a derived value is `derived()`'s
     for klass in reversed(type(cfg).__mro__):
         validate = vars(klass).get("validate")
         if callable(validate):
             validate(cfg)
-    return freeze(dataclasses.replace(cfg, **derived_values(cfg))) if isinstance(cfg, FrozenAfterValidation) else cfg
+    if not isinstance(cfg, FrozenAfterValidation):
+        return cfg
+    return freeze(_construct(cls, {**_init_values(cfg), **derived_values(cfg)}))
+
+
+def _construct(cls: type[C], kwargs: dict[str, Any]) -> C:
+    """The dataclass's own __init__, without the validation a ValidatedOnConstruction class adds."""
+    return type.__call__(cls, **kwargs)
+
+
+def _init_values(cfg: Any) -> dict[str, Any]:
+    return {f.name: getattr(cfg, f.name) for f in dataclasses.fields(cfg) if f.init}
+
+
+class ValidatedOnConstruction(type):
+    """Metaclass of FrozenAfterValidation: ``GRPOConfig(lr=1e-5)`` (and ``dataclasses.replace``, which
+    calls the class) goes through `build_config`, so a config built in Python is coerced, checked and
+    frozen exactly as a command line is: an unknown keyword or a bad value is the CLI's one-line
+    ConfigError (named after the class), never a bare TypeError."""
+
+    def __call__(cls, *args: Any, **kwargs: Any) -> Any:
+        names = [f.name for f in dataclasses.fields(cls) if f.init]
+        if len(args) > len(names):
+            raise ConfigError(f"{cls.__name__} takes keyword options (key=value), got {len(args)} positional values")
+        for name, value in zip(names, args):
+            if name in kwargs:
+                raise ConfigError(f"{cls.__name__}: {name} given twice")
+            kwargs[name] = value
+        return build_config(cls, kwargs, source=cls.__name__)
 
 
 FROZEN_FLAG = "_frozen"  # the instance attribute that marks a validated config read-only
 
 
-class FrozenAfterValidation:
-    """Mixin of the trainers' configs: `build_config` freezes them, so a field assigned after
-    validation raises (one line). A value worked out from the options (the resolved dtype, a default
-    cap) comes from a class's ``derived()`` (a dict of fields), applied before freezing; what the run
-    works out at run time lives in the run (runtime/run.py). A config built directly stays open
-    until `build_config` (the Python API's `train` rebuilds it) checks it."""
+class FrozenAfterValidation(metaclass=ValidatedOnConstruction):
+    """Mixin of the trainers' configs: however one is built (`build_config` from YAML or the command
+    line, the class called in Python, ``dataclasses.replace``) it is coerced, validated and frozen, so
+    a field assigned afterwards raises (one line). A value worked out from the options (the resolved
+    dtype, a default cap) comes from a class's ``derived()`` (a dict of fields), applied before
+    freezing; what the run works out at run time lives in the run (runtime/run.py)."""
 
     def __setattr__(self, name: str, value: Any) -> None:
         if vars(self).get(FROZEN_FLAG, False):
@@ -384,12 +412,17 @@ def _with_resumed_config(cls: type, merged: dict[str, Any], command: str = "") -
     base = saved_config(str(resume))
     for k in base:
         if k not in _fields(cls):
-            other = run_command(str(resume))
-            if other and other != command:
-                raise ConfigError(f"resume: {resume} is a {other} run, not a {command} run: continue it with "
-                                  f"rlhfkit {other} --resume {resume}")
+            check_resumed_command(str(resume), command)
             raise _unknown_key(k, _fields(cls), f"{resume}/config.yaml")
     return {**base, **merged}
+
+
+def check_resumed_command(resume: str, command: str) -> None:
+    """A run folder written by another command is refused by name (the CLI and the Python API alike)."""
+    other = run_command(resume)
+    if other and other != command:
+        raise ConfigError(f"resume: {resume} is a {other} run, not a {command} run: continue it with "
+                          f"rlhfkit {other} --resume {resume}")
 
 
 def config_main(cls: type[C], run: typing.Callable[[C], Any], argv: list[str], prog: str) -> int:
