@@ -280,19 +280,12 @@ class Run:
                 shutil.rmtree(final, ignore_errors=True)  # no half-written final model
                 raise
             self.tracker.write_json("summary.json", self.summary)
-            self._clear_failure()
             from rlhfkit.diagnostics.console import closing_line
 
             self.print(closing_line(self.run_dir))
         self.tracker.close()
         self.close()
         return self.summary
-
-    def _clear_failure(self) -> None:
-        """A run that finished is no longer a failed one: an earlier attempt's RUN/failed.json goes."""
-        from rlhfkit.runtime.run_folder import FAILED
-
-        (self.run_dir / FAILED).unlink(missing_ok=True)
 
     def close(self, error: BaseException | None = None) -> None:
         """Release the run folder (idempotent); after an `error`, remove or mark it
