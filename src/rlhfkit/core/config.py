@@ -17,6 +17,7 @@ from typing import Any, TypeVar
 import yaml
 
 from rlhfkit.core.aliases import alias_hint, aliases_of, canonical_key
+from rlhfkit.core.bounds import check_count
 from rlhfkit.errors import ConfigError
 
 C = TypeVar("C")
@@ -34,6 +35,40 @@ def option(default: Any, help: str, choices: tuple | None = None, several: bool 
     if isinstance(default, (list, dict)):
         return dataclasses.field(default_factory=lambda: type(default)(default), metadata=meta)
     return dataclasses.field(default=default, metadata=meta)
+
+
+@dataclasses.dataclass(frozen=True)
+class _Retuned:
+    default: Any
+    help: str | None
+
+
+def retune(default: Any = dataclasses.MISSING, help: str | None = None) -> Any:
+    """In a trainer config (a FrozenAfterValidation subclass): an option that a base class or option
+    group declares, with this command's own default and/or --help text, written without a type
+    (``lr = retune(2e-4, "AdamW learning rate (LoRA default; ...)")``). The option keeps its type,
+    choices, checks and place in --help; it is not a second declaration."""
+    return _Retuned(default, help)
+
+
+def _retuned_fields(name: str, bases: tuple[type, ...], namespace: dict) -> None:
+    """Turn each `retune()` in a class body into the inherited field with the new default/help."""
+    inherited: dict[str, dataclasses.Field] = {}
+    for base in reversed([k for b in bases for k in reversed(b.__mro__)]):
+        inherited.update(getattr(base, "__dataclass_fields__", {}))
+    declared_types = namespace.setdefault("__annotations__", {})
+    for key, value in list(namespace.items()):
+        if not isinstance(value, _Retuned):
+            continue
+        if key not in inherited:
+            raise TypeError(f"{name}.{key}: retune() needs an option a base class declares")
+        base = inherited[key]
+        default = value.default if value.default is not dataclasses.MISSING else (
+            base.default if base.default is not dataclasses.MISSING else base.default_factory())  # type: ignore[misc]
+        meta = {**base.metadata, "retuned": True, **({"help": value.help} if value.help else {})}
+        declared_types[key] = base.type
+        namespace[key] = (dataclasses.field(default_factory=lambda d=default: type(d)(d), metadata=meta)
+                          if isinstance(default, (list, dict)) else dataclasses.field(default=default, metadata=meta))
 
 
 # An integer option that also takes a word (`micro_batch_size=auto`): a count where the value reads as
@@ -182,6 +217,9 @@ def build_config(cls: type[C], values: dict[str, Any], source: str = "",
         if fields[key].metadata.get("several") and isinstance(raw, (list, tuple)) and all(isinstance(x, str) for x in raw):
             raw = ",".join(raw)  # reward: [a, b] is reward=a,b
         kwargs[key] = _coerce(key, raw, hints[key], fields[key].metadata.get("choices"), where)
+        _check_text(given, key, kwargs[key], where)
+        if isinstance(kwargs[key], int) and not isinstance(kwargs[key], bool):
+            check_count(key, kwargs[key], where)
     cfg = freeze(_construct(cls, kwargs))  # validate() only reads: a derived value is `derived()`'s
     for klass in reversed(type(cfg).__mro__):
         validate = vars(klass).get("validate")
@@ -190,6 +228,37 @@ def build_config(cls: type[C], values: dict[str, Any], source: str = "",
     if not isinstance(cfg, FrozenAfterValidation):
         return cfg
     return freeze(_construct(cls, {**_init_values(cfg), **derived_values(cfg)}))
+
+
+def _check_text(given: str, key: str, value: Any, where: str) -> None:
+    """A text option (or a list of texts) must be valid Unicode, as data files must: a lone surrogate
+    (a YAML "\\ud800" escape, or a byte that is not UTF-8 on the command line, which Python keeps as
+    \\udcXX) would reach the tokenizer as a TypeError. One line naming FILE:LINE or the option."""
+    texts = value if isinstance(value, list) else [value]
+    for text in texts:
+        if not isinstance(text, str):
+            continue
+        bad = next((i for i, ch in enumerate(text) if 0xD800 <= ord(ch) <= 0xDFFF), None)
+        if bad is None:
+            continue
+        code = ord(text[bad])
+        what = (f"byte 0x{code - 0xDC00:02x} is not UTF-8" if 0xDC80 <= code <= 0xDCFF
+                else f"a lone surrogate \\u{code:04x}")
+        place = _yaml_key_line(where, given) if where.endswith((".yaml", ".yml")) else where
+        prefix = f"{place}: " if place else ""
+        raise ConfigError(f"{prefix}{key}: not valid Unicode ({what} at character {bad + 1})")
+
+
+def _yaml_key_line(path: str, key: str) -> str:
+    """``FILE:LINE`` of the top-level `key` in a YAML file (``FILE`` when it cannot be found)."""
+    try:
+        node = yaml.compose(Path(path).read_text(encoding="utf-8"), Loader=yaml.SafeLoader)
+    except (OSError, ValueError, yaml.YAMLError):
+        return path
+    for key_node, _ in getattr(node, "value", []) if isinstance(node, yaml.MappingNode) else []:
+        if str(key_node.value) == key:
+            return f"{path}:{key_node.start_mark.line + 1}"
+    return path
 
 
 def _construct(cls: type[C], kwargs: dict[str, Any]) -> C:
@@ -206,6 +275,10 @@ class ValidatedOnConstruction(type):
     calls the class) goes through `build_config`, so a config built in Python is coerced, checked and
     frozen exactly as a command line is: an unknown keyword or a bad value is the CLI's one-line
     ConfigError (named after the class), never a bare TypeError."""
+
+    def __new__(mcls, name: str, bases: tuple[type, ...], namespace: dict, **kwargs: Any) -> type:
+        _retuned_fields(name, bases, namespace)
+        return super().__new__(mcls, name, bases, namespace, **kwargs)
 
     def __call__(cls, *args: Any, **kwargs: Any) -> Any:
         names = [f.name for f in dataclasses.fields(cls) if f.init]
