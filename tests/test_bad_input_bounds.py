@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 
 import pytest
-
 from test_bad_input import assert_clean_error, inputs, run_cli, work  # noqa: F401 (fixtures)
 
 BAD_FILES = {
