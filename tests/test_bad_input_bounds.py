@@ -117,3 +117,29 @@ def test_a_huge_prompt_costs_the_tokenizer_only_its_kept_end(tiny_tokenizer):
     assert enc["input_ids"][1].tolist() == full[-limit:]
     assert enc["attention_mask"][0].sum().item() == len(tiny_tokenizer("short", add_special_tokens=False)["input_ids"])
     assert counting.longest <= 8 * 4 * (limit + 17), counting.longest  # a tail, never the megabyte
+
+
+def test_every_config_problem_of_a_command_line_and_yaml_file_is_in_one_line(bad_inputs, work, tiny_model_dir,  # noqa: F811
+                                                                             capsys):
+    """Unknown keys, values of the wrong type and failed checks, from the command line and a YAML
+    file: all named in one message, exit 2, nothing written (each used to stop the run alone)."""
+    (bad_inputs / "two_problems.yaml").write_text("itertions: 3\nlr: fast\n")
+    rc = run_cli("grpo", bad_inputs, tiny_model_dir, {"_yaml": "{in}/two_problems.yaml", "lrr": "1",
+                                                      "group_size": "1.5", "top_p": "5", "seed": "-1"})
+    yaml_file = bad_inputs / "two_problems.yaml"
+    assert_clean_error(rc, capsys.readouterr().err, [
+        f"6 problems: {yaml_file}: unknown config key 'itertions' (did you mean 'iterations'?); "
+        f"{yaml_file}: lr='fast': expected float (a finite number); "
+        "group_size=1.5: expected int; command line: unknown config key 'lrr' (did you mean 'lr'?); "
+        "seed (-1) must be in [0, 2**63 - 1]; top_p (5.0) must be in (0, 1]"], work)
+
+
+def test_a_directly_built_config_names_every_problem_too():
+    from rlhfkit.errors import ConfigError
+    from rlhfkit.trainers.sft_config import SFTConfig
+
+    with pytest.raises(ConfigError) as err:
+        SFTConfig(lrr=1, batch_size=3, micro_batch_size=2, epochs="many")
+    assert str(err.value) == ("3 problems: SFTConfig: unknown config key 'lrr' (did you mean 'lr'?); "
+                              "SFTConfig: epochs='many': expected int; "
+                              "batch_size (3) must be divisible by micro_batch_size (2)")

@@ -197,7 +197,7 @@ def _field_key(cls: type, key: Any, source: str) -> str:
 
 
 def build_config(cls: type[C], values: dict[str, Any], source: str = "",
-                 sources: dict[str, str] | None = None) -> C:
+                 sources: dict[str, str] | None = None, problems: list[str] | None = None) -> C:
     """Make `cls` from a mapping, coercing types and rejecting unknown keys, then validate.
 
     `sources` names where a key came from (a YAML file) for its error messages. Every class in
@@ -205,29 +205,59 @@ def build_config(cls: type[C], values: dict[str, Any], source: str = "",
     SamplingArgs check their fields for every trainer). A trainer config (FrozenAfterValidation)
     is read-only while it is validated; then the values its classes' ``derived()`` work out are
     applied (dataclasses.replace) and the result is frozen.
+
+    Every problem is reported at once, in one ConfigError (`problems`: those the caller found
+    already, e.g. unknown keys of a command line): each key's type, then each class's first failed
+    check (a check that names a key with a type problem is left out: it saw the default instead).
     """
     fields = _fields(cls)
     hints = typing.get_type_hints(cls)
-    kwargs = {}
+    problems = list(problems or [])
+    kwargs, bad = {}, set()
     for given, raw in values.items():
         if given == FROZEN_FLAG:  # {**vars(cfg), ...} of a built config carries the flag: not an option
             continue
-        key = _field_key(cls, given, source)
-        where = (sources or {}).get(given, (sources or {}).get(key, source))
-        if fields[key].metadata.get("several") and isinstance(raw, (list, tuple)) and all(isinstance(x, str) for x in raw):
-            raw = ",".join(raw)  # reward: [a, b] is reward=a,b
-        kwargs[key] = _coerce(key, raw, hints[key], fields[key].metadata.get("choices"), where)
-        _check_text(given, key, kwargs[key], where)
-        if isinstance(kwargs[key], int) and not isinstance(kwargs[key], bool):
-            check_count(key, kwargs[key], where)
+        try:
+            key = _field_key(cls, given, (sources or {}).get(given, source))
+            where = (sources or {}).get(given, (sources or {}).get(key, source))
+            if fields[key].metadata.get("several") and isinstance(raw, (list, tuple)) and all(isinstance(x, str) for x in raw):
+                raw = ",".join(raw)  # reward: [a, b] is reward=a,b
+            value = _coerce(key, raw, hints[key], fields[key].metadata.get("choices"), where)
+            _check_text(given, key, value, where)
+            if isinstance(value, int) and not isinstance(value, bool):
+                check_count(key, value, where)
+            kwargs[key] = value
+        except ConfigError as e:
+            problems.append(str(e))
+            bad.add(canonical_key(str(given), fields) or str(given))
     cfg = freeze(_construct(cls, kwargs))  # validate() only reads: a derived value is `derived()`'s
-    for klass in reversed(type(cfg).__mro__):
-        validate = vars(klass).get("validate")
-        if callable(validate):
-            validate(cfg)
+    problems = list(dict.fromkeys(problems + _validation_problems(cfg, bad)))  # two classes may check one range
+    if problems:
+        raise ConfigError(problems[0] if len(problems) == 1 else f"{len(problems)} problems: " + "; ".join(problems))
     if not isinstance(cfg, FrozenAfterValidation):
         return cfg
     return freeze(_construct(cls, {**_init_values(cfg), **derived_values(cfg)}))
+
+
+def _validation_problems(cfg: Any, bad: set[str]) -> list[str]:
+    """The first failed check of each class's ``validate()`` (mixins first), but none that names a key
+    in `bad` (its value is the default, the given one did not parse). A check that cannot run on the
+    values so far (a zero divisor another check names) ends the list."""
+    found: list[str] = []
+    for klass in reversed(type(cfg).__mro__):
+        validate = vars(klass).get("validate")
+        if not callable(validate):
+            continue
+        try:
+            validate(cfg)
+        except ConfigError as e:
+            if not any(str(e).startswith((f"{k} (", f"{k}=")) or f" {k} (" in str(e) for k in bad):
+                found.append(str(e))
+        except (ArithmeticError, TypeError, ValueError):
+            if found or bad:
+                break
+            raise
+    return found
 
 
 def _check_text(given: str, key: str, value: Any, where: str) -> None:
@@ -392,7 +422,8 @@ def parse_args(cls: type[C], argv: list[str], prog: str) -> C | None:
 
 
 def parse_values(cls: type, argv: list[str], prog: str) -> tuple[dict[str, Any], dict[str, str]] | None:
-    """The values ``[CONFIG.yaml] [key=value ...]`` give (unknown keys rejected, not yet coerced),
+    """The values ``[CONFIG.yaml] [key=value ...]`` give (not yet coerced; an unknown key kept as given,
+    for `build_config` to name with the other problems),
     and the YAML file each came from; None after printing --help. For commands whose defaults
     depend on what was given (`rlhfkit estimate-memory`)."""
     if any(a in ("-h", "--help") for a in argv):
@@ -401,13 +432,17 @@ def parse_values(cls: type, argv: list[str], prog: str) -> tuple[dict[str, Any],
     merged: dict[str, Any] = {}
     sources: dict[str, str] = {}
     for arg in _flag_values(cls, argv):
-        if "=" in arg:
-            key, _, val = arg.partition("=")
-            key = _field_key(cls, key.lstrip("-").replace("-", "_"), "command line")
-            merged[key] = _cli_value(cls, key, val)
-            sources.pop(key, None)
+        if "=" in arg:  # an unknown key is kept as given: build_config names every problem at once
+            given, _, val = arg.partition("=")
+            given = given.lstrip("-").replace("-", "_")
+            key = canonical_key(given, _fields(cls))
+            if key is None:
+                merged[given], sources[given] = val, "command line"
+            else:
+                merged[key] = _cli_value(cls, key, val)
+                sources.pop(key, None)
         elif arg.endswith((".yaml", ".yml")):
-            data = {_field_key(cls, k, arg): v for k, v in read_yaml(arg).items()}
+            data = {canonical_key(str(k), _fields(cls)) or k: v for k, v in read_yaml(arg).items()}
             merged.update(data)
             sources.update(dict.fromkeys(data, arg))
         elif arg.startswith("-"):

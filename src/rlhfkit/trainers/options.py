@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from rlhfkit.core.bounds import check_planned_steps, check_warmup
+from rlhfkit.core.bounds import MAX_STEPS, check_planned_steps, check_warmup
 from rlhfkit.core.choices import (
     DTYPES,
     GENERATION_BACKENDS,
@@ -117,7 +117,8 @@ class OptimizerArgs:
         except ZeroDivisionError:
             per_iteration = None
         iterations = getattr(self, "iterations", None)
-        if isinstance(per_iteration, int) and isinstance(iterations, int):
+        # a huge rollout makes many steps an iteration: the rollout's memory check names it (trainers/rl.py)
+        if isinstance(per_iteration, int) and isinstance(iterations, int) and per_iteration <= MAX_STEPS:
             check_planned_steps(iterations * per_iteration,
                                 f"iterations ({iterations:,}) x {per_iteration} optimiser steps an iteration")
             check_warmup(self.warmup_steps, iterations * per_iteration, self.lr)  # refuses only; the run warns
@@ -213,14 +214,11 @@ class GenerationArgs:
                                                  "cache); the rest stays for training")
     vllm_max_model_len: int | None = option(None, "vllm: longest prompt + response (None: the model's maximum)")
 
-    def __post_init__(self) -> None:
+    def validate(self) -> None:
         check(0 < self.vllm_gpu_memory_utilization <= 1,
               f"vllm_gpu_memory_utilization ({self.vllm_gpu_memory_utilization}) must be in (0, 1]")
         check(self.vllm_max_model_len is None or self.vllm_max_model_len >= 1,
               f"vllm_max_model_len ({self.vllm_max_model_len}) must be >= 1 or None")
-        parent = getattr(super(), "__post_init__", None)
-        if parent is not None:  # the other mixins' checks (RunArgs)
-            parent()
 
 
 @dataclass
@@ -245,14 +243,12 @@ class RunArgs(FrozenAfterValidation):
                                       "with a diagnosis after this many in a row")
     save_merged: bool = option(False, "also save merged full weights (LoRA) in final/merged")
 
-    def __post_init__(self) -> None:
+    def validate(self) -> None:
         # RunArgs is mixed into every trainer's config: checked here so no validate() repeats it.
         check(self.save_every >= 0, f"save_every ({self.save_every}) must be >= 0 (0 = only when stopped)")
         check(self.keep_checkpoints >= 1, f"keep_checkpoints ({self.keep_checkpoints}) must be >= 1")
         check(self.max_nonfinite_steps >= 1, f"max_nonfinite_steps ({self.max_nonfinite_steps}) must be >= 1")
         check(0 <= self.seed < 2**63, f"seed ({self.seed}) must be in [0, 2**63 - 1]")
-
-    def validate(self) -> None:
         check_environment()  # what the run reads from the environment is checked like its options
 
 
