@@ -41,4 +41,9 @@ def train(cfg: Any) -> dict:
     name = next((k.__name__ for k in type(cfg).__mro__ if k.__name__ in CONFIGS), None)
     if name is None or not dataclasses.is_dataclass(cfg):
         raise TypeError(f"train() takes an rlhfkit config ({', '.join(CONFIGS)}), got {type(cfg).__name__}")
+    if cfg.resume not in (None, "", "auto"):  # another command's run: the CLI's message
+        from rlhfkit.core.config import check_resumed_command
+
+        command = next(c for c, k in COMMAND_CONFIGS.items() if k == name)
+        check_resumed_command(str(cfg.resume), command)
     return importlib.import_module(CONFIGS[name][1]).train(checked(cfg))

@@ -88,9 +88,12 @@ def test_json_list_of_objects(tmp_path):
     assert records.where(1) == f"{path}: record 2"
 
 
-def test_json_single_object_is_one_record(tmp_path):
-    path = write(tmp_path, "p.json", '{"prompt": "only"}')
-    assert read_records(path) == [{"prompt": "only"}]
+def test_json_single_object_is_refused_and_an_object_of_columns_is_a_table(tmp_path):
+    path = write(tmp_path, "p.json", '{"prompt": "only"}')  # one object is not a data set
+    with pytest.raises(DataError, match="p.json: expected a JSON list of records, got one object"):
+        read_records(path)
+    path = write(tmp_path, "c.json", '{"prompt": ["a", "b"]}')  # columns, as `datasets` reads them
+    assert read_records(path) == [{"prompt": "a"}, {"prompt": "b"}]
 
 
 def test_json_file_holding_json_lines_is_read_as_jsonl(tmp_path):

@@ -9,6 +9,7 @@ import pytest
 
 from rlhfkit.api import CONFIGS, config_class
 from rlhfkit.core.config import build_config, parse_args
+from rlhfkit.errors import ConfigError
 from rlhfkit.trainers.grpo_config import OFF_POLICY_TIS_CAP, GRPOConfig
 
 REQUIRED = {"RMConfig": {"data": "prefs.jsonl"}, "SFTConfig": {"data": "sft.jsonl"},
@@ -26,10 +27,30 @@ def test_assigning_a_field_after_validation_raises(name):
     assert changed.seed == 5 and cfg.seed == 0
 
 
-def test_a_config_built_directly_stays_open_until_validated():
-    cfg = GRPOConfig()
-    cfg.seed = 3  # the Python API: checked (and frozen) by train()
-    assert build_config(GRPOConfig, {"seed": cfg.seed}).seed == 3
+@pytest.mark.parametrize("name", sorted(CONFIGS))
+def test_a_config_built_directly_is_validated_and_frozen(name):
+    """Calling the class (the Python API) or dataclasses.replace checks and freezes as build_config does."""
+    cls = config_class(name)
+    cfg = cls(**REQUIRED.get(name, {}))
+    assert cfg == build_config(cls, dict(REQUIRED.get(name, {})))
+    with pytest.raises(dataclasses.FrozenInstanceError, match=f"{name} is frozen after validation"):
+        cfg.seed = 3
+    with pytest.raises(ConfigError, match=r"^keep_checkpoints \(0\) must be >= 1$"):
+        dataclasses.replace(cfg, keep_checkpoints=0)
+    with pytest.raises(ConfigError, match=rf"^{name}: lr='fast': expected float \(a finite number\)$"):
+        cls(lr="fast", **REQUIRED.get(name, {}))
+
+
+def test_a_directly_built_invalid_config_is_the_command_lines_one_line_error():
+    with pytest.raises(ConfigError) as direct:
+        GRPOConfig(mini_batch_size=64, rollout_batch_size=8)
+    with pytest.raises(ConfigError) as cli:
+        parse_args(GRPOConfig, ["mini_batch_size=64", "rollout_batch_size=8"], "rlhfkit grpo")
+    assert str(direct.value) == str(cli.value) == "rollout_batch_size (8) must be divisible by mini_batch_size (64)"
+    with pytest.raises(ConfigError, match=r"^GRPOConfig: unknown config key 'learnin_rate' \(did you mean "
+                                          r"'learning_rate'\? rlhfkit calls it 'lr'\)$"):
+        GRPOConfig(learnin_rate=1e-5)
+    assert GRPOConfig(learning_rate=1e-5, max_completion_length=8).max_new_tokens == 8  # TRL's names, as on the CLI
 
 
 def test_derived_values_are_resolved_before_freezing():

@@ -291,6 +291,11 @@ def test_resuming_another_commands_run_or_with_another_model_is_one_line(tmp_pat
     with pytest.raises(ConfigError, match=f"resume: {runs / 'pref'} is a dpo run, not a sft run: continue it with "
                                           f"rlhfkit dpo --resume {runs / 'pref'}"):
         parse_args(SFTConfig, ["--resume", str(runs / "pref")], "rlhfkit sft")
+    from rlhfkit import api  # the Python API gives the command line's message, not "missing [...lora...]"
+
+    with pytest.raises(ConfigError, match=f"resume: {runs / 'pref'} is a dpo run, not a sft run: continue it with "
+                                          f"rlhfkit dpo --resume {runs / 'pref'}"):
+        api.train(make_cfg("sft", tmp_path, tiny_model_dir, "pref", resume=str(runs / "pref")))
 
     done = make_cfg("sft", tmp_path, tiny_model_dir, "m", max_steps=1)
     train_sft(done)

@@ -17,6 +17,7 @@ from typing import Any, TypeVar
 import yaml
 
 from rlhfkit.core.aliases import alias_hint, aliases_of, canonical_key
+from rlhfkit.core.bounds import check_count
 from rlhfkit.errors import ConfigError
 
 C = TypeVar("C")
@@ -34,6 +35,40 @@ def option(default: Any, help: str, choices: tuple | None = None, several: bool 
     if isinstance(default, (list, dict)):
         return dataclasses.field(default_factory=lambda: type(default)(default), metadata=meta)
     return dataclasses.field(default=default, metadata=meta)
+
+
+@dataclasses.dataclass(frozen=True)
+class _Retuned:
+    default: Any
+    help: str | None
+
+
+def retune(default: Any = dataclasses.MISSING, help: str | None = None) -> Any:
+    """In a trainer config (a FrozenAfterValidation subclass): an option that a base class or option
+    group declares, with this command's own default and/or --help text, written without a type
+    (``lr = retune(2e-4, "AdamW learning rate (LoRA default; ...)")``). The option keeps its type,
+    choices, checks and place in --help; it is not a second declaration."""
+    return _Retuned(default, help)
+
+
+def _retuned_fields(name: str, bases: tuple[type, ...], namespace: dict) -> None:
+    """Turn each `retune()` in a class body into the inherited field with the new default/help."""
+    inherited: dict[str, dataclasses.Field] = {}
+    for base in reversed([k for b in bases for k in reversed(b.__mro__)]):
+        inherited.update(getattr(base, "__dataclass_fields__", {}))
+    declared_types = namespace.setdefault("__annotations__", {})
+    for key, value in list(namespace.items()):
+        if not isinstance(value, _Retuned):
+            continue
+        if key not in inherited:
+            raise TypeError(f"{name}.{key}: retune() needs an option a base class declares")
+        base = inherited[key]
+        default = value.default if value.default is not dataclasses.MISSING else (
+            base.default if base.default is not dataclasses.MISSING else base.default_factory())  # type: ignore[misc]
+        meta = {**base.metadata, "retuned": True, **({"help": value.help} if value.help else {})}
+        declared_types[key] = base.type
+        namespace[key] = (dataclasses.field(default_factory=lambda d=default: type(d)(d), metadata=meta)
+                          if isinstance(default, (list, dict)) else dataclasses.field(default=default, metadata=meta))
 
 
 # An integer option that also takes a word (`micro_batch_size=auto`): a count where the value reads as
@@ -162,7 +197,7 @@ def _field_key(cls: type, key: Any, source: str) -> str:
 
 
 def build_config(cls: type[C], values: dict[str, Any], source: str = "",
-                 sources: dict[str, str] | None = None) -> C:
+                 sources: dict[str, str] | None = None, problems: list[str] | None = None) -> C:
     """Make `cls` from a mapping, coercing types and rejecting unknown keys, then validate.
 
     `sources` names where a key came from (a YAML file) for its error messages. Every class in
@@ -170,35 +205,131 @@ def build_config(cls: type[C], values: dict[str, Any], source: str = "",
     SamplingArgs check their fields for every trainer). A trainer config (FrozenAfterValidation)
     is read-only while it is validated; then the values its classes' ``derived()`` work out are
     applied (dataclasses.replace) and the result is frozen.
+
+    Every problem is reported at once, in one ConfigError (`problems`: those the caller found
+    already, e.g. unknown keys of a command line): each key's type, then each class's first failed
+    check (a check that names a key with a type problem is left out: it saw the default instead).
     """
     fields = _fields(cls)
     hints = typing.get_type_hints(cls)
-    kwargs = {}
+    problems = list(problems or [])
+    kwargs, bad = {}, set()
     for given, raw in values.items():
         if given == FROZEN_FLAG:  # {**vars(cfg), ...} of a built config carries the flag: not an option
             continue
-        key = _field_key(cls, given, source)
-        where = (sources or {}).get(given, (sources or {}).get(key, source))
-        if fields[key].metadata.get("several") and isinstance(raw, (list, tuple)) and all(isinstance(x, str) for x in raw):
-            raw = ",".join(raw)  # reward: [a, b] is reward=a,b
-        kwargs[key] = _coerce(key, raw, hints[key], fields[key].metadata.get("choices"), where)
-    cfg = freeze(cls(**kwargs))  # validate() only reads: a derived value is `derived()`'s
+        try:
+            key = _field_key(cls, given, (sources or {}).get(given, source))
+            where = (sources or {}).get(given, (sources or {}).get(key, source))
+            if fields[key].metadata.get("several") and isinstance(raw, (list, tuple)) and all(isinstance(x, str) for x in raw):
+                raw = ",".join(raw)  # reward: [a, b] is reward=a,b
+            value = _coerce(key, raw, hints[key], fields[key].metadata.get("choices"), where)
+            _check_text(given, key, value, where)
+            if isinstance(value, int) and not isinstance(value, bool):
+                check_count(key, value, where)
+            kwargs[key] = value
+        except ConfigError as e:
+            problems.append(str(e))
+            bad.add(canonical_key(str(given), fields) or str(given))
+    cfg = freeze(_construct(cls, kwargs))  # validate() only reads: a derived value is `derived()`'s
+    problems = list(dict.fromkeys(problems + _validation_problems(cfg, bad)))  # two classes may check one range
+    if problems:
+        raise ConfigError(problems[0] if len(problems) == 1 else f"{len(problems)} problems: " + "; ".join(problems))
+    if not isinstance(cfg, FrozenAfterValidation):
+        return cfg
+    return freeze(_construct(cls, {**_init_values(cfg), **derived_values(cfg)}))
+
+
+def _validation_problems(cfg: Any, bad: set[str]) -> list[str]:
+    """The first failed check of each class's ``validate()`` (mixins first), but none that names a key
+    in `bad` (its value is the default, the given one did not parse). A check that cannot run on the
+    values so far (a zero divisor another check names) ends the list."""
+    found: list[str] = []
     for klass in reversed(type(cfg).__mro__):
         validate = vars(klass).get("validate")
-        if callable(validate):
+        if not callable(validate):
+            continue
+        try:
             validate(cfg)
-    return freeze(dataclasses.replace(cfg, **derived_values(cfg))) if isinstance(cfg, FrozenAfterValidation) else cfg
+        except ConfigError as e:
+            if not any(str(e).startswith((f"{k} (", f"{k}=")) or f" {k} (" in str(e) for k in bad):
+                found.append(str(e))
+        except (ArithmeticError, TypeError, ValueError):
+            if found or bad:
+                break
+            raise
+    return found
+
+
+def _check_text(given: str, key: str, value: Any, where: str) -> None:
+    """A text option (or a list of texts) must be valid Unicode, as data files must: a lone surrogate
+    (a YAML "\\ud800" escape, or a byte that is not UTF-8 on the command line, which Python keeps as
+    \\udcXX) would reach the tokenizer as a TypeError. One line naming FILE:LINE or the option."""
+    texts = value if isinstance(value, list) else [value]
+    for text in texts:
+        if not isinstance(text, str):
+            continue
+        bad = next((i for i, ch in enumerate(text) if 0xD800 <= ord(ch) <= 0xDFFF), None)
+        if bad is None:
+            continue
+        code = ord(text[bad])
+        what = (f"byte 0x{code - 0xDC00:02x} is not UTF-8" if 0xDC80 <= code <= 0xDCFF
+                else f"a lone surrogate \\u{code:04x}")
+        place = _yaml_key_line(where, given) if where.endswith((".yaml", ".yml")) else where
+        prefix = f"{place}: " if place else ""
+        raise ConfigError(f"{prefix}{key}: not valid Unicode ({what} at character {bad + 1})")
+
+
+def _yaml_key_line(path: str, key: str) -> str:
+    """``FILE:LINE`` of the top-level `key` in a YAML file (``FILE`` when it cannot be found)."""
+    try:
+        node = yaml.compose(Path(path).read_text(encoding="utf-8"), Loader=yaml.SafeLoader)
+    except (OSError, ValueError, yaml.YAMLError):
+        return path
+    for key_node, _ in getattr(node, "value", []) if isinstance(node, yaml.MappingNode) else []:
+        if str(key_node.value) == key:
+            return f"{path}:{key_node.start_mark.line + 1}"
+    return path
+
+
+def _construct(cls: type[C], kwargs: dict[str, Any]) -> C:
+    """The dataclass's own __init__, without the validation a ValidatedOnConstruction class adds."""
+    return type.__call__(cls, **kwargs)
+
+
+def _init_values(cfg: Any) -> dict[str, Any]:
+    return {f.name: getattr(cfg, f.name) for f in dataclasses.fields(cfg) if f.init}
+
+
+class ValidatedOnConstruction(type):
+    """Metaclass of FrozenAfterValidation: ``GRPOConfig(lr=1e-5)`` (and ``dataclasses.replace``, which
+    calls the class) goes through `build_config`, so a config built in Python is coerced, checked and
+    frozen exactly as a command line is: an unknown keyword or a bad value is the CLI's one-line
+    ConfigError (named after the class), never a bare TypeError."""
+
+    def __new__(mcls, name: str, bases: tuple[type, ...], namespace: dict, **kwargs: Any) -> type:
+        _retuned_fields(name, bases, namespace)
+        return super().__new__(mcls, name, bases, namespace, **kwargs)
+
+    def __call__(cls, *args: Any, **kwargs: Any) -> Any:
+        names = [f.name for f in dataclasses.fields(cls) if f.init]
+        if len(args) > len(names):
+            raise ConfigError(f"{cls.__name__} takes keyword options (key=value), got {len(args)} positional values")
+        for name, value in zip(names, args):
+            if name in kwargs:
+                raise ConfigError(f"{cls.__name__}: {name} given twice")
+            kwargs[name] = value
+        return build_config(cls, kwargs, source=cls.__name__)
 
 
 FROZEN_FLAG = "_frozen"  # the instance attribute that marks a validated config read-only
 
 
-class FrozenAfterValidation:
-    """Mixin of the trainers' configs: `build_config` freezes them, so a field assigned after
-    validation raises (one line). A value worked out from the options (the resolved dtype, a default
-    cap) comes from a class's ``derived()`` (a dict of fields), applied before freezing; what the run
-    works out at run time lives in the run (runtime/run.py). A config built directly stays open
-    until `build_config` (the Python API's `train` rebuilds it) checks it."""
+class FrozenAfterValidation(metaclass=ValidatedOnConstruction):
+    """Mixin of the trainers' configs: however one is built (`build_config` from YAML or the command
+    line, the class called in Python, ``dataclasses.replace``) it is coerced, validated and frozen, so
+    a field assigned afterwards raises (one line). A value worked out from the options (the resolved
+    dtype, a default cap) comes from a class's ``derived()`` (a dict of fields), applied before
+    freezing; what the run works out at run time lives in the run (runtime/run.py)."""
 
     def __setattr__(self, name: str, value: Any) -> None:
         if vars(self).get(FROZEN_FLAG, False):
@@ -291,7 +422,8 @@ def parse_args(cls: type[C], argv: list[str], prog: str) -> C | None:
 
 
 def parse_values(cls: type, argv: list[str], prog: str) -> tuple[dict[str, Any], dict[str, str]] | None:
-    """The values ``[CONFIG.yaml] [key=value ...]`` give (unknown keys rejected, not yet coerced),
+    """The values ``[CONFIG.yaml] [key=value ...]`` give (not yet coerced; an unknown key kept as given,
+    for `build_config` to name with the other problems),
     and the YAML file each came from; None after printing --help. For commands whose defaults
     depend on what was given (`rlhfkit estimate-memory`)."""
     if any(a in ("-h", "--help") for a in argv):
@@ -300,13 +432,17 @@ def parse_values(cls: type, argv: list[str], prog: str) -> tuple[dict[str, Any],
     merged: dict[str, Any] = {}
     sources: dict[str, str] = {}
     for arg in _flag_values(cls, argv):
-        if "=" in arg:
-            key, _, val = arg.partition("=")
-            key = _field_key(cls, key.lstrip("-").replace("-", "_"), "command line")
-            merged[key] = _cli_value(cls, key, val)
-            sources.pop(key, None)
+        if "=" in arg:  # an unknown key is kept as given: build_config names every problem at once
+            given, _, val = arg.partition("=")
+            given = given.lstrip("-").replace("-", "_")
+            key = canonical_key(given, _fields(cls))
+            if key is None:
+                merged[given], sources[given] = val, "command line"
+            else:
+                merged[key] = _cli_value(cls, key, val)
+                sources.pop(key, None)
         elif arg.endswith((".yaml", ".yml")):
-            data = {_field_key(cls, k, arg): v for k, v in read_yaml(arg).items()}
+            data = {canonical_key(str(k), _fields(cls)) or k: v for k, v in read_yaml(arg).items()}
             merged.update(data)
             sources.update(dict.fromkeys(data, arg))
         elif arg.startswith("-"):
@@ -384,12 +520,17 @@ def _with_resumed_config(cls: type, merged: dict[str, Any], command: str = "") -
     base = saved_config(str(resume))
     for k in base:
         if k not in _fields(cls):
-            other = run_command(str(resume))
-            if other and other != command:
-                raise ConfigError(f"resume: {resume} is a {other} run, not a {command} run: continue it with "
-                                  f"rlhfkit {other} --resume {resume}")
+            check_resumed_command(str(resume), command)
             raise _unknown_key(k, _fields(cls), f"{resume}/config.yaml")
     return {**base, **merged}
+
+
+def check_resumed_command(resume: str, command: str) -> None:
+    """A run folder written by another command is refused by name (the CLI and the Python API alike)."""
+    other = run_command(resume)
+    if other and other != command:
+        raise ConfigError(f"resume: {resume} is a {other} run, not a {command} run: continue it with "
+                          f"rlhfkit {other} --resume {resume}")
 
 
 def config_main(cls: type[C], run: typing.Callable[[C], Any], argv: list[str], prog: str) -> int:

@@ -133,10 +133,15 @@ def _read_text(p: Path, shown: str, compressed: bool) -> str:
         raise DataError(f"{shown}: cannot read: {one_line_error(e)}") from None
     try:
         # utf-8-sig: tolerate the byte-order mark some editors write.
-        return raw.decode("utf-8-sig")
+        text = raw.decode("utf-8-sig")
     except UnicodeDecodeError as e:
         line = raw[: e.start].count(b"\n") + 1
         raise DataError(f"{shown}:{line}: not valid UTF-8 text (byte {e.start})") from None
+    nul = raw.find(b"\0")
+    if nul >= 0:  # no text format holds one; a binary file (or UTF-16) read as text
+        line = raw[:nul].count(b"\n") + 1
+        raise DataError(f"{shown}:{line}: a NUL byte (byte {nul}): not a text file (a binary file, or UTF-16?)")
+    return text
 
 
 def _split_lines(text: str) -> list[str]:
@@ -213,14 +218,23 @@ def _parse_json(text: str, shown: str) -> Records:
     if "\\u" in text and not _is_valid_unicode(data):
         raise DataError(f"{shown}: not valid Unicode (a lone surrogate escape such as \\ud800)")
     if isinstance(data, dict):
-        # A single object: one record (same as a one-line JSONL file).
-        data = [data]
+        data = _columns(data, shown)
     if not isinstance(data, list):
         raise DataError(f"{shown}: expected a JSON list of objects, got {_json_type(data)}")
     for i, obj in enumerate(data):
         if not isinstance(obj, dict):
             raise DataError(f"{shown}: record {i + 1}: expected a JSON object, got {_json_type(obj)}")
     return Records(data, source=shown, unit="record")
+
+
+def _columns(data: dict, shown: str) -> list[dict]:
+    """A JSON object of equal-length lists is a table by columns (as `datasets` reads one); any other
+    object is refused: one object is not a data set (write ``[{...}]`` for a single record)."""
+    lengths = {len(v) for v in data.values() if isinstance(v, list)}
+    if data and len(lengths) == 1 and all(isinstance(v, list) for v in data.values()):
+        return [dict(zip(data, row)) for row in zip(*data.values())]
+    raise DataError(f"{shown}: expected a JSON list of records, got one object (keys: {', '.join(list(data)[:5])}); "
+                    "write [{...}, ...], or an object of equal-length column lists")
 
 
 def _parse_csv(text: str, shown: str, delimiter: str = ",") -> Records:

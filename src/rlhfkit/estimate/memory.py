@@ -315,17 +315,17 @@ def machine_memory() -> int | None:
 
 
 def check_rollout_fits(rows: int, prompt_tokens: int, new_tokens: int, memory: int | None = None,
-                       option: tuple[str, int] | None = None) -> None:
+                       option: tuple[str, int] | None = None, what: str = "its rollout tensors") -> None:
     """Refuse, before anything is allocated, a rollout whose tensors alone outgrow the machine's
     memory (rollout_batch_size=1e9 would otherwise grow for minutes, deaf to signals while a
     huge allocation runs). `option`: the setting that makes the rows, and its value, for the message
-    (default: rollout_batch_size = rows)."""
+    (default: rollout_batch_size = rows); `what` names the tensors (an offline batch's)."""
     from rlhfkit.errors import ConfigError
 
     memory = machine_memory() if memory is None else memory
     need = rollout_bytes(rows, prompt_tokens, new_tokens)
     name, value = option or ("rollout_batch_size", rows)
     if memory is not None and need > memory:
-        raise ConfigError(f"{name} ({value}) needs ~{need / 2**30:,.1f} GiB for its rollout tensors alone "
+        raise ConfigError(f"{name} ({value}) needs ~{need / 2**30:,.1f} GiB for {what} alone "
                           f"({prompt_tokens} prompt + {new_tokens} response tokens a row), more than this machine's "
                           f"{memory / 2**30:,.1f} GiB: lower {name} (rlhfkit estimate-memory shows the rest)")

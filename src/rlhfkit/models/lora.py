@@ -207,15 +207,24 @@ def check_lora_targets(model: nn.Module, targets: list[str] | None) -> list[str]
     return list(targets)
 
 
+def top_layer_indices(model_config, top: int) -> list[int]:
+    """The indices of the top `top` transformer layers of a model with (transformers) `model_config`;
+    lora_layers above the model's layer count (or on a model that does not say it) is one line."""
+    n = getattr(model_config, "num_hidden_layers", None)
+    if not isinstance(n, int) or n <= 0:
+        raise UserError("lora_layers: the model's config has no num_hidden_layers; leave lora_layers unset")
+    if top > n:
+        raise UserError(f"lora_layers ({top}) is more than the model's {n} transformer layers: use 1 .. {n}, "
+                        "or leave it unset to adapt all")
+    return list(range(n - top, n))
+
+
 def add_lora(model: nn.Module, r: int, alpha: int, dropout: float, targets: list[str] | None,
              top_layers: int | None = None) -> nn.Module:
     """Wrap `model` with LoRA adapters (peft). `top_layers` adapts only the last N layers."""
     from peft import LoraConfig, get_peft_model
 
-    n_layers = getattr(model.config, "num_hidden_layers", None)
-    layers = None
-    if top_layers is not None and n_layers:
-        layers = list(range(max(0, n_layers - top_layers), n_layers))
+    layers = None if top_layers is None else top_layer_indices(model.config, top_layers)
     targets = check_lora_targets(model, targets)
     cfg = LoraConfig(
         r=r,

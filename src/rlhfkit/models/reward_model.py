@@ -37,7 +37,7 @@ from rlhfkit.data.chat import format_example, text_of
 from rlhfkit.errors import UserError
 from rlhfkit.models.classifier_reward import ENCODER_TYPES
 from rlhfkit.models.loading import save_tokenizer
-from rlhfkit.models.lora import check_lora_targets, fan_in_fan_out
+from rlhfkit.models.lora import check_lora_targets, fan_in_fan_out, top_layer_indices
 from rlhfkit.models.policy import output_width
 from rlhfkit.models.trunk import position_ids_from_mask
 
@@ -138,10 +138,8 @@ def add_backbone_lora(backbone: nn.Module, r: int, alpha: int, dropout: float, t
 
     layers = None
     if last_layers:
-        n = int(getattr(backbone.config, "num_hidden_layers", 0))
-        if n <= 0:
-            raise UserError("lora_layers: the backbone config has no num_hidden_layers; leave lora_layers unset")
-        layers = list(range(max(0, n - last_layers), n))
+        layers = top_layer_indices(backbone.config, last_layers)
+        n = backbone.config.num_hidden_layers
         # the ModuleList holding the n layers ("layers" in Llama, "layer" in BERT)
         pattern = next((name.rsplit(".", 1)[-1] for name, mod in backbone.named_modules()
                         if isinstance(mod, nn.ModuleList) and len(mod) == n), None)

@@ -33,6 +33,7 @@ from rlhfkit.core.choices import GENERATION_BACKENDS
 from rlhfkit.core.devices import HOST
 from rlhfkit.rollout.core import Rollout, SamplingParams, generate, generate_ids, rollout_from_tokens
 from rlhfkit.rollout.decode import decode, lean_generate, lean_generate_ids
+from rlhfkit.rollout.prompt_fit import encode_prompts
 from rlhfkit.rollout.static_decode import static_decode
 
 BACKENDS = GENERATION_BACKENDS
@@ -150,9 +151,7 @@ class VLLMBackend:
     def generate(self, policy, tokenizer, texts: list[str], params: SamplingParams, seed: int,
                  batch_size: int | None = None, share_prompts: bool = False, share_prefix: bool = False) -> Rollout:
         """`share_prompts`, `share_prefix`: accepted for the common interface; vLLM caches shared prefixes itself."""
-        enc = tokenizer(texts, return_tensors="pt", padding=True, add_special_tokens=False)
-        if params.max_prompt_length is not None:  # the same prompt cut as HF generate (left padding)
-            enc = {k: v[:, -params.max_prompt_length :] for k, v in enc.items()}
+        enc = encode_prompts(tokenizer, texts, params.max_prompt_length)  # the same prompt cut as HF generate
         stop_ids = tuple(params.stop_ids) or (tokenizer.eos_token_id,)
         params = dataclasses.replace(params, stop_ids=stop_ids)
         prompts = [{"prompt_token_ids": ids[m.bool()].tolist()} for ids, m in zip(enc["input_ids"], enc["attention_mask"])]

@@ -19,6 +19,7 @@ from rlhfkit.models.attention import native_attention
 from rlhfkit.models.hf_compat import cache_kwargs
 from rlhfkit.models.lora import merged_lora
 from rlhfkit.models.shared_prompts import shared_prefix_prompts, shared_prompt_cache
+from rlhfkit.rollout.prompt_fit import encode_prompts
 from rlhfkit.rollout.sampling import ExponentialRaceSampler
 
 
@@ -147,9 +148,7 @@ def generate(
     GenerationConfig, `rlhfkit generate --model-generation-config`) samples with the model's own
     settings instead: never for rollouts, whose stored log-probs are the plain policy's.
     """
-    enc = tokenizer(prompt_texts, return_tensors="pt", padding=True, add_special_tokens=False)
-    if params.max_prompt_length is not None:  # left padding: the last columns hold every prompt's end
-        enc = {k: v[:, -params.max_prompt_length :] for k, v in enc.items()}
+    enc = encode_prompts(tokenizer, prompt_texts, params.max_prompt_length)  # left padding: ends kept
     stop_ids = tuple(params.stop_ids) or (tokenizer.eos_token_id,)
     rows = generate_ids(model, tokenizer, enc["input_ids"], enc["attention_mask"], params, batch_size,
                         share_prompts, share_prefix, generation_config)

@@ -27,6 +27,7 @@ from rlhfkit.models.lora import merged_lora
 from rlhfkit.models.shared_prompts import shared_prefix_prompts, shared_prompt_cache
 from rlhfkit.models.trunk import position_ids_from_mask
 from rlhfkit.rollout.core import Rollout, SamplingParams, generate_ids, rollout_from_tokens, rows_per_call
+from rlhfkit.rollout.prompt_fit import encode_prompts
 from rlhfkit.rollout.sampling import exponential_race
 
 
@@ -113,9 +114,7 @@ def lean_generate(model: torch.nn.Module, tokenizer, prompt_texts: list[str], pa
     """generate() (rollout/core.py) with the lean loop (or `decoder`, a loop with decode's
     signature: rollout/static_decode.py): the same arguments, prompt encoding and token layout
     (`rollout_from_tokens`)."""
-    enc = tokenizer(prompt_texts, return_tensors="pt", padding=True, add_special_tokens=False)
-    if params.max_prompt_length is not None:  # left padding: the last columns hold every prompt's end
-        enc = {k: v[:, -params.max_prompt_length :] for k, v in enc.items()}
+    enc = encode_prompts(tokenizer, prompt_texts, params.max_prompt_length)  # left padding: ends kept
     stop_ids = tuple(params.stop_ids) or (tokenizer.eos_token_id,)
     rows = lean_generate_ids(model, tokenizer, enc["input_ids"], enc["attention_mask"], params, batch_size,
                              share_prompts, share_prefix, decoder)

@@ -42,6 +42,7 @@ from rlhfkit.data.chat import format_prompt, plain_format, to_messages, use_chat
 from rlhfkit.envs.base import as_step, check_messages
 from rlhfkit.errors import UserError
 from rlhfkit.rollout.core import Rollout, SamplingParams, generate_ids
+from rlhfkit.rollout.prompt_fit import encode_prompts
 
 MARKER = "\u2063RLHFKIT-MODEL-TURN\u2063"  # stands in for the last model turn when rendering env text
 
@@ -159,10 +160,7 @@ def generate_episodes(
     pad = tokenizer.pad_token_id
     envs = [make_env() for _ in records]
     histories = [list(check_messages(env.reset(rec), "env: reset()")) for env, rec in zip(envs, records)]
-    enc = tokenizer([render(tokenizer, h, fmt) for h in histories], return_tensors="pt", padding=True,
-                    add_special_tokens=False)
-    if params.max_prompt_length is not None:  # left padding: the last columns hold every prompt's end
-        enc = {k: v[:, -params.max_prompt_length :] for k, v in enc.items()}
+    enc = encode_prompts(tokenizer, [render(tokenizer, h, fmt) for h in histories], params.max_prompt_length)
     episodes = [Episode(env, h, ids[m.bool()]) for env, h, ids, m in
                 zip(envs, histories, enc["input_ids"], enc["attention_mask"])]
     if seed is not None:

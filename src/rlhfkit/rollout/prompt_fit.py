@@ -53,11 +53,43 @@ def prompt_token_limit(model: Any, max_new_tokens: int, max_prompt_length: int |
     return window - max_new_tokens, f"the model's context window {window} - max_new_tokens {max_new_tokens}"
 
 
+# Tokens beyond the limit kept when a long text is cut in characters: the word the cut splits
+# tokenises differently, so the cut lands this many tokens before the ones that are kept.
+CUT_MARGIN = 16
+
+
+def clip_left(tokenizer: Any, text: str, limit: int) -> str:
+    """The end of `text` that still holds more than ``limit + CUT_MARGIN`` tokens (`text` itself when it
+    is not longer): a 5 MB prompt costs the tokenizer about what its kept ``limit`` tokens cost, never
+    the whole text (a BPE word of a million characters would never finish). The last ``limit`` tokens
+    are those of the whole text: the cut lands CUT_MARGIN tokens before them. The tail tried doubles
+    from 4 characters a token, so a text is tokenised a few times at most, each time a tail."""
+    size = 4 * (limit + CUT_MARGIN + 1)
+    while size < len(text):
+        tail = text[-size:]
+        if len(tokenizer(tail, add_special_tokens=False)["input_ids"]) > limit + CUT_MARGIN:
+            return tail
+        size *= 2
+    return text
+
+
+def encode_prompts(tokenizer: Any, texts: Sequence[str], limit: int | None) -> dict:
+    """Left-padded ``input_ids``/``attention_mask`` (pt) of `texts`, each cut to its last `limit`
+    tokens (None: whole); a long text is cut in characters first (clip_left). The tokenizer must pad
+    on the left: the last columns then hold every prompt's end."""
+    if limit is not None:
+        texts = [clip_left(tokenizer, t, limit) for t in texts]
+    enc = tokenizer(list(texts), return_tensors="pt", padding=True, add_special_tokens=False)
+    return {k: v[:, -limit:] for k, v in enc.items()} if limit is not None else dict(enc)
+
+
 def long_prompts(tokenizer: Any, texts: Sequence[str], limit: int) -> list[tuple[int, int]]:
-    """(index, token count) of every formatted prompt text longer than ``limit`` tokens."""
+    """(index, token count) of every formatted prompt text longer than ``limit`` tokens; the count of
+    a text cut in characters first (clip_left) is that of its kept end, a lower bound."""
     if not texts:
         return []
-    ids = tokenizer(list(texts), add_special_tokens=False)["input_ids"]  # as generate() encodes them
+    clipped = [clip_left(tokenizer, t, limit) for t in texts]
+    ids = tokenizer(clipped, add_special_tokens=False)["input_ids"]  # as generate() encodes them
     return [(i, len(row)) for i, row in enumerate(ids) if len(row) > limit]
 
 
@@ -83,8 +115,9 @@ def enforce_prompt_limit(
         if over and overflow == "error":
             i, n = over[0]
             place = where(i) if where is not None else "prompts"
+            size = f"{n}" if len(texts[i]) <= 4 * (limit + CUT_MARGIN + 1) else f"more than {n}"
             raise DataError(
-                f"{place}: prompt {i + 1} is {n} tokens after formatting, more than the limit of {limit} "
+                f"{place}: prompt {i + 1} is {size} tokens after formatting, more than the limit of {limit} "
                 f"({how or 'max_prompt_length'}); shorten it, or set prompt_overflow=truncate_left to keep "
                 "its last tokens"
             )

@@ -110,8 +110,10 @@ def run_micro_batch(cfg, method: str, model_config: dict, prompt_length: int, wo
 def longest_prompt(cfg, tok, records, limit: int | None) -> int:
     """Tokens of the longest chat-formatted prompt of `records`, at most `limit` (None: no limit)."""
     from rlhfkit.data.chat import format_prompts
+    from rlhfkit.rollout.prompt_fit import clip_left
 
     texts = format_prompts(tok, [r["prompt"] for r in records], cfg)
+    texts = [clip_left(tok, t, limit) for t in texts] if limit else texts
     longest = max((len(ids) for ids in tok(texts, add_special_tokens=False)["input_ids"]), default=1)
     return min(longest, limit) if limit else longest
 

@@ -4,11 +4,13 @@ linearly decaying or cosine learning rate (`lr_scheduler_type`, transformers' sc
 from __future__ import annotations
 
 import os
+import sys
 from typing import Protocol
 
 import torch
 
 from rlhfkit.core.allocator import trim_heap
+from rlhfkit.core.bounds import check_warmup
 from rlhfkit.core.choices import LR_SCHEDULES
 from rlhfkit.runtime.faults import guarded_step
 
@@ -36,6 +38,9 @@ class OptimizerOptions(Protocol):
 def optimizer_for(params, cfg: OptimizerOptions, total_steps: int | None):
     """make_optimizer with a trainer config's OptimizerArgs (lr, warmup_steps, weight_decay, adam_eps,
     lr_scheduler_type) over a run of `total_steps` optimiser steps."""
+    warning = check_warmup(cfg.warmup_steps, total_steps, cfg.lr) if total_steps else None
+    if warning and os.environ.get("RANK", "0").strip() in ("", "0"):  # once, from the main process
+        print(f"rlhfkit: warning: {warning}", file=sys.stderr, flush=True)
     return make_optimizer(params, cfg.lr, cfg.warmup_steps, cfg.weight_decay, cfg.adam_eps,
                           schedule=cfg.lr_scheduler_type, total_steps=total_steps)
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import torch
 
 from rlhfkit.trainers.options import ModelArgs
@@ -18,10 +20,20 @@ def build_policy(args: ModelArgs, trainable: bool = True):
     tok = set_chat_template(load_tokenizer(args.model, padding_side="left"), args.chat_template_path)
     if args.lora and trainable:
         model = add_lora(model, args.lora_r, args.lora_alpha, args.lora_dropout, args.lora_target_modules,
-                         args.lora_layers)
+                         top_lora_layers(args, model.config))
     if args.gradient_checkpointing:
         set_gradient_checkpointing(model)
     return model, tok
+
+
+def top_lora_layers(args: ModelArgs, model_config) -> int | None:
+    """`lora_layers`, where a command's own default (PPO's 12, tuned for SmolLM2's 30 layers) means all
+    layers of a smaller model; a value given above the model's layer count is refused (models/lora.py)."""
+    default = next(f.default for f in dataclasses.fields(args) if f.name == "lora_layers")
+    layers = getattr(model_config, "num_hidden_layers", None)
+    if args.lora_layers is not None and args.lora_layers == default and isinstance(layers, int):
+        return min(args.lora_layers, layers)
+    return args.lora_layers
 
 
 def make_reference(actor, cfg, model: torch.nn.Module | None = None):

@@ -15,23 +15,28 @@ from rlhfkit.core.choices import (
     ADVANTAGES,
     GROUPLESS_ADVANTAGES,
     IMPORTANCE_LEVELS,
-    KL_LOSS_ESTIMATORS,
     LOSS_AGGREGATIONS,
     ON_POLICY_BACKENDS,
     REINFORCE_PP_ADVANTAGES,
 )
-from rlhfkit.core.config import check, option
+from rlhfkit.core.config import check, option, retune
 from rlhfkit.runtime.batch_plan import check_micro_batch_size
 from rlhfkit.trainers.options import (
+    GENERATION_BATCH_HELP,
     REWARD_SPECS_HELP,
+    BetaArgs,
+    ClippedRatioArgs,
     EnvArgs,
     GenerationArgs,
     ModelArgs,
     OptimizerArgs,
+    PolicyGradientArgs,
     ReferenceArgs,
     RemoteRewardArgs,
+    RolloutArgs,
     RunArgs,
     SamplingArgs,
+    SharePromptsArgs,
 )
 
 GROUPLESS = GROUPLESS_ADVANTAGES  # advantages that need no group of G >= 2 samples
@@ -40,26 +45,24 @@ OFF_POLICY_TIS_CAP = 2.0  # one_step_off_policy's cap when tis_cap is unset (Yao
 
 
 @dataclass
-class GRPOConfig(EnvArgs, RemoteRewardArgs, GenerationArgs, ReferenceArgs, SamplingArgs, ModelArgs, OptimizerArgs, RunArgs):
+class GRPOConfig(SharePromptsArgs, BetaArgs, ClippedRatioArgs, PolicyGradientArgs, RolloutArgs, EnvArgs,
+                 RemoteRewardArgs, GenerationArgs, ReferenceArgs, SamplingArgs, ModelArgs, OptimizerArgs, RunArgs):
     """GRPO: G sampled completions per prompt, group-relative advantages, clipped ratio, no value head."""
 
     # data and reward
-    prompts: str = option("builtin:arithmetic", "prompts: builtin:arithmetic|reviews|stories|instructions or a JSONL/CSV/TXT file")
-    eval_prompts: str | None = option(None, "held-out prompts for the before/after check (default: test split of `prompts`)")
-    num_eval_prompts: int = option(100, "held-out prompts sampled (at `temperature`) before and after training (0 = skip)")
-    reward: str = option("arithmetic", "arithmetic (exact match) | sentiment | " + REWARD_SPECS_HELP, several=True)
-    reward_weights: list[float] | None = option(None, "one weight per reward in `reward` (None: 1 each)")
+    prompts = retune("builtin:arithmetic", "prompts: builtin:arithmetic|reviews|stories|instructions or a "
+                     "JSONL/CSV/TXT file")
+    num_eval_prompts = retune(100, "held-out prompts sampled (at `temperature`) before and after training (0 = skip)")
+    reward = retune("arithmetic", "arithmetic (exact match) | sentiment | " + REWARD_SPECS_HELP)
     solved_threshold: float = option(1.0, "a sample counts as solved when its score is >= this (rollout/solved_fraction)")
     # rollout
-    iterations: int = option(30, "iterations (rollout + update)")
-    rollout_batch_size: int = option(64, "completions sampled per iteration and process = prompts per iteration x "
-                                     "group_size (N processes: N x this; mini/micro batch sizes are per process)")
+    iterations = retune(30)
+    rollout_batch_size = retune(64, "completions sampled per iteration and process = prompts per iteration x "
+                                "group_size (N processes: N x this; mini/micro batch sizes are per process)")
     group_size: int = option(8, "G: completions sampled per prompt (the group the baseline is taken over)")
-    max_new_tokens: int = option(16, "response length limit")
-    generation_batch_size: int = option(64, "prompts per generate() call on the CPU; on a CUDA GPU at "
-                                        "least this many, all of them where free GPU memory holds their KV "
-                                        "cache (rollout/core.py generation_rows)")
-    share_prompts: bool = option(True, "run each prompt once per generate() call and per micro-batch instead of once "
+    max_new_tokens = retune(16, "response length limit")
+    generation_batch_size = retune(64, GENERATION_BATCH_HELP)
+    share_prompts = retune(True, "run each prompt once per generate() call and per micro-batch instead of once "
                                  "per completion (its keys/values are copied to the G rows; equal up to float "
                                  "rounding); a mini-batch's rows are ordered by group so its micro-batches hold "
                                  "few distinct prompts; a header all prompts share (a long system prompt) runs once per "
@@ -74,8 +77,7 @@ class GRPOConfig(EnvArgs, RemoteRewardArgs, GenerationArgs, ReferenceArgs, Sampl
                                         "no policy gradient, only compute) out of the teacher-forced pass and the "
                                         "update; the loss is then normalised over the remaining tokens (with "
                                         "beta > 0 their KL term is skipped too; single process only)")
-    score_clip: float | None = option(None, "clip sequence scores to [-c, c] before the advantages")
-    no_stop_penalty: float | None = option(None, "score given to responses that never emit a stop token (None: keep)")
+    score_clip = retune(None, "clip sequence scores to [-c, c] before the advantages")
     reward_kl_coef: float = option(0.0, "reinforce++: coefficient of the per-token k1 KL to the reference in the "
                                    "reward (a reference is then built); other advantages put the KL in the loss (beta)")
     dynamic_sampling: bool = option(False, "DAPO dynamic sampling: draw further rounds of prompts until the batch "
@@ -91,23 +93,23 @@ class GRPOConfig(EnvArgs, RemoteRewardArgs, GenerationArgs, ReferenceArgs, Sampl
     # update
     update_epochs: int = option(2, "passes over each rollout (GRPO's mu; 1 = on-policy, the ratio stays 1)")
     mini_batch_size: int | None = option(32, "sequences per optimiser step (None = the whole rollout)")
-    micro_batch_size: int | str = option(16, "sequences per forward/backward (gradient accumulation = mini / micro); "
+    micro_batch_size = retune(16, "sequences per forward/backward (gradient accumulation = mini / micro); "
                                          "auto: on the CPU 16, on a CUDA GPU the largest power of two dividing the "
                                          "mini-batch, at least 16, whose update fits the free memory by the memory "
                                          "estimate (runtime/batch_plan.py)")
-    lr: float = option(3e-4, "AdamW learning rate (LoRA default; use ~1e-6..1e-5 for full fine-tuning)")
-    clip_eps: float = option(0.2, "ratio clip range")
+    lr = retune(3e-4, "AdamW learning rate (LoRA default; use ~1e-6..1e-5 for full fine-tuning)")
+    clip_eps = retune(0.2, "ratio clip range")
     clip_eps_high: float | None = option(None, "upper clip range (DAPO clip-higher; None = clip_eps)")
     loss_agg: str = option("token-mean", "loss aggregation over a mini-batch (docs/algorithms.md): token-mean = every "
                            "token weighs the same; seq-mean = every sequence (original GRPO); constant = sum / "
                            "loss_agg_constant (Dr. GRPO)", LOSS_AGGREGATIONS)
     loss_agg_constant: float | None = option(None, "divisor of loss_agg=constant (None: mini_batch_size x max_new_tokens "
                                              "x processes)")
-    beta: float = option(0.0, "coefficient of the KL(pi || pi_ref) term in the loss (kl_loss_estimator); 0 loads no "
+    beta = retune(0.0, "coefficient of the KL(pi || pi_ref) term in the loss (kl_loss_estimator); 0 loads no "
                          "reference at all")
-    kl_loss_estimator: str = option("k3", "KL estimate in the beta term: k3 (DeepSeekMath's; its gradient is that of "
-                                    "KL(pi_ref || pi)) or k2 (the gradient of KL(pi || pi_ref) itself, on-policy; "
-                                    "docs/learn/04-the-update.md, entry 15)", KL_LOSS_ESTIMATORS)
+    kl_loss_estimator = retune("k3", "KL estimate in the beta term: k3 (DeepSeekMath's; its gradient is that of "
+                               "KL(pi_ref || pi)) or k2 (the gradient of KL(pi || pi_ref) itself, on-policy; "
+                               "docs/learn/04-the-update.md, entry 15)")
     importance_level: str = option("token", "importance ratio and clip: token = per token (PPO/GRPO); sequence = GSPO's "
                                    "length-normalised sequence ratio, whole sequences clipped; sequence-token = "
                                    "GSPO-token (the sequence ratio's value, each token's gradient)", IMPORTANCE_LEVELS)
@@ -125,10 +127,8 @@ class GRPOConfig(EnvArgs, RemoteRewardArgs, GenerationArgs, ReferenceArgs, Sampl
                                        "model. Not with dynamic_sampling, env, generation_backend=vllm, top_k/top_p "
                                        "or FSDP/DeepSpeed")
     # outputs and checks
-    ratio_check_tol: float = option(1e-3, "max |ratio-1| allowed on the first micro-batch of each rollout (it repeats "
-                                    "the scoring pass exactly, so anything above float noise means broken log-probs)")
-    log_samples: int = option(4, "completions per iteration written to samples.jsonl")
-    save_merged: bool = option(False, "also save merged full weights (LoRA) in final/merged")
+    ratio_check_tol = retune(1e-3, "max |ratio-1| allowed on the first micro-batch of each rollout (it repeats "
+                             "the scoring pass exactly, so anything above float noise means broken log-probs)")
 
     # what trainers/rl.py reads (its RLConfig) that GRPO has no option for
     eval_samples_per_prompt: ClassVar[int] = 1
@@ -214,9 +214,9 @@ class GRPOConfig(EnvArgs, RemoteRewardArgs, GenerationArgs, ReferenceArgs, Sampl
 class RLOOConfig(GRPOConfig):
     """RLOO: REINFORCE with the leave-one-out baseline over G completions per prompt (Ahmadian et al. 2024)."""
 
-    advantage: str = option("rloo", "baseline: rloo = mean of the other G-1 scores; group = GRPO's group mean", ADVANTAGES)
-    update_epochs: int = option(1, "passes over each rollout (1 = REINFORCE: on-policy, the ratio is exactly 1)")
-    mini_batch_size: int | None = option(None, "sequences per optimiser step (None = the whole rollout: one step)")
+    advantage = retune("rloo", "baseline: rloo = mean of the other G-1 scores; group = GRPO's group mean")
+    update_epochs = retune(1, "passes over each rollout (1 = REINFORCE: on-policy, the ratio is exactly 1)")
+    mini_batch_size = retune(None, "sequences per optimiser step (None = the whole rollout: one step)")
 
 
 @dataclass
@@ -224,13 +224,12 @@ class GSPOConfig(GRPOConfig):
     """GSPO: GRPO with the length-normalised sequence importance ratio, whole sequences clipped (Zheng et al. 2025)."""
 
     command: ClassVar[str] = "gspo"
-    importance_level: str = option("sequence", "importance ratio and clip: sequence = GSPO; sequence-token = "
-                                   "GSPO-token; token = GRPO's per-token ratio", IMPORTANCE_LEVELS)
-    clip_eps: float = option(3e-4, "lower clip range of the sequence ratio (GSPO's 3e-4: sequence ratios stay "
-                             "near 1, so the range is two orders below GRPO's)")
-    clip_eps_high: float | None = option(4e-4, "upper clip range of the sequence ratio (GSPO's 4e-4)")
-    loss_agg: str = option("seq-mean", "loss aggregation: seq-mean = GSPO's mean over sequences; token-mean; "
-                           "constant", LOSS_AGGREGATIONS)
+    importance_level = retune("sequence", "importance ratio and clip: sequence = GSPO; sequence-token = "
+                              "GSPO-token; token = GRPO's per-token ratio")
+    clip_eps = retune(3e-4, "lower clip range of the sequence ratio (GSPO's 3e-4: sequence ratios stay "
+                      "near 1, so the range is two orders below GRPO's)")
+    clip_eps_high = retune(4e-4, "upper clip range of the sequence ratio (GSPO's 4e-4)")
+    loss_agg = retune("seq-mean", "loss aggregation: seq-mean = GSPO's mean over sequences; token-mean; constant")
 
 
 @dataclass
@@ -238,10 +237,10 @@ class DAPOConfig(GRPOConfig):
     """DAPO: clip-higher, dynamic sampling, token-level loss and overlong reward shaping (Yu et al. 2025)."""
 
     command: ClassVar[str] = "dapo"
-    clip_eps_high: float | None = option(0.28, "upper clip range (DAPO clip-higher: 0.28 against the lower 0.2)")
-    dynamic_sampling: bool = option(True, "draw further rounds until the batch holds prompts_per_iteration groups "
-                                    "whose rewards are not all equal, at most max_sampling_rounds")
-    overlong_buffer: int = option(4, "soft overlong punishment over the last N tokens before max_new_tokens (here a "
+    clip_eps_high = retune(0.28, "upper clip range (DAPO clip-higher: 0.28 against the lower 0.2)")
+    dynamic_sampling = retune(True, "draw further rounds until the batch holds prompts_per_iteration groups "
+                              "whose rewards are not all equal, at most max_sampling_rounds")
+    overlong_buffer = retune(4, "soft overlong punishment over the last N tokens before max_new_tokens (here a "
                                   "quarter of the limit; DAPO used 4096 of 20480; 0 = off)")
 
 
@@ -250,7 +249,7 @@ class ReinforcePPConfig(GRPOConfig):
     """REINFORCE++: token returns with a per-token KL penalty, normalised over the global batch (Hu 2025)."""
 
     command: ClassVar[str] = "reinforce_pp"
-    advantage: str = option("reinforce++", "reinforce++ = no baseline, one sample per prompt; reinforce++-baseline "
-                            "= the group mean score subtracted first (group_size >= 2)", ADVANTAGES)
-    group_size: int = option(1, "completions per prompt (1: REINFORCE++; >= 2 for reinforce++-baseline)")
-    reward_kl_coef: float = option(0.01, "coefficient of the per-token k1 KL to the reference in the reward")
+    advantage = retune("reinforce++", "reinforce++ = no baseline, one sample per prompt; reinforce++-baseline "
+                       "= the group mean score subtracted first (group_size >= 2)")
+    group_size = retune(1, "completions per prompt (1: REINFORCE++; >= 2 for reinforce++-baseline)")
+    reward_kl_coef = retune(0.01, "coefficient of the per-token k1 KL to the reference in the reward")

@@ -31,6 +31,21 @@ from rlhfkit.runtime.optim import optimizer_step
 from rlhfkit.runtime.run import Run, actor_saver
 
 
+def check_offline_work(cfg, total: int) -> None:
+    """Before the run folder exists: the `total` optimiser steps the data and epochs plan (core/bounds.py),
+    a warm-up the run could never finish by a wide margin, and a batch whose token tensors alone
+    outgrow the machine's memory (batch_size=1e9 would build its batch for minutes, deaf to signals)."""
+    from rlhfkit.core.bounds import check_planned_steps, check_warmup
+    from rlhfkit.estimate.memory import check_rollout_fits
+    from rlhfkit.trainers.options import ExamplesArgs
+
+    check_planned_steps(total, f"epochs ({cfg.epochs}) over the data at batch_size {cfg.batch_size}")
+    check_warmup(cfg.warmup_steps, total, cfg.lr)
+    tokens = cfg.max_length if isinstance(cfg, ExamplesArgs) else cfg.max_prompt_length + cfg.max_response_length
+    check_rollout_fits(cfg.batch_size, tokens, 0, option=("batch_size", cfg.batch_size),
+                       what="its batch's token tensors")
+
+
 class OfflineRun:
     """One offline training run over a `Run` (runtime/run.py): see the module docstring for the sequence."""
 
@@ -58,6 +73,7 @@ class OfflineRun:
         self.epoch_size = epoch_size
         world = self.run.world
         check(self.cfg.batch_size % world == 0, f"batch_size ({self.cfg.batch_size}) must be divisible by the {world} processes")
+        check_offline_work(self.cfg, total)
         self.run.open(total=total, unit="step", **counts)
 
     def start(self, model, optimizer, scheduler, reference=None, **state):

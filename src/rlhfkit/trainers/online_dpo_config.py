@@ -10,20 +10,25 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar
 
-from rlhfkit.core.config import check, option
+from rlhfkit.core.config import check, option, retune
 from rlhfkit.trainers.options import (
+    BetaArgs,
     GenerationArgs,
+    LabelSmoothingArgs,
     ModelArgs,
     OptimizerArgs,
     ReferenceArgs,
+    RolloutArgs,
     RunArgs,
     SamplingArgs,
+    SharePromptsArgs,
 )
 from rlhfkit.trainers.pair_losses import REFERENCE_LOSS_TYPES as LOSS_TYPES  # the loss registry's names
 
 
 @dataclass
-class OnlineDPOConfig(GenerationArgs, ReferenceArgs, SamplingArgs, ModelArgs, OptimizerArgs, RunArgs):
+class OnlineDPOConfig(LabelSmoothingArgs, SharePromptsArgs, BetaArgs, RolloutArgs, GenerationArgs, ReferenceArgs,
+                      SamplingArgs, ModelArgs, OptimizerArgs, RunArgs):
     """Online DPO: two samples per prompt from the current policy, a judge picks the better, one DPO step."""
 
     # what trainers/rl.py reads (its RLConfig) that online DPO has no option for
@@ -33,46 +38,30 @@ class OnlineDPOConfig(GenerationArgs, ReferenceArgs, SamplingArgs, ModelArgs, Op
     optimiser_steps_per_iteration: ClassVar[int] = 1  # one DPO step per batch of pairs
 
     # data and judge
-    prompts: str = option("builtin:reviews", "prompts: builtin:reviews|stories|arithmetic|instructions or a "
-                          "JSONL/CSV/TXT file")
-    eval_prompts: str | None = option(None, "held-out prompts for the judged win rate (default: test split of `prompts`)")
-    num_eval_prompts: int = option(48, "held-out prompts for the judged win rate over the starting model (0 = skip)")
-    eval_samples_per_prompt: int = option(2, "completions per held-out prompt, before and after training")
+    eval_prompts = retune(None, "held-out prompts for the judged win rate (default: test split of `prompts`)")
+    num_eval_prompts = retune(48, "held-out prompts for the judged win rate over the starting model (0 = skip)")
+    eval_samples_per_prompt = retune(2, "completions per held-out prompt, before and after training")
     judge: str = option("sentiment", "who prefers one completion: a reward function (sentiment | arithmetic | "
                         "length[:N] | python:module:function) or a reward model (model:PATH); the higher score is "
                         "chosen, equal scores give no pair")
     # rollout
-    iterations: int = option(16, "iterations (sample pairs, judge, one DPO step)")
+    iterations = retune(16, "iterations (sample pairs, judge, one DPO step)")
     prompts_per_iteration: int = option(16, "prompts per iteration and process, two completions each (N processes: N x "
                                         "this pairs per optimiser step)")
-    max_new_tokens: int = option(64, "response length limit (training samples and the judged evaluation)")
-    generation_batch_size: int = option(32, "completions per generate() call on the CPU; on a CUDA GPU at "
+    max_new_tokens = retune(64, "response length limit (training samples and the judged evaluation)")
+    generation_batch_size = retune(32, "completions per generate() call on the CPU; on a CUDA GPU at "
                                         "least this many, all of them where free GPU memory holds their KV "
                                         "cache (rollout/core.py generation_rows)")
-    share_prompts: bool = option(True, "run a pair's prompt once when sampling and in the DPO step, and a header all "
-                                 "prompts share (a long system prompt) once per micro-batch (off under "
-                                 "gradient_checkpointing)")
     # loss
     loss_type: str = option("sigmoid", "sigmoid = DPO; ipo = IPO on length-averaged log-probs; cdpo = sigmoid with "
                             "label smoothing", LOSS_TYPES)
-    beta: float = option(0.1, "inverse temperature of the implicit reward beta * log(pi / pi_ref)")
-    label_smoothing: float | None = option(None, "cDPO label-flip probability (None: 0.1 for cdpo, else 0)")
     micro_batch_size: int = option(8, "pairs per forward/backward")
-    lr: float = option(1e-4, "AdamW learning rate (LoRA default; use ~5e-7..5e-6 for full fine-tuning)")
-    # outputs
-    log_samples: int = option(4, "completions per iteration written to samples.jsonl")
-    save_merged: bool = option(False, "also save merged full weights (LoRA) in final/merged")
+    lr = retune(1e-4, "AdamW learning rate (LoRA default; use ~5e-7..5e-6 for full fine-tuning)")
 
     @property
     def reward(self) -> str:
         """The judge, under the name the RL harness (trainers/rl.py) reads."""
         return self.judge
-
-    @property
-    def smoothing(self) -> float:
-        if self.label_smoothing is not None:
-            return self.label_smoothing
-        return 0.1 if self.loss_type == "cdpo" else 0.0
 
     def validate(self) -> None:
         for k in ("iterations", "prompts_per_iteration", "max_new_tokens", "generation_batch_size", "micro_batch_size",

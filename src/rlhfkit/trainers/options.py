@@ -1,9 +1,17 @@
 """The option groups trainer configs are made of (each field's help text is its --help line).
 
-A command's config is a dataclass that mixes in the groups it needs and adds its own fields;
-`runtime.config.build_config` runs every group's `validate()` (mixins first), so a range is
-checked in one place, then applies the values a group's `derived()` works out (the resolved dtype)
-and freezes the config (RunArgs is FrozenAfterValidation): nothing assigns a field afterwards. A subclass may redefine a field to change its default (e.g. `lr`).
+Each option is declared once, in one group (a dataclass mixin here) or, when only one command has it,
+in that command's config. A command's config mixes in the groups it needs and adds its own fields;
+`core.config.build_config` runs every group's `validate()` (mixins first), so a range is checked in
+one place, then applies the values a group's `derived()` works out (the resolved dtype) and freezes
+the config (RunArgs is FrozenAfterValidation). However a config is built (command line, YAML, the
+class called in Python, dataclasses.replace) it goes through that path.
+
+To add options: put options two commands share in a group here (or extend one), and mix it into
+both configs; an option only one command has is declared in its config. A command that needs its
+own default or help text for a group's option writes ``name = retune(default, "help")`` (no type)
+in its config: the same option, not a second declaration (tests/test_config_contract.py counts
+declarations). A group mixed in earlier in a config's bases comes later in --help.
 """
 
 from __future__ import annotations
@@ -11,8 +19,16 @@ from __future__ import annotations
 from dataclasses import dataclass, fields
 from types import MappingProxyType
 
-from rlhfkit.core.choices import DTYPES, GENERATION_BACKENDS, LR_SCHEDULES, PROMPT_OVERFLOW_MODES
+from rlhfkit.core.bounds import MAX_STEPS, check_planned_steps, check_warmup
+from rlhfkit.core.choices import (
+    DTYPES,
+    GENERATION_BACKENDS,
+    KL_LOSS_ESTIMATORS,
+    LR_SCHEDULES,
+    PROMPT_OVERFLOW_MODES,
+)
 from rlhfkit.core.config import FrozenAfterValidation, check, option
+from rlhfkit.core.environment import check_environment
 
 OVERFLOW_MODES = PROMPT_OVERFLOW_MODES
 # The reward specs the RL trainers take after their built-in default (`reward=` help text)
@@ -53,20 +69,29 @@ class PromptLimitArgs:
               f"max_prompt_length ({self.max_prompt_length}) must be >= 1")
 
 
+GENERATION_BATCH_HELP = ("prompts per generate() call on the CPU; on a CUDA GPU at least this many, all of them "
+                         "where free GPU memory holds their KV cache (rollout/core.py generation_rows)")
+
+
 @dataclass
-class JudgedEvalArgs:
+class EvalSamplingArgs:
+    """Samples on held-out prompts before and after training, and how they are drawn: the offline
+    preference trainers' judged evaluation and the online trainers' before/after check."""
+
+    num_eval_prompts: int = option(48, "held-out prompts for the judged win rate over the starting model (0 = skip)")
+    eval_samples_per_prompt: int = option(2, "completions per held-out prompt, before and after training")
+    max_new_tokens: int = option(64, "response length limit of the evaluation samples")
+    generation_batch_size: int = option(16, GENERATION_BATCH_HELP)
+
+
+@dataclass
+class JudgedEvalArgs(EvalSamplingArgs):
     """The judged evaluation of offline preference trainers (DPO, KTO): samples of the starting and the
     trained model on held-out prompts, scored by a judge, and the win rate (trainers/judged.py)."""
 
     judge: str = option("sentiment", "reward function that judges samples: sentiment | arithmetic | length[:N] | "
                         "model:PATH | python:module:function")
-    num_eval_prompts: int = option(48, "held-out prompts for the judged win rate over the starting model (0 = skip)")
-    eval_samples_per_prompt: int = option(2, "completions per held-out prompt, before and after training")
-    max_new_tokens: int = option(64, "response length limit of the evaluation samples")
     temperature: float = option(1.0, "sampling temperature of the evaluation samples")
-    generation_batch_size: int = option(16, "prompts per generate() call on the CPU; on a CUDA GPU at "
-                                        "least this many, all of them where free GPU memory holds their KV "
-                                        "cache (rollout/core.py generation_rows)")
 
     def validate(self) -> None:
         for k in ("max_new_tokens", "eval_samples_per_prompt", "generation_batch_size"):
@@ -94,6 +119,19 @@ class OptimizerArgs:
         check(self.weight_decay >= 0, f"weight_decay ({self.weight_decay}) must be >= 0")
         check(self.adam_eps > 0, f"adam_eps ({self.adam_eps}) must be > 0")
         check(self.max_grad_norm > 0, f"max_grad_norm ({self.max_grad_norm}) must be > 0")
+        try:  # RL configs plan their steps from their options; a zero batch is their validate()'s to name
+            per_iteration = getattr(self, "optimiser_steps_per_iteration", None)
+        except ZeroDivisionError:
+            per_iteration = None
+        iterations = getattr(self, "iterations", None)
+        # a huge rollout makes many steps an iteration: the rollout's memory check names it (trainers/rl.py)
+        if isinstance(per_iteration, int) and isinstance(iterations, int) and per_iteration <= MAX_STEPS:
+            check_planned_steps(iterations * per_iteration,
+                                f"iterations ({iterations:,}) x {per_iteration} optimiser steps an iteration")
+            check_warmup(self.warmup_steps, iterations * per_iteration, self.lr)  # refuses only; the run warns
+        for key in ("max_steps", "epochs"):  # offline: the data decides the rest (trainers/offline.py)
+            if isinstance(getattr(self, key, None), int):
+                check_planned_steps(getattr(self, key), f"{key} ({getattr(self, key):,})")
 
 
 @dataclass
@@ -183,14 +221,11 @@ class GenerationArgs:
                                                  "cache); the rest stays for training")
     vllm_max_model_len: int | None = option(None, "vllm: longest prompt + response (None: the model's maximum)")
 
-    def __post_init__(self) -> None:
+    def validate(self) -> None:
         check(0 < self.vllm_gpu_memory_utilization <= 1,
               f"vllm_gpu_memory_utilization ({self.vllm_gpu_memory_utilization}) must be in (0, 1]")
         check(self.vllm_max_model_len is None or self.vllm_max_model_len >= 1,
               f"vllm_max_model_len ({self.vllm_max_model_len}) must be >= 1 or None")
-        parent = getattr(super(), "__post_init__", None)
-        if parent is not None:  # the other mixins' checks (RunArgs)
-            parent()
 
 
 @dataclass
@@ -214,13 +249,15 @@ class RunArgs(FrozenAfterValidation):
                              "live run's folder, one inside or holding another run's, or a folder of other files")
     max_nonfinite_steps: int = option(3, "an optimiser step whose loss or gradient norm is NaN/inf is skipped; stop "
                                       "with a diagnosis after this many in a row")
+    save_merged: bool = option(False, "also save merged full weights (LoRA) in final/merged")
 
-    def __post_init__(self) -> None:
+    def validate(self) -> None:
         # RunArgs is mixed into every trainer's config: checked here so no validate() repeats it.
         check(self.save_every >= 0, f"save_every ({self.save_every}) must be >= 0 (0 = only when stopped)")
         check(self.keep_checkpoints >= 1, f"keep_checkpoints ({self.keep_checkpoints}) must be >= 1")
         check(self.max_nonfinite_steps >= 1, f"max_nonfinite_steps ({self.max_nonfinite_steps}) must be >= 1")
         check(0 <= self.seed < 2**63, f"seed ({self.seed}) must be in [0, 2**63 - 1]")
+        check_environment()  # what the run reads from the environment is checked like its options
 
 
 @dataclass
@@ -288,3 +325,118 @@ def reward_options(cfg) -> MappingProxyType:
     `cfg` mixes in, read-only."""
     names = [f.name for group in REWARD_OPTION_GROUPS if isinstance(cfg, group) for f in fields(group)]
     return MappingProxyType({k: getattr(cfg, k) for k in names})
+
+
+class RolloutArgs(EvalSamplingArgs):
+    """The online trainers' loop (PPO, TRPO, the GRPO family, online DPO): prompts, iterations, what is written."""
+
+    prompts: str = option("builtin:reviews", "prompts: builtin:reviews|stories|arithmetic|instructions or a "
+                          "JSONL/CSV/TXT file")
+    eval_prompts: str | None = option(None, "held-out prompts for the before/after check (default: test split of "
+                                      "`prompts`)")
+    iterations: int = option(18, "iterations (rollout + update)")
+    reward_weights: list[float] | None = option(None, "one weight per reward in `reward` (None: 1 each)")
+    trunk_cache_mb: float = option(512.0, "with lora_layers, the layers below the adapted ones run once per rollout: "
+                                   "their output (B x L x hidden x 4 bytes) is kept for the update when it fits in "
+                                   "this many MB, else recomputed per micro-batch (0: always recompute)")
+    log_samples: int = option(4, "completions per iteration written to samples.jsonl")
+
+
+@dataclass
+class PolicyGradientArgs:
+    """The reward-driven trainers (PPO, TRPO, the GRPO family): the reward, its shaping, the update's batch and check."""
+
+    reward: str = option("sentiment", "sentiment | arithmetic | " + REWARD_SPECS_HELP, several=True)
+    rollout_batch_size: int = option(16, "prompts sampled per iteration, per process (N processes sample N x this "
+                                     "different prompts; mini/micro batch sizes are per process too)")
+    score_clip: float | None = option(None, "clip sequence scores to [-c, c]")
+    no_stop_penalty: float | None = option(None, "score given to responses that never emit a stop token (None: keep)")
+    micro_batch_size: int | str = option(8, "sequences per forward/backward; auto: on the CPU 8, on a CUDA GPU the "
+                                         "largest power of two dividing mini_batch_size, at least 8, whose update fits "
+                                         "the free memory by the memory estimate (runtime/batch_plan.py)")
+    ratio_check_tol: float = option(1e-3, "max |ratio-1| allowed on the first micro-batch of each rollout; it repeats the "
+                                    "scoring pass exactly, so anything above float noise means broken log-probs")
+
+
+@dataclass
+class ClippedRatioArgs:
+    """PPO's clipped ratio and the KL estimate in the loss (PPO, the GRPO family)."""
+
+    clip_eps: float = option(0.2, "PPO ratio clip range")
+    kl_loss_estimator: str = option("k3", "KL estimate added to the loss with kl_penalty=loss: k3 (GRPO's; its gradient "
+                                    "is that of KL(pi_ref || pi)) or k2 (the gradient of KL(pi || pi_ref) itself, "
+                                    "on-policy; docs/learn/04-the-update.md, entry 15)", KL_LOSS_ESTIMATORS)
+
+
+@dataclass
+class BetaArgs:
+    """beta, the KL strength: of the implicit reward (DPO, KTO, online DPO) or of the loss's KL term (GRPO)."""
+
+    beta: float = option(0.1, "inverse temperature of the implicit reward beta * log(pi / pi_ref)")
+
+
+@dataclass
+class SharePromptsArgs:
+    """Running a prompt several rows share once (GRPO's groups, DPO's pairs)."""
+
+    share_prompts: bool = option(True, "run a pair's prompt once when sampling and in the DPO step, and a header all "
+                                 "prompts share (a long system prompt) once per micro-batch (off under "
+                                 "gradient_checkpointing)")
+
+
+@dataclass
+class LabelSmoothingArgs:
+    """cDPO's label smoothing (DPO, online DPO)."""
+
+    label_smoothing: float | None = option(None, "cDPO label-flip probability (None: 0.1 for cdpo, else 0)")
+
+    @property
+    def smoothing(self) -> float:
+        if self.label_smoothing is not None:
+            return self.label_smoothing
+        return 0.1 if self.loss_type == "cdpo" else 0.0
+
+
+@dataclass
+class OfflineArgs:
+    """The offline trainers' passes and batches (SFT, RM, DPO, KTO)."""
+
+    epochs: int = option(2, "passes over the training pairs")
+    batch_size: int = option(16, "pairs per optimiser step (all processes together; each takes its share)")
+    micro_batch_size: int = option(8, "pairs per forward/backward (2 x this many sequences)")
+
+
+@dataclass
+class DataArgs:
+    """The training data of the trainers that read it from `data` (SFT, RM, KTO)."""
+
+    data: str = option("", "preference pairs: a JSONL/CSV/Parquet file or saved `datasets` folder with prompt, "
+                       "chosen, rejected (e.g. from `rlhfkit prefs make`), or builtin:prefs_reviews (the pairs DPO's "
+                       "demo uses)")
+
+
+@dataclass
+class ExamplesArgs(DataArgs):
+    """Examples read whole, with a held-out share (SFT, RM)."""
+
+    eval_data: str | None = option(None, "held-out pairs (default: records with split=test, else eval_fraction of data)")
+    eval_fraction: float = option(0.1, "share of `data` held out when it has no split field and no eval_data")
+    max_steps: int = option(0, "optimiser steps; 0 = epochs x ceil(pairs / batch_size)")
+    max_length: int = option(256, "tokens per formatted prompt + response; longer texts lose their beginning")
+    eval_every: int = option(0, "evaluate every N optimiser steps (0 = only before and after training)")
+
+
+@dataclass
+class PairArgs:
+    """Prompt + completion rows against a reference (DPO, KTO): lengths, the reference, the step cap."""
+
+    max_prompt_length: int = option(192, "prompt tokens kept (the end of longer prompts)")
+    prompt_overflow: str = option("truncate_left", "a prompt longer than max_prompt_length: truncate_left keeps its "
+                                  "end (one warning says how many were cut); error stops before training",
+                                  OVERFLOW_MODES)
+    max_response_length: int = option(128, "response tokens kept (the start of longer responses, end-of-turn included)")
+    reference_model: str | None = option(None, "reference model: a folder or Hub id org/name[@revision] (None: the "
+                                         "adapter-disabled base with LoRA, else a frozen copy of the starting model)")
+    precompute_ref_logps: bool | None = option(None, "compute reference log-probs once before training (None: when "
+                                               "the run sees every pair at least once, i.e. when it is cheaper)")
+    max_steps: int | None = option(None, "stop after this many optimiser steps (None: epochs decide)")

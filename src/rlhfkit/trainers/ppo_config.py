@@ -4,58 +4,47 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from rlhfkit.core.choices import KL_ESTIMATORS, KL_LOSS_ESTIMATORS, KL_PENALTY_PLACES, PPO_LOSS_AGGREGATIONS
-from rlhfkit.core.config import check, option
+from rlhfkit.core.choices import KL_ESTIMATORS, KL_PENALTY_PLACES, PPO_LOSS_AGGREGATIONS
+from rlhfkit.core.config import check, option, retune
 from rlhfkit.runtime.batch_plan import check_micro_batch_size
 from rlhfkit.trainers.options import (
-    REWARD_SPECS_HELP,
+    GENERATION_BATCH_HELP,
+    ClippedRatioArgs,
     EnvArgs,
     GenerationArgs,
     ModelArgs,
     OptimizerArgs,
+    PolicyGradientArgs,
     ReferenceArgs,
     RemoteRewardArgs,
+    RolloutArgs,
     RunArgs,
     SamplingArgs,
 )
 
 
 @dataclass
-class ActorCriticArgs(EnvArgs, RemoteRewardArgs, GenerationArgs, ReferenceArgs, SamplingArgs, ModelArgs, OptimizerArgs, RunArgs):
+class ActorCriticArgs(PolicyGradientArgs, RolloutArgs, EnvArgs, RemoteRewardArgs, GenerationArgs, ReferenceArgs,
+                      SamplingArgs, ModelArgs, OptimizerArgs, RunArgs):
     """What the actor-critic trainers (PPO, TRPO) share: the rollout, the KL-shaped rewards, GAE and the critic."""
 
     # The CPU demo adapts the top 12 of SmolLM2's 30 layers: backward stops there (docs/benchmarks.md, "Frozen
     # trunk") and sentiment is still learned. Set lora_layers=None for every layer.
-    lora_layers: int | None = option(12, "adapt only the top N transformer layers (None: all); backward stops below them")
-    trunk_cache_mb: float = option(512.0, "with lora_layers, the layers below the adapted ones run once per rollout: "
-                                   "their output (B x L x hidden x 4 bytes) is kept for the update when it fits in "
-                                   "this many MB, else recomputed per micro-batch (0: always recompute)")
+    lora_layers = retune(12, "adapt only the top N transformer layers (None: all); backward stops below them")
 
     share_prefix: bool = option(True, "run the prompt prefix that every row of a batch shares (a chat template's "
                                 "header) once per generate() call and per micro-batch; equal up to float rounding "
                                 "(figures: docs/benchmarks.md). Off under gradient_checkpointing")
 
-    # data and reward
-    prompts: str = option("builtin:reviews", "prompts: builtin:reviews|stories|arithmetic|instructions or a JSONL/CSV/TXT file")
-    eval_prompts: str | None = option(None, "held-out prompts for the before/after check (default: test split of `prompts`)")
-    num_eval_prompts: int = option(64, "held-out prompts sampled before and after training (0 = skip)")
-    eval_samples_per_prompt: int = option(3, "completions per held-out prompt, before and after (the same random "
-                                          "draws both times)")
-    reward: str = option("sentiment", "sentiment | arithmetic | " + REWARD_SPECS_HELP, several=True)
-    reward_weights: list[float] | None = option(None, "one weight per reward in `reward` (None: 1 each)")
+    # data and reward (prompts, eval_prompts, reward, reward_weights: RolloutArgs, PolicyGradientArgs)
+    num_eval_prompts = retune(64, "held-out prompts sampled before and after training (0 = skip)")
+    eval_samples_per_prompt = retune(3, "completions per held-out prompt, before and after (the same random "
+                                     "draws both times)")
     # rollout
-    iterations: int = option(18, "iterations (rollout + update)")
-    rollout_batch_size: int = option(16, "prompts sampled per iteration, per process (N processes sample N x this "
-                                     "different prompts; mini/micro batch sizes are per process too)")
-    max_new_tokens: int = option(48, "response length limit")
-    generation_batch_size: int = option(16, "prompts per generate() call on the CPU; on a CUDA GPU at "
-                                        "least this many, all of them where free GPU memory holds their KV "
-                                        "cache (rollout/core.py generation_rows)")
+    max_new_tokens = retune(48, "response length limit")
+    generation_batch_size = retune(16, GENERATION_BATCH_HELP)
     # update (the critic's optimiser: lr, warmup_steps, ...)
-    micro_batch_size: int | str = option(8, "sequences per forward/backward; auto: on the CPU 8, on a CUDA GPU the "
-                                         "largest power of two dividing mini_batch_size, at least 8, whose update fits "
-                                         "the free memory by the memory estimate (runtime/batch_plan.py)")
-    lr: float = option(1e-3, "AdamW learning rate (LoRA default; use ~1e-5 for full fine-tuning)")
+    lr = retune(1e-3, "AdamW learning rate (LoRA default; use ~1e-5 for full fine-tuning)")
     value_clip_eps: float | None = option(0.2, "value clip range around the rollout values (None disables)")
     # advantages and rewards
     gamma: float = option(1.0, "discount")
@@ -71,16 +60,9 @@ class ActorCriticArgs(EnvArgs, RemoteRewardArgs, GenerationArgs, ReferenceArgs, 
     adaptive_kl: bool = option(False, "adapt beta towards kl_target (Ziegler et al. 2019)")
     kl_target: float = option(6.0, "target per-sequence KL for the adaptive controller")
     kl_horizon: int = option(10000, "horizon of the adaptive controller")
-    score_clip: float | None = option(None, "clip sequence scores to [-c, c]")
-    no_stop_penalty: float | None = option(None, "score given to responses that never emit a stop token (None: keep)")
     # model extras
     critic_model: str | None = option(None, "separate critic backbone (a model folder or Hub id org/name[@revision]); "
                                                  "None = value head on the shared base")
-    ratio_check_tol: float = option(1e-3, "max |ratio-1| allowed on the first micro-batch of each rollout; it repeats the "
-                                    "scoring pass exactly, so anything above float noise means broken log-probs")
-    # outputs
-    log_samples: int = option(4, "completions per iteration written to samples.jsonl")
-    save_merged: bool = option(False, "also save merged full weights (LoRA) in final/merged")
 
     @property
     def optimiser_steps_per_iteration(self) -> int:
@@ -107,7 +89,7 @@ class ActorCriticArgs(EnvArgs, RemoteRewardArgs, GenerationArgs, ReferenceArgs, 
 
 
 @dataclass
-class PPOConfig(ActorCriticArgs):
+class PPOConfig(ClippedRatioArgs, ActorCriticArgs):
     """PPO with GAE and a value head on the shared base (actor-critic), KL penalty against a frozen reference."""
 
     @property
@@ -117,15 +99,11 @@ class PPOConfig(ActorCriticArgs):
 
     ppo_epochs: int = option(2, "passes over each rollout")
     mini_batch_size: int = option(8, "sequences per optimiser step (gradient accumulation = mini / micro)")
-    clip_eps: float = option(0.2, "PPO ratio clip range")
     vf_coef: float = option(0.1, "value-loss coefficient")
     ent_coef: float = option(0.0, "entropy-bonus coefficient")
     loss_agg: str = option("token-mean", "loss aggregation over a mini-batch", PPO_LOSS_AGGREGATIONS)
     kl_penalty: str = option("reward", "fold -beta*KL into the rewards, or add beta * kl_loss_estimator to the loss",
                              KL_PENALTY_PLACES)
-    kl_loss_estimator: str = option("k3", "KL estimate added to the loss with kl_penalty=loss: k3 (GRPO's; its gradient "
-                                    "is that of KL(pi_ref || pi)) or k2 (the gradient of KL(pi || pi_ref) itself, "
-                                    "on-policy; docs/learn/04-the-update.md, entry 15)", KL_LOSS_ESTIMATORS)
 
     def validate(self) -> None:
         for k in ("mini_batch_size", "ppo_epochs"):

@@ -5,25 +5,19 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from rlhfkit.core.choices import RM_NORMALIZATIONS, RM_POOLINGS
-from rlhfkit.core.config import check, option
-from rlhfkit.trainers.options import ModelArgs, OptimizerArgs, RunArgs
+from rlhfkit.core.config import check, option, retune
+from rlhfkit.trainers.options import ExamplesArgs, ModelArgs, OfflineArgs, OptimizerArgs, RunArgs
 
 
 @dataclass
-class RMConfig(ModelArgs, OptimizerArgs, RunArgs):
+class RMConfig(ExamplesArgs, OfflineArgs, ModelArgs, OptimizerArgs, RunArgs):
     """Reward model: backbone + scalar head trained with the Bradley-Terry loss on preference pairs."""
 
-    data: str = option("", "preference pairs: a JSONL/CSV/Parquet file or saved `datasets` folder with prompt, "
-                       "chosen, rejected (e.g. from `rlhfkit prefs make`), or builtin:prefs_reviews (the pairs DPO's demo uses)")
-    eval_data: str | None = option(None, "held-out pairs (default: records with split=test, else eval_fraction of data)")
-    eval_fraction: float = option(0.1, "share of `data` held out when it has no split field and no eval_data")
     max_eval_pairs: int = option(256, "held-out pairs used for evaluation (a seeded subset)")
-    epochs: int = option(2, "passes over the training pairs (ignored when max_steps > 0)")
-    max_steps: int = option(0, "optimiser steps; 0 = epochs x ceil(pairs / batch_size)")
-    batch_size: int = option(16, "pairs per optimiser step (all processes together)")
-    micro_batch_size: int = option(8, "pairs per forward/backward (each pair = 2 sequences)")
-    max_length: int = option(256, "tokens per formatted prompt + response; longer texts lose their beginning")
-    lr: float = option(1e-4, "AdamW learning rate for adapters/backbone (LoRA default; ~1e-5 for full fine-tuning)")
+    epochs = retune(2, "passes over the training pairs (ignored when max_steps > 0)")
+    batch_size = retune(16, "pairs per optimiser step (all processes together)")
+    micro_batch_size = retune(8, "pairs per forward/backward (each pair = 2 sequences)")
+    lr = retune(1e-4, "AdamW learning rate for adapters/backbone (LoRA default; ~1e-5 for full fine-tuning)")
     head_lr: float | None = option(None, "learning rate of the score head (None: lr)")
     margin: float = option(0.0, "constant margin m in -log sigma(r_c - r_r - m)")
     use_data_margin: bool = option(True, "use a pair's own 'margin' field when it has one (Llama 2 style)")
@@ -35,8 +29,7 @@ class RMConfig(ModelArgs, OptimizerArgs, RunArgs):
     pooling: str = option("auto", "where the score is read: last non-pad token, or the masked mean (auto: last for "
                           "causal LMs, mean for encoders)", RM_POOLINGS)
     stats_pairs: int = option(256, "training pairs scored after training for the normalisation statistics")
-    eval_every: int = option(0, "evaluate every N optimiser steps (0 = only before and after training)")
-    save_merged: bool = option(False, "save the LoRA backbone merged into full weights instead of an adapter")
+    save_merged = retune(False, "save the LoRA backbone merged into full weights instead of an adapter")
 
     def validate(self) -> None:
         check(bool(self.data), "data: give a preference file, e.g. data=prefs.jsonl (build one with `rlhfkit prefs make`)")

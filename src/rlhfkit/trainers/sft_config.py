@@ -4,27 +4,27 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from rlhfkit.core.config import check, option
-from rlhfkit.trainers.options import ModelArgs, OptimizerArgs, RunArgs
+from rlhfkit.core.config import check, option, retune
+from rlhfkit.trainers.options import ExamplesArgs, ModelArgs, OfflineArgs, OptimizerArgs, RunArgs
 
 
 @dataclass
-class SFTConfig(ModelArgs, OptimizerArgs, RunArgs):
+class SFTConfig(ExamplesArgs, OfflineArgs, ModelArgs, OptimizerArgs, RunArgs):
     """Supervised fine-tuning on (prompt, response) pairs, conversations or plain text."""
 
-    data: str = option("builtin:instructions", "training examples: builtin:instructions|arithmetic, or a JSONL/CSV/"
+    data = retune("builtin:instructions", "training examples: builtin:instructions|arithmetic, or a JSONL/CSV/"
                        "Parquet file or saved `datasets` folder with prompt+response (or completion), chat messages, "
                        "or text (every token trained); in Python also a datasets.Dataset")
-    eval_data: str | None = option(None, "held-out examples (default: the test split of `data`; for a file without "
+    eval_data = retune(None, "held-out examples (default: the test split of `data`; for a file without "
                                    "a split field, eval_fraction of it)")
-    eval_fraction: float = option(0.1, "share of `data` held out for eval when it has no split field and no eval_data")
+    eval_fraction = retune(0.1, "share of `data` held out for eval when it has no split field and no eval_data")
     max_train_examples: int | None = option(None, "use a seeded random subset of this many training examples")
     max_eval_examples: int = option(64, "held-out examples used for eval/loss (a seeded subset)")
-    epochs: int = option(1, "passes over the training examples (ignored when max_steps > 0)")
-    max_steps: int = option(0, "optimiser steps; 0 = epochs x ceil(examples / batch_size)")
-    batch_size: int = option(8, "examples per optimiser step (all processes together)")
-    micro_batch_size: int = option(4, "examples per forward/backward (gradient accumulation = batch / micro)")
-    max_length: int = option(512, "tokens per example (prompt + response), cut from the right")
+    epochs = retune(1, "passes over the training examples (ignored when max_steps > 0)")
+    max_steps = retune(0, "optimiser steps; 0 = epochs x ceil(examples / batch_size)")
+    batch_size = retune(8, "examples per optimiser step (all processes together)")
+    micro_batch_size = retune(4, "examples per forward/backward (gradient accumulation = batch / micro)")
+    max_length = retune(512, "tokens per example (prompt + response), cut from the right")
     completion_only_loss: bool = option(True, "prompt/response records: the loss covers the response only (false: "
                                         "the prompt too)")
     packing: bool = option(False, "concatenate training examples into rows of up to max_length tokens (first-fit by "
@@ -32,13 +32,12 @@ class SFTConfig(ModelArgs, OptimizerArgs, RunArgs):
                            "fewer padded positions; batch_size then counts rows. Evaluation stays unpacked")
     assistant_only_loss: bool = option(False, "conversations (messages): the loss covers every assistant turn; "
                                        "false (TRL's default) = every token of the conversation")
-    lr: float = option(2e-4, "AdamW learning rate (LoRA default; use ~2e-5 for full fine-tuning)")
+    lr = retune(2e-4, "AdamW learning rate (LoRA default; use ~2e-5 for full fine-tuning)")
     rouge_examples: int = option(32, "held-out examples whose greedy responses are scored with ROUGE-1/2/L against "
                                  "the reference responses before and after training (0 = skip)")
     rouge_max_new_tokens: int = option(64, "response length limit of those greedy responses")
-    eval_every: int = option(0, "evaluate every N optimiser steps (0 = only before and after training)")
-    save_merged: bool = option(False, "also save the LoRA adapter merged into full weights in final/merged")
-    lora_dropout: float = option(0.05, "LoRA dropout (SFT only; RL trainers keep 0)")
+    save_merged = retune(False, "also save the LoRA adapter merged into full weights in final/merged")
+    lora_dropout = retune(0.05, "LoRA dropout (SFT only; RL trainers keep 0)")
 
     def validate(self) -> None:
         for k in ("batch_size", "micro_batch_size", "max_length", "epochs", "max_eval_examples"):

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 from rlhfkit.core.choices import TRPO_FVP_MODES
-from rlhfkit.core.config import check, option
+from rlhfkit.core.config import check, option, retune
 from rlhfkit.trainers.ppo_config import ActorCriticArgs
 
 
@@ -37,7 +37,7 @@ class TRPOConfig(ActorCriticArgs):
                            "token KL twice; the same product)", TRPO_FVP_MODES)
     vf_epochs: int = option(2, "critic regression passes over each rollout (AdamW with lr, on the value head only)")
     vf_mini_batch_size: int = option(8, "sequences per critic optimiser step")
-    lr: float = option(1e-3, "AdamW learning rate of the critic (the policy's step size comes from max_kl)")
+    lr = retune(1e-3, "AdamW learning rate of the critic (the policy's step size comes from max_kl)")
 
     def validate(self) -> None:
         check(self.max_kl > 0, f"max_kl ({self.max_kl}) must be > 0")
