@@ -327,6 +327,7 @@ def reward_options(cfg) -> MappingProxyType:
     return MappingProxyType({k: getattr(cfg, k) for k in names})
 
 
+@dataclass
 class RolloutArgs(EvalSamplingArgs):
     """The online trainers' loop (PPO, TRPO, the GRPO family, online DPO): prompts, iterations, what is written."""
 
