@@ -115,6 +115,7 @@ def _as_nobody() -> list[str]:
     return ["setpriv", f"--reuid={NOBODY}", f"--regid={NOBODY}", "--clear-groups"]
 
 
+@pytest.mark.slow  # four resumes in a second process
 def test_an_unreadable_checkpoint_file_falls_back_like_other_damage(tiny_model_dir):
     """state.pt, trainable.safetensors, an RNG file or config.yaml the user cannot read (was a
     PermissionError traceback from file_digest): the resume skips that step with a notice naming
