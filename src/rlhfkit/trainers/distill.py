@@ -22,6 +22,7 @@ Maths, conventions and when to prefer which loss: docs/algorithms.md.
 
 from __future__ import annotations
 
+import os
 import random
 import time
 
@@ -65,6 +66,9 @@ def build_models(cfg: DistillConfig):
     from rlhfkit.models import load_causal_lm, load_tokenizer
     from rlhfkit.models.policy import Reference
 
+    if cfg.loss == "jsd" and int(os.environ.get("WORLD_SIZE", "1")) > 1:  # its logits skip the DDP wrapper
+        raise UserError("loss=jsd runs in one process (its student logits bypass the data-parallel wrapper); "
+                        "use loss=reverse-kl with several processes")
     try:
         teacher_tok = load_tokenizer(cfg.teacher)
         teacher = load_causal_lm(cfg.teacher, dtype="fp32", trainable=False)
