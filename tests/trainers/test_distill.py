@@ -152,3 +152,64 @@ def test_bad_input_is_one_line_exit_2_and_nothing_written(tmp_path, tiny_model_d
     assert "Traceback" not in err and len(lines) == 1, err
     assert lines[0].startswith("rlhfkit: error: ") and message in lines[0], err
     assert not out.exists() or not any(out.iterdir())
+
+
+# ----------------------------------------------------------------------------- GRPO's distillation term
+
+
+def grpo_rows(tmp_path, name):
+    return rows_of(tmp_path, name)
+
+
+def test_grpo_with_a_teacher_equal_to_the_policy_adds_exactly_nothing(tmp_path, tiny_model_dir):
+    """The term's value and gradient are exactly 0: the same samples, losses and gradient norms as
+    without it, with loss/distill and distill/reverse_kl logged apart at 0."""
+    from test_grpo import tiny_cfg as grpo_cfg
+
+    from rlhfkit.trainers.grpo import train as grpo_train
+
+    grpo_train(grpo_cfg(tmp_path, tiny_model_dir, run_name="plain", drop_zero_std_groups=False))
+    grpo_train(grpo_cfg(tmp_path, tiny_model_dir, run_name="term", drop_zero_std_groups=False,
+                        teacher=str(tiny_model_dir), distill_coef=0.5))
+    plain, term = grpo_rows(tmp_path, "plain")[0], grpo_rows(tmp_path, "term")[0]
+    assert term["loss/distill"] == 0.0 and term["distill/reverse_kl"] == 0.0
+    for key in ("rollout/score_mean", "loss/policy", "loss/total", "params/grad_norm"):
+        assert term[key] == plain[key], key
+
+
+def test_grpo_distill_term_is_logged_apart_and_added_with_its_coefficient(tmp_path, tiny_model_dir,
+                                                                          other_teacher_dir):
+    from test_grpo import tiny_cfg as grpo_cfg
+
+    from rlhfkit.trainers.grpo import train as grpo_train
+
+    grpo_train(grpo_cfg(tmp_path, tiny_model_dir, drop_zero_std_groups=False, teacher=str(other_teacher_dir),
+                        distill_coef=0.5, update_epochs=1, mini_batch_size=8))
+    row = grpo_rows(tmp_path, "t")[0]
+    assert row["loss/distill"] != 0.0
+    # one epoch of one optimiser step, on-policy: the term's value is the k1 mean of the scoring pass
+    # over the same tokens (token-mean aggregation)
+    assert row["loss/distill"] == pytest.approx(row["distill/reverse_kl"], rel=1e-4, abs=1e-6)
+    assert row["loss/total"] == pytest.approx(row["loss/policy"] + 0.5 * row["loss/distill"], rel=1e-5, abs=1e-7)
+
+
+@pytest.mark.parametrize("args, message", [
+    (["distill_coef=0.1"], "distill_coef (0.1) needs a teacher: teacher=MODEL"),
+    (["teacher=SELF"], "is used only with distill_coef > 0"),
+    (["teacher=OTHER", "distill_coef=0.1"], "vocabulary (321 tokens) differs from the student's (320 tokens)"),
+    (["distill_coef=-1"], "distill_coef (-1.0) must be >= 0"),
+])
+def test_grpo_distill_bad_input(tmp_path, tiny_model_dir, other_vocab_dir, capsys, args, message):
+    out = tmp_path / "runs"
+    prompts = tmp_path / "p.txt"
+    prompts.write_text("\n".join(f"Say {i}." for i in range(8)))
+    where = {"OTHER": str(other_vocab_dir), "SELF": str(tiny_model_dir)}
+    args = [a.split("=")[0] + "=" + where.get(a.split("=", 1)[1], a.split("=", 1)[1]) for a in args]
+    argv = ["grpo", f"model={tiny_model_dir}", f"prompts={prompts}", "reward=length:3", "iterations=1",
+            "rollout_batch_size=4", "group_size=2", "mini_batch_size=4", "micro_batch_size=2", "max_new_tokens=4",
+            "num_eval_prompts=0", "dtype=fp32", "quiet=true", "tensorboard=false", f"output_dir={out}", *args]
+    assert cli_main(argv) == 2
+    err = capsys.readouterr().err
+    lines = [ln for ln in err.splitlines() if ln.startswith("rlhfkit:")]
+    assert "Traceback" not in err and len(lines) == 1 and message in lines[0], err
+    assert not out.exists() or not any(out.iterdir())

@@ -112,6 +112,9 @@ def reverse_kl_loss(
     teacher_logp: torch.Tensor,
     mask: torch.Tensor,
     num_tokens: float | torch.Tensor | None = None,
+    num_seqs: float | torch.Tensor | None = None,
+    agg_mode: str = "token-mean",
+    constant: float | None = None,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """On-policy reverse KL: a policy-gradient surrogate whose gradient estimates grad KL(p_s || p_t).
 
@@ -120,7 +123,7 @@ def reverse_kl_loss(
     teacher's log-probs of those tokens. Per token d = old_logp - teacher_logp (k1 estimate of the
     reverse KL at that position, a constant) and ratio = exp(logp - old_logp) (1 on-policy):
 
-        loss = token mean of d * ratio
+        loss = token mean of d * ratio    (or another aggregation: agg_mode, losses.aggregate_loss)
 
     Its value on-policy is the k1 estimate of the mean per-token reverse KL; its gradient is
     d * grad log p_s (REINFORCE with advantage -d; a later mini-batch of the same rollout is
@@ -131,6 +134,6 @@ def reverse_kl_loss(
     d = torch.where(valid, d, torch.zeros_like(d))
     log_ratio = torch.where(valid, logp - old_logp.detach(), torch.zeros_like(logp))
     ratio = log_ratio.exp()
-    loss = aggregate_loss(d * ratio, valid, "token-mean", num_tokens)
+    loss = aggregate_loss(d * ratio, valid, agg_mode, num_tokens, num_seqs, constant)
     dev = (ratio.detach() - 1).abs().masked_fill(~valid, 0)
     return loss, {"reverse_kl": masked_mean(d, valid), "ratio_dev": dev.max() if dev.numel() else dev.sum()}

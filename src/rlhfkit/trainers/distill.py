@@ -41,7 +41,7 @@ from rlhfkit.trainers.distill_data import dataset_rollout, teacher_rollout
 from rlhfkit.trainers.rl import RLRun
 from rlhfkit.trainers.rl_update import rollout_metrics, shuffled_rows
 
-__all__ = ["build_models", "check_same_vocabulary", "micro_batch_loss", "on_policy", "train"]
+__all__ = ["build_models", "check_same_vocabulary", "load_teacher", "micro_batch_loss", "on_policy", "train"]
 
 COIN_SEED_OFFSET = 7_919  # the lmbda coins' stream, apart from sampling's seeds
 
@@ -60,25 +60,35 @@ def check_same_vocabulary(student_tok, teacher_tok, student_width: int, teacher_
                         f"{student_width}; distillation needs the same vocabulary for both")
 
 
-def build_models(cfg: DistillConfig):
-    """(policy-only ActorCritic, the frozen teacher as a Reference, tokenizer). The teacher is checked
-    first (missing, not a causal LM, another vocabulary): one line and nothing written."""
+def load_teacher(cfg, actor, tok):
+    """The frozen teacher `cfg.teacher` as a models.policy.Reference beside the student `actor`: in bf16
+    when cfg.dtype is bf16 (wholly with LoRA, as the student's frozen base; else its linear layers). Missing, not a causal LM or another
+    vocabulary: a UserError naming the teacher (one line, before anything is written)."""
     from rlhfkit.models import load_causal_lm, load_tokenizer
     from rlhfkit.models.policy import Reference
 
-    if cfg.loss == "jsd" and int(os.environ.get("WORLD_SIZE", "1")) > 1:  # its logits skip the DDP wrapper
-        raise UserError("loss=jsd runs in one process (its student logits bypass the data-parallel wrapper); "
-                        "use loss=reverse-kl with several processes")
+    # the student's base dtype (trainers/build.py build_policy): bf16 with LoRA in a bf16 run, so a
+    # teacher equal to the student computes the same bits (step 0 exactly 0)
+    base_dtype = "bf16" if (cfg.dtype == "bf16" and cfg.lora) else "fp32"
     try:
         teacher_tok = load_tokenizer(cfg.teacher)
-        teacher = load_causal_lm(cfg.teacher, dtype="fp32", trainable=False)
+        teacher = load_causal_lm(cfg.teacher, dtype=base_dtype, trainable=False)
     except UserError as e:
         raise UserError(f"teacher: {e}") from None
-    actor, _, tok = build_actor(cfg, with_reference=False)
     check_same_vocabulary(tok, teacher_tok, actor.policy.get_output_embeddings().weight.shape[0],
                           teacher.get_output_embeddings().weight.shape[0], cfg.teacher)
     dtype = torch.bfloat16 if cfg.dtype == "bf16" else None  # frozen linear weights stored in bf16
-    return actor, Reference(actor, use_adapter_off=False, dtype=dtype, model=teacher), tok
+    return Reference(actor, use_adapter_off=False, dtype=dtype, model=teacher)
+
+
+def build_models(cfg: DistillConfig):
+    """(policy-only ActorCritic, the frozen teacher as a Reference, tokenizer); bad input stops with
+    one line and nothing written."""
+    if cfg.loss == "jsd" and int(os.environ.get("WORLD_SIZE", "1")) > 1:  # its logits skip the DDP wrapper
+        raise UserError("loss=jsd runs in one process (its student logits bypass the data-parallel wrapper); "
+                        "use loss=reverse-kl with several processes")
+    actor, _, tok = build_actor(cfg, with_reference=False)
+    return actor, load_teacher(cfg, actor, tok), tok
 
 
 # ----------------------------------------------------------------------------- the loss

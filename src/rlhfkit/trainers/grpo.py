@@ -14,7 +14,8 @@ One iteration, as numbered steps in `train`:
                  REINFORCE++ computes its advantages now (token returns with a KL penalty, batch-normalised)
   5. update      update_epochs x mini-batches x micro-batches of the clipped ratio loss, the ratio per
                  token or per sequence (GSPO), each token's loss times its truncated importance weight
-                 (`tis_cap`), + beta * k3 (or k2) KL to the reference, aggregated by `loss_agg` with global normalisers
+                 (`tis_cap`), + beta * k3 (or k2) KL to the reference, + distill_coef * the on-policy reverse
+                 KL to a `teacher` (grpo_distill.py), aggregated by `loss_agg` with global normalisers
   6. log         PPO's metric names + rollout/group_reward_std and rollout/solved_fraction
 
 With `env` set, step 1 runs multi-turn episodes (rollout/multiturn.py), step 2's score is each
@@ -55,6 +56,8 @@ from rlhfkit.trainers.grpo_config import (
     ReinforcePPConfig,
     RLOOConfig,
 )
+from rlhfkit.trainers.grpo_distill import add_teacher_logprobs, distill_term
+from rlhfkit.trainers.grpo_distill import load as load_teacher
 from rlhfkit.trainers.grpo_rollout import (
     dynamic_batch,
     filter_overlong,
@@ -102,10 +105,11 @@ def compute_advantages(rollout: Rollout, cfg: GRPOConfig, greedy: torch.Tensor |
 
 def informative_rows(rollout: Rollout, cfg: GRPOConfig, num_processes: int = 1) -> torch.Tensor:
     """Rows of groups whose rewards are not all equal (all rows unless drop_zero_std_groups with the
-    group or rloo baseline; with several processes always all rows, so every process runs the same
-    optimiser steps)."""
+    group or rloo baseline, and without a distillation term; with several processes always all rows,
+    so every process runs the same optimiser steps)."""
     B, G = rollout.scores.shape[0], cfg.group_size
-    if not cfg.drop_zero_std_groups or num_processes > 1 or cfg.advantage not in ("group", "rloo"):
+    distilling = cfg.distill_coef > 0  # the teacher's term has a signal in every group
+    if not cfg.drop_zero_std_groups or distilling or num_processes > 1 or cfg.advantage not in ("group", "rloo"):
         return torch.arange(B, device=rollout.scores.device)
     seq_reward = (rollout.rewards * rollout.response_mask).sum(1).view(-1, G)
     varied = (seq_reward != seq_reward[:, :1]).any(1)  # (B/G,)
@@ -141,6 +145,10 @@ def micro_batch_loss(model, mb: Rollout, cfg: GRPOConfig, n_tokens: float, n_seq
                                      clip_eps_high=cfg.clip_eps_high, level=cfg.importance_level, weights=weights,
                                      tensor_metrics=True, **agg)
     loss = pl
+    if cfg.distill_coef > 0:  # the on-policy reverse KL to the teacher (grpo_distill.py), logged apart
+        dl = distill_term(logp, mb, mask, agg)
+        loss = loss + cfg.distill_coef * dl
+        stats["loss/distill"] = dl.detach()
     if cfg.beta > 0:
         per_token = choose(KL_ESTIMATORS, cfg.kl_loss_estimator, "KL estimator")(logp, mb.ref_logprobs.to(device))
         kl = aggregate_loss(per_token, mask, cfg.loss_agg, n_tokens, n_seqs, constant)
@@ -179,9 +187,9 @@ def collect(rl: RLRun, cfg: GRPOConfig, it: int, prefetch: OneStepOffPolicy | No
 
 
 def update_on(rl: RLRun, cfg: GRPOConfig, batch: Rollout, rows: torch.Tensor, loss_fn,
-              metrics: dict[str, float]) -> tuple[float, float]:
+              metrics: dict[str, float], teacher=None) -> tuple[float, float]:
     """Steps 4-5 on rows `rows` of the batch; metrics go into `metrics`. Returns the times at which
-    the log-prob pass and the update ended."""
+    the log-prob pass and the update ended. `teacher`: the distillation term's (distill_coef > 0)."""
     G = cfg.group_size
     used = keep_rows(batch, rows)
     if cfg.overlong_filter:
@@ -190,6 +198,8 @@ def update_on(rl: RLRun, cfg: GRPOConfig, batch: Rollout, rows: torch.Tensor, lo
     perm = shuffled_rows(len(rows), rl.generator, shuffle_group, cfg.optimiser_batch)
     rl.logprob_pass(used, perm)  # step 4
     metrics["timing/logprobs_s"] = used.timings["timing/logprobs_s"]  # `used` is a copy of `batch`
+    if teacher is not None:  # the teacher's log-probs of the same tokens, in the same micro-batches
+        metrics.update(add_teacher_logprobs(teacher, used, cfg, rl.micro_batch_size, perm))
     if cfg.advantage in REINFORCE_PP:  # all rows, in order (informative_rows): the log shows them
         metrics.update(reinforce_pp_advantages(used, cfg, rl.run.accelerator))
         batch.advantages = used.advantages
@@ -204,6 +214,8 @@ def update_on(rl: RLRun, cfg: GRPOConfig, batch: Rollout, rows: torch.Tensor, lo
     metrics["rollout/entropy"] = masked_mean(used.entropy, used.response_mask).item()
     if cfg.beta > 0:
         metrics["loss/kl"] = m["loss/kl"]
+    if cfg.distill_coef > 0:
+        metrics["loss/distill"] = m["loss/distill"]
     if used.ref_logprobs is not None:
         metrics["rollout/kl"] = ((used.logprobs - used.ref_logprobs) * used.response_mask).sum(1).mean().item()
     return t1, t2
@@ -217,7 +229,16 @@ def command_name(cfg: GRPOConfig) -> str:
 @closes_its_runs
 def train(cfg: GRPOConfig) -> dict:
     """Run GRPO or a variant (see the module docstring); returns the summary (also RUN/summary.json)."""
-    rl = RLRun(cfg, command_name(cfg), build_policy_model)
+    teacher: list = []  # distill_coef > 0: the frozen teacher, loaded with the models (bad input: nothing written)
+
+    def build_models(cfg: GRPOConfig):
+        actor, reference, tok = build_policy_model(cfg)
+        teacher.append(load_teacher(cfg, actor, tok))
+        return actor, reference, tok
+
+    rl = RLRun(cfg, command_name(cfg), build_models)
+    if teacher[0] is not None:
+        teacher[0].to(rl.run.device)
 
     def loss_fn(mb: Rollout, n_tokens: float, n_seqs: float):
         return micro_batch_loss(rl.model, mb, cfg, n_tokens, n_seqs, rl.run.device, rl.run.world)
@@ -234,7 +255,7 @@ def train(cfg: GRPOConfig) -> dict:
             metrics["rollout/update_fraction"] = len(rows) / len(sampled.scores)
             t1 = t2 = time.time()
             if len(rows):
-                t1, t2 = update_on(rl, cfg, batch, rows, loss_fn, metrics)  # steps 4-5
+                t1, t2 = update_on(rl, cfg, batch, rows, loss_fn, metrics, teacher[0])  # steps 4-5
             if prefetch is not None:  # wait for batch it+1, then the sampler takes the updated weights
                 lag, wait_s, pass_s = prefetch.after_update()
                 metrics.update({"rollout/policy_lag": float(lag), "timing/sampler_wait_s": wait_s,
