@@ -369,7 +369,7 @@ def rl_records(device):
             return out
         return inner
 
-    with (patched(rl, "teacher_forced_pass", synced_after(device)), patched(rl, "update_policy", synced_after(device)),
+    with (patched(rl, "logprob_pass", synced_after(device)), patched(rl, "update_policy", synced_after(device)),
           patched(rl.RLRun, "logprob_pass", record), patched(core, "rows_per_call", count_calls),
           patched(decode, "rows_per_call", count_calls)):
         yield records

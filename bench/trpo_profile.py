@@ -86,13 +86,15 @@ def instrument(timers: Timers):
 
 
 def vs_ppo(rl, params, rollout, base: dict, variants: list[dict], repeats: int) -> None:
-    """Update seconds of PPO (ppo_update at PPOConfig's defaults) and of TRPO (policy_step + critic_update)
+    """Update seconds of PPO (its update step at PPOConfig's defaults) and of TRPO (policy_step + critic_update)
     for each variant, alternating, every update from the same weights (restored after each)."""
+    import functools
+
     import torch
 
     import rlhfkit.trainers.trpo as T
     from rlhfkit.core.config import build_config
-    from rlhfkit.trainers.ppo import ppo_update
+    from rlhfkit.trainers.ppo import micro_batch_loss
     from rlhfkit.trainers.ppo_config import PPOConfig
     from rlhfkit.trainers.trpo_config import TRPOConfig
 
@@ -100,7 +102,8 @@ def vs_ppo(rl, params, rollout, base: dict, variants: list[dict], repeats: int) 
     ppo_cfg = build_config(PPOConfig, {k: v for k, v in base.items() if k in PPOConfig.__dataclass_fields__})
     for r in range(repeats):
         t0 = time.perf_counter()
-        ppo_update(rl, rollout, ppo_cfg, ppo_cfg.kl_coef, torch.arange(ppo_cfg.rollout_batch_size))
+        loss_fn = functools.partial(micro_batch_loss, rl.model, cfg=ppo_cfg, kl_coef=ppo_cfg.kl_coef, device=rl.run.device)
+        rl.update(rollout, loss_fn, ppo_cfg.ppo_epochs, ppo_cfg.mini_batch_size, torch.arange(ppo_cfg.rollout_batch_size))
         print("PPO " + json.dumps({"round": r, "update_s": round(time.perf_counter() - t0, 2)}), flush=True)
         rl.model.load_state_dict(keep)
         for var in variants:
@@ -206,7 +209,7 @@ def main() -> None:
         rollout = rl.sample(records, 0)
     with timers("log-prob pass"):
         rollout = rl.logprob_pass(rollout, torch.arange(cfg.rollout_batch_size))
-    compute_advantages(rollout, cfg, cfg.kl_coef)
+    rollout, _ = compute_advantages(rollout, cfg, cfg.kl_coef)
     print(f"P = {sum(p.numel() for p in policy_params)} trainable policy parameters; rollout "
           f"{tuple(rollout.response_ids.shape)}, {int(rollout.response_mask.sum())} response tokens", flush=True)
     for k in ("build", "rollout (generate + reward)", "log-prob pass"):

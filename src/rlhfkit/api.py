@@ -19,23 +19,12 @@ import dataclasses
 import importlib
 from typing import Any
 
-from rlhfkit.commands import COMMANDS
-
-# the trainers: the commands whose config a `train()` in rlhfkit.trainers runs
-TRAINER_COMMANDS = {name: c for name, c in COMMANDS.items() if c.run.startswith("rlhfkit.trainers.")}
-
-# command -> its config class (`rlhfkit COMMAND` parses into this)
-COMMAND_CONFIGS: dict[str, str] = {name: c.config.split(":")[1] for name, c in TRAINER_COMMANDS.items()}
-
-# config class -> (the module of the config, the module whose train() runs it); subclasses share a
-# train(): RLOO/GSPO/DAPO/REINFORCE++ run GRPO's, SimPO/ORPO DPO's
-CONFIGS: dict[str, tuple[str, str]] = {c.config.split(":")[1]: (c.config.split(":")[0], c.run.split(":")[0])
-                                       for c in TRAINER_COMMANDS.values()}
-
-
-def config_class(name: str) -> type:
-    """The config class called `name` (e.g. "GRPOConfig")."""
-    return getattr(importlib.import_module(CONFIGS[name][0]), name)
+from rlhfkit.commands import (  # noqa: F401  (COMMAND_CONFIGS, TRAINER_COMMANDS: part of the API)
+    COMMAND_CONFIGS,
+    CONFIGS,
+    TRAINER_COMMANDS,
+    config_class,
+)
 
 
 def checked(cfg: Any) -> Any:

@@ -10,7 +10,7 @@ import pytest
 from diag_synthetic import healthy_dpo, healthy_ppo, samples_for, with_values, write_run
 
 from rlhfkit.cli import main as rlhfkit_main
-from rlhfkit.diagnostics.cli import doctor_main, report_main
+from rlhfkit.commands.doctor import doctor_main, report_main
 from rlhfkit.diagnostics.plot import Marker, Series, layout_chart
 from rlhfkit.diagnostics.png import available as png_available
 from rlhfkit.diagnostics.png import render_png

@@ -127,7 +127,7 @@ def test_importing_diagnostics_pulls_no_heavy_dependency():
     import subprocess
     import sys
 
-    code = ("import sys, rlhfkit.diagnostics, rlhfkit.diagnostics.report, rlhfkit.diagnostics.cli; "
+    code = ("import sys, rlhfkit.diagnostics, rlhfkit.diagnostics.report, rlhfkit.commands.doctor; "
             "print(sorted(m for m in ('torch', 'transformers', 'rich') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"

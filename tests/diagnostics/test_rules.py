@@ -225,7 +225,9 @@ def test_findings_roundtrip_through_json():
     import json
 
     rows = with_values(healthy_ppo(), "loss/value", lambda i, o: math.inf if i == 3 else o)
-    for f in diagnose(rows, strict=True):
+    findings = diagnose(rows, strict=True)
+    assert findings, "the inf loss must be found: a roundtrip of no finding checks nothing"
+    for f in findings:
         back = Finding.from_dict(json.loads(json.dumps(f.to_dict())))
         assert back.rule == f.rule and back.severity == f.severity and back.iteration == f.iteration
         assert back.evidence["values"] == {"loss/value": "inf"}

@@ -14,7 +14,7 @@ from accelerate import Accelerator
 from rlhfkit.core.config import build_config
 from rlhfkit.learn import ppo_reference as ref
 from rlhfkit.models.policy import ActorCritic, ValueHead
-from rlhfkit.rollout import SamplingParams, generate, logprob_pass
+from rlhfkit.rollout import Rollout, SamplingParams, generate, logprob_pass
 from rlhfkit.runtime.optim import make_optimizer
 from rlhfkit.trainers.ppo import compute_advantages, micro_batch_loss
 from rlhfkit.trainers.ppo_config import PPOConfig
@@ -56,21 +56,22 @@ def start():
     return actor, reference, ro
 
 
-def trainer_iteration(actor, ro, ref_logprobs, cfg: PPOConfig, seed: int) -> None:
-    """What `rlhfkit ppo`'s `train` runs for one iteration after sampling: steps 3-6."""
+def trainer_iteration(actor, ro, ref_logprobs, cfg: PPOConfig, seed: int) -> Rollout:
+    """What `rlhfkit ppo`'s `train` runs for one iteration after sampling: steps 3-6; returns the rollout."""
     g = torch.Generator().manual_seed(seed)
     first = torch.randperm(cfg.rollout_batch_size, generator=g)
-    logprob_pass(actor, None, ro, cfg.temperature, cfg.micro_batch_size, order=first)
+    ro = logprob_pass(actor, None, ro, cfg.temperature, cfg.micro_batch_size, order=first)
     ro.ref_logprobs = ref_logprobs
-    compute_advantages(ro, cfg, cfg.kl_coef)
+    ro, _ = compute_advantages(ro, cfg, cfg.kl_coef)
     opt, sched = make_optimizer(actor.parameters(), cfg.lr, cfg.warmup_steps)
 
-    def loss_fn(mb, n_tok, n_seq):
-        return micro_batch_loss(actor, mb, cfg, cfg.kl_coef, n_tok, torch.device("cpu"), n_seq)
+    def loss_fn(mb, n_tokens, n_seqs):
+        return micro_batch_loss(actor, mb, cfg, cfg.kl_coef, n_tokens, torch.device("cpu"), n_seqs)
 
     update_policy(actor, opt, sched, Accelerator(cpu=True), ro, loss_fn, epochs=cfg.ppo_epochs,
                   mini_batch_size=cfg.mini_batch_size, micro_batch_size=cfg.micro_batch_size,
                   max_grad_norm=cfg.max_grad_norm, ratio_check_tol=cfg.ratio_check_tol, generator=g, first_perm=first)
+    return ro
 
 
 def test_the_reference_iteration_computes_what_the_trainer_computes(start):
@@ -86,7 +87,7 @@ def test_the_reference_iteration_computes_what_the_trainer_computes(start):
                                 value_clip_eps=cfg.value_clip_eps, vf_coef=cfg.vf_coef,
                                 max_grad_norm=cfg.max_grad_norm, generator=torch.Generator().manual_seed(7),
                                 scheduler=sched)
-    trainer_iteration(actor, ro, my_ro.ref_logprobs.clone(), cfg, seed=7)
+    ro = trainer_iteration(actor, ro, my_ro.ref_logprobs.clone(), cfg, seed=7)
 
     mask = ro.response_mask.bool()
     assert my_ro.ref_logprobs[mask].sub(my_ro.logprobs[mask]).abs().max() > 0.1  # the KL term matters

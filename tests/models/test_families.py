@@ -94,7 +94,7 @@ def _generate_and_score(fam, path, share_prefix: bool, share_prompts: bool, seed
                             for t, s in enumerate(out.scores)], 1)  # (B, R)
     rollout = rollout_from_tokens(tok, enc, list(response), (tok.eos_token_id,))
     actor = ActorCritic(model, None, share_prompts=share_prompts, share_prefix=share_prefix)
-    logprob_pass(actor, None, rollout, 1.0, micro_batch_size=len(PROMPTS))
+    rollout = logprob_pass(actor, None, rollout, 1.0, micro_batch_size=len(PROMPTS))
     return rollout.logprobs, expected, rollout.response_mask.bool(), enc["attention_mask"]
 
 

@@ -49,7 +49,7 @@ def test_frozen_reference_equals_the_starting_policy(dtype, tied, share_prefix):
     torch.manual_seed(0)
     rollout = generate(actor.policy, tok, PROMPTS * 2, SamplingParams(max_new_tokens=8, stop_ids=(2,)))
     with autocast(dtype):
-        logprob_pass(actor, ref, rollout, 0.7, micro_batch_size=4)
+        rollout = logprob_pass(actor, ref, rollout, 0.7, micro_batch_size=4)
     assert rollout.response_mask.sum() > 8
     assert torch.equal(rollout.ref_logprobs, rollout.logprobs)
 

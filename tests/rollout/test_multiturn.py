@@ -94,7 +94,7 @@ def ppo_cfg(**kw):
 
 def test_two_turn_rewards_sit_on_each_turns_last_model_token_with_the_kl_on_model_tokens():
     ro = two_turn_rollout(lp_at_env=50.0)  # garbage log-probs at env tokens must not reach any reward
-    compute_advantages(ro, ppo_cfg(), kl_coef=0.1)
+    ro, _ = compute_advantages(ro, ppo_cfg(), kl_coef=0.1)
     # k1 KL = logp - ref: 0.5, 0, -, -, -, 0, -0.5 -> -0.1 * KL; + 1.0 at 1, + 2.0 at 6
     expected = torch.tensor([[-0.05, 1.0, 0, 0, 0, 0, 2.0 + 0.05, 0]])
     torch.testing.assert_close(ro.rewards, expected)
@@ -118,7 +118,7 @@ def test_turn_rewards_are_clipped_each_and_replaced_by_the_no_stop_penalty():
 
 def test_gae_runs_across_the_turn_boundary_over_model_tokens_only():
     ro = two_turn_rollout(values_at_env=1e6)  # a value at an env token must never leak into an advantage
-    compute_advantages(ro, ppo_cfg(), kl_coef=0.0)
+    ro, _ = compute_advantages(ro, ppo_cfg(), kl_coef=0.0)
     # Model steps 0, 1, 5, 6 with r = 0, 1, 0, 2 and V = 0.5, 0.2, 0.1, 0.4; gamma 0.9, lam 0.8 (gamma*lam 0.72):
     # A6 = 2 - 0.4 = 1.6
     # A5 = (0 + 0.9*0.4 - 0.1) + 0.72*1.6 = 0.26 + 1.152 = 1.412
@@ -128,7 +128,7 @@ def test_gae_runs_across_the_turn_boundary_over_model_tokens_only():
     torch.testing.assert_close(ro.advantages, adv)
     torch.testing.assert_close(ro.returns, adv + torch.tensor([[0.5, 0.2, 0, 0, 0, 0.1, 0.4, 0]]))
     other = two_turn_rollout(values_at_env=-3.0)
-    compute_advantages(other, ppo_cfg(), kl_coef=0.0)
+    other, _ = compute_advantages(other, ppo_cfg(), kl_coef=0.0)
     assert torch.equal(other.advantages, ro.advantages)
 
 
@@ -141,7 +141,7 @@ def test_grpo_sequence_score_lands_on_the_last_model_token_only():
     both = Rollout(**{k: torch.cat([getattr(ro, k), getattr(twin, k)]) for k in
                       ("query_ids", "query_mask", "response_ids", "response_mask", "stopped", "scores",
                        "context_mask", "turn_rewards")})
-    grpo_advantages(both, build_config(GRPOConfig, {"rollout_batch_size": 2, "group_size": 2, "mini_batch_size": 2,
+    both, _ = grpo_advantages(both, build_config(GRPOConfig, {"rollout_batch_size": 2, "group_size": 2, "mini_batch_size": 2,
                                                     "micro_batch_size": 2}))
     assert both.rewards[0].tolist() == [0, 0, 0, 0, 0, 0, 3.0, 0]
     # scores 3 and 0: mean 1.5, unbiased std 2.1213: +-0.7071 on model tokens, 0 on env tokens and padding
@@ -338,7 +338,7 @@ def scored_episodes(tiny):
     ro = generate_episodes(model, tok, planned([3, 1, 2, 3]), RECORDS, SamplingParams(max_new_tokens=4),
                            max_turns=3, max_total_tokens=200, seed=0)
     order = torch.tensor([2, 0, 3, 1])
-    logprob_pass(actor, None, ro, 1.0, micro_batch_size=2, order=order)
+    ro = logprob_pass(actor, None, ro, 1.0, micro_batch_size=2, order=order)
     ro.ref_logprobs = ro.logprobs - 0.1 * ro.response_mask
     return actor, tok, ro, order
 
@@ -364,7 +364,7 @@ def test_first_micro_batch_ratio_is_one_on_multi_turn_rollouts(scored_episodes):
 
     actor, _, ro, order = scored_episodes
     cfg = ppo_cfg(micro_batch_size=2, mini_batch_size=4, rollout_batch_size=4, dtype="fp32")
-    compute_advantages(ro, cfg, kl_coef=0.05)
+    ro, _ = compute_advantages(ro, cfg, kl_coef=0.05)
     mb = trim_rows(ro, order[:2])
     _, st = micro_batch_loss(actor, mb, cfg, 0.05, mb.response_mask.sum().item(), torch.device("cpu"), 2.0)
     assert st["ratio_dev"] < 1e-5
@@ -380,7 +380,7 @@ def test_env_tokens_change_nothing_in_the_policy_value_kl_and_entropy_losses(sco
 
         cfg = ppo_cfg(micro_batch_size=4, mini_batch_size=4, rollout_batch_size=4, dtype="fp32", ent_coef=0.01,
                       kl_penalty="loss")
-        compute_advantages(ro, cfg, kl_coef=0.05)
+        ro, _ = compute_advantages(ro, cfg, kl_coef=0.05)
 
         def loss(r):
             return micro_batch_loss(actor, r, cfg, 0.05, r.response_mask.sum().item(), torch.device("cpu"), 4.0)
@@ -391,7 +391,7 @@ def test_env_tokens_change_nothing_in_the_policy_value_kl_and_entropy_losses(sco
         cfg = build_config(GRPOConfig, {"rollout_batch_size": 4, "group_size": 2, "mini_batch_size": 4,
                                         "micro_batch_size": 4, "beta": 0.1, "dtype": "fp32"})
         ro.scores = torch.tensor([1.0, 0.0, 0.5, 2.0])
-        grpo_advantages(ro, cfg)
+        ro, _ = grpo_advantages(ro, cfg)
 
         def loss(r):
             return micro_batch_loss(actor, r, cfg, r.response_mask.sum().item(), 4.0, torch.device("cpu"))

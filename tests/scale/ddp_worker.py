@@ -111,7 +111,7 @@ def policy_step(model_dir: str, out: Path, agg: str) -> None:
                                    "micro_batch_size": 2, "loss_agg": agg, "kl_coef": 0.0, "vf_coef": 0.5})
     rollout = global_rollout(policy.config.vocab_size).select(rows)  # with its advantages and returns
     order = torch.arange(n)
-    logprob_pass(actor, None, rollout, 1.0, cfg.micro_batch_size, order)
+    rollout = logprob_pass(actor, None, rollout, 1.0, cfg.micro_batch_size, order)
     opt, sched = sgd(actor.parameters())
     model, opt, sched = acc.prepare(actor, opt, sched)
     before = snapshot(actor)

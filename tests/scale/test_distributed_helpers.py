@@ -111,7 +111,7 @@ def test_grpo_constant_normaliser_counts_every_process():
     mb = Rollout(query_ids=torch.randint(3, 300, (4, 5), generator=g), query_mask=torch.ones(4, 5).long(),
                  response_ids=torch.randint(3, 300, (4, 6), generator=g), response_mask=torch.ones(4, 6),
                  stopped=torch.zeros(4, dtype=torch.bool))
-    logprob_pass(actor, None, mb, 1.0, 4)
+    mb = logprob_pass(actor, None, mb, 1.0, 4)
     mb.advantages = torch.randn(4, 6, generator=g)
     cfg = build_config(GRPOConfig, {"model": "unused", "loss_agg": "constant", "rollout_batch_size": 4, "group_size": 2,
                                     "mini_batch_size": 4, "micro_batch_size": 4, "max_new_tokens": 6})

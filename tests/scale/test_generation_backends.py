@@ -11,6 +11,7 @@ import pytest
 import torch
 
 import rlhfkit.rollout.backends as backends
+import rlhfkit.trainers.rl as rl
 from rlhfkit.models.lora import add_lora
 from rlhfkit.rollout import SamplingParams
 from rlhfkit.rollout.backends import HFBackend, VLLMBackend, select_backend
@@ -175,7 +176,7 @@ def test_ppo_with_a_vllm_backend_syncs_every_iteration_and_keeps_the_ratio_check
     from rlhfkit.trainers.ppo_config import PPOConfig
 
     llm = FakeLLM(vocab=300)
-    monkeypatch.setattr(backends, "make_backend", lambda *a, **k: VLLMBackend(llm, fake_sampling_params))
+    monkeypatch.setattr(rl, "make_backend", lambda *a, **k: VLLMBackend(llm, fake_sampling_params))
     prompts = tmp_path / "prompts.txt"
     prompts.write_text("\n".join(f"Write a review of thing number {i}." for i in range(8)))
     cfg = build_config(PPOConfig, dict(model=str(tiny_model_dir), prompts=str(prompts), reward="length:3",

@@ -107,5 +107,5 @@ def test_scoring_forwards_at_most_micro_batch_size_rows(micro):
     rows_seen = []
     actor.register_forward_pre_hook(lambda mod, args: rows_seen.append(args[0].shape[0]))
     rollout = tiny_rollout(len(tok))
-    logprob_pass(actor, Reference(actor, use_adapter_off=False), rollout, 1.0, micro)
+    rollout = logprob_pass(actor, Reference(actor, use_adapter_off=False), rollout, 1.0, micro)
     assert max(rows_seen) == micro and sum(rows_seen) == 6  # peak activations do not grow with the rollout

@@ -21,6 +21,7 @@ from rlhfkit.trainers.grpo import (
     train,
 )
 from rlhfkit.trainers.grpo_config import GRPOConfig, RLOOConfig
+from rlhfkit.trainers.grpo_variants import ADVANTAGES
 
 from tiny_lm import build_tiny_model, build_tokenizer
 
@@ -64,7 +65,7 @@ def test_group_advantages_golden_through_the_trainer():
     ro = _rollout([1.0, 0.0, 0.0, 1.0, 2.0, 2.0, 2.0, 2.0], [4, 3, 2, 1, 4, 4, 4, 4])
     cfg = build_config(GRPOConfig, {"rollout_batch_size": 8, "group_size": 4, "mini_batch_size": 8,
                                     "micro_batch_size": 8, "solved_threshold": 1.0})
-    m = compute_advantages(ro, cfg)
+    ro, m = compute_advantages(ro, cfg)
     a = 0.5 / (math.sqrt(1 / 3) + 1e-6)
     per_seq = [a, -a, -a, a, 0, 0, 0, 0]
     expected = torch.tensor(per_seq)[:, None] * ro.response_mask  # same value on every valid token, 0 on padding
@@ -74,7 +75,7 @@ def test_group_advantages_golden_through_the_trainer():
     assert m["rollout/zero_std_group_fraction"] == 0.5
     # Dr. GRPO: centred only
     ro2 = _rollout([1.0, 0.0, 0.0, 1.0, 2.0, 2.0, 2.0, 2.0], [4] * 8)
-    compute_advantages(ro2, build_config(GRPOConfig, {"rollout_batch_size": 8, "group_size": 4, "mini_batch_size": 8,
+    ro2, _ = compute_advantages(ro2, build_config(GRPOConfig, {"rollout_batch_size": 8, "group_size": 4, "mini_batch_size": 8,
                                                       "micro_batch_size": 8, "scale_rewards": False}))
     assert ro2.advantages[:, 0].tolist() == [0.5, -0.5, -0.5, 0.5, 0, 0, 0, 0]
 
@@ -83,7 +84,7 @@ def test_leave_one_out_advantages_golden_through_the_trainer():
     # A_i = s_i - mean of the other three: 3 - (1+0+2)/3 = 2, 1 - 5/3 = -2/3, 0 - 2 = -2, 2 - 4/3 = 2/3
     ro = _rollout([3.0, 1.0, 0.0, 2.0], [4, 4, 2, 1])
     cfg = build_config(RLOOConfig, {"rollout_batch_size": 4, "group_size": 4, "micro_batch_size": 4})
-    compute_advantages(ro, cfg)
+    ro, _ = compute_advantages(ro, cfg)
     torch.testing.assert_close(ro.advantages[:, 0], torch.tensor([2.0, -2 / 3, -2.0, 2 / 3]))
     assert ro.advantages.sum() != 0 and (ro.advantages[2, 2:] == 0).all()
 
@@ -93,7 +94,7 @@ def test_score_clip_and_no_stop_penalty_apply_before_the_baseline():
     ro.stopped = torch.tensor([True, True, True, False])
     cfg = build_config(RLOOConfig, {"rollout_batch_size": 4, "group_size": 4, "micro_batch_size": 4,
                                     "score_clip": 1.0, "no_stop_penalty": -1.0})
-    compute_advantages(ro, cfg)  # rewards 1, 0, 0, -1
+    ro, _ = compute_advantages(ro, cfg)  # rewards 1, 0, 0, -1
     torch.testing.assert_close(ro.advantages[:, 0], torch.tensor([1 + 1 / 3, -0.0, -0.0, -1 - 1 / 3]))
 
 
@@ -111,7 +112,7 @@ def scored_rollout():
     ro = generate(model.policy, tok, prompts, SamplingParams(max_new_tokens=8, stop_ids=(2,)))
     ro.response_mask[0, 3:] = 0  # make sure lengths differ
     ro.response_mask[5, 5:] = 0
-    logprob_pass(model, None, ro, 1.0, micro_batch_size=8)
+    ro = logprob_pass(model, None, ro, 1.0, micro_batch_size=8)
     ro.ref_logprobs = ro.logprobs + 0.3 * torch.randn(ro.logprobs.shape) * ro.response_mask
     ro.advantages = torch.randn(8)[:, None] * ro.response_mask
     with torch.no_grad():  # move the policy away from pi_old so the ratio and the clip are exercised
@@ -212,9 +213,9 @@ def test_kl_term_with_reference_and_groups_share_a_prompt(tmp_path, tiny_model_d
     seen = {}
     real = grpo_mod.compute_advantages
 
-    def spy(rollout, cfg):
+    def spy(rollout, cfg, *args):
         seen["prompts"] = list(rollout.prompts)
-        return real(rollout, cfg)
+        return real(rollout, cfg, *args)
 
     monkeypatch.setattr(grpo_mod, "compute_advantages", spy)
     train(tiny_cfg(tmp_path, tiny_model_dir, iterations=2, beta=0.1, lr=1e-2))
@@ -245,11 +246,13 @@ def test_only_groups_with_a_reward_spread_are_updated():
     ro = _rollout([1.0, 0.0, 1.0, 1.0, 2.0, 2.0, 2.0, 2.0], [4] * 8)
     cfg = build_config(GRPOConfig, {"rollout_batch_size": 8, "group_size": 4, "mini_batch_size": 8,
                                     "micro_batch_size": 8})
-    compute_advantages(ro, cfg)
-    assert informative_rows(ro, cfg).tolist() == [0, 1, 2, 3]
+    ro, _ = compute_advantages(ro, cfg)
+    assert informative_rows(ro, cfg, ADVANTAGES["group"]).tolist() == [0, 1, 2, 3]
+    # an estimator that gives a flat group a gradient (REINFORCE++'s KL reward) keeps every row
+    assert informative_rows(ro, cfg, ADVANTAGES["reinforce++"]).tolist() == list(range(8))
     keep_all = build_config(GRPOConfig, {"rollout_batch_size": 8, "group_size": 4, "mini_batch_size": 8,
                                          "micro_batch_size": 8, "drop_zero_std_groups": False})
-    assert informative_rows(ro, keep_all).tolist() == list(range(8))
+    assert informative_rows(ro, keep_all, ADVANTAGES["group"]).tolist() == list(range(8))
 
 
 def _learns(tmp_path, tiny_model_dir, cls, iterations, **kw):

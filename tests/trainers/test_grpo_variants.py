@@ -19,7 +19,8 @@ from rlhfkit.rollout import Rollout, SamplingParams, generate, logprob_pass
 from rlhfkit.rollout.core import trim_rows
 from rlhfkit.trainers.grpo import compute_advantages, micro_batch_loss, train
 from rlhfkit.trainers.grpo_config import DAPOConfig, GRPOConfig, GSPOConfig, ReinforcePPConfig
-from rlhfkit.trainers.grpo_rollout import fill_groups, filter_overlong, keep_rows, reinforce_pp_advantages
+from rlhfkit.trainers.grpo_rollout import fill_groups, filter_overlong, keep_rows
+from rlhfkit.trainers.grpo_variants import ADVANTAGES, LOGPROBS, AdvantageInputs, advantages_at
 
 from tiny_lm import build_tiny_model, build_tokenizer
 
@@ -64,7 +65,7 @@ def test_remax_and_overlong_shaping_through_compute_advantages():
     ro = _rollout([1.0, 0.0, 0.5, 0.5], [4, 4, 2, 1])
     cfg = build_config(GRPOConfig, {"advantage": "remax", "rollout_batch_size": 4, "group_size": 2,
                                     "mini_batch_size": 4, "micro_batch_size": 4})
-    m = compute_advantages(ro, cfg, torch.tensor([0.25, 1.0]))
+    ro, m = compute_advantages(ro, cfg, torch.tensor([0.25, 1.0]))
     torch.testing.assert_close(ro.advantages[:, 0], torch.tensor([0.75, -0.25, -0.5, -0.5]))
     assert m["rollout/greedy_reward_mean"] == pytest.approx(0.625)
     # DAPO's punishment, L_max = 4, L_cache = 2: 4 tokens -> (2 - 4) / 2 = -1, 3 -> -0.5, <= 2 -> 0
@@ -72,7 +73,7 @@ def test_remax_and_overlong_shaping_through_compute_advantages():
     cfg = build_config(GRPOConfig, {"rollout_batch_size": 4, "group_size": 2, "mini_batch_size": 4,
                                     "micro_batch_size": 4, "max_new_tokens": 4, "overlong_buffer": 2,
                                     "scale_rewards": False})
-    compute_advantages(ro, cfg)
+    ro, _ = compute_advantages(ro, cfg)
     assert ro.rewards.sum(1).tolist() == [0.0, 1.0, 0.5, 1.0]
     torch.testing.assert_close(ro.advantages[:, 0], torch.tensor([-0.5, 0.5, -0.25, 0.25]))  # Dr. GRPO: centred
 
@@ -82,10 +83,12 @@ def test_reinforce_pp_advantages_golden():
     ro = _rollout([1.0, 0.0], [2, 3], R=3)
     cfg = build_config(ReinforcePPConfig, {"rollout_batch_size": 2, "mini_batch_size": 2, "micro_batch_size": 2,
                                            "reward_kl_coef": 0.1})
-    compute_advantages(ro, cfg)  # the shaped score on the last token; REINFORCE++'s advantages come later
+    ro, _ = compute_advantages(ro, cfg)  # the shaped score on the last token; REINFORCE++'s advantages come later
+    assert torch.equal(ro.advantages, torch.zeros(2, 3))  # none yet: the estimator runs after the log-prob pass
     ro.ref_logprobs = torch.zeros(2, 3)
     ro.logprobs = torch.tensor([[0.5, -0.5, 9.0], [0.2, 0.0, 0.1]])  # k1 = logp - ref_logp; 9.0 is padding
-    reinforce_pp_advantages(ro, cfg, SimpleNamespace(num_processes=1))
+    ro.advantages, _ = advantages_at(LOGPROBS, ADVANTAGES[cfg.advantage],
+                                     AdvantageInputs(ro, cfg, lambda: None, SimpleNamespace(num_processes=1)))
     # rewards: row 0 [-0.05, 0.05 + 1], row 1 [-0.02, 0, -0.01 + 0] -> returns [1.0, 1.05], [-0.03, -0.01, -0.01]
     g = [1.0, 1.05, -0.03, -0.01, -0.01]
     mean = sum(g) / 5
@@ -98,9 +101,10 @@ def test_reinforce_pp_advantages_golden():
     cfg2 = build_config(ReinforcePPConfig, {"advantage": "reinforce++-baseline", "group_size": 2,
                                             "rollout_batch_size": 2, "mini_batch_size": 2, "micro_batch_size": 2,
                                             "reward_kl_coef": 0.0})
-    compute_advantages(ro2, cfg2)
+    ro2, _ = compute_advantages(ro2, cfg2)
     ro2.ref_logprobs = None
-    reinforce_pp_advantages(ro2, cfg2, SimpleNamespace(num_processes=1))
+    ro2.advantages, _ = advantages_at(LOGPROBS, ADVANTAGES[cfg2.advantage],
+                                      AdvantageInputs(ro2, cfg2, lambda: None, SimpleNamespace(num_processes=1)))
     g2 = [0.5, 0.5, -0.5, -0.5, -0.5]
     mean2 = sum(g2) / 5
     std2 = math.sqrt(sum((x - mean2) ** 2 for x in g2) / 5 + 1e-8)
@@ -109,8 +113,10 @@ def test_reinforce_pp_advantages_golden():
 
 def test_overlong_filter_takes_cut_completions_out_of_the_loss():
     ro = _rollout([1.0, 0.0, 1.0], [4, 4, 2], stopped=[True, False, True])
-    assert filter_overlong(ro) == pytest.approx(1 / 3)
-    assert ro.response_mask.sum(1).tolist() == [4.0, 0.0, 2.0]
+    out, share = filter_overlong(ro)
+    assert share == pytest.approx(1 / 3)
+    assert out.response_mask.sum(1).tolist() == [4.0, 0.0, 2.0]
+    assert ro.response_mask.sum(1).tolist() == [4.0, 4.0, 2.0]  # a new value: the input is left as it was
 
 
 # ----------------------------------------------------------------------------- dynamic sampling
@@ -194,7 +200,7 @@ def scored_rollout():
                   SamplingParams(max_new_tokens=8, stop_ids=(2,)))
     ro.response_mask[0, 3:] = 0
     ro.response_mask[5, 5:] = 0
-    logprob_pass(model, None, ro, 1.0, micro_batch_size=8)
+    ro = logprob_pass(model, None, ro, 1.0, micro_batch_size=8)
     ro.advantages = torch.randn(8)[:, None] * ro.response_mask
     ro.sampler_logprobs = ro.logprobs + 0.5 * torch.randn(ro.logprobs.shape)  # a sampler that differs
     with torch.no_grad():
@@ -286,8 +292,9 @@ class _FakeVLLM:
 
 def test_sampler_logprobs_from_a_vllm_backend_reach_the_correction(tmp_path, tiny_model_dir, monkeypatch):
     import rlhfkit.rollout.backends as backends
+    import rlhfkit.trainers.rl as rl
 
-    monkeypatch.setattr(backends, "make_backend",
+    monkeypatch.setattr(rl, "make_backend",
                         lambda *a, **k: backends.VLLMBackend(_FakeVLLM(lambda t: -5.0 if t % 2 else -7.0),
                                                              lambda **kw: SimpleNamespace(**kw)))
     train(tiny_cfg(tmp_path, tiny_model_dir, tis_cap=1.5, drop_zero_std_groups=False))
@@ -405,3 +412,53 @@ def test_keep_rows_keeps_texts_and_sampler_logprobs():
     out = keep_rows(ro, torch.tensor([2, 0]))
     assert (out.prompts, out.completions, out.info) == (["c", "a"], ["z", "x"], {"answer": [3, 1]})
     assert out.sampler_logprobs[:, 0].tolist() == [8.0, 0.0]
+
+
+# ----------------------------------------------------------------------------- the loop is variant-free
+
+VARIANT_OPTIONS = {"advantage", "importance_level", "kl_loss_estimator", "one_step_off_policy"}  # options naming a variant
+
+
+def variant_branches(source: str, skip: tuple[str, ...] = ("command_name", "rollout_source")) -> list[str]:
+    """`if`/conditional-expression tests (and `in` membership tests) in `source`, outside the functions
+    `skip`, that read an option naming a variant, a name built from the variants' names (REINFORCE_PP),
+    or compare with a variant's name (rlhfkit.core.choices)."""
+    import ast
+
+    from rlhfkit.core import choices
+
+    names = set(choices.ADVANTAGES) | set(choices.IMPORTANCE_LEVELS) | set(choices.KL_LOSS_ESTIMATORS)
+    tree = ast.parse(source)
+    skipped = {id(n) for f in ast.walk(tree) if isinstance(f, ast.FunctionDef) and f.name in skip for n in ast.walk(f)}
+    found = []
+    for node in ast.walk(tree):
+        if id(node) in skipped or not isinstance(node, (ast.If, ast.IfExp, ast.While, ast.Assert, ast.Compare)):
+            continue
+        test = node if isinstance(node, ast.Compare) else node.test
+        for sub in ast.walk(test):
+            if ((isinstance(sub, ast.Attribute) and sub.attr in VARIANT_OPTIONS)
+                    or (isinstance(sub, ast.Name) and sub.id in ("REINFORCE_PP", "GROUPLESS"))
+                    or (isinstance(sub, ast.Constant) and sub.value in names)):
+                found.append(f"line {test.lineno}: {ast.unparse(test)}")
+                break
+    return found
+
+
+def test_the_grpo_loop_never_branches_on_a_variant_name():
+    """The loop (trainers/grpo.py, grpo_rollout.py, grpo_sources.py) looks each variant up by name once
+    and calls it at its phase: no test of the loop reads `advantage`, `importance_level`, ... or a
+    variant's name (the functions that turn the config into names may: `command_name`, the run's name,
+    and `rollout_source`, the rollout source's)."""
+    import inspect
+
+    import rlhfkit.trainers.grpo as grpo
+    import rlhfkit.trainers.grpo_rollout as grpo_rollout
+    import rlhfkit.trainers.grpo_sources as grpo_sources
+
+    assert {m.__name__: variant_branches(inspect.getsource(m)) for m in (grpo, grpo_rollout, grpo_sources)} == {
+        m.__name__: [] for m in (grpo, grpo_rollout, grpo_sources)}
+    # the check sees the branches the loop had before the variants were registered
+    old = ('def collect(cfg):\n    if cfg.advantage == "remax":\n        pass\n'
+           '    if cfg.advantage in REINFORCE_PP:\n        pass\n'
+           '    x = ppo if cfg.importance_level == "token" else clipped\n')
+    assert len(variant_branches(old)) == 3

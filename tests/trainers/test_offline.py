@@ -1,4 +1,4 @@
-"""The offline harness's shared pieces (trainers/offline.py): every offline trainer steps and saves alike."""
+"""The harness's shared pieces (runtime/optim.py, runtime/run.py): every offline trainer steps and saves alike."""
 
 from __future__ import annotations
 
@@ -7,7 +7,9 @@ from types import SimpleNamespace
 
 import torch
 
-import rlhfkit.trainers.offline as offline
+import rlhfkit.runtime.optim as optim
+from rlhfkit.runtime.optim import optimizer_step
+from rlhfkit.runtime.run import actor_saver
 
 
 class Acc:  # one process on the CPU
@@ -21,12 +23,12 @@ class Acc:  # one process on the CPU
 
 def test_optimizer_step_clips_steps_trims_the_heap_and_reports(monkeypatch):
     trims = []
-    monkeypatch.setattr(offline, "trim_heap", lambda: trims.append(1) or True)
+    monkeypatch.setattr(optim, "trim_heap", lambda: trims.append(1) or True)
     w = torch.nn.Parameter(torch.tensor([1.0, 0.0], device="cpu"))
     opt = torch.optim.SGD([w], lr=0.5)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda step: 1.0)
     (w * torch.tensor([3.0, 4.0], device="cpu")).sum().backward()  # gradient (3, 4): norm 5, clipped to 1
-    out = offline.optimizer_step([w], opt, sched, Acc(), 1.0, loss=2.0)
+    out = optimizer_step([w], opt, sched, Acc(), 1.0, loss=2.0)
     assert out == {"params/grad_norm": 5.0, "params/lr": 0.5, "params/skipped_steps": 0.0}
     assert torch.allclose(w.detach(), torch.tensor([1.0 - 0.5 * 0.6, -0.5 * 0.8], device="cpu"))
     assert trims == [1]  # once a step, for every offline trainer alike
@@ -34,12 +36,12 @@ def test_optimizer_step_clips_steps_trims_the_heap_and_reports(monkeypatch):
 
 def test_optimizer_step_skips_a_non_finite_loss_and_still_trims(monkeypatch):
     trims = []
-    monkeypatch.setattr(offline, "trim_heap", lambda: trims.append(1) or True)
+    monkeypatch.setattr(optim, "trim_heap", lambda: trims.append(1) or True)
     w = torch.nn.Parameter(torch.ones(2, device="cpu"))
     opt = torch.optim.SGD([w], lr=0.5)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda step: 1.0)
     w.sum().backward()
-    out = offline.optimizer_step([w], opt, sched, Acc(), 1.0, loss=float("nan"))
+    out = optimizer_step([w], opt, sched, Acc(), 1.0, loss=float("nan"))
     assert out["params/skipped_steps"] == 1.0 and torch.equal(w.detach(), torch.ones(2, device="cpu"))
     assert trims == [1]
 
@@ -51,7 +53,7 @@ def test_actor_saver_warns_when_sharded_weights_skip_the_merged_copy(monkeypatch
     monkeypatch.setattr(policy, "save_actor", lambda model, tok, folder, state_dict=None, merge=False:
                         saved.append((Path(folder).name, merge)))
     run = SimpleNamespace(cfg=SimpleNamespace(save_merged=True, lora=True), print=printed.append)
-    save = offline.actor_saver(run, "model", "tok")
+    save = actor_saver(run, "model", "tok")
     save(Path("final"), None)  # live weights: the adapter and the merged copy
     assert saved == [("final", False), ("merged", True)] and printed == []
     saved.clear()

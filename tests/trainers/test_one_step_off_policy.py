@@ -1,4 +1,4 @@
-"""One-step-off-policy rollouts of the GRPO family (`one_step_off_policy`, runtime/offpolicy.py) on a
+"""One-step-off-policy rollouts of the GRPO family (`one_step_off_policy`, trainers/offpolicy.py) on a
 tiny random Llama: which weights sampled each batch, the importance weights they get, the threaded
 run against its sequential reference, the sampler's weight sync, stop/resume and the refusals."""
 
@@ -22,18 +22,18 @@ from rlhfkit.errors import ConfigError
 from rlhfkit.models.lora import merged_lora
 from rlhfkit.models.policy import ActorCritic
 from rlhfkit.rollout import SamplingParams, logprob_pass
-from rlhfkit.runtime import offpolicy
 from rlhfkit.runtime import tracker as tracker_mod
 from rlhfkit.runtime.faults import Interrupted
-from rlhfkit.runtime.offpolicy import (
+from rlhfkit.trainers import offpolicy
+from rlhfkit.trainers.grpo import train
+from rlhfkit.trainers.grpo_config import OFF_POLICY_TIS_CAP, DAPOConfig, GRPOConfig
+from rlhfkit.trainers.offpolicy import (
     OneStepOffPolicy,
     added_bytes,
     sampler_copy,
     sync_weights,
     trainable_names,
 )
-from rlhfkit.trainers.grpo import train
-from rlhfkit.trainers.grpo_config import OFF_POLICY_TIS_CAP, DAPOConfig, GRPOConfig
 from rlhfkit.trainers.rl import RLRun
 
 from tiny_lm import build_tiny_lora_model

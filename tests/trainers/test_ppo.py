@@ -173,7 +173,7 @@ def test_score_on_last_valid_token_left_padding_pad_equals_eos(tiny_actor):
     mask, stopped = response_mask(ro.response_ids, (2,))
     assert mask.tolist() == [[1, 1, 1, 0, 0, 0], [1, 1, 1, 1, 1, 1]] and stopped.tolist() == [True, False]
     ro.response_mask, ro.stopped = mask.float(), stopped
-    logprob_pass(actor, None, ro, 1.0, micro_batch_size=2)
+    ro = logprob_pass(actor, None, ro, 1.0, micro_batch_size=2)
     rewards, _ = shape_rewards(torch.tensor([5.0, 7.0]), ro.logprobs, ro.logprobs, ro.response_mask, 0.1)
     assert rewards[0].tolist() == [0, 0, 5.0, 0, 0, 0]
     assert rewards[1].tolist() == [0, 0, 0, 0, 0, 7.0]

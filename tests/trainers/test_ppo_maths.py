@@ -51,7 +51,7 @@ def test_compute_advantages_golden_shaping_gae_whitening():
     returns = A + V (before whitening) = [0.325, 0.55, 1.0], [-0.8, -2.02];
     advantages whitened over the 5 valid tokens with the population variance."""
     ro = two_rows()
-    m = compute_advantages(ro, cfg_with(), kl_coef=0.1)
+    ro, m = compute_advantages(ro, cfg_with(), kl_coef=0.1)
     mask = ro.response_mask.bool()
     torch.testing.assert_close(ro.rewards[mask], torch.tensor([-0.05, 0.1, 1.0, 0.01, -2.02]))
     torch.testing.assert_close(ro.returns[mask], torch.tensor([0.325, 0.55, 1.0, -0.8, -2.02]))
@@ -87,7 +87,7 @@ def test_advantages_are_whitened_with_the_statistics_of_every_process():
     """The same two rows, and another process with valid raw advantages [3, -1, 0.5]: mean and
     population variance over all 8 valid advantages, not this process's 5."""
     ro = two_rows()
-    compute_advantages(ro, cfg_with(), kl_coef=0.1, accelerator=OtherProcess([3.0, -1.0, 0.5]))
+    ro, _ = compute_advantages(ro, cfg_with(), kl_coef=0.1, accelerator=OtherProcess([3.0, -1.0, 0.5]))
     raw = [-0.175, 0.35, 1.1, -0.9, -2.42]
     every = raw + [3.0, -1.0, 0.5]
     mean = sum(every) / 8  # 0.0569 (local mean: -0.409)
@@ -100,7 +100,7 @@ def test_kl_penalty_in_the_loss_leaves_the_rewards_without_kl():
     """kl_penalty="loss": the rewards hold the score alone (the KL goes to the loss as beta * k3);
     rollout/kl is still the summed k1 and GAE runs on the score-only rewards."""
     ro = two_rows()
-    m = compute_advantages(ro, cfg_with(kl_penalty="loss"), kl_coef=0.1)
+    ro, m = compute_advantages(ro, cfg_with(kl_penalty="loss"), kl_coef=0.1)
     torch.testing.assert_close(ro.rewards, torch.tensor([[0.0, 0.0, 1.0], [0.0, -2.0, 0.0]]))
     assert m["rollout/kl"] == pytest.approx(-0.2) and m["rollout/non_score_reward"] == 0.0
     # row 1: d1 = -2 - 0.4 = -2.4, d0 = 0.4 - 0.1 = 0.3, A0 = 0.3 + 0.5 * -2.4 = -0.9; returns = A + V
@@ -122,7 +122,7 @@ def scored():
                   SamplingParams(max_new_tokens=8, stop_ids=(2,)))
     ro.response_mask[0, 3:] = 0
     ro.response_mask[5, 5:] = 0
-    logprob_pass(actor, None, ro, 1.0, micro_batch_size=8)
+    ro = logprob_pass(actor, None, ro, 1.0, micro_batch_size=8)
     g = torch.Generator().manual_seed(1)
     ro.ref_logprobs = ro.logprobs + 0.3 * torch.randn(ro.logprobs.shape, generator=g) * ro.response_mask
     ro.advantages = torch.randn(ro.logprobs.shape, generator=g) * ro.response_mask

@@ -44,7 +44,7 @@ def rollout_on_tiny_lora(seed: int = 0):
     torch.manual_seed(seed)
     params = SamplingParams(6, 1.0, 0, 1.0, (tok.eos_token_id,), None)
     ro = generate(model, tok, [PROMPTS[i] for i in range(8)], params)
-    logprob_pass(actor, None, ro, 1.0, 8)
+    ro = logprob_pass(actor, None, ro, 1.0, 8)
     ro.scores = torch.linspace(-1, 1, 8)
     return actor, ro
 
@@ -52,7 +52,7 @@ def rollout_on_tiny_lora(seed: int = 0):
 def _step(actor, ro, micro: int, max_kl: float = 0.01, chunk: int = 640) -> tuple[torch.Tensor, dict]:
     cfg = TRPOConfig(micro_batch_size=micro, rollout_batch_size=8, vf_mini_batch_size=8, max_kl=max_kl, dtype="fp32",
                      temperature=1.0, cpu_chunk_positions=chunk)
-    compute_advantages(ro, cfg, 0.0)
+    ro, _ = compute_advantages(ro, cfg, 0.0)
     params = [p for p in actor.policy.parameters() if p.requires_grad]
     before = flat_params(params)
     metrics = policy_step(actor, params, ro, cfg, torch.device("cpu"))
@@ -135,7 +135,7 @@ def _fvp_setup(fraction: float, micro: int, mode: str = "double-backward", seed:
     actor, ro = rollout_on_tiny_lora()
     cfg = TRPOConfig(micro_batch_size=micro, rollout_batch_size=8, vf_mini_batch_size=8, dtype="fp32",
                      temperature=1.0, fvp_fraction=fraction, fvp_mode=mode, seed=seed)
-    compute_advantages(ro, cfg, 0.0)
+    ro, _ = compute_advantages(ro, cfg, 0.0)
     params = [p for p in actor.policy.parameters() if p.requires_grad]
     v = torch.randn(sum(p.numel() for p in params), generator=torch.Generator().manual_seed(5))
     return actor, ro, cfg, params, v, fisher_product
@@ -178,7 +178,7 @@ def test_gauss_newton_mode_gives_the_double_backward_step():
     for mode in ("double-backward", "gauss-newton"):
         cfg = TRPOConfig(micro_batch_size=4, rollout_batch_size=8, vf_mini_batch_size=8, max_kl=0.01, dtype="fp32",
                          temperature=1.0, fvp_mode=mode)
-        compute_advantages(ro, cfg, 0.0)
+        ro, _ = compute_advantages(ro, cfg, 0.0)
         params = [p for p in actor.policy.parameters() if p.requires_grad]
         before = flat_params(params)
         m = policy_step(actor, params, ro, cfg, torch.device("cpu"))

@@ -1,4 +1,4 @@
-"""The update's micro-batch loop (trainers/rl_update.py `accumulate_gradients`) never waits for the
+"""The update's micro-batch loop (runtime/accumulate.py `accumulate`, as trainers/rl_update.py calls it) never waits for the
 device: no call from rlhfkit code inside it reads a tensor on the host (`.item()`, `.tolist()`,
 bool/int/float of a tensor, `.cpu()`, `.to("cpu")`). On a GPU each such call stalls Python until
 the queued kernels finish, so the next micro-batch's kernels cannot be queued behind them. The
@@ -67,14 +67,14 @@ def loop_reads(monkeypatch):
     """Host reads made from rlhfkit code inside every micro-batch loop of the update; and the
     number of loops run."""
     mode, loops = HostReads(), []
-    real = rl_update.accumulate_gradients
+    real = rl_update.accumulate
 
     def watched(*args, **kwargs):
         loops.append(1)
         with mode:
             return real(*args, **kwargs)
 
-    monkeypatch.setattr(rl_update, "accumulate_gradients", watched)
+    monkeypatch.setattr(rl_update, "accumulate", watched)
     return mode.calls, loops
 
 

@@ -4,7 +4,8 @@ The names are rlhfkit.core.choices' tuples (a config's `choices`), so --help, va
 agree (tests/algos/test_registry.py pins the keys). `choose` is the one lookup: an unknown name is a
 one-line ValueError that lists the registry's keys.
 
-Sequence advantage estimators (the GRPO family's step 3) share one signature:
+Sequence advantage estimators (the GRPO family's step 3; trainers/grpo_variants.py registers every
+advantage of the config with the phase it runs in) share one signature:
 
     estimator(scores (B,), group_size G, greedy (B/G,) | None, scale_by_std) -> advantages (B,)
 
@@ -54,16 +55,8 @@ def _greedy_baseline(scores: torch.Tensor, group_size: int, greedy: torch.Tensor
     return remax_advantages(scores, greedy, group_size)
 
 
-def _after_logprobs(scores: torch.Tensor, group_size: int, greedy: torch.Tensor | None,
-                    scale_by_std: bool) -> torch.Tensor:
-    """REINFORCE++: zeros here; its token returns need the log-prob pass (trainers/grpo_rollout.py)."""
-    return torch.zeros_like(scores)
-
-
 ADVANTAGE_ESTIMATORS: dict[str, Callable[..., torch.Tensor]] = {
     "group": _group,
     "rloo": _leave_one_out,
-    "reinforce++": _after_logprobs,
-    "reinforce++-baseline": _after_logprobs,
     "remax": _greedy_baseline,
 }

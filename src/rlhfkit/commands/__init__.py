@@ -69,16 +69,33 @@ COMMANDS: MappingProxyType[str, Command] = MappingProxyType({
     "pipeline": Command("rlhfkit.commands.pipeline:main", "SFT -> preferences -> RM -> PPO -> eval"),
     "label": Command("rlhfkit.label.cli:main", "collect human preferences in a local web app",
                      parser="rlhfkit.label.cli:build_parser"),
-    "doctor": Command("rlhfkit.diagnostics.cli:doctor_main", "print training-health findings for a run",
-                      parser="rlhfkit.diagnostics.cli:doctor_parser"),
-    "report": Command("rlhfkit.diagnostics.cli:report_main", "build an HTML report of one or more runs",
-                      parser="rlhfkit.diagnostics.cli:report_parser"),
+    "doctor": Command("rlhfkit.commands.doctor:doctor_main", "print training-health findings for a run",
+                      parser="rlhfkit.commands.doctor:doctor_parser"),
+    "report": Command("rlhfkit.commands.doctor:report_main", "build an HTML report of one or more runs",
+                      parser="rlhfkit.commands.doctor:report_parser"),
     "selfcheck": Command("rlhfkit.commands.selfcheck:main", "check the RL maths on worked examples",
                          parser="rlhfkit.commands.selfcheck:build_parser"),
     "estimate-memory": Command("rlhfkit.commands.estimate_memory:main",
                                "memory per device of a run, component by component",
                                "rlhfkit.estimate.memory:MemoryArgs"),
 })
+
+
+# the trainers: the commands whose config a `train()` in rlhfkit.trainers runs
+TRAINER_COMMANDS = {name: c for name, c in COMMANDS.items() if c.run.startswith("rlhfkit.trainers.")}
+
+# command -> its config class (`rlhfkit COMMAND` parses into this)
+COMMAND_CONFIGS: dict[str, str] = {name: c.config.split(":")[1] for name, c in TRAINER_COMMANDS.items()}
+
+# config class -> (the module of the config, the module whose train() runs it); subclasses share a
+# train(): RLOO/GSPO/DAPO/REINFORCE++ run GRPO's, SimPO/ORPO DPO's
+CONFIGS: dict[str, tuple[str, str]] = {c.config.split(":")[1]: (c.config.split(":")[0], c.run.split(":")[0])
+                                       for c in TRAINER_COMMANDS.values()}
+
+
+def config_class(name: str) -> type:
+    """The config class called `name` (e.g. "GRPOConfig")."""
+    return getattr(importlib.import_module(CONFIGS[name][0]), name)
 
 
 def load(target: str) -> Any:

@@ -25,7 +25,7 @@ import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
-from rlhfkit.commands.runs import run_method
+from rlhfkit.commands.runs import config_defaults, run_method
 from rlhfkit.core.argv import OptionsHelpFormatter, parse_command_line
 from rlhfkit.errors import UserError
 
@@ -196,7 +196,7 @@ def write_report(info: RunInfo, out: Path) -> str | None:
 
     if not (info.run_dir / "metrics.jsonl").is_file():
         return None
-    path = build_report([load_run(info.run_dir)], out / "report", png=False)
+    path = build_report([load_run(info.run_dir)], out / "report", png=False, config_defaults=config_defaults)
     return str(path.relative_to(out))
 
 

@@ -8,8 +8,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from rlhfkit.api import COMMAND_CONFIGS, config_class
-from rlhfkit.commands import COMMANDS
+from rlhfkit.commands import COMMAND_CONFIGS, COMMANDS, config_class
 from rlhfkit.core.recorded import recorded_value
 
 

@@ -11,6 +11,11 @@ import torch
 _PRIME = 1_000_003
 
 
+# The held-out and judged samples' seed is cfg.seed + this, the same before and after training: the
+# before/after comparison sees the same sampling noise.
+EVAL_SEED_OFFSET = 424242
+
+
 def seed_everything(seed: int) -> None:
     random.seed(seed)
     np.random.seed(seed % 2**32)

@@ -13,7 +13,7 @@
 Rules live in `rlhfkit.diagnostics.rules` (``RULES``), thresholds in `Thresholds`; the
 terminal display in `rlhfkit.diagnostics.console`, TensorBoard/W&B in
 `rlhfkit.diagnostics.sinks`, the HTML report in `rlhfkit.diagnostics.report`, and the
-`rlhfkit doctor` / `rlhfkit report` commands in `rlhfkit.diagnostics.cli`.
+`rlhfkit doctor` / `rlhfkit report` commands in `rlhfkit.commands.doctor`.
 See docs/diagnostics.md for every rule and threshold with its reasoning.
 """
 

@@ -14,7 +14,7 @@ import html
 import math
 import re
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -35,6 +35,9 @@ from rlhfkit.diagnostics.rundir import RunData, flatten
 from rlhfkit.diagnostics.thresholds import Thresholds
 
 PLOTS_DIR = "plots"
+
+# (run folder, its config) -> (the command that made it, that command's default config) or None
+DefaultsOf = Callable[[Path, dict[str, Any]], tuple[str, dict[str, Any]] | None]
 
 
 @dataclass(frozen=True)
@@ -357,12 +360,11 @@ def _paired_samples_section(runs: Sequence[RunData], labels: list[str]) -> str:
     return "".join(out)
 
 
-def _config_section(runs: Sequence[RunData], labels: list[str]) -> str:
+def _config_section(runs: Sequence[RunData], labels: list[str], config_defaults: DefaultsOf | None) -> str:
     """The keys that differ (between runs, or from the command's defaults), then the whole config."""
-    from rlhfkit.commands.runs import config_defaults
-
     configs = [r.config for r in runs]
-    found = config_defaults(runs[0].path, configs[0]) if len(runs) == 1 and configs[0] else None
+    found = (config_defaults(runs[0].path, configs[0])
+             if config_defaults is not None and len(runs) == 1 and configs[0] else None)
     command, defaults = found if found else (None, None)
     keys = differing_keys(configs, defaults)
     head = "".join(f"<th>{e(lb)}</th>" for lb in labels) + ("<th>default</th>" if defaults else "")
@@ -412,9 +414,10 @@ def png_note(path: Path) -> str:
 # ---- entry point ---------------------------------------------------------------------------------
 def build_report(runs: Sequence[RunData], out_dir: str | Path, *, iterations: Sequence[int] | None = None,
                  samples_per_iteration: int = 4, png: bool = True, thresholds: Thresholds | None = None,
-                 title: str | None = None) -> Path:
+                 title: str | None = None, config_defaults: DefaultsOf | None = None) -> Path:
     """Write ``out_dir/report.html`` (and ``out_dir/plots/*.png`` unless ``png=False`` or matplotlib is
-    not installed); return its path."""
+    not installed); return its path. ``config_defaults(run_dir, config)`` -> (command, its default
+    config) or None: the commands' defaults (rlhfkit.commands.runs), to show what a run changed."""
     png = png and available()
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -439,7 +442,7 @@ def build_report(runs: Sequence[RunData], out_dir: str | Path, *, iterations: Se
         _samples_section(runs, labels, iterations, samples_per_iteration) + _paired_samples_section(runs, labels),
         _table_by_run("Summary (before / after)", "summary", [_without_samples(r.summary or {}) for r in runs],
                       labels, "No summary.json (the run may still be running)."),
-        _config_section(runs, labels),
+        _config_section(runs, labels, config_defaults),
         _thresholds_section(thresholds),
         "</main>",
     ]

@@ -75,6 +75,7 @@ class ArithmeticToolEnv:
 
     name = "arithmetic-tool"
     prompts = "builtin:arithmetic"  # the data a run uses when `prompts` is left at its default
+    exact_match = True  # the episode reward is 1 or 0 for a right or wrong answer: its mean is an accuracy
     # (problem, expression) of the worked examples; none of them is a builtin:arithmetic problem
     # (the operands of those stay <= 20), so no test answer is shown.
     EXAMPLES = (
@@ -143,6 +144,7 @@ class SelfCorrectEnv:
 
     name = "self-correct"
     prompts = "builtin:arithmetic"
+    exact_match = True
     CHECK = "Check your answer. If it is wrong, reply with the correct number; if it is right, repeat it."
 
     def __init__(self) -> None:

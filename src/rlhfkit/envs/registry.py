@@ -31,7 +31,8 @@ def make_env_factory(spec: str, tokenizer: Any = None) -> Callable[[], Environme
     ``tool_format`` or ``observation_role`` receives them. The class is instantiated once here,
     so a failing constructor is reported before training starts (that instance serves the first
     episode). The factory's ``prompts`` attribute is the class's ``prompts`` (the data spec of
-    its own problems) or None. Raises UserError for unknown specs, failed imports and classes
+    its own problems) or None; its ``exact_match`` is the class's (True: the mean episode reward is
+an accuracy). Raises UserError for unknown specs, failed imports and classes
     without reset and step.
     """
     if not isinstance(spec, str) or not spec.strip():
@@ -51,6 +52,7 @@ def make_env_factory(spec: str, tokenizer: Any = None) -> Callable[[], Environme
     make_env.env_spec = spec  # type: ignore[attr-defined]
     prompts = getattr(cls, "prompts", None)
     make_env.prompts = prompts if isinstance(prompts, str) and prompts else None  # type: ignore[attr-defined]
+    make_env.exact_match = getattr(cls, "exact_match", False) is True  # type: ignore[attr-defined]
     return make_env
 
 

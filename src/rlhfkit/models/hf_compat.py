@@ -7,6 +7,8 @@ that no other file names them), so a transformers release that renames one is a 
     `static_cache`, `static_layers_only`);
   - activation checkpointing, renamed from gradient_* to activation_* during transformers 5
     (`set_activation_checkpointing`, `is_checkpointing`);
+  - names transformers keeps in submodules: GPT-2's `Conv1D` layer (`conv1d_type`, for LoRA) and the
+    model types AutoModelForCausalLM loads (`causal_lm_model_types`, for a model folder's check);
   - the sdpa attention function rlhfkit runs instead of transformers' own (models/attention.py):
     `transformers_sdpa` calls transformers' kernel wrapper, `register_sdpa` names rlhfkit's, and
     `use_attention` makes one model run it.
@@ -126,3 +128,17 @@ def use_attention(model, name: str) -> bool:
         return False
     model.set_attn_implementation(name)
     return True
+
+
+def conv1d_type() -> type:
+    """transformers' Conv1D (GPT-2's projections: a linear layer with its weight stored transposed)."""
+    from transformers.pytorch_utils import Conv1D
+
+    return Conv1D
+
+
+def causal_lm_model_types():
+    """The `model_type`s AutoModelForCausalLM can load (a mapping's keys)."""
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
+    return MODEL_FOR_CAUSAL_LM_MAPPING_NAMES

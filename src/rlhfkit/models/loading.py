@@ -19,6 +19,7 @@ import torch
 
 from rlhfkit.errors import UserError
 from rlhfkit.models.attention import use_cpu_fp32_attention
+from rlhfkit.models.hf_compat import causal_lm_model_types, set_activation_checkpointing
 
 DEFAULT_MODEL = "smollm2-135m-instruct"
 _GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -231,13 +232,12 @@ def hub_snapshot(repo_id: str, revision: str | None = None) -> Path:
 def check_causal_lm(path: Path) -> None:
     """UserError unless ``path/config.json`` names an architecture AutoModelForCausalLM can load."""
     from transformers import AutoConfig
-    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
 
     try:
         config = AutoConfig.from_pretrained(path)
     except (OSError, ValueError, KeyError) as e:
         raise UserError(f"{path}/config.json is not a usable model config ({_first_line(e)})") from e
-    if config.model_type not in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES:
+    if config.model_type not in causal_lm_model_types():
         raise UserError(
             f"{path} holds a '{config.model_type}' model, not a causal LM (expected a decoder that "
             "AutoModelForCausalLM loads, e.g. llama, qwen2, mistral, gpt2)"
@@ -350,8 +350,6 @@ def set_gradient_checkpointing(model: torch.nn.Module, enabled: bool = True) -> 
     peft. Non-reentrant checkpointing: gradients reach LoRA adapters even though the frozen embeddings
     need none (no `enable_input_require_grads` hook), and the gradients equal those without it.
     It acts in train mode only, so generation and no-grad scoring are unaffected."""
-    from rlhfkit.models.hf_compat import set_activation_checkpointing
-
     get_base = getattr(model, "get_base_model", None)
     set_activation_checkpointing(get_base() if callable(get_base) else model, enabled, {"use_reentrant": False})
     return model

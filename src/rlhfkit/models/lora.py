@@ -25,6 +25,7 @@ from torch import nn
 
 from rlhfkit.core.devices import free_cuda_bytes
 from rlhfkit.errors import UserError
+from rlhfkit.models.hf_compat import conv1d_type
 
 
 def lora_layers(model: nn.Module) -> list[nn.Module]:
@@ -165,9 +166,7 @@ def merged_lora(model: nn.Module):
 def _linear_types() -> tuple[type, ...]:
     """Layers LoRA can adapt: nn.Linear, and transformers' Conv1D (GPT-2's projections: a linear
     layer with its weight stored transposed)."""
-    from transformers.pytorch_utils import Conv1D
-
-    return nn.Linear, Conv1D
+    return nn.Linear, conv1d_type()
 
 
 def _linear_names(model: nn.Module) -> set[str]:
@@ -176,9 +175,8 @@ def _linear_names(model: nn.Module) -> set[str]:
 
 def fan_in_fan_out(model: nn.Module, targets: list[str]) -> bool:
     """The LoRA targets are Conv1D layers (GPT-2), whose weights peft must read transposed."""
-    from transformers.pytorch_utils import Conv1D
-
-    return any(isinstance(m, Conv1D) and n.rsplit(".", 1)[-1] in targets for n, m in model.named_modules())
+    conv1d = conv1d_type()
+    return any(isinstance(m, conv1d) and n.rsplit(".", 1)[-1] in targets for n, m in model.named_modules())
 
 
 def default_lora_targets(model: nn.Module) -> list[str]:

@@ -109,6 +109,9 @@ def arithmetic(
     return rewards
 
 
+arithmetic.exact_match = True  # type: ignore[attr-defined]  # 1 or 0 per answer: the mean reward is an accuracy
+
+
 # --------------------------------------------------------------------------- length
 
 

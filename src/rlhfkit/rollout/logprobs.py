@@ -7,6 +7,7 @@ update runs with gradients. Sampling itself is rollout/core.py's `generate`.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 from collections.abc import Callable
 
 import torch
@@ -112,7 +113,8 @@ def forward_logprobs(
 def logprob_pass(actor, reference, rollout: Rollout, temperature: float, micro_batch_size: int,
                  order: torch.Tensor | None = None, keep_trunk_mb: float = 0.0,
                  chunk_budget: int = CHUNK_POSITIONS) -> Rollout:
-    """Fill logprobs, values, entropy and ref_logprobs in micro-batches (bounded peak memory).
+    """The rollout with logprobs, values, entropy and ref_logprobs (B, R), computed in micro-batches
+    (bounded peak memory); a new Rollout, the input is left as it was.
 
     `order` (B,) groups rows into micro-batches exactly as the first update epoch will, so the
     first update micro-batch repeats this computation bit for bit and its ratio must be 1
@@ -154,13 +156,11 @@ def logprob_pass(actor, reference, rollout: Rollout, temperature: float, micro_b
                 parts["trunk"].append(torch.nn.functional.pad(mb.trunk.cpu(), pad))
     actor.train(was_training)
     inverse = torch.argsort(order)  # back from micro-batch order to row order
-    for name, chunks in parts.items():
-        if chunks:
-            cat = torch.cat([c if c.dim() == 3 else torch.nn.functional.pad(c, (0, R - c.shape[1])) for c in chunks])
-            setattr(rollout, name, cat[inverse])
+    filled = {name: torch.cat([c if c.dim() == 3 else torch.nn.functional.pad(c, (0, R - c.shape[1]))
+                               for c in chunks])[inverse] for name, chunks in parts.items() if chunks}
     if reference is None:
-        rollout.ref_logprobs = None
-    return rollout
+        filled["ref_logprobs"] = None
+    return dataclasses.replace(rollout, **filled)
 
 
 @torch.no_grad()

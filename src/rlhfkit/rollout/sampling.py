@@ -7,7 +7,7 @@ for 16 x 49152 values on 2 CPU cores, rand + log about 4 ms. (Sampling also runs
 merged: models/lora.py `merged_lora`.)
 
 `thread_generator(g)` makes the calling thread's races draw from `g`: a sampler thread beside the
-trainer (runtime/offpolicy.py) then samples a function of its own seed alone.
+trainer (trainers/offpolicy.py) then samples a function of its own seed alone.
 """
 
 from __future__ import annotations

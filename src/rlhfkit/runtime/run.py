@@ -59,6 +59,25 @@ def closes_its_runs(train: Callable) -> Callable:
     return wrapper
 
 
+def actor_saver(run: Run, model, tok) -> Callable:
+    """`save(folder, state)` for Run.finish: the policy (adapter or full weights, value head) and tokenizer;
+    the merged weights in final/merged on request, skipped with a warning when the weights are sharded
+    (the adapter in final/ merges with `peft` after training)."""
+    from rlhfkit.models.policy import save_actor
+
+    cfg = run.cfg
+
+    def save(folder, state):
+        save_actor(model, tok, folder, state_dict=state)
+        if cfg.save_merged and cfg.lora and state is None:
+            save_actor(model, tok, folder / "merged", merge=True)
+        elif cfg.save_merged and cfg.lora:
+            run.print("[save] save_merged skipped: the weights are sharded (FSDP/ZeRO-3); the adapter "
+                      "in final/ merges with `peft` after training")
+
+    return save
+
+
 def check_resume_fits(checkpoint: Path, total: int, unit: str) -> None:
     """A checkpoint after more steps than this run is set to is refused before anything is written."""
     from rlhfkit.core.run_files import checkpoint_step

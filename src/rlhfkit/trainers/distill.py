@@ -138,15 +138,17 @@ def sequences(rl: RLRun, cfg: DistillConfig, it: int) -> tuple[Rollout, bool]:
     return teacher_rollout(rl, cfg, records, it), False
 
 
-def scoring_pass(rl: RLRun, cfg: DistillConfig, rollout: Rollout, order: torch.Tensor) -> None:
-    """Step 2: the student's log-probs and entropy (and the teacher's log-probs with reverse-kl), in the
-    micro-batches of the update's first pass, so that its first micro-batch repeats this exactly."""
+def scoring_pass(rl: RLRun, cfg: DistillConfig, rollout: Rollout, order: torch.Tensor) -> Rollout:
+    """Step 2: the rollout with the student's log-probs and entropy (and the teacher's log-probs with
+    reverse-kl), computed in the micro-batches of the update's first pass, so that its first
+    micro-batch repeats this exactly."""
     t0 = time.perf_counter()
     teacher = rl.reference if cfg.loss == "reverse-kl" else None
     with rl.run.tracker.phase("log-probs", None), autocast(cfg.dtype, rl.run.device):
-        logprob_pass(rl.core, teacher, rollout, cfg.temperature, rl.micro_batch_size, order,
-                     chunk_budget=cfg.cpu_chunk_positions)
-    rollout.timings["timing/logprobs_s"] = time.perf_counter() - t0
+        scored = logprob_pass(rl.core, teacher, rollout, cfg.temperature, rl.micro_batch_size, order,
+                              chunk_budget=cfg.cpu_chunk_positions)
+    scored.timings = {**rollout.timings, "timing/logprobs_s": time.perf_counter() - t0}
+    return scored
 
 
 @closes_its_runs
@@ -166,7 +168,7 @@ def train(cfg: DistillConfig) -> dict:
             rollout.rewards, _ = shape_rewards(rollout.scores, torch.zeros_like(mask), torch.zeros_like(mask),
                                                mask, 0.0)  # the score on the last token: logged, not trained on
             perm = shuffled_rows(len(rollout.scores), rl.generator)
-            scoring_pass(rl, cfg, rollout, perm)  # step 2
+            rollout = scoring_pass(rl, cfg, rollout, perm)  # step 2
             t1 = time.time()
             m = rl.update(rollout, loss_fn, 1, cfg.optimiser_batch, perm)  # step 3
             metrics = {**rollout_metrics(rollout), "rollout/on_policy": float(sampled),

@@ -1,70 +1,70 @@
 """`rlhfkit grpo` and its family (rloo, gspo, dapo, reinforce_pp: presets in grpo_config.py): policy
 optimisation from G sampled completions per prompt, without a value head.
 
-One iteration, as numbered steps in `train`:
-  1. rollout     rollout_batch_size / G prompts, each repeated G times in consecutive rows, sampled;
-                 with `dynamic_sampling` (DAPO) further rounds until enough groups have a reward spread
-  2. score       reward function -> one score per completion (+ DAPO's overlong punishment)
-  3. advantages  per completion: GRPO (s - mean) / std of its group, RLOO s - mean(others), ReMax
-                 s - s(greedy); the same value on every token of the completion. Groups whose
-                 completions all got the same reward have advantage 0 everywhere and are left out of
-                 steps 4-5 (`drop_zero_std_groups`, group and rloo); `overlong_filter` takes completions
-                 cut at the length limit out of the loss
-  4. log-probs   one teacher-forced pass: old log-probs (and reference log-probs with a KL term);
-                 REINFORCE++ computes its advantages now (token returns with a KL penalty, batch-normalised)
-  5. update      update_epochs x mini-batches x micro-batches of the clipped ratio loss, the ratio per
-                 token or per sequence (GSPO), each token's loss times its truncated importance weight
-                 (`tis_cap`), + beta * k3 (or k2) KL to the reference, + distill_coef * the on-policy reverse
-                 KL to a `teacher` (grpo_distill.py), aggregated by `loss_agg` with global normalisers
-  6. log         PPO's metric names + rollout/group_reward_std and rollout/solved_fraction
+One iteration, as numbered steps in `train` (each returns a new value; the variants are functions
+looked up once by name in trainers/grpo_variants.py and trainers/grpo_sources.py, called at their phase):
+  1. sample      a rollout source (ROLLOUT_SOURCES) draws rollout_batch_size / G prompts, each repeated G
+                 times in consecutive rows; with `dynamic_sampling` (DAPO) further rounds until enough
+                 groups have a reward spread
+  2. score       reward function -> one score per completion, shaped (score clip, no-stop penalty,
+                 DAPO's overlong punishment)
+  3. advantages  estimators of phase SCORES (ADVANTAGES): GRPO (s - mean) / std of its group, RLOO
+                 s - mean(others), ReMax s - s(greedy); the same value on every token of the completion.
+                 Groups whose completions all got the same reward have advantage 0 everywhere and are left
+                 out of steps 4-6 (`drop_zero_std_groups`); `overlong_filter` takes completions cut at the
+                 length limit out of the loss
+  4. log-probs   one teacher-forced pass: old log-probs (and reference log-probs with a KL term)
+  5. advantages  estimators of phase LOGPROBS: REINFORCE++ (token returns with a KL penalty,
+                 batch-normalised); then each active loss term's inputs
+  6. update      update_epochs x mini-batches x micro-batches of the policy loss of `importance_level`
+                 (POLICY_LOSSES: clipped ratio per token or per sequence (GSPO), each token's loss times
+                 its truncated importance weight with `tis_cap`) + each active LOSS_TERMS term (beta x
+                 k3 or k2 KL to the reference), aggregated by `loss_agg` with global normalisers
+  7. log         PPO's metric names + rollout/group_reward_std and rollout/solved_fraction
 
 With `env` set, step 1 runs multi-turn episodes (rollout/multiturn.py), step 2's score is each
 episode's summed environment reward, and the loss covers the model's tokens only.
 
-Rollout, update loop, metrics, run folder and checkpoint are PPO's (trainers/rl.py,
-trainers/rl_update.py, runtime/run.py); steps 1-4 beyond one plain draw are in grpo_rollout.py.
+The run harness, log-prob pass, update loop and log are PPO's (trainers/rl.py, trainers/rl_update.py,
+runtime/run.py); dynamic sampling, overlong shaping and ReMax's greedy draw are in grpo_rollout.py.
 Maths and the aggregation rule: docs/algorithms.md.
 """
 
 from __future__ import annotations
 
-import contextlib
+import dataclasses
+import functools
 import time
 
 import torch
 
-from rlhfkit.algos import (
-    KL_ESTIMATORS,
-    aggregate_loss,
-    clipped_policy_loss,
-    masked_mean,
-    ppo_policy_loss,
-    truncated_is_weights,
-)
-from rlhfkit.algos.registry import ADVANTAGE_ESTIMATORS, choose
+from rlhfkit.algos import masked_mean
+from rlhfkit.algos.registry import choose
 from rlhfkit.core.config import config_main
 from rlhfkit.core.precision import autocast
 from rlhfkit.rollout import Rollout, forward_logprobs
-from rlhfkit.runtime.offpolicy import OneStepOffPolicy
 from rlhfkit.runtime.run import closes_its_runs
 from rlhfkit.trainers.build import build_actor
-from rlhfkit.trainers.grpo_config import (
-    REINFORCE_PP,
-    DAPOConfig,
-    GRPOConfig,
-    GSPOConfig,
-    ReinforcePPConfig,
-    RLOOConfig,
-)
-from rlhfkit.trainers.grpo_distill import add_teacher_logprobs, distill_term
-from rlhfkit.trainers.grpo_distill import load as load_teacher
+from rlhfkit.trainers.grpo_config import DAPOConfig, GRPOConfig, GSPOConfig, ReinforcePPConfig, RLOOConfig
 from rlhfkit.trainers.grpo_rollout import (
     dynamic_batch,
     filter_overlong,
     greedy_scores,
     keep_rows,
-    reinforce_pp_advantages,
     shaped_rewards,
+)
+from rlhfkit.trainers.grpo_sources import ROLLOUT_SOURCES, RolloutSource, rollout_source
+from rlhfkit.trainers.grpo_variants import (
+    ADVANTAGES,
+    LOGPROBS,
+    POLICY_LOSSES,
+    SCORES,
+    Advantage,
+    AdvantageInputs,
+    LossInputs,
+    LossTerm,
+    active_terms,
+    advantages_at,
 )
 from rlhfkit.trainers.rl import RLRun
 from rlhfkit.trainers.rl_update import RatioCheckError, policy_update_metrics, rollout_metrics, shuffled_rows
@@ -80,36 +80,37 @@ def build_policy_model(cfg: GRPOConfig):
 # ----------------------------------------------------------------------------- advantages
 
 
-def compute_advantages(rollout: Rollout, cfg: GRPOConfig, greedy: torch.Tensor | None = None) -> dict[str, float]:
-    """Step 3, from the scores alone. Sequence rewards (score clip / no-stop penalty / overlong
-    punishment; no KL: it is in the loss), then the baseline; rollout.advantages is (B, R), the
-    completion's advantage on each of its tokens. `greedy` (B/G,): ReMax's greedy rewards.
-    REINFORCE++ gets zeros here: its advantages need the log-prob pass (grpo_rollout.py)."""
-    mask = rollout.response_mask
-    rollout.rewards = shaped_rewards(rollout, cfg)
-    seq_reward = (rollout.rewards * mask).sum(1)  # (B,)
-    G = cfg.group_size
-    estimator = choose(ADVANTAGE_ESTIMATORS, cfg.advantage, "advantage")  # algos/registry.py
-    adv = estimator(seq_reward, G, greedy, cfg.scale_rewards)  # (B,)
-    rollout.advantages = adv[:, None] * mask
-    metrics = {"rollout/solved_fraction": (rollout.scores >= cfg.solved_threshold).float().mean().item(),
-               "rollout/advantage_abs_mean": adv.abs().mean().item()}
-    if G >= 2:
-        std = seq_reward.view(-1, G).std(dim=1)  # unbiased, as in group_advantages
+def group_metrics(rollout: Rollout, cfg: GRPOConfig) -> dict[str, float]:
+    """The share of solved completions and, with G >= 2, the spread of rewards within groups."""
+    metrics = {"rollout/solved_fraction": (rollout.scores >= cfg.solved_threshold).float().mean().item()}
+    if cfg.group_size >= 2:
+        seq_reward = (rollout.rewards * rollout.response_mask).sum(1)
+        std = seq_reward.view(-1, cfg.group_size).std(dim=1)  # unbiased, as in group_advantages
         metrics.update({"rollout/group_reward_std": std.mean().item(),
                         "rollout/zero_std_group_fraction": (std == 0).float().mean().item()})
-    if greedy is not None:
-        metrics["rollout/greedy_reward_mean"] = greedy.mean().item()
     return metrics
 
 
-def informative_rows(rollout: Rollout, cfg: GRPOConfig, num_processes: int = 1) -> torch.Tensor:
-    """Rows of groups whose rewards are not all equal (all rows unless drop_zero_std_groups with the
-    group or rloo baseline, and without a distillation term; with several processes always all rows,
-    so every process runs the same optimiser steps)."""
+def compute_advantages(rollout: Rollout, cfg: GRPOConfig, greedy=None, advantage: Advantage | None = None,
+                       ) -> tuple[Rollout, dict[str, float]]:
+    """Steps 2-3, from the scores alone: (the rollout with its shaped sequence rewards (B, R: score
+    clip / no-stop penalty / overlong punishment on the last token; no KL: it is in the loss) and,
+    for an estimator of the SCORES phase, its advantages (B, R), else zeros; metrics).
+    `greedy`: ReMax's greedy rewards (B/G,), or a function that samples them when asked."""
+    advantage = advantage or choose(ADVANTAGES, cfg.advantage, "advantage")
+    rollout = dataclasses.replace(rollout, rewards=shaped_rewards(rollout, cfg))
+    inputs = AdvantageInputs(rollout, cfg, greedy if callable(greedy) else lambda: greedy)
+    advantages, metrics = advantages_at(SCORES, advantage, inputs)
+    return dataclasses.replace(rollout, advantages=advantages), {**group_metrics(rollout, cfg), **metrics}
+
+
+def informative_rows(rollout: Rollout, cfg: GRPOConfig, advantage: Advantage, num_processes: int = 1) -> torch.Tensor:
+    """Rows of groups whose rewards are not all equal (all rows unless drop_zero_std_groups with an
+    estimator that gives such groups advantage 0 and no distillation term; with several processes always all rows, so every
+    process runs the same optimiser steps)."""
     B, G = rollout.scores.shape[0], cfg.group_size
-    distilling = cfg.distill_coef > 0  # the teacher's term has a signal in every group
-    if not cfg.drop_zero_std_groups or distilling or num_processes > 1 or cfg.advantage not in ("group", "rloo"):
+    distilling = cfg.distill_coef > 0  # a teacher's term has a signal in every group
+    if not cfg.drop_zero_std_groups or distilling or num_processes > 1 or not advantage.zero_on_flat_groups:
         return torch.arange(B, device=rollout.scores.device)
     seq_reward = (rollout.rewards * rollout.response_mask).sum(1).view(-1, G)
     varied = (seq_reward != seq_reward[:, :1]).any(1)  # (B/G,)
@@ -120,65 +121,56 @@ def informative_rows(rollout: Rollout, cfg: GRPOConfig, num_processes: int = 1) 
 
 
 def micro_batch_loss(model, mb: Rollout, cfg: GRPOConfig, n_tokens: float, n_seqs: float, device,
-                     num_processes: int = 1):
-    """Loss of one micro-batch: clipped ratio (per token, or per sequence for GSPO; times the
-    truncated importance weights with `tis_cap`) + beta * KL (k3, or k2 with kl_loss_estimator), normalised by the
-    global counts of
-    the mini-batch (all processes), so the micro-batch losses and gradients add up to the mini-batch's."""
-    mask = mb.response_mask.to(device)
+                     num_processes: int = 1, terms: dict[str, LossTerm] | None = None):
+    """Loss of one micro-batch: the policy loss of `importance_level` (POLICY_LOSSES: clipped ratio per
+    token or per sequence, times the truncated importance weights with `tis_cap`) + each active
+    term's coef x loss (LOSS_TERMS: beta x KL, ...), normalised by the global counts of the
+    mini-batch (all processes), so the micro-batch losses and gradients add up to the mini-batch's."""
+    mb = mb.to(device)
     with autocast(cfg.dtype, device):
         logp, _, _ = forward_logprobs(model, mb, cfg.temperature, with_values=False)
     constant = cfg.loss_agg_constant or float(cfg.optimiser_batch * num_processes * cfg.max_new_tokens)
     agg = {"agg_mode": cfg.loss_agg, "num_tokens": n_tokens, "num_seqs": n_seqs, "constant": constant}
-    old_lp = mb.logprobs.to(device)
-    weights, stats = None, {}
-    if cfg.tis_cap is not None:  # HF sampling is the trainer itself: no sampler log-probs, weight exactly 1
-        stats = {"is_weight_mean": 1.0, "is_clip_frac": 0.0, "mismatch_kl": 0.0}
-        if mb.sampler_logprobs is not None:
-            weights, stats = truncated_is_weights(old_lp, mb.sampler_logprobs.to(device), mask, cfg.tis_cap,
-                                                  tensor_metrics=True)
-    if cfg.importance_level == "token" and weights is None:
-        pl, pm = ppo_policy_loss(logp, old_lp, mb.advantages.to(device), mask, cfg.clip_eps,
-                                 clip_eps_high=cfg.clip_eps_high, tensor_metrics=True, **agg)
-    else:
-        pl, pm = clipped_policy_loss(logp, old_lp, mb.advantages.to(device), mask, cfg.clip_eps,
-                                     clip_eps_high=cfg.clip_eps_high, level=cfg.importance_level, weights=weights,
-                                     tensor_metrics=True, **agg)
-    loss = pl
-    if cfg.distill_coef > 0:  # the on-policy reverse KL to the teacher (grpo_distill.py), logged apart
-        dl = distill_term(logp, mb, mask, agg)
-        loss = loss + cfg.distill_coef * dl
-        stats["loss/distill"] = dl.detach()
-    if cfg.beta > 0:
-        per_token = choose(KL_ESTIMATORS, cfg.kl_loss_estimator, "KL estimator")(logp, mb.ref_logprobs.to(device))
-        kl = aggregate_loss(per_token, mask, cfg.loss_agg, n_tokens, n_seqs, constant)
-        loss = loss + cfg.beta * kl
-        stats["loss/kl"] = kl.detach()
-    ratio_dev = ((logp - old_lp).exp() - 1).abs().masked_fill(mask == 0, 0).max()
+    x = LossInputs(logp, mb, mb.response_mask, agg, cfg)
+    policy_loss, stats = choose(POLICY_LOSSES, cfg.importance_level, "importance level")(x)
+    loss = policy_loss
+    for name, term in (active_terms(cfg) if terms is None else terms).items():
+        value, term_stats = term.fn(x)
+        loss = loss + term.coef(cfg) * value
+        stats.update({**term_stats, f"loss/{name}": value.detach()})
+    ratio_dev = ((logp - mb.logprobs).exp() - 1).abs().masked_fill(mb.response_mask == 0, 0).max()
     # 0-d tensors (or constants), read on the host once per optimiser step (trainers/rl_update.py)
-    stats.update({"loss/policy": pl.detach(), "loss/total": loss.detach(), "ratio_dev": ratio_dev.detach(), **pm})
+    stats.update({"loss/policy": policy_loss.detach(), "loss/total": loss.detach(), "ratio_dev": ratio_dev.detach()})
     return loss, stats
+
+
+def update_metrics(m: dict[str, float], used: Rollout, cfg: GRPOConfig, terms: dict[str, LossTerm]) -> dict[str, float]:
+    """Step 7's update metrics from the update's averaged stats `m` and the rows it trained on."""
+    metrics = policy_update_metrics(m)
+    if "seq_ratio_mean" in m:
+        metrics["params/seq_ratio_mean"] = m["seq_ratio_mean"]
+    metrics.update({f"rollout/{k}": m[k] for k in ("is_weight_mean", "is_clip_frac", "mismatch_kl") if k in m})
+    metrics["rollout/entropy"] = masked_mean(used.entropy, used.response_mask).item()
+    metrics.update({f"loss/{name}": m[f"loss/{name}"] for name in terms})
+    metrics.update({k: v for k, v in m.items() if k.startswith("distill/")})  # the distillation term's own
+    if used.ref_logprobs is not None:
+        metrics["rollout/kl"] = ((used.logprobs - used.ref_logprobs) * used.response_mask).sum(1).mean().item()
+    return metrics
 
 
 # ----------------------------------------------------------------------------- loop
 
 
-def collect(rl: RLRun, cfg: GRPOConfig, it: int, prefetch: OneStepOffPolicy | None = None,
+def collect(rl: RLRun, cfg: GRPOConfig, it: int, source: RolloutSource, advantage: Advantage,
             ) -> tuple[Rollout, Rollout, dict[str, float]]:
     """Steps 1-3: (the batch to train on, everything sampled, metrics). One draw of
-    prompts_per_iteration groups, or dynamic sampling's rounds (grpo_rollout.dynamic_batch).
-    `prefetch` (one_step_off_policy): the batch its sampler drew one update ago, or on-policy."""
-    G = cfg.group_size
+    prompts_per_iteration groups from the rollout source, or dynamic sampling's rounds
+    (grpo_rollout.dynamic_batch)."""
 
     def draw(r: int) -> tuple[Rollout, dict[str, float]]:
-        if prefetch is not None:  # one round only (the config refuses dynamic sampling)
-            rollout, records = prefetch.batch(it)
-        else:
-            records = [rec for rec in rl.stream.next(cfg.prompts_per_iteration) for _ in range(G)]  # groups of G
-            rollout = rl.sample(records, it, r)
-        if cfg.advantage == "remax":
-            return rollout, compute_advantages(rollout, cfg, greedy_scores(rl, cfg, records[::G]))
-        return rollout, compute_advantages(rollout, cfg)
+        rollout, records = source.draw(it, r)  # 1. sample (and score)
+        greedy = lambda: greedy_scores(rl, cfg, records[:: cfg.group_size])  # noqa: E731 (ReMax asks for it)
+        return compute_advantages(rollout, cfg, greedy, advantage)  # 2-3. shaped rewards, advantages
 
     if cfg.dynamic_sampling:
         return dynamic_batch(rl, cfg, draw)
@@ -186,39 +178,29 @@ def collect(rl: RLRun, cfg: GRPOConfig, it: int, prefetch: OneStepOffPolicy | No
     return rollout, rollout, metrics
 
 
-def update_on(rl: RLRun, cfg: GRPOConfig, batch: Rollout, rows: torch.Tensor, loss_fn,
-              metrics: dict[str, float], teacher=None) -> tuple[float, float]:
-    """Steps 4-5 on rows `rows` of the batch; metrics go into `metrics`. Returns the times at which
-    the log-prob pass and the update ended. `teacher`: the distillation term's (distill_coef > 0)."""
+def update_on(rl: RLRun, cfg: GRPOConfig, batch: Rollout, rows: torch.Tensor, advantage: Advantage,
+              terms: dict[str, LossTerm], term_inputs: list) -> tuple[Rollout, dict[str, float], float]:
+    """Steps 4-6 on rows `rows` of the batch: (the rows as trained on, with their advantages; metrics;
+    the time the log-prob pass and step 5 ended). `term_inputs`: the active loss terms' step-5 functions."""
     G = cfg.group_size
-    used = keep_rows(batch, rows)
+    used, metrics = keep_rows(batch, rows), {}
     if cfg.overlong_filter:
-        metrics["rollout/overlong_filtered"] = filter_overlong(used)
+        used, metrics["rollout/overlong_filtered"] = filter_overlong(used)
     shuffle_group = G if rl.core.share_prompts else 1  # a group's rows meet in micro-batches
     perm = shuffled_rows(len(rows), rl.generator, shuffle_group, cfg.optimiser_batch)
-    rl.logprob_pass(used, perm)  # step 4
-    metrics["timing/logprobs_s"] = used.timings["timing/logprobs_s"]  # `used` is a copy of `batch`
-    if teacher is not None:  # the teacher's log-probs of the same tokens, in the same micro-batches
-        metrics.update(add_teacher_logprobs(teacher, used, cfg, rl.micro_batch_size, perm))
-    if cfg.advantage in REINFORCE_PP:  # all rows, in order (informative_rows): the log shows them
-        metrics.update(reinforce_pp_advantages(used, cfg, rl.run.accelerator))
-        batch.advantages = used.advantages
+    used = rl.logprob_pass(used, perm)  # 4. old (and reference) log-probs
+    metrics["timing/logprobs_s"] = used.timings["timing/logprobs_s"]
+    inputs = AdvantageInputs(used, cfg, lambda: None, rl.run.accelerator)
+    advantages, adv_metrics = advantages_at(LOGPROBS, advantage, inputs)  # 5. advantages that need the log-probs
+    used = dataclasses.replace(used, advantages=advantages)
+    metrics.update(adv_metrics)
+    for add_inputs in term_inputs:  # e.g. a teacher's log-probs of the sampled tokens
+        used = add_inputs(used, perm)
     t1 = time.time()
-    m = rl.update(used, loss_fn, cfg.update_epochs, cfg.optimiser_batch, perm, shuffle_group)  # step 5
-    t2 = time.time()
-    metrics.update(policy_update_metrics(m))
-    if "seq_ratio_mean" in m:
-        metrics["params/seq_ratio_mean"] = m["seq_ratio_mean"]
-    if cfg.tis_cap is not None:
-        metrics.update({f"rollout/{k}": m[k] for k in ("is_weight_mean", "is_clip_frac", "mismatch_kl")})
-    metrics["rollout/entropy"] = masked_mean(used.entropy, used.response_mask).item()
-    if cfg.beta > 0:
-        metrics["loss/kl"] = m["loss/kl"]
-    if cfg.distill_coef > 0:
-        metrics["loss/distill"] = m["loss/distill"]
-    if used.ref_logprobs is not None:
-        metrics["rollout/kl"] = ((used.logprobs - used.ref_logprobs) * used.response_mask).sum(1).mean().item()
-    return t1, t2
+    loss_fn = functools.partial(micro_batch_loss, rl.model, cfg=cfg, device=rl.run.device, num_processes=rl.run.world,
+                                terms=terms)
+    m = rl.update(used, loss_fn, cfg.update_epochs, cfg.optimiser_batch, perm, shuffle_group)  # 6. update
+    return used, {**metrics, **update_metrics(m, used, cfg, terms)}, t1
 
 
 def command_name(cfg: GRPOConfig) -> str:
@@ -226,51 +208,49 @@ def command_name(cfg: GRPOConfig) -> str:
     return getattr(type(cfg), "command", None) or ("rloo" if cfg.advantage == "rloo" else "grpo")
 
 
+def accuracy_line(rl: RLRun, cfg: GRPOConfig) -> str | None:
+    """The held-out accuracy before -> after when the reward (or env) is an exact match (it says so:
+    `exact_match`), so its mean is an accuracy; None otherwise or without an evaluation."""
+    judge = rl.make_env if rl.make_env is not None else rl.reward_fn
+    if not getattr(judge, "exact_match", False) or "eval_after" not in rl.run.summary:
+        return None
+    b, a = rl.run.summary["eval_before"], rl.run.summary["eval_after"]
+    return (f"[eval] held-out accuracy (T={cfg.temperature}): {b['mean']:.1%} before -> "
+            f"{a['mean']:.1%} after (n={a['n']})")
+
+
 @closes_its_runs
 def train(cfg: GRPOConfig) -> dict:
     """Run GRPO or a variant (see the module docstring); returns the summary (also RUN/summary.json)."""
-    teacher: list = []  # distill_coef > 0: the frozen teacher, loaded with the models (bad input: nothing written)
-
-    def build_models(cfg: GRPOConfig):
-        actor, reference, tok = build_policy_model(cfg)
-        teacher.append(load_teacher(cfg, actor, tok))
-        return actor, reference, tok
-
-    rl = RLRun(cfg, command_name(cfg), build_models)
-    if teacher[0] is not None:
-        teacher[0].to(rl.run.device)
-
-    def loss_fn(mb: Rollout, n_tokens: float, n_seqs: float):
-        return micro_batch_loss(rl.model, mb, cfg, n_tokens, n_seqs, rl.run.device, rl.run.world)
-
-    prefetch = OneStepOffPolicy(rl, cfg) if cfg.one_step_off_policy else None
-    # when resuming: weights, optimiser, data position, RNG, ... from the checkpoint
-    rl.run.resume(**({"one_step_off_policy": prefetch} if prefetch else {}))
-    with rl.evaluating(), prefetch or contextlib.nullcontext():  # held-out reward before and after
+    rl = RLRun(cfg, command_name(cfg), build_policy_model)
+    advantage = choose(ADVANTAGES, cfg.advantage, "advantage")  # the variants, looked up once by name
+    terms = active_terms(cfg)
+    term_inputs = [term.inputs(rl, cfg) for term in terms.values()]
+    source = choose(ROLLOUT_SOURCES, rollout_source(cfg), "rollout source")(rl, cfg)
+    rl.run.resume(**source.checkpointed())  # when resuming: weights, optimiser, data position, RNG, ...
+    with rl.evaluating(), source:  # held-out reward before and after
         for it in rl.run.steps():  # checkpoints when due; SIGINT/SIGTERM: checkpoint and stop
             t0 = time.time()
-            batch, sampled, metrics = collect(rl, cfg, it, prefetch)  # steps 1-3 (+ start sampling batch it+1)
+            batch, sampled, metrics = collect(rl, cfg, it, source, advantage)  # 1-3. sample, score, advantages
             metrics.update(rollout_metrics(sampled))
-            rows = informative_rows(batch, cfg, rl.run.world)
+            rows = informative_rows(batch, cfg, advantage, rl.run.world)
             metrics["rollout/update_fraction"] = len(rows) / len(sampled.scores)
-            t1 = t2 = time.time()
+            t1 = time.time()
+            logged = sampled if advantage.phase == SCORES else None  # whose advantages the samples show
             if len(rows):
-                t1, t2 = update_on(rl, cfg, batch, rows, loss_fn, metrics, teacher[0])  # steps 4-5
-            if prefetch is not None:  # wait for batch it+1, then the sampler takes the updated weights
-                lag, wait_s, pass_s = prefetch.after_update()
-                metrics.update({"rollout/policy_lag": float(lag), "timing/sampler_wait_s": wait_s,
-                                "timing/sampler_logprobs_s": pass_s})
+                used, update_m, t1 = update_on(rl, cfg, batch, rows, advantage, terms, term_inputs)  # 4-6. log-probs, update
+                metrics.update(update_m)
+                if logged is None and sampled is batch:  # every row, in order (no estimator of phase 5 drops)
+                    logged = used
+            t2 = time.time()
+            metrics.update(source.after_update())  # an off-policy sampler takes the updated weights
             metrics["params/beta"] = cfg.beta
-            extra = {}
-            if sampled is batch or cfg.advantage not in REINFORCE_PP:  # else the sampled rows have none
-                adv = sampled.advantages.sum(1) / sampled.response_mask.sum(1).clamp(min=1)
-                extra["advantage"] = adv.tolist()
-            rl.log(it, sampled, metrics, (t0, t1, t2), extra)  # step 6
-    exact = cfg.env in ("arithmetic-tool", "self-correct") if cfg.env else cfg.reward == "arithmetic"
-    if exact and "eval_after" in rl.run.summary:  # exact match: mean reward = accuracy
-        b, a = rl.run.summary["eval_before"], rl.run.summary["eval_after"]
-        rl.run.print(f"[eval] held-out accuracy (T={cfg.temperature}): {b['mean']:.1%} before -> "
-                     f"{a['mean']:.1%} after (n={a['n']})")
+            extra = {} if logged is None else {
+                "advantage": (logged.advantages.sum(1) / sampled.response_mask.sum(1).clamp(min=1)).tolist()}
+            rl.log(it, sampled, metrics, (t0, t1, t2), extra)  # 7. log
+    line = accuracy_line(rl, cfg)
+    if line:
+        rl.run.print(line)
     return rl.finish()
 
 

@@ -1,41 +1,37 @@
 """GRPO's distillation term (`teacher=`, `distill_coef=`): the on-policy reverse KL to a frozen teacher
 on the sampled tokens (rlhfkit distill's loss=reverse-kl, algos.reverse_kl_loss), added to the policy
-loss times distill_coef and logged apart (loss/distill, distill/reverse_kl).
-
-Three pieces, each called from one place in trainers/grpo.py: `load` (with the models, before the run
-folder exists), `add_teacher_logprobs` (after the log-prob pass, in the same micro-batches) and
-`distill_term` (in each micro-batch's loss, aggregated like the policy loss).
-"""
+loss times distill_coef (a LOSS_TERMS entry in grpo_variants.py) and logged apart as loss/distill and
+distill/reverse_kl. `teacher_inputs` loads the teacher once and, in step 5, adds its log-probs of the
+rows' tokens (rollout.teacher_logprobs) in the update's micro-batches; `distill` is the term."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import torch
 
-from rlhfkit.algos import masked_mean, reverse_kl_loss
+from rlhfkit.algos import reverse_kl_loss
 from rlhfkit.rollout import Rollout
 from rlhfkit.rollout.logprobs import frozen_logprobs
 
 
-def load(cfg, actor, tok):
-    """The frozen teacher (trainers/distill.py load_teacher), or None with distill_coef 0."""
-    if cfg.distill_coef <= 0:
-        return None
+def distill(x) -> tuple[torch.Tensor, dict]:
+    """The unweighted term of one micro-batch (x: grpo_variants.LossInputs): reverse_kl_loss on its
+    sampled tokens, aggregated like the policy loss (x.agg), and distill/reverse_kl, the token mean of
+    log pi_old - log p_teacher (k1, nats per token)."""
+    loss, m = reverse_kl_loss(x.logp, x.mb.logprobs, x.mb.teacher_logprobs, x.mask, **x.agg)
+    return loss, {"distill/reverse_kl": m["reverse_kl"]}
+
+
+def teacher_inputs(rl, cfg):
+    """Load the frozen teacher (trainers/distill.py load_teacher) on the run's device; returns the step-5
+    function that adds its log-probs of a Rollout's tokens in the micro-batches of `order`."""
     from rlhfkit.trainers.distill import load_teacher
 
-    return load_teacher(cfg, actor, tok)
+    teacher = load_teacher(cfg, rl.core, rl.tok).to(rl.run.device)
 
+    def add(rollout: Rollout, order: torch.Tensor) -> Rollout:
+        lp = frozen_logprobs(teacher, rollout, cfg.temperature, rl.micro_batch_size, order, cfg.cpu_chunk_positions)
+        return dataclasses.replace(rollout, teacher_logprobs=lp)
 
-def add_teacher_logprobs(teacher, rollout: Rollout, cfg, micro_batch_size: int, order: torch.Tensor) -> dict:
-    """Fill rollout.teacher_logprobs (B, R) in the micro-batches of `order`; returns distill/reverse_kl,
-    the token mean of log pi_old - log p_teacher over the sampled tokens (k1, nats per token)."""
-    rollout.teacher_logprobs = frozen_logprobs(teacher, rollout, cfg.temperature, micro_batch_size, order,
-                                               cfg.cpu_chunk_positions)
-    diff = rollout.logprobs - rollout.teacher_logprobs
-    return {"distill/reverse_kl": masked_mean(diff, rollout.response_mask).item()}
-
-
-def distill_term(logp: torch.Tensor, mb: Rollout, mask: torch.Tensor, agg: dict) -> torch.Tensor:
-    """The unweighted term of one micro-batch: reverse_kl_loss on its sampled tokens, aggregated by
-    `agg` (the policy loss's agg_mode and global counts, so micro-batches add up alike)."""
-    loss, _ = reverse_kl_loss(logp, mb.logprobs.to(logp.device), mb.teacher_logprobs.to(logp.device), mask, **agg)
-    return loss
+    return add

@@ -1,6 +1,6 @@
 """Steps 1-3 of the GRPO family (trainers/grpo.py) beyond one plain draw: DAPO's dynamic sampling,
-overlong shaping and filtering, ReMax's greedy baseline, and REINFORCE++'s advantages, which come
-after the log-prob pass (their KL penalty sits in the reward).
+overlong shaping and filtering, and ReMax's greedy baseline. The advantage estimators themselves are
+in grpo_variants.py.
 
 Dynamic sampling (Yu et al. 2025, DAPO): a group whose G completions all got the same reward has
 advantage 0 and carries no gradient. Rounds of `prompts_per_iteration` fresh prompts are drawn
@@ -18,10 +18,11 @@ from collections.abc import Callable
 import torch
 import torch.nn.functional as F
 
-from rlhfkit.algos import group_advantages, masked_whiten, overlong_penalty, reward_to_go, shape_rewards
+from rlhfkit.algos import overlong_penalty, shape_rewards
 from rlhfkit.algos.masks import last_valid_index
 from rlhfkit.rollout import Rollout
-from rlhfkit.runtime.distributed import global_mean_var, max_over_processes
+from rlhfkit.runtime.distributed import max_over_processes
+from rlhfkit.trainers.rl import sample_rollout
 
 # draw(round) -> (rollout with rewards and advantages, its metrics)
 Draw = Callable[[int], tuple[Rollout, dict[str, float]]]
@@ -41,7 +42,7 @@ def shaped_rewards(rollout: Rollout, cfg) -> torch.Tensor:
     """(B, R) per-token rewards: the score (after score_clip and no_stop_penalty) plus DAPO's overlong
     punishment (`overlong_buffer` > 0) on the last valid token, 0 elsewhere. Multi-turn: the score is
     the episode's summed rewards, on the last model token (the loss masks environment tokens). No KL: the GRPO family
-    puts it in the loss (beta) or, for REINFORCE++, adds it after the log-prob pass."""
+    puts it in the loss (beta) or, for REINFORCE++, adds it after the log-prob pass (grpo_variants.py)."""
     mask = rollout.response_mask
     zeros = torch.zeros_like(mask)
     rewards, _ = shape_rewards(rollout.scores, zeros, zeros, mask, 0.0, stopped=rollout.stopped,
@@ -133,42 +134,20 @@ def dynamic_batch(rl, cfg, draw: Draw) -> tuple[Rollout, Rollout, dict[str, floa
 
 def greedy_scores(rl, cfg, records: list[dict]) -> torch.Tensor:
     """ReMax's baseline: the shaped reward of each record's greedy completion, (len(records),)."""
-    from rlhfkit.trainers.rl import sample_rollout
-
     params = dataclasses.replace(rl.params, temperature=0.0)  # temperature 0: greedy decoding
     with rl.run.tracker.phase("greedy baseline", None), rl.generation_context():
         greedy = sample_rollout(rl.core, rl.tok, records, cfg, params, 0, rl.reward_fn, rl.run.device, rl.backend,
                                 rl.make_env)  # with an env: greedy episodes
-    greedy.rewards = shaped_rewards(greedy, cfg)
-    return sequence_rewards(greedy)
+    return sequence_rewards(dataclasses.replace(greedy, rewards=shaped_rewards(greedy, cfg)))
 
 
 # ----------------------------------------------------------------------------- after the log-prob pass
 
 
-def filter_overlong(rollout: Rollout) -> float:
-    """DAPO's overlong filtering: the response masks of completions cut at the length limit (no stop
-    token) become 0, so they add no loss and no token to the normaliser; they keep their row (and
-    their place in their group's baseline, computed before). Returns their share of the rows."""
+def filter_overlong(rollout: Rollout) -> tuple[Rollout, float]:
+    """DAPO's overlong filtering: (the rollout with the response masks of completions cut at the
+    length limit (no stop token) set to 0, so they add no loss and no token to the normaliser; they
+    keep their row (and their place in their group's baseline, computed before); their share of the rows)."""
     cut = ~rollout.stopped.bool()
-    rollout.response_mask = rollout.response_mask * (~cut).to(rollout.response_mask.dtype)[:, None]
-    return cut.float().mean().item() if cut.numel() else 0.0
-
-
-def reinforce_pp_advantages(rollout: Rollout, cfg, accelerator) -> dict[str, float]:
-    """REINFORCE++ (Hu 2025): per-token rewards r_t = -reward_kl_coef * k1_t, plus the completion's
-    reward on its last token (minus its group's mean for reinforce++-baseline); the return
-    G_t = sum_{s >= t} r_s; advantages = (G - mean) / std over every valid token of the batch on
-    all processes (population std). Needs the log-prob pass (logprobs, ref_logprobs)."""
-    mask = rollout.response_mask
-    seq = sequence_rewards(rollout)
-    if cfg.advantage == "reinforce++-baseline":
-        seq = group_advantages(seq, cfg.group_size, scale_by_std=False)
-    ref = rollout.ref_logprobs if rollout.ref_logprobs is not None else rollout.logprobs
-    rewards, m = shape_rewards(seq, rollout.logprobs, ref, mask, cfg.reward_kl_coef)
-    returns = reward_to_go(rewards, mask)
-    mean, var = global_mean_var(accelerator, returns, mask)
-    rollout.advantages = masked_whiten(returns, mask, mean=mean, var=var)
-    valid = mask != 0
-    return {"rollout/kl_penalty": m["non_score_reward"],
-            "rollout/advantage_abs_mean": rollout.advantages.abs()[valid].mean().item() if valid.any() else 0.0}
+    mask = rollout.response_mask * (~cut).to(rollout.response_mask.dtype)[:, None]
+    return dataclasses.replace(rollout, response_mask=mask), (cut.float().mean().item() if cut.numel() else 0.0)

@@ -14,9 +14,9 @@ written once; each trainer keeps its data, its loss and one loop over these piec
         h.run.log(step, h.timed(metrics, t0))     # (+ h.evaluate_due(...) where the trainer evaluates)
     return h.finish(save)                         # RUN/final (h.finish_judged: judged, then the policy)
 
-Every trainer steps alike (`optimizer_step`): clip and step unless non-finite (runtime/faults.py), then
-give the step's freed heap back (runtime/allocator.py): the next step's widths differ, so its chunks
-would not reuse those blocks.
+Every trainer steps alike (runtime/optim.py `optimizer_step`): clip and step unless non-finite
+(runtime/faults.py), then give the step's freed heap back (core/allocator.py): the next step's widths
+differ, so its chunks would not reuse those blocks.
 """
 
 from __future__ import annotations
@@ -25,41 +25,10 @@ import contextlib
 import time
 from collections.abc import Callable
 
-from rlhfkit.core.allocator import trim_heap
 from rlhfkit.core.config import check
-from rlhfkit.runtime.faults import guarded_step
-from rlhfkit.runtime.run import Run
-
-JUDGE_SEED_OFFSET = 424242  # the judged samples' seed, the same before and after: the same sampling noise
-
-
-def optimizer_step(params, optimizer, scheduler, accelerator, max_grad_norm: float, loss: float, guard=None,
-                   where: str = "") -> dict[str, float]:
-    """Clip, step and schedule the accumulated gradients (skipped when the loss or the gradient norm is
-    non-finite, runtime/faults.guarded_step), then trim the heap; returns params/grad_norm, params/lr and
-    params/skipped_steps."""
-    grad_norm, skipped = guarded_step(params, optimizer, scheduler, accelerator, max_grad_norm, loss=loss, guard=guard,
-                                      where=where)
-    trim_heap()  # e.g. KTO at 3.93 -> 3.41 GB peak RSS (runtime/allocator.py)
-    return {"params/grad_norm": grad_norm, "params/lr": scheduler.get_last_lr()[0], "params/skipped_steps": float(skipped)}
-
-
-def actor_saver(run: Run, model, tok) -> Callable:
-    """`save(folder, state)` for Run.finish: the policy (adapter or full weights) and tokenizer; the merged
-    weights in final/merged on request, skipped with a warning when the weights are sharded."""
-    from rlhfkit.models.policy import save_actor
-
-    cfg = run.cfg
-
-    def save(folder, state):
-        save_actor(model, tok, folder, state_dict=state)
-        if cfg.save_merged and cfg.lora and state is None:
-            save_actor(model, tok, folder / "merged", merge=True)
-        elif cfg.save_merged and cfg.lora:
-            run.print("[save] save_merged skipped: the weights are sharded (FSDP/ZeRO-3); the adapter "
-                      "in final/ merges with `peft` after training")
-
-    return save
+from rlhfkit.core.seeding import EVAL_SEED_OFFSET
+from rlhfkit.runtime.optim import optimizer_step
+from rlhfkit.runtime.run import Run, actor_saver
 
 
 class OfflineRun:
@@ -144,7 +113,7 @@ class OfflineRun:
         if records and "before" not in self.judged:
             with self.run.full_weights():
                 self.judged["before"] = judged_samples(model, tok, records, judge, self.cfg,
-                                                       self.cfg.seed + JUDGE_SEED_OFFSET)[1]
+                                                       self.cfg.seed + EVAL_SEED_OFFSET)[1]
 
     def held_out(self, metrics: dict[str, float], line: Callable[[dict], str]) -> None:
         """The held-out metrics after training: summary held_out, and their line."""
@@ -159,7 +128,7 @@ class OfflineRun:
         if records:
             with self.run.full_weights():
                 judged_after(self.run, model, tok, records, judge, self.judged["before"],
-                             self.cfg.seed + JUDGE_SEED_OFFSET, "held-out" if held_out else "training")
+                             self.cfg.seed + EVAL_SEED_OFFSET, "held-out" if held_out else "training")
         return self.finish(actor_saver(self.run, model, tok))
 
     def finish(self, save: Callable) -> dict:

@@ -21,13 +21,14 @@ import torch
 
 from rlhfkit.algos import shape_rewards
 from rlhfkit.core.config import config_main
+from rlhfkit.core.seeding import EVAL_SEED_OFFSET
 from rlhfkit.rollout import Rollout
 from rlhfkit.runtime.accumulate import accumulate, add_up
 from rlhfkit.runtime.distributed import sum_over_processes
+from rlhfkit.runtime.optim import optimizer_step
 from rlhfkit.runtime.run import closes_its_runs
 from rlhfkit.trainers.build import build_actor
 from rlhfkit.trainers.judged import judged_after, judged_samples
-from rlhfkit.trainers.offline import JUDGE_SEED_OFFSET, optimizer_step
 from rlhfkit.trainers.online_dpo_config import OnlineDPOConfig
 from rlhfkit.trainers.pair_losses import pair_batch_loss
 from rlhfkit.trainers.pairs import micro_pair_chunks, pair_rows, reference_logps, sequence_logps
@@ -100,7 +101,7 @@ def train(cfg: OnlineDPOConfig) -> dict:
     rl = RLRun(cfg, "online-dpo", build_models)
     judged: dict = {}  # the starting model's judged scores, kept in checkpoints
     rl.run.resume(judged=judged)
-    records, seed = rl.eval_records, cfg.seed + JUDGE_SEED_OFFSET  # same seed before and after: the same noise
+    records, seed = rl.eval_records, cfg.seed + EVAL_SEED_OFFSET  # same seed before and after: the same noise
     if records and "before" not in judged:
         with rl.generation_context():
             judged["before"] = judged_samples(rl.core, rl.tok, records, rl.reward_fn, cfg, seed)[1]

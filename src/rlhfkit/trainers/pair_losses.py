@@ -72,5 +72,7 @@ REFERENCE_FREE = tuple(name for name, loss in PAIR_LOSSES.items() if not loss.ne
 def pair_batch_loss(policy_logps, ref_logps, lengths, cfg, n_pairs: float):
     """(loss of k pairs divided by the number of pairs in the whole optimiser batch, metrics): the
     micro-batch losses add up to the batch's mean. Inputs as the losses above take them."""
-    losses, metrics = PAIR_LOSSES[cfg.loss_type].fn(policy_logps, ref_logps, lengths, cfg)
+    from rlhfkit.algos.registry import choose  # torch: deferred with the losses (module docstring)
+
+    losses, metrics = choose(PAIR_LOSSES, cfg.loss_type, "loss type").fn(policy_logps, ref_logps, lengths, cfg)
     return losses.sum() / n_pairs, metrics

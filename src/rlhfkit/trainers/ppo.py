@@ -11,11 +11,14 @@ One iteration, as numbered steps in `train`:
   7. log       metrics.jsonl, samples.jsonl, diagnostics
 
 Set-up, checkpoints, the held-out evaluation and the final save are the run harness's
-(runtime/run.py, trainers/rl.py); the update loop is trainers/rl_update.py.
+(runtime/run.py, trainers/rl.py); the update loop (epochs x mini-batches x micro-batches, one
+optimiser step per mini-batch) is trainers/rl_update.py `update_policy`, which calls
+`micro_batch_loss` for each micro-batch.
 """
 
 from __future__ import annotations
 
+import functools
 import time
 
 import torch
@@ -29,6 +32,7 @@ from rlhfkit.algos import (
     ppo_policy_loss,
     ppo_value_loss,
 )
+from rlhfkit.algos.registry import choose
 from rlhfkit.core.config import config_main
 from rlhfkit.core.precision import autocast
 from rlhfkit.rollout import Rollout, forward_logprobs
@@ -45,7 +49,7 @@ __all__ = ["RatioCheckError", "compute_advantages", "micro_batch_loss", "train"]
 # ----------------------------------------------------------------------------- update
 
 
-def micro_batch_loss(actor, mb: Rollout, cfg: PPOConfig, kl_coef: float, n_tokens: int, device,
+def micro_batch_loss(actor, mb: Rollout, cfg: PPOConfig, kl_coef: float, n_tokens: float, device,
                      n_seqs: float | None = None):
     """Loss of one micro-batch, normalised by the mini-batch token (or sequence) count of all
     processes (docs/pitfalls.md#loss-aggregation), and its stats as 0-d tensors (no host read)."""
@@ -61,7 +65,7 @@ def micro_batch_loss(actor, mb: Rollout, cfg: PPOConfig, kl_coef: float, n_token
     ent_term = entropy_loss(ent, mask, **agg)
     loss = pl + cfg.vf_coef * vl - cfg.ent_coef * ent_term
     if cfg.kl_penalty == "loss" and mb.ref_logprobs is not None:
-        kl = KL_ESTIMATORS[cfg.kl_loss_estimator](logp, mb.ref_logprobs.to(device))
+        kl = choose(KL_ESTIMATORS, cfg.kl_loss_estimator, "KL estimator")(logp, mb.ref_logprobs.to(device))
         loss = loss + kl_coef * aggregate_loss(kl, mask, **agg)
     ratio_dev = ((logp - old_lp).exp() - 1).abs().masked_fill(mask == 0, 0).max()
     # 0-d tensors, read on the host once per optimiser step (trainers/rl_update.py)
@@ -70,13 +74,8 @@ def micro_batch_loss(actor, mb: Rollout, cfg: PPOConfig, kl_coef: float, n_token
     return loss, stats
 
 
-def ppo_update(rl: RLRun, rollout: Rollout, cfg: PPOConfig, kl_coef: float, first_perm: torch.Tensor) -> dict[str, float]:
-    """Step 6: ppo_epochs x shuffled mini-batches x micro-batches (trainers/rl_update.py)."""
-
-    def loss_fn(mb: Rollout, n_tokens: float, n_seqs: float):
-        return micro_batch_loss(rl.model, mb, cfg, kl_coef, n_tokens, rl.run.device, n_seqs)
-
-    m = rl.update(rollout, loss_fn, cfg.ppo_epochs, cfg.mini_batch_size, first_perm)
+def update_metrics(m: dict[str, float]) -> dict[str, float]:
+    """Step 6's metrics from the update's stats averaged over optimiser steps (trainers/rl_update.py)."""
     return {**policy_update_metrics(m), "loss/value": m["loss/value"], "loss/entropy": m["loss/entropy"],
             "params/value_clip_frac": m["value_clip_frac"]}
 
@@ -94,17 +93,22 @@ def train(cfg: PPOConfig) -> dict:
     with rl.evaluating():  # held-out reward before and after
         for it in rl.run.steps():  # checkpoints when due; SIGINT/SIGTERM: checkpoint and stop
             t0 = time.time()
-            records = rl.stream.next(cfg.rollout_batch_size)
+            # 1-2. sample responses to the next prompts and score them
+            rollout = rl.sample(rl.stream.next(cfg.rollout_batch_size), it)
+            # 3. log-probs, values, reference log-probs, in the micro-batches of the first update epoch
             perm = torch.randperm(cfg.rollout_batch_size, generator=rl.generator, device=rl.generator.device)
-            rollout = rl.logprob_pass(rl.sample(records, it), perm)  # steps 1-3
-            metrics = compute_advantages(rollout, cfg, kl_ctl.value, rl.run.accelerator)  # steps 4-5
+            rollout = rl.logprob_pass(rollout, perm)
+            # 4-5. shaped rewards, GAE, whitened advantages
+            rollout, metrics = compute_advantages(rollout, cfg, kl_ctl.value, rl.run.accelerator)
             t1 = time.time()
-            metrics.update(ppo_update(rl, rollout, cfg, kl_ctl.value, perm))  # step 6
+            # 6. ppo_epochs x shuffled mini-batches x micro-batches
+            loss_fn = functools.partial(micro_batch_loss, rl.model, cfg=cfg, kl_coef=kl_ctl.value, device=rl.run.device)
+            metrics.update(update_metrics(rl.update(rollout, loss_fn, cfg.ppo_epochs, cfg.mini_batch_size, perm)))
             t2 = time.time()
-            metrics.update(rollout_metrics(rollout))
-            metrics["params/kl_coef"] = kl_ctl.value
-            kl_ctl.update(rl.mean_over_processes(metrics)["rollout/kl"], cfg.rollout_batch_size * rl.run.world)
-            rl.log(it, rollout, metrics, (t0, t1, t2))  # step 7
+            # 7. log (averaged over processes), then adapt the KL coefficient to the logged KL
+            metrics.update({**rollout_metrics(rollout), "params/kl_coef": kl_ctl.value})
+            logged = rl.log(it, rollout, metrics, (t0, t1, t2))
+            kl_ctl.update(logged["rollout/kl"], cfg.rollout_batch_size * rl.run.world)
     return rl.finish()
 
 

@@ -9,8 +9,8 @@ A trainer's loop then reads:
     with rl.evaluating():
         for it in rl.run.steps():
             rollout = rl.logprob_pass(rl.sample(rl.stream.next(n), it), order)
-            ... the method's advantages ...
-            metrics = rl.update(rollout, loss_fn, ...)
+            rollout, metrics = ... the method's advantages ...
+            stats = rl.update(rollout, functools.partial(micro_batch_loss, ...), ...)
             rl.log(it, rollout, metrics, times)
     return rl.finish()
 """
@@ -26,20 +26,31 @@ from typing import Protocol
 
 import torch
 
+from rlhfkit import envs
 from rlhfkit.core.allocator import trim_heap
 from rlhfkit.core.devices import HOST
 from rlhfkit.core.precision import autocast
+from rlhfkit.core.seeding import EVAL_SEED_OFFSET, sampling_seed
 from rlhfkit.data.chat import format_prompts
-from rlhfkit.data.prompts import info_lists
+from rlhfkit.data.prompts import info_columns, info_lists, load_prompts
+from rlhfkit.data.stream import PromptStream
 from rlhfkit.errors import UserError
 from rlhfkit.estimate.memory import check_rollout_fits
+from rlhfkit.models.loading import resolve_model_path
+from rlhfkit.rewards import check_reward_call, get_rewards
 from rlhfkit.rewards.scoring import mean_std, reward_name
 from rlhfkit.rollout import Rollout, SamplingParams, generate
-from rlhfkit.rollout.logprobs import logprob_pass as teacher_forced_pass
+from rlhfkit.rollout.backends import make_backend
+from rlhfkit.rollout.core import generate_ids
+from rlhfkit.rollout.logprobs import logprob_pass
+from rlhfkit.rollout.multiturn import generate_episodes
+from rlhfkit.rollout.prompt_fit import enforce_prompt_limit, prompt_token_limit
 from rlhfkit.rollout.score import score_rollout
+from rlhfkit.rollout.texts import sample_and_score
 from rlhfkit.runtime.batch_plan import micro_batch_of_run
 from rlhfkit.runtime.distributed import mean_over_processes
-from rlhfkit.runtime.run import Run
+from rlhfkit.runtime.optim import optimizer_for
+from rlhfkit.runtime.run import Run, actor_saver
 from rlhfkit.trainers.rl_update import LossFn, env_rates, update_policy
 
 # ----------------------------------------------------------------------------- the config contract
@@ -80,9 +91,6 @@ def env_prompts(cfg: RLConfig, make_env=None) -> str:
 
 def prepare_data(cfg: RLConfig, make_env=None) -> tuple:
     """(reward_fn, train records, held-out records). With `env` the environment rewards: reward_fn is None."""
-    from rlhfkit.data.prompts import info_columns, load_prompts
-    from rlhfkit.rewards import check_reward_call, get_rewards
-
     reward_fn = None if cfg.env else get_rewards(cfg.reward, cfg.reward_weights)
     prompts = env_prompts(cfg, make_env)
     train = load_prompts(prompts, split="train", seed=cfg.seed)
@@ -105,8 +113,6 @@ def prepare_data(cfg: RLConfig, make_env=None) -> tuple:
 def prompt_limit(cfg, tok, model, *record_sets) -> int | None:
     """The token limit of rollout prompts (SamplingArgs.max_prompt_length, else the context window
     minus max_new_tokens); longer prompts get one warning or, with prompt_overflow=error, a DataError."""
-    from rlhfkit.rollout.prompt_fit import enforce_prompt_limit, prompt_token_limit
-
     limit, how = prompt_token_limit(model, cfg.max_new_tokens, cfg.max_prompt_length)
     groups = [(format_prompts(tok, [r["prompt"] for r in records], cfg), getattr(records, "where", None))
               for records in record_sets]
@@ -167,9 +173,6 @@ def sample_episodes(actor, tok, records, cfg, params: SamplingParams, seed: int,
                     backend=None) -> Rollout:
     """One multi-turn episode per record (rollout/multiturn.py); scores = each episode's summed rewards.
     Each turn is sampled by `backend`'s `generate_ids` (HF generate or the lean loop; None: HF)."""
-    from rlhfkit.rollout.core import generate_ids
-    from rlhfkit.rollout.multiturn import generate_episodes
-
     t0 = time.perf_counter()
     with autocast(cfg.dtype, device):
         rollout = generate_episodes(actor.policy, tok, make_env, records, params, cfg.max_turns, cfg.max_total_tokens,
@@ -188,8 +191,6 @@ def sample_episodes(actor, tok, records, cfg, params: SamplingParams, seed: int,
 def evaluate_episodes(model, tok, records, make_env, cfg: RLConfig, params: SamplingParams, seed: int) -> dict:
     """evaluate_reward with an environment: mean/std of the episode rewards (accuracy for
     arithmetic-tool) and the tool-call rate, `cfg.eval_samples_per_prompt` episodes per record."""
-    from rlhfkit.rollout.multiturn import generate_episodes
-
     k = cfg.eval_samples_per_prompt
     records = [r for r in records for _ in range(k)]
     device = next(model.parameters()).device
@@ -206,8 +207,6 @@ def evaluate_episodes(model, tok, records, make_env, cfg: RLConfig, params: Samp
 def evaluate_reward(model, tok, records, reward_fn, cfg: RLConfig, params: SamplingParams, seed: int) -> dict:
     """Mean/std of the reward of sampled completions on `records` (`cfg.eval_samples_per_prompt` each,
     1 where the config has no such option: more samples per prompt make the before/after change less noisy)."""
-    from rlhfkit.rollout.texts import sample_and_score
-
     k = cfg.eval_samples_per_prompt
     records = [r for r in records for _ in range(k)]
     formatted = format_prompts(tok, [r["prompt"] for r in records], cfg)
@@ -229,18 +228,12 @@ class RLRun:
     `build_models(cfg) -> (actor, reference | None, tokenizer)`."""
 
     def __init__(self, cfg, command: str, build_models: Callable):
-        from rlhfkit.data.stream import PromptStream
-        from rlhfkit.models.loading import resolve_model_path
-        from rlhfkit.rollout.backends import make_backend
-        from rlhfkit.runtime.optim import optimizer_for
-
         self.cfg, self.run = cfg, Run(cfg, command)
         run = self.run
         # Data, reward, models and prompt lengths are checked before the run folder exists: bad input
         # stops with one line and leaves nothing behind.
         self.make_env = None
         if cfg.env:  # the env's factory takes the tokenizer (tool-call format) and names its data
-            from rlhfkit import envs
 
             actor, self.reference, self.tok = build_models(cfg)
             self.make_env = envs.make_env_factory(cfg.env, self.tok)
@@ -277,8 +270,6 @@ class RLRun:
     def sample(self, records: list[dict], iteration: int, draw: int = 0) -> Rollout:
         """Sampled responses, scored by the reward; no log-probs yet. `draw` > 0: a further draw in
         the same iteration (GRPO's dynamic sampling) with a seed of its own."""
-        from rlhfkit.core.seeding import sampling_seed
-
         self.iteration = iteration
         seed = sampling_seed(self.cfg.seed, self.run.rank, iteration) + draw * 104_729
         with self.run.tracker.phase("rollout", None), self.generation_context():
@@ -293,11 +284,9 @@ class RLRun:
         the update's first micro-batch repeats it exactly and its ratio is 1)."""
         t0 = time.perf_counter()
         with self.run.tracker.phase("log-probs", None), autocast(self.cfg.dtype, self.run.device):
-            teacher_forced_pass(self.core, self.reference, rollout, self.cfg.temperature, self.micro_batch_size,
-                          order, keep_trunk_mb=self.cfg.trunk_cache_mb,
-                          chunk_budget=self.cfg.cpu_chunk_positions)
-        rollout.timings["timing/logprobs_s"] = time.perf_counter() - t0
-        return rollout
+            rollout = logprob_pass(self.core, self.reference, rollout, self.cfg.temperature, self.micro_batch_size,
+                                   order, keep_trunk_mb=self.cfg.trunk_cache_mb, chunk_budget=self.cfg.cpu_chunk_positions)
+        return dataclasses.replace(rollout, timings={**rollout.timings, "timing/logprobs_s": time.perf_counter() - t0})
 
     def update(self, rollout: Rollout, loss_fn: LossFn, epochs: int, mini_batch_size: int,
                first_perm: torch.Tensor, group_size: int = 1) -> dict[str, float]:
@@ -312,21 +301,18 @@ class RLRun:
                                  first_perm=first_perm, guard=run.guard, where=f"iteration {self.iteration}, ",
                                  group_size=group_size, chunk_budget=cfg.cpu_chunk_positions)
 
-    def mean_over_processes(self, metrics: dict[str, float]) -> dict[str, float]:
-        """Metrics averaged over processes (each process has its own rollout)."""
-        return mean_over_processes(self.run.accelerator, metrics)
-
     def log(self, iteration: int, rollout: Rollout, metrics: dict[str, float], times: tuple[float, float, float],
-            extra_sample_fields: dict[str, list] | None = None) -> None:
-        """Add lr/timing/throughput to `metrics`, log them (averaged over processes; throughput
-        summed) and a few samples of the main process's rollout."""
+            extra_sample_fields: dict[str, list] | None = None) -> dict[str, float]:
+        """Add lr/timing/throughput to `metrics`, log them (averaged over processes, the one place
+        they are: each process has its own rollout; throughput summed) and a few samples of the
+        main process's rollout. Returns the metrics as logged."""
         t0, t1, t2 = times
         run = self.run
         metrics.update({"params/lr": run.scheduler.get_last_lr()[0], "params/max_grad_norm": self.cfg.max_grad_norm,
                         "timing/rollout_s": t1 - t0, "timing/update_s": t2 - t1,
                         "throughput/tokens_per_s": rollout.response_mask.sum().item() / max(t2 - t0, 1e-9)})
         metrics.update({f"reward/{name}": sum(v) / max(len(v), 1) for name, v in rollout.reward_parts.items()})
-        metrics = self.mean_over_processes(metrics)
+        metrics = mean_over_processes(run.accelerator, metrics)
         metrics["throughput/tokens_per_s"] *= run.world
         run.log(iteration, metrics)
         per_seq = (rollout.rewards * rollout.response_mask).sum(1)
@@ -335,6 +321,7 @@ class RLRun:
                  "score": float(rollout.scores[i]), "reward": float(per_seq[i]), **{k: v[i] for k, v in extra.items()}}
                 for i in range(min(self.cfg.log_samples, len(rollout.completions)))]
         run.tracker.log_samples(iteration, rows)
+        return metrics
 
     # ---- before and after -----------------------------------------------------------------
     @contextlib.contextmanager
@@ -345,7 +332,7 @@ class RLRun:
             yield
             return
         cfg, run = self.cfg, self.run
-        seed = cfg.seed + 424242
+        seed = cfg.seed + EVAL_SEED_OFFSET
 
         def evaluate() -> dict:
             with self.generation_context():
@@ -378,16 +365,4 @@ class RLRun:
     def finish(self) -> dict:
         """RUN/final: the policy (adapter or full weights), value head, tokenizer; merged weights on
         request (not when sharded: the adapter merges with `peft` after training)."""
-        from rlhfkit.models.policy import save_actor
-
-        cfg = self.cfg
-
-        def save(folder, state):
-            save_actor(self.core, self.tok, folder, state_dict=state)
-            if cfg.save_merged and cfg.lora and state is None:
-                save_actor(self.core, self.tok, folder / "merged", merge=True)
-            elif cfg.save_merged and cfg.lora:
-                self.run.print("[save] save_merged skipped: the weights are sharded (FSDP/ZeRO-3); the adapter "
-                               "in final/ merges with `peft` after training")
-
-        return self.run.finish(save)
+        return self.run.finish(actor_saver(self.run, self.core, self.tok))

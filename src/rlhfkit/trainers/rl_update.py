@@ -8,6 +8,7 @@ its loss for one micro-batch.
 
 from __future__ import annotations
 
+import functools
 from collections import defaultdict
 from collections.abc import Callable
 
@@ -21,7 +22,7 @@ from rlhfkit.runtime.accumulate import accumulate
 from rlhfkit.runtime.distributed import max_over_processes, sum_over_processes
 from rlhfkit.runtime.faults import NonFiniteGuard, guarded_step
 
-# loss_fn(micro_batch, global token count, global sequence count) -> (loss, stats). Stats named
+# loss_fn(micro_batch, n_tokens=global token count, n_seqs=global sequence count) -> (loss, stats). Stats named
 # "loss/..." are already normalised by the global counts (they add up over micro-batches); the
 # others are token means of this micro-batch and must include "ratio_dev" = max |ratio - 1|. Stats
 # are 0-d tensors (or floats), read on the host once per optimiser step (`read_on_host`).
@@ -121,8 +122,10 @@ def update_policy(model, optimizer, scheduler, accelerator, rollout: Rollout, lo
             chunks = micro_batch_chunks(mini, micro_batch_size, rollout, device, chunk_budget)
             micro = [rows_of(rollout, rows, m) for rows, m in chunks]
             shares = [mb.response_mask.sum().item() / n_tok for mb in micro]  # of the mini-batch's tokens
-            stats = read_on_host(accumulate_gradients(model, accelerator, [mb.to(device) for mb in micro], loss_fn,
-                                                      n_tok, n_seq))
+            # forward and backward of each micro-batch, no host synchronisation in between (no .item(),
+            # no Python branch on a device value): the device runs ahead of Python; one host read after
+            stats = read_on_host(accumulate(accelerator, model, [mb.to(device) for mb in micro],
+                                            functools.partial(loss_fn, n_tokens=n_tok, n_seqs=n_seq)))
             if first_dev is None:  # the largest of all processes, so they all raise or none does
                 first_dev = max_over_processes(accelerator, stats[0]["ratio_dev"])
                 check_first_ratio(first_dev, ratio_check_tol)
@@ -143,15 +146,6 @@ def update_policy(model, optimizer, scheduler, accelerator, rollout: Rollout, lo
     out["ratio_first_microbatch_maxdev"] = float(first_dev)
     out["skipped_steps"] = float(skipped)
     return out
-
-
-def accumulate_gradients(model, accelerator, micro: list[Rollout], loss_fn: LossFn, n_tok: float,
-                         n_seq: float) -> list[dict[str, torch.Tensor | float]]:
-    """The micro-batch loop of one optimiser step (`runtime/accumulate.accumulate`), with no host
-    synchronisation in it (no .item(), no Python branch on a device value), so the device runs
-    ahead of Python. Returns each micro-batch's stats as `loss_fn` gave them (0-d tensors) plus its
-    "loss", for `read_on_host` after the loop."""
-    return accumulate(accelerator, model, micro, lambda mb: loss_fn(mb, n_tok, n_seq))
 
 
 def read_on_host(stats: list[dict[str, torch.Tensor | float]]) -> list[dict[str, float]]:

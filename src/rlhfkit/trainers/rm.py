@@ -26,8 +26,9 @@ from rlhfkit.core.devices import HOST
 from rlhfkit.core.precision import autocast
 from rlhfkit.data.prefs import resolve_prefs
 from rlhfkit.runtime.accumulate import accumulate, add_up
+from rlhfkit.runtime.optim import optimizer_step
 from rlhfkit.runtime.run import closes_its_runs
-from rlhfkit.trainers.offline import OfflineRun, optimizer_step
+from rlhfkit.trainers.offline import OfflineRun
 from rlhfkit.trainers.rm_config import RMConfig
 
 __all__ = ["RMConfig", "build_reward_model", "pair_loss", "evaluate_pairs", "rm_step", "train"]
@@ -128,7 +129,7 @@ def evaluate_pairs(model, tok, pairs: list[dict], info: dict, cfg: RMConfig, dev
 def rm_step(model, optimizer, scheduler, accelerator, tok, batch: list[dict], info: dict, cfg: RMConfig,
             share: float, *, guard=None, where: str = "") -> dict:
     """Steps 2-4 on this process's pairs; `share` = len(batch) / global batch size. A non-finite loss
-    or gradient norm skips the optimiser step (trainers/offline.py `optimizer_step`)."""
+    or gradient norm skips the optimiser step (runtime/optim.py `optimizer_step`)."""
 
     def loss_fn(mb: list[dict]) -> tuple[torch.Tensor, dict[str, float]]:
         loss, m = pair_loss(model, tok, mb, info, cfg, accelerator.device)

@@ -33,8 +33,9 @@ from rlhfkit.errors import UserError
 from rlhfkit.models.response_nll import ResponseNLL, mean_nll
 from rlhfkit.rollout.logprobs import chunk_positions
 from rlhfkit.runtime.accumulate import accumulate, add_up
+from rlhfkit.runtime.optim import optimizer_step
 from rlhfkit.runtime.run import closes_its_runs
-from rlhfkit.trainers.offline import OfflineRun, optimizer_step
+from rlhfkit.trainers.offline import OfflineRun
 from rlhfkit.trainers.sft_config import SFTConfig
 
 __all__ = ["ResponseNLL", "SFTConfig", "mean_nll", "sft_step", "train"]
@@ -82,7 +83,7 @@ def example_chunks(micro: list[dict], device, budget: int) -> list[tuple[list[di
 def sft_step(module, optimizer, scheduler, accelerator, batch: list[dict], pad_id: int, cfg: SFTConfig, *,
              guard=None, where: str = "") -> dict:
     """Steps 2-5 for one mini-batch (this process's share); returns loss and grad norm. A non-finite
-    loss or gradient norm skips the optimiser step (trainers/offline.py `optimizer_step`)."""
+    loss or gradient norm skips the optimiser step (runtime/optim.py `optimizer_step`)."""
     device = accelerator.device
     n_tok = accelerator.reduce(torch.tensor(sum(sum(x != IGNORE_INDEX for x in e["labels"][1:]) for e in batch),
                                             device=device, dtype=torch.float32), "sum").item()

@@ -233,7 +233,7 @@ def train(cfg: TRPOConfig) -> dict:
             t0 = time.time()
             records = rl.stream.next(cfg.rollout_batch_size)
             rollout = rl.logprob_pass(rl.sample(records, it), torch.arange(cfg.rollout_batch_size, device=HOST))  # steps 1-3
-            metrics = compute_advantages(rollout, cfg, kl_ctl.value)  # step 4
+            rollout, metrics = compute_advantages(rollout, cfg, kl_ctl.value)  # step 4
             t1 = time.time()
             with rl.run.tracker.phase("update", None):
                 step = policy_step(rl.model, policy_params, rollout, cfg, rl.run.device, rl.generator)  # step 5
@@ -245,8 +245,8 @@ def train(cfg: TRPOConfig) -> dict:
                             "params/ratio_first_microbatch_maxdev": step["ratio_first_microbatch_maxdev"],
                             "params/kl_coef": kl_ctl.value})
             metrics.update(rollout_metrics(rollout))
-            kl_ctl.update(metrics["rollout/kl"], cfg.rollout_batch_size)
-            rl.log(it, rollout, metrics, (t0, t1, t2))  # step 7
+            logged = rl.log(it, rollout, metrics, (t0, t1, t2))  # step 7
+            kl_ctl.update(logged["rollout/kl"], cfg.rollout_batch_size)
     return rl.finish()
 
 

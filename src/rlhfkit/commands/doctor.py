@@ -6,9 +6,11 @@ import argparse
 import json
 from pathlib import Path
 
+from rlhfkit.commands.runs import config_defaults
 from rlhfkit.core.argv import OptionsHelpFormatter, RawDescriptionOptionsHelpFormatter, parse_command_line
 from rlhfkit.diagnostics.findings import SEVERITIES, Finding, severity_rank, summarize
 from rlhfkit.diagnostics.monitor import diagnose
+from rlhfkit.diagnostics.report import build_report, png_note
 from rlhfkit.diagnostics.rules import RULES
 from rlhfkit.diagnostics.rundir import load_run
 from rlhfkit.diagnostics.thresholds import Thresholds
@@ -191,10 +193,8 @@ def report_main(argv: list[str]) -> int:
     runs = [load_run(d) for d in args.run_dirs]
     first = Path(args.run_dirs[0])
     out = Path(args.out) if args.out else (first if first.is_dir() else first.parent) / "report"
-    from rlhfkit.diagnostics.report import build_report, png_note
-
     path = build_report(runs, out, iterations=_parse_iterations(args.iterations),
                         samples_per_iteration=args.samples, png=not args.no_png, thresholds=thresholds,
-                        title=args.title)
+                        title=args.title, config_defaults=config_defaults)
     print(f"wrote {path}" + ("" if args.no_png else png_note(path)))
     return 0

@@ -1,4 +1,5 @@
-"""One-step-off-policy rollouts for the GRPO family (`one_step_off_policy`, docs/algorithms.md).
+"""One-step-off-policy rollouts for the GRPO family (`one_step_off_policy`, docs/algorithms.md): the
+rollout source "one-step-off-policy" of trainers/grpo_sources.py.
 
 Iteration n trains on batch n while a background thread samples batch n+1 with a copy of the
 policy as it was before update n (the sampler). After update n the thread is joined and the
@@ -32,11 +33,16 @@ import time
 import torch
 
 from rlhfkit.core.precision import autocast
+from rlhfkit.core.seeding import sampling_seed
 from rlhfkit.data.chat import format_prompts
+from rlhfkit.data.prompts import info_lists
 from rlhfkit.errors import UserError
 from rlhfkit.rollout.core import Rollout, generate
+from rlhfkit.rollout.decode import lean_generate
 from rlhfkit.rollout.logprobs import logprob_pass
 from rlhfkit.rollout.sampling import thread_generator
+from rlhfkit.rollout.score import score_rollout
+from rlhfkit.runtime.checkpointer import _sharded
 
 
 def sampler_copy(core: torch.nn.Module) -> torch.nn.Module:
@@ -78,8 +84,6 @@ def sample_stale(sampler, tok, records: list[dict], cfg, params, seed: int, devi
     """(tokens sampled by `sampler` (its own generator, seeded with `seed`) with its own log-probs
     of them (a teacher-forced pass at the sampling temperature, NaN on padding), not scored;
     seconds of that pass). `micro_batch_size`: the run's (trainers/rl.py RLRun; None: the config's)."""
-    from rlhfkit.rollout.decode import lean_generate
-
     t0 = time.perf_counter()
     formatted = format_prompts(tok, [r["prompt"] for r in records], cfg)
     gen = torch.Generator(device=device).manual_seed(seed)
@@ -89,8 +93,8 @@ def sample_stale(sampler, tok, records: list[dict], cfg, params, seed: int, devi
             share_prompts=sampler.share_prompts, share_prefix=sampler.share_prefix)
     t1 = time.perf_counter()
     with autocast(cfg.dtype, device):
-        logprob_pass(sampler, None, rollout, cfg.temperature, micro_batch_size or cfg.micro_batch_size,
-                     chunk_budget=cfg.cpu_chunk_positions)
+        rollout = logprob_pass(sampler, None, rollout, cfg.temperature, micro_batch_size or cfg.micro_batch_size,
+                               chunk_budget=cfg.cpu_chunk_positions)
     rollout.sampler_logprobs = rollout.logprobs.masked_fill(rollout.response_mask == 0, float("nan"))
     rollout.logprobs = rollout.entropy = rollout.values = rollout.trunk = None  # the trainer's pass fills them
     rollout.timings = {"timing/generate_s": t1 - t0}
@@ -98,16 +102,14 @@ def sample_stale(sampler, tok, records: list[dict], cfg, params, seed: int, devi
 
 
 class OneStepOffPolicy:
-    """The prefetching sampler of an RLRun (trainers/rl.py). Per iteration: `batch(it)` returns the
-    scored batch to train on and starts sampling the next one; `after_update()` waits for it and
-    syncs the sampler. A context manager: leaving it waits for (and discards) a batch in flight.
-    Registered with the checkpointer (state_dict / load_state_dict)."""
+    """The prefetching sampler of an RLRun (trainers/rl.py), a rollout source (trainers/grpo_sources.py).
+    Per iteration: `draw(it)` returns the scored batch to train on and starts sampling the next one;
+    `after_update()` waits for it and syncs the sampler. A context manager: leaving it waits for (and
+    discards) a batch in flight. Registered with the checkpointer (state_dict / load_state_dict)."""
 
     threaded = True  # False: the sequential reference, batch n+1 sampled before update n in this thread
 
     def __init__(self, rl, cfg):
-        from rlhfkit.runtime.checkpointer import _sharded
-
         if _sharded(rl.run.accelerator, rl.run.model):
             raise UserError("one_step_off_policy: not supported under FSDP/DeepSpeed (the sampler needs whole "
                             "weights); use DDP or one process")
@@ -126,12 +128,18 @@ class OneStepOffPolicy:
                      f"({len(self.names)} trainable tensors synced after each update)")
 
     # ---- the loop -------------------------------------------------------------------------
+    def checkpointed(self) -> dict:
+        """What the checkpointer saves and restores of this source, by name."""
+        return {"one_step_off_policy": self}
+
+    def draw(self, it: int, round: int = 0) -> tuple[Rollout, list[dict]]:
+        """The rollout source's draw: `batch(it)` (one round only: the config refuses dynamic sampling)."""
+        return self.batch(it)
+
     def batch(self, it: int) -> tuple[Rollout, list[dict]]:
         """(the batch iteration `it` trains on, scored, its records): the prefetched one (sampled one
         update ago, with sampler log-probs) or, with none, one sampled on-policy now. Then starts
         sampling batch it+1."""
-        from rlhfkit.rollout.score import score_rollout
-
         rl, cfg = self.rl, self.cfg
 
         def records() -> list[dict]:  # the next prompts_per_iteration prompts, each G times in a row
@@ -156,9 +164,6 @@ class OneStepOffPolicy:
 
     def start(self, records: list[dict], it: int) -> None:
         """Sample batch `it` of `records` with the sampler: in the thread, or now (threaded = False)."""
-        from rlhfkit.core.seeding import sampling_seed
-        from rlhfkit.data.prompts import info_lists
-
         rl, cfg = self.rl, self.cfg
         seed = sampling_seed(cfg.seed, rl.run.rank, it)
         lean = getattr(rl.backend, "name", "hf") == "lean"
@@ -177,17 +182,18 @@ class OneStepOffPolicy:
         else:
             self.prefetched = job()
 
-    def after_update(self) -> tuple[int, float, float]:
+    def after_update(self) -> dict[str, float]:
         """Wait for the batch in flight, then copy the updated trainable weights to the sampler.
-        Returns (updates between the weights that sampled the current batch and the trainer's: 0
-        or 1, seconds the trainer waited for the thread, seconds of the sampler's log-prob pass over
-        the current batch)."""
+        Returns rollout/policy_lag (updates between the weights that sampled the current batch and
+        the trainer's: 0 or 1), timing/sampler_wait_s (seconds the trainer waited for the thread) and
+        timing/sampler_logprobs_s (seconds of the sampler's log-prob pass over the current batch)."""
         t0 = time.perf_counter()
         if self.future is not None:
             self.prefetched, self.future = self.future.result(), None
         wait = time.perf_counter() - t0
         sync_weights(self.sampler, self.rl.core, self.names)
-        return int(self.stale), wait, self.sampler_pass_s
+        return {"rollout/policy_lag": float(self.stale), "timing/sampler_wait_s": wait,
+                "timing/sampler_logprobs_s": self.sampler_pass_s}
 
     # ---- checkpoints and shutdown -----------------------------------------------------------
     def state_dict(self) -> dict:

@@ -1,0 +1,66 @@
+"""Where the GRPO family's rollouts come from (step 1 of trainers/grpo.py): rollout sources, registered
+by name. A source is built once per run, `source_cls(rl, cfg)`, and is a context manager around the
+training loop; per iteration the loop calls `draw(it, round)` (once, or once per round of dynamic
+sampling) and, after the update, `after_update()`.
+
+    draw(it, round) -> (rollout, records)
+        rollout: `cfg.rollout_batch_size` rows (per process), `cfg.prompts_per_iteration` groups of
+        `cfg.group_size` consecutive rows that answer one prompt each; scored (`scores` (B,), and
+        `reward_parts`, `info`, `prompts`, `completions`, `timings`), tokens left-padded prompts
+        `query_ids`/`query_mask` (B, P) and right-padded `response_ids`/`response_mask` (B, R);
+        `sampler_logprobs` (B, R) when the tokens were not sampled by the policy as it is now (NaN
+        where unknown), else None. No log-probs: the trainer's pass computes them.
+        records: the B prompt records (dicts with "prompt" and the reward's columns), in row order.
+    after_update() -> metrics (floats, averaged over processes with the iteration's others)
+    checkpointed() -> {name: object with state_dict / load_state_dict} saved with each checkpoint
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Protocol
+
+from rlhfkit.rollout import Rollout
+from rlhfkit.trainers.offpolicy import OneStepOffPolicy
+
+
+class RolloutSource(Protocol):
+    def draw(self, it: int, round: int) -> tuple[Rollout, list[dict]]: ...
+
+    def after_update(self) -> dict[str, float]: ...
+
+    def checkpointed(self) -> dict: ...
+
+    def __enter__(self) -> RolloutSource: ...
+
+    def __exit__(self, *exc) -> None: ...
+
+
+class OnPolicy(contextlib.AbstractContextManager):
+    """The policy samples each batch itself, now (HF generate, or the run's generation backend)."""
+
+    def __init__(self, rl, cfg):
+        self.rl, self.cfg = rl, cfg
+
+    def draw(self, it: int, round: int = 0) -> tuple[Rollout, list[dict]]:
+        """The next prompts_per_iteration prompts, each G times in a row, sampled with round's seed."""
+        records = [rec for rec in self.rl.stream.next(self.cfg.prompts_per_iteration) for _ in range(self.cfg.group_size)]
+        return self.rl.sample(records, it, round), records
+
+    def after_update(self) -> dict[str, float]:
+        return {}
+
+    def checkpointed(self) -> dict:
+        return {}
+
+    def __exit__(self, *exc) -> None:
+        return None
+
+
+# name -> source class; `rollout_source(cfg)` names the run's
+ROLLOUT_SOURCES: dict[str, type] = {"on-policy": OnPolicy, "one-step-off-policy": OneStepOffPolicy}
+
+
+def rollout_source(cfg) -> str:
+    """The run's rollout source: one-step-off-policy with `one_step_off_policy`, else on-policy."""
+    return "one-step-off-policy" if cfg.one_step_off_policy else "on-policy"
