@@ -106,8 +106,23 @@ def healthy_sft(n: int = 30, seed: int = 4) -> list[Row]:
     return rows
 
 
+def healthy_distill(n: int = 30, seed: int = 5) -> list[Row]:
+    """On-policy distillation: the reverse KL to the teacher falls, the student's entropy stays."""
+    rng = random.Random(seed)
+    rows = []
+    for i in range(n):
+        f = i / max(n - 1, 1)
+        rows.append({"iteration": i, "distill/reverse_kl": 0.4 - 0.25 * f + rng.gauss(0, 0.02),
+                     "loss/distill": 0.4 - 0.25 * f + rng.gauss(0, 0.02), "rollout/on_policy": 1.0,
+                     "rollout/entropy": 1.5 - 0.3 * f + rng.gauss(0, 0.03), "rollout/score_mean": 0.1 + 0.3 * f,
+                     "rollout/response_length": 10 + rng.gauss(0, 0.3), "params/grad_norm": 0.5 + rng.gauss(0, 0.05),
+                     "params/max_grad_norm": 1.0, "params/lr": 3e-4})
+    return rows
+
+
 HEALTHY: dict[str, Callable[[], list[Row]]] = {
     "ppo": healthy_ppo, "grpo": healthy_grpo, "dpo": healthy_dpo, "rm": healthy_rm, "sft": healthy_sft,
+    "distill": healthy_distill,
 }
 
 

@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 from diag_synthetic import (
     HEALTHY,
+    healthy_distill,
     healthy_dpo,
     healthy_grpo,
     healthy_ppo,
@@ -137,6 +138,14 @@ CASES = [
          with_values(healthy_rm(40), "rm/accuracy", lambda i, o: 0.45 + 0.01 * (i % 3)), "warning", 29,
          [25, 26, 27, 28, 29]),
     Case("sft-overfit", "eval_loss_rising", _sft_overfit(), "warning", 19, [9, 19]),
+    # the reverse KL to the teacher jumps from ~0.37 to 0.9 at iteration 10: the mean of 9-11 (one normal
+    # value) is 0.71 < 2 x 0.37, the mean of 10-12 is 0.9
+    Case("teacher-kl", "teacher_divergence_rising",
+         with_values(healthy_distill(), "distill/reverse_kl", _const(0.9), start=10), "warning", 12,
+         [0, 1, 2, 10, 11, 12]),
+    Case("student-entropy", "entropy_collapse",
+         with_values(healthy_distill(), "rollout/entropy", _const(0.1), start=12), "warning", 14,
+         [0, 1, 2, 12, 13, 14]),
 ]
 
 

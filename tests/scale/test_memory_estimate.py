@@ -406,3 +406,22 @@ def test_the_micro_batch_that_fits_a_gpu_by_hand(capsys):
         in capsys.readouterr().out
     assert main(["model=smollm2-135m", "gpu_memory_gib=80", "device=cpu"]) == 0
     assert "fits" not in capsys.readouterr().out
+
+
+def test_the_teacher_is_counted_like_a_frozen_reference_copy():
+    """method=distill: the teacher's linear layers in b_c, embeddings and norms in fp32 (2 + 2 bytes
+    here: bf16), on top of the LoRA policy; grpo counts one only when given; jsd keeps logits."""
+    kept = 49152 * 576 + (2 * 30 + 1) * 576  # tied embeddings and the norms
+    args = {"model": "smollm2-135m", "micro_batch_size": 4, "prompt_length": 32, "max_new_tokens": 16}
+    distill = estimate(build_config(MemoryArgs, {**args, "method": "distill"}))
+    assert distill["teacher"] == (134_515_008 - kept) * 2 + kept * 4
+    assert distill["teacher logits"] == 0  # reverse-kl reads one log-prob per token
+    grpo = estimate(build_config(MemoryArgs, {**args, "method": "grpo"}))
+    assert grpo["teacher"] == 0
+    assert estimate(build_config(MemoryArgs, {**args, "method": "grpo", "teacher": "smollm2-135m"}))["teacher"] \
+        == distill["teacher"]
+    jsd = estimate(build_config(MemoryArgs, {**args, "method": "distill", "distill_loss": "jsd"}))
+    assert jsd["teacher logits"] == 4 * 16 * 49152 * 12 and jsd["logits"] == 4 * 16 * 49152 * 16
+    top = estimate(build_config(MemoryArgs, {**args, "method": "distill", "distill_loss": "jsd", "distill_topk": 64}))
+    assert top["teacher logits"] == 4 * 16 * 64 * 12
+    assert jsd["training phase"] - distill["training phase"] == jsd["teacher logits"] + 4 * 16 * 49152 * 8

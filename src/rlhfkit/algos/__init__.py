@@ -13,6 +13,8 @@ Notation used in every docstring: B batch, T response length, V vocab, G group s
 - policy_gradient: clipped_policy_loss (token / GSPO sequence / GSPO-token ratio), truncated_is_weights,
               overlong_penalty (DAPO), reward_to_go (REINFORCE++), remax_advantages
 - preference: simpo_loss, orpo_loss, kto_loss, kto_reference_point
+- distill:    reverse_kl_loss (on-policy distillation), generalized_jsd / jsd_loss (GKD), teacher_topk,
+              topk_logprobs
 - trpo:       surrogate_advantage, token_kl, fisher_vector_product, conjugate_gradient, scale_step,
               backtracking_line_search, trpo_step (+ flat-parameter helpers)
 """
@@ -24,6 +26,7 @@ from .advantages import (
     group_advantages,
     leave_one_out_advantages,
 )
+from .distill import generalized_jsd, jsd_loss, reverse_kl_loss, teacher_topk, topk_logprobs
 from .head import head_logprobs
 from .kl import (
     KL_ESTIMATORS,
@@ -126,6 +129,12 @@ __all__ = [
     "kto_loss",
     "kto_reference_point",
     "log1mexp",
+    # distillation
+    "reverse_kl_loss",
+    "generalized_jsd",
+    "jsd_loss",
+    "teacher_topk",
+    "topk_logprobs",
     # TRPO
     "surrogate_advantage",
     "token_kl",

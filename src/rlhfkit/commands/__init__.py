@@ -53,6 +53,8 @@ COMMANDS: MappingProxyType[str, Command] = MappingProxyType({
                      "dapo_main"),
     "reinforce_pp": _trainer("grpo", "grpo_config:ReinforcePPConfig",
                              "REINFORCE++: KL in the reward, batch-normalised returns", "reinforce_pp_main"),
+    "distill": _trainer("distill", "distill_config:DistillConfig",
+                        "distillation: on-policy reverse KL or GKD's JSD to a teacher (teacher=MODEL)"),
     "prefs": Command("rlhfkit.commands.prefs:main", "build preference data offline (`prefs make`)",
                      "rlhfkit.commands.prefs:PrefsConfig", "rlhfkit.commands.prefs:make_preferences"),
     "eval": Command("rlhfkit.commands.evaluate:main", "evaluate a model on a prompt set",

@@ -26,7 +26,7 @@ PROG = "rlhfkit estimate-memory"
 # by default; prompt_length (the data's) and the device options stay the estimate's own.
 TRAINER_OPTIONS = ("lora", "lora_r", "lora_layers", "lora_dropout", "gradient_checkpointing", "cpu_chunk_positions",
                    "micro_batch_size", "max_new_tokens", "generation_batch_size", "rollout_batch_size",
-                   "mini_batch_size", "group_size", "fvp_fraction")
+                   "mini_batch_size", "group_size", "fvp_fraction", "distill_topk")
 
 def render(args: MemoryArgs, est: dict[str, float]) -> str:
     """A Markdown table of the estimate in GiB."""
@@ -34,10 +34,11 @@ def render(args: MemoryArgs, est: dict[str, float]) -> str:
             f"({'LoRA r=' + str(args.lora_r) if args.lora else 'full fine-tuning'}, {args.dtype}, {args.method}, "
             f"{args.num_devices} {args.device} device(s), sharding={args.sharding})")
     rows = [f"| {k} | {est[k] / GIB:.3f} | {est[k] / 1e9:.3f} |"
-            for k in ("process baseline", "policy weights", "gradients", "optimiser", "reference", "value head",
-                      "KV cache", "generation gather", "merged LoRA", "activations", "logits", "heap retention",
-                      "old logits", "Fisher graphs", "Fisher product", "generation phase", "training phase", "peak")
-            if est[k] or k not in ("old logits", "Fisher graphs", "Fisher product")]
+            for k in ("process baseline", "policy weights", "gradients", "optimiser", "reference", "teacher",
+                      "value head", "KV cache", "generation gather", "merged LoRA", "activations", "logits",
+                      "teacher logits", "heap retention", "old logits", "Fisher graphs", "Fisher product",
+                      "generation phase", "training phase", "peak")
+            if est[k] or k not in ("old logits", "Fisher graphs", "Fisher product", "teacher", "teacher logits")]
     return "\n".join([head, "", "| component | GiB per device | GB |", "| --- | ---: | ---: |", *rows])
 
 

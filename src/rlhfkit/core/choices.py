@@ -27,6 +27,8 @@ IMPORTANCE_LEVELS = ("token", "sequence", "sequence-token")  # ratio and clip pe
 LOSS_AGGREGATIONS = ("token-mean", "seq-mean", "constant")  # algos/losses.aggregate_loss
 PPO_LOSS_AGGREGATIONS = LOSS_AGGREGATIONS[:2]  # PPO: no constant divisor
 TRPO_FVP_MODES = ("gauss-newton", "double-backward")  # TRPO's Fisher-vector product
+DISTILL_LOSSES = ("reverse-kl", "jsd")  # distillation losses (algos/distill.py)
+DISTILL_OFF_POLICY_DATA = ("teacher", "dataset")  # where distillation's off-policy sequences come from
 
 # reward models
 RM_NORMALIZATIONS = ("none", "center", "standardize")

@@ -85,6 +85,19 @@ METRICS: dict[str, str] = {
     "k3 KL to the reference with kl_penalty=loss); GRPO/RLOO: loss/policy + beta * loss/kl.",
     "loss/kl": "GRPO/RLOO: k3 KL estimate to the reference, aggregated over tokens like the policy loss "
     "(beta > 0 only).",
+    "loss/distill": "distill: the distillation loss minimised, averaged over the iteration's optimiser steps. "
+    "loss=reverse-kl: the token mean of (log p_student - log p_teacher) x ratio on the student's samples (its value "
+    "on-policy is the k1 estimate of the per-token reverse KL); loss=jsd: the token mean of GKD's JSD_beta. "
+    "GRPO with distill_coef: the same term, added to the loss times distill_coef.",
+    "distill/reverse_kl": "distill (on-policy iterations) and GRPO with distill_coef: token mean of the k1 "
+    "estimate log p_student(y) - log p_teacher(y) over the student's sampled tokens y, from the scoring pass "
+    "before the update (nats per token); falls as the student approaches its teacher, negative only by sampling "
+    "noise.",
+    "distill/jsd": "distill with loss=jsd: token mean of GKD's generalised JSD_beta between the student's and the "
+    "teacher's next-token distributions (over the teacher's top distill_topk tokens when set), during the update "
+    "(nats per token).",
+    "rollout/on_policy": "distill: 1 when the student sampled this iteration's sequences (probability lmbda), 0 "
+    "when they came from off_policy_data (the teacher's samples or the dataset's completions).",
     # ---- update statistics
     "params/policy_clip_frac": "Fraction of response tokens where the clipped surrogate term is strictly greater "
     "(>) than the unclipped one, i.e. the clip is active and changes the loss (A > 0 and ratio > 1 + eps, or "

@@ -134,6 +134,15 @@ class Thresholds:
     entropy_critical_frac: float = 0.05
     """Below 5% of the start: collapsed; further updates only sharpen one answer."""
 
+    # ---- distillation ----------------------------------------------------------------------
+    teacher_kl_rise_factor: float = 2.0
+    """distill/reverse_kl (or distill/jsd) recently above twice its starting level: distillation
+    lowers the divergence to the teacher, so a doubling means the updates push the student away
+    (too large a learning rate, or a teacher that does not share the tokenizer or template)."""
+    teacher_kl_floor: float = 0.05
+    """Nats per token below which a rise is not reported: a student close to its teacher has a
+    small, noisy k1 estimate (it can be negative per batch) whose doubling means nothing."""
+
     # ---- reward ----------------------------------------------------------------------------
     reward_flat_window: int = 25
     """Iterations with no reward movement before "flat" is reported. The reward may not rise for

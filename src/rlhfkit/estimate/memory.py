@@ -10,6 +10,12 @@ b_c = bytes of the compute dtype (2 for bf16, 4 for fp32), N devices.
   optimiser        T * 8 (AdamW: two fp32 moments)
   reference        LoRA: 0 (the adapter-disabled policy)   full: linear layers * b_c + the rest * 4
                    (embeddings, norms, head stay fp32)   offloaded: 0 (CPU memory)
+  teacher          method=distill (or grpo with a teacher): the frozen teacher, counted as a full
+                   fine-tuning reference of the teacher's shape (linear layers * b_c + the rest * 4)
+  teacher logits   distill_loss=jsd: the teacher's logits of a micro-batch, m * R * V * 12 (float32
+                   logits, log-softmax, probabilities), or with distill_topk K: m * R * K * 12 (kept values,
+                   int64 indices); the student's full logits then take m * R * V * 16 instead of the fused
+                   head's 8 (logits, log-softmax, probabilities, gradient)
   value head       (H + 1) * 16 (weights, gradient, two moments, fp32); PPO only
   KV cache         2 * L * kv * d * generation_batch * (prompt + new tokens) * b_c
   generation gather  sharding=zero3 only: P * b_c, the full policy gathered while it samples (DeepSpeed
@@ -73,10 +79,10 @@ PROCESS_BASELINE = 0.41e9
 # rollout/logprobs.py CHUNK_POSITIONS (tests/scale/test_memory_estimate.py keeps the two equal; this
 # module does not import torch).
 CHUNK_POSITIONS = 640
-CHUNKED_METHODS = ("ppo", "trpo", "grpo", "dpo", "sft")
+CHUNKED_METHODS = ("ppo", "trpo", "grpo", "dpo", "sft", "distill")
 TRPO_FLAT_VECTORS = 7  # algos/trpo.py: CG's x, r, p, A p; F x; the step; theta_old (+ the gradient)
 # The methods the estimate models (commands/estimate_memory.py takes their trainers' defaults).
-ESTIMATED_METHODS = ("ppo", "trpo", "grpo", "dpo", "sft", "rm")
+ESTIMATED_METHODS = ("ppo", "trpo", "grpo", "dpo", "sft", "rm", "distill")
 # Their trainers' default LoRA dropout where it is not 0 (tests/scale/test_memory_estimate.py keeps the
 # two equal; this module imports no trainer).
 TRAINER_LORA_DROPOUT = {"sft": 0.05}
@@ -123,6 +129,14 @@ class MemoryArgs:
     sharding: str = option("none", "none = DDP (full copy per device); zero2 = gradients+optimiser sharded; "
                            "zero3 = also weights (DeepSpeed ZeRO-3 or FSDP full shard)", ("none", "zero2", "zero3"))
     offload_reference: bool = option(False, "frozen reference kept in CPU memory between scoring passes")
+    teacher: str | None = option(None, "method=distill, or grpo with a distillation term: the teacher (a preset, "
+                                 "folder or Hub id, its config.json only), counted frozen (linear layers in the "
+                                 "compute dtype). None: method=distill's teacher has the model's shape; grpo none")
+    distill_loss: str = option("reverse-kl", "method=distill: reverse-kl reads the teacher's log-prob of each "
+                               "sampled token (no logits kept); jsd keeps the teacher's and the student's logits of "
+                               "a micro-batch", ("reverse-kl", "jsd"))
+    distill_topk: int | None = option(None, "method=distill with distill_loss=jsd: teacher logits kept per position "
+                                      "(None: the vocabulary)")
     gradient_checkpointing: bool = option(False, "store one tensor per layer and recompute the rest in backward")
     lora_dropout: float | None = option(None, "LoRA dropout; None: the trainer's default (sft 0.05, the others 0). "
                                         "On the CPU each dropout layer keeps a copy of its input for the backward")
@@ -154,6 +168,8 @@ class MemoryArgs:
         check(0 < self.fvp_fraction <= 1, f"fvp_fraction ({self.fvp_fraction}) must be in (0, 1]")
         check(self.lora_dropout is None or 0 <= self.lora_dropout < 1,
               f"lora_dropout ({self.lora_dropout}) must be in [0, 1)")
+        check(self.distill_topk is None or self.distill_topk >= 1,
+              f"distill_topk ({self.distill_topk}) must be >= 1 or None")
         check(self.gpu_memory_gib is None or self.gpu_memory_gib > 0,
               f"gpu_memory_gib ({self.gpu_memory_gib}) must be > 0")
 
@@ -173,10 +189,11 @@ def estimate(args: MemoryArgs, shape: ModelShape | None = None) -> dict[str, flo
     if trpo:  # no AdamW moments: the natural-gradient step's flat vectors
         optim = TRPO_FLAT_VECTORS * T * 4
     has_ref = args.method in ("ppo", "trpo", "grpo", "dpo") and not args.lora and not args.offload_reference
-    sampling = args.method in ("ppo", "trpo", "grpo")
+    sampling = args.method in ("ppo", "trpo", "grpo", "distill")
     merged_sampling = sampling and args.lora and N == 1
     S, R = args.prompt_length + args.max_new_tokens, args.max_new_tokens
     cpu = args.device == "cpu"
+    jsd = args.method == "distill" and args.distill_loss == "jsd"
     per_position = cpu_activation_bytes(args) if cpu else 34 * bc / 2  # bytes per layer and hidden unit
     logit_rows, positions = forward_size(args)
     layer_acts = positions * s.hidden * per_position
@@ -195,22 +212,34 @@ def estimate(args: MemoryArgs, shape: ModelShape | None = None) -> dict[str, flo
         "activations": acts,
         # response positions only: the fused head's two float32 buffers; TRPO's full logits four
         # (the head's output, its float32 copy, the log-softmax and its gradient)
-        "logits": 0 if args.method == "rm" else logit_rows * R * s.vocab * (16 if trpo else 8),
+        "logits": 0 if args.method == "rm" else logit_rows * R * s.vocab * (16 if trpo or jsd else 8),
+        "teacher": teacher_bytes(args, bc),
+        "teacher logits": logit_rows * R * min(args.distill_topk or s.vocab, s.vocab) * 12 if jsd else 0,
         "process baseline": PROCESS_BASELINE if cpu else 0,  # the GPU's own memory holds no imports
         **trpo_terms(args, s, bw_layers * s.hidden * per_position, logit_rows, positions),
     }
     retain = CPU_HEAP_RETENTION if cpu else 0.0
     out["heap retention"] = retain * (acts + out["logits"])
     persistent = (out["policy weights"] + out["optimiser"] + out["reference"] + out["value head"]
-                  + out["process baseline"])
+                  + out["teacher"] + out["process baseline"])
     out["generation phase"] = persistent + out["KV cache"] + out["generation gather"] + out["merged LoRA"]
-    transient = out["activations"] + out["logits"] + out["heap retention"]
+    transient = out["activations"] + out["logits"] + out["teacher logits"] + out["heap retention"]
     if trpo:  # the gradient pass, or the Fisher graphs with one product running through them
         transient = max(transient, out["Fisher graphs"] + (1 + retain) * out["Fisher product"])
     out["training phase"] = persistent + out["gradients"] + out["old logits"] + transient
     out["peak"] = max(out["generation phase"], out["training phase"])
     out["parameters"], out["trainable"] = P, T
     return out
+
+
+def teacher_bytes(args: MemoryArgs, bytes_per_value: int) -> float:
+    """The frozen teacher's weights: its linear layers in the compute dtype, embeddings and norms in
+    fp32 (models/policy.py store_linear_weights). method=distill without `teacher`: the model's shape."""
+    if args.method not in ("distill", "grpo") or not (args.teacher or args.method == "distill"):
+        return 0
+    t = resolve_shape(args.teacher or args.model)
+    P, kept = t.param_count(), t.kept_fp32_in_reference()
+    return (P - kept) * bytes_per_value + kept * 4
 
 
 def kv_cache_bytes(layers: int, kv_heads: int, head_dim: int, positions: int, bytes_per_value: int) -> int:

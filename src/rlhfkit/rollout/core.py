@@ -55,6 +55,7 @@ class Rollout:
     stopped: torch.Tensor  # (B,) bool, a stop token was emitted (multi-turn: the last turn's, not cut by a limit)
     logprobs: torch.Tensor | None = None  # (B, R) log pi_old(token) at temperature T, 0 on padding
     ref_logprobs: torch.Tensor | None = None  # (B, R) log pi_ref(token) at temperature T
+    teacher_logprobs: torch.Tensor | None = None  # (B, R) a distillation teacher's log p_t(token) at temperature T
     values: torch.Tensor | None = None  # (B, R) V_old(s_t), the state before response token t
     entropy: torch.Tensor | None = None  # (B, R) entropy of pi_old(. | s_t) at temperature T
     scores: torch.Tensor | None = None  # (B,) sequence score from the reward function/model

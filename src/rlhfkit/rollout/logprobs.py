@@ -161,3 +161,22 @@ def logprob_pass(actor, reference, rollout: Rollout, temperature: float, micro_b
     if reference is None:
         filled["ref_logprobs"] = None
     return dataclasses.replace(rollout, **filled)
+
+
+@torch.no_grad()
+def frozen_logprobs(reference, rollout: Rollout, temperature: float, micro_batch_size: int,
+                    order: torch.Tensor | None = None, chunk_budget: int = CHUNK_POSITIONS) -> torch.Tensor:
+    """(B, R) log-probs of the rollout's tokens at `temperature` under a frozen model alone (a
+    `models.policy.Reference`, e.g. a distillation teacher), 0 on padding; in the micro-batches and
+    row chunks of `order` as `logprob_pass` runs them (bounded peak memory), on the reference's device."""
+    B, R = rollout.response_ids.shape
+    order = torch.arange(B, device=rollout.query_ids.device) if order is None else order
+    device = next(reference.frozen.parameters()).device
+    parts = []
+    with reference.loaded(device):
+        for rows, micro in micro_batch_chunks(order, micro_batch_size, rollout, device, chunk_budget):
+            mb = rows_of(rollout, rows, micro)
+            lp = reference.logprobs(mb.input_ids.to(device), mb.attention_mask.to(device),
+                                    mb.response_ids.to(device), mb.response_mask.to(device), temperature)
+            parts.append(torch.nn.functional.pad(lp.float().cpu(), (0, R - lp.shape[1])))
+    return torch.cat(parts)[torch.argsort(order)]

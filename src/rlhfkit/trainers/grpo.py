@@ -106,10 +106,11 @@ def compute_advantages(rollout: Rollout, cfg: GRPOConfig, greedy=None, advantage
 
 def informative_rows(rollout: Rollout, cfg: GRPOConfig, advantage: Advantage, num_processes: int = 1) -> torch.Tensor:
     """Rows of groups whose rewards are not all equal (all rows unless drop_zero_std_groups with an
-    estimator that gives such groups advantage 0; with several processes always all rows, so every
+    estimator that gives such groups advantage 0 and no distillation term; with several processes always all rows, so every
     process runs the same optimiser steps)."""
     B, G = rollout.scores.shape[0], cfg.group_size
-    if not cfg.drop_zero_std_groups or num_processes > 1 or not advantage.zero_on_flat_groups:
+    distilling = cfg.distill_coef > 0  # a teacher's term has a signal in every group
+    if not cfg.drop_zero_std_groups or distilling or num_processes > 1 or not advantage.zero_on_flat_groups:
         return torch.arange(B, device=rollout.scores.device)
     seq_reward = (rollout.rewards * rollout.response_mask).sum(1).view(-1, G)
     varied = (seq_reward != seq_reward[:, :1]).any(1)  # (B/G,)
@@ -151,6 +152,7 @@ def update_metrics(m: dict[str, float], used: Rollout, cfg: GRPOConfig, terms: d
     metrics.update({f"rollout/{k}": m[k] for k in ("is_weight_mean", "is_clip_frac", "mismatch_kl") if k in m})
     metrics["rollout/entropy"] = masked_mean(used.entropy, used.response_mask).item()
     metrics.update({f"loss/{name}": m[f"loss/{name}"] for name in terms})
+    metrics.update({k: v for k, v in m.items() if k.startswith("distill/")})  # the distillation term's own
     if used.ref_logprobs is not None:
         metrics["rollout/kl"] = ((used.logprobs - used.ref_logprobs) * used.response_mask).sum(1).mean().item()
     return metrics

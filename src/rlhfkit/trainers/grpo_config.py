@@ -76,7 +76,8 @@ class GRPOConfig(SharePromptsArgs, BetaArgs, ClippedRatioArgs, PolicyGradientArg
     drop_zero_std_groups: bool = option(True, "leave groups whose completions all got the same reward (advantage 0: "
                                         "no policy gradient, only compute) out of the teacher-forced pass and the "
                                         "update; the loss is then normalised over the remaining tokens (with "
-                                        "beta > 0 their KL term is skipped too; single process only)")
+                                        "beta > 0 their KL term is skipped too; single process only; off with distill_coef > 0, whose "
+                                        "term has a signal in every group)")
     score_clip = retune(None, "clip sequence scores to [-c, c] before the advantages")
     reward_kl_coef: float = option(0.0, "reinforce++: coefficient of the per-token k1 KL to the reference in the "
                                    "reward (a reference is then built); other advantages put the KL in the loss (beta)")
@@ -126,6 +127,13 @@ class GRPOConfig(SharePromptsArgs, BetaArgs, ClippedRatioArgs, PolicyGradientArg
                                        "sample on-policy. LoRA copies only the adapters; full fine-tuning a whole "
                                        "model. Not with dynamic_sampling, env, generation_backend=vllm, top_k/top_p "
                                        "or FSDP/DeepSpeed")
+    # distillation term
+    teacher: str = option("", "a teacher (causal-LM folder or Hub id sharing the policy's tokenizer) whose per-token "
+                          "reverse KL on the sampled tokens is added to the loss with distill_coef (rlhfkit distill's "
+                          "loss=reverse-kl; docs/algorithms.md); \"\" = none")
+    distill_coef: float = option(0.0, "coefficient of the distillation term: loss = GRPO's loss + distill_coef x the "
+                                 "token mean of (log pi - log p_teacher) x ratio on the sampled tokens, logged apart "
+                                 "as loss/distill and distill/reverse_kl (0 = off, no teacher loaded)")
     # outputs and checks
     ratio_check_tol = retune(1e-3, "max |ratio-1| allowed on the first micro-batch of each rollout (it repeats "
                              "the scoring pass exactly, so anything above float noise means broken log-probs)")
@@ -173,6 +181,11 @@ class GRPOConfig(SharePromptsArgs, BetaArgs, ClippedRatioArgs, PolicyGradientArg
         check(self.loss_agg_constant is None or self.loss_agg_constant > 0,
               f"loss_agg_constant ({self.loss_agg_constant}) must be > 0")
         check(self.num_eval_prompts >= 0, f"num_eval_prompts ({self.num_eval_prompts}) must be >= 0")
+        check(self.distill_coef >= 0, f"distill_coef ({self.distill_coef}) must be >= 0")
+        check(self.distill_coef == 0 or bool(self.teacher),
+              f"distill_coef ({self.distill_coef}) needs a teacher: teacher=MODEL")
+        check(not self.teacher or self.distill_coef > 0,
+              f"teacher ({self.teacher}) is used only with distill_coef > 0 (e.g. distill_coef=0.1)")
         self.validate_variants()
 
     def validate_variants(self) -> None:

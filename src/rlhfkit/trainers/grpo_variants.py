@@ -35,6 +35,7 @@ from rlhfkit.algos import (
 from rlhfkit.algos.registry import ADVANTAGE_ESTIMATORS, choose
 from rlhfkit.rollout import Rollout
 from rlhfkit.runtime.distributed import global_mean_var
+from rlhfkit.trainers.grpo_distill import distill, teacher_inputs
 
 SCORES, LOGPROBS = "scores", "logprobs"  # the phases an advantage estimator runs in
 
@@ -214,6 +215,8 @@ class LossTerm:
 # name -> term; its loss is logged as loss/NAME
 LOSS_TERMS: dict[str, LossTerm] = {
     "kl": LossTerm(lambda cfg: cfg.beta, kl_to_reference),
+    # the on-policy reverse KL to a teacher (grpo_distill.py), with its teacher's log-probs
+    "distill": LossTerm(lambda cfg: cfg.distill_coef, distill, teacher_inputs),
 }
 
 

@@ -18,6 +18,7 @@ silent case to tests/diagnostics/test_rules.py (a test fails until you do).
 # Importing the modules registers their rules (order = report order).
 from rlhfkit.diagnostics.rules import (  # noqa: E402,F401
     common,
+    distill,
     generation,
     grpo,
     ppo,

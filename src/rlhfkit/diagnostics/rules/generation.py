@@ -93,7 +93,7 @@ def negative_kl(h: History, t: Thresholds) -> list[Finding]:
     )
 
 
-@rule("entropy_collapse", metrics=(ENTROPY,), trainers=("ppo", "grpo"),
+@rule("entropy_collapse", metrics=(ENTROPY,), trainers=("ppo", "grpo", "distill"),
       summary="token entropy collapsed relative to its start")
 def entropy_collapse(h: History, t: Thresholds) -> list[Finding]:
     """Recent rollout/entropy below entropy_collapse_frac (warning) or entropy_critical_frac
