@@ -35,11 +35,39 @@ import h11
 import uvicorn
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
+from rlhfkit.label.security import SECURITY_HEADERS
+
 log = logging.getLogger("rlhfkit.label")
 ACCEPT_ERROR = "socket.accept() out of system resource"
-_FULL_BODY = b'{"error": "too many connections; try again in a moment"}'
-FULL_ANSWER = (b"HTTP/1.1 503 Service Unavailable\r\ncontent-type: application/json\r\nconnection: close\r\n"
-               b"content-length: %d\r\n\r\n%s" % (len(_FULL_BODY), _FULL_BODY))
+INVALID_REQUEST = "Invalid HTTP request received."  # uvicorn's warning, once per malformed request
+_SECURITY_LINES = b"".join(b"%s: %s\r\n" % (k.encode(), v.encode()) for k, v in SECURITY_HEADERS.items())
+
+
+def closing_answer(status: bytes, body: bytes) -> bytes:
+    """A complete HTTP/1.1 answer with a JSON body, the security headers and ``connection: close``."""
+    return (b"HTTP/1.1 %s\r\ncontent-type: application/json\r\nconnection: close\r\n%scontent-length: %d\r\n\r\n%s"
+            % (status, _SECURITY_LINES, len(body), body))
+
+
+FULL_ANSWER = closing_answer(b"503 Service Unavailable", b'{"error": "too many connections; try again in a moment"}')
+BAD_REQUEST_ANSWER = closing_answer(b"400 Bad Request", b'{"error": "malformed HTTP request"}')
+
+
+class _QuietLogger:
+    """uvicorn's connection logger with its per-request "Invalid HTTP request" warning turned
+    into one line a minute (anyone can send malformed requests, no credentials needed)."""
+
+    def __init__(self, logger: logging.Logger, throttle: Throttle) -> None:
+        self._logger, self._throttle = logger, throttle
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self._logger, name)
+
+    def warning(self, msg: object, *args: object, **kwargs: object) -> None:
+        if msg != INVALID_REQUEST:
+            self._logger.warning(msg, *args, **kwargs)
+        elif self._throttle.ready():
+            log.warning("labelling app: malformed HTTP request(s) answered 400; logged at most once a minute")
 
 
 def default_max_connections(fd_limit: int | None = None) -> int:
@@ -78,8 +106,27 @@ class Limits:
 class DeadlineProtocol(H11Protocol):
     """uvicorn's h11 protocol with the request deadline and the connection cap."""
 
-    limits: Limits  # both set per server by ``make_server``
+    limits: Limits  # all three set per server by ``make_server``
     full: Throttle
+    invalid: Throttle
+
+    def __init__(self, *args: object, **kwargs: object) -> None:
+        super().__init__(*args, **kwargs)
+        self.logger = _QuietLogger(self.logger, self.invalid)  # type: ignore[assignment]
+
+    def send_400_response(self, msg: str) -> None:
+        """h11 found the request malformed. Answer 400 (with the security headers) only if no
+        answer has begun: the app may already have refused the request (a chunked body is
+        refused on its headers), and a second answer raised h11's LocalProtocolError, a 3 KB
+        traceback per request. Either way the app's later sends are dropped and the
+        connection closes."""
+        if self.cycle is not None:
+            self.cycle.disconnected = True  # the app's send() becomes a no-op, receive() says disconnect
+            self.cycle.message_event.set()
+        if self.conn.our_state in (h11.IDLE, h11.SEND_RESPONSE) and not self.transport.is_closing():
+            if self.conn.our_state is h11.IDLE or self.cycle is None or not self.cycle.response_started:
+                self.transport.write(BAD_REQUEST_ANSWER)
+        self.transport.close()
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         self._deadline: asyncio.TimerHandle | None = None
@@ -157,6 +204,7 @@ def make_server(app: object, limits: Limits | None = None, log_level: str = "war
     """A uvicorn server for ``app`` with ``limits`` (``config``: more ``uvicorn.Config`` options,
     e.g. host and port; ``serve`` passes its own bound socket to ``run`` instead)."""
     limits = limits or Limits()
-    protocol = type("LabelProtocol", (DeadlineProtocol,), {"limits": limits, "full": Throttle()})
+    protocol = type("LabelProtocol", (DeadlineProtocol,), {"limits": limits, "full": Throttle(),
+                                                       "invalid": Throttle()})
     return LabelServer(uvicorn.Config(app, http=protocol, timeout_keep_alive=limits.keep_alive_seconds,
                                       log_level=log_level, access_log=False, **config))
