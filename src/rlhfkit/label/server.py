@@ -16,6 +16,10 @@ time, stays open for ever and holds a file descriptor. So this module adds:
   and is closed at once, before it can pin a descriptor. The default leaves room in the
   descriptor limit for each connection's database files (a socket plus up to three SQLite
   files).
+- **a write-progress timeout**: a client that sends requests but does not read the answers
+  (many pipelined requests, then nothing) fills the transport's buffer; once writing has
+  stayed paused ``write_seconds`` the connection is aborted. Such a connection also counts as
+  stuck at the cap, so it cannot lock others out either.
 - **quiet accept errors**: out of descriptors, asyncio stops accepting for a second (its
   back-off) but logs a traceback for every attempt, a hundred per retry; this server logs
   one line a minute instead.
@@ -100,6 +104,7 @@ class Limits:
 
     request_seconds: float = 10.0
     keep_alive_seconds: int = 5
+    write_seconds: float = 10.0
     max_connections: int = field(default_factory=default_max_connections)
 
 
@@ -130,6 +135,8 @@ class DeadlineProtocol(H11Protocol):
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         self._deadline: asyncio.TimerHandle | None = None
+        self._stalled: asyncio.TimerHandle | None = None
+        self._paused_since: float | None = None
         self._waiting_since = self.loop.time()
         super().connection_made(transport)
         if len(self.connections) > self.limits.max_connections:
@@ -141,26 +148,57 @@ class DeadlineProtocol(H11Protocol):
                 transport.write(FULL_ANSWER)
                 transport.close()
                 return
-            victim.transport.close()
+            if victim._paused_since is not None:
+                victim.transport.abort()  # a stalled reader's buffered answers are dropped, not flushed
+            else:
+                victim.transport.close()
         self._arm()
 
     def _waiting(self) -> bool:
         """No request of this connection has arrived whole yet (idle, or still arriving)."""
         return self.conn.their_state in (h11.IDLE, h11.SEND_BODY) and not self.transport.is_closing()
 
+    def _stuck_since(self) -> float | None:
+        """Since when this connection holds its place without progress: waiting for its request,
+        or its answers not being read (writing paused); None while it is being served."""
+        if self._paused_since is not None:
+            return self._paused_since
+        return self._waiting_since if self._waiting() else None
+
     def _longest_waiting(self) -> DeadlineProtocol | None:
-        """At the cap, the connection to close for a new one: the one that has waited longest
-        for its request (an idle or trickling client), never one whose request is being answered."""
-        waiting = [c for c in self.connections if c is not self and isinstance(c, DeadlineProtocol) and c._waiting()]
-        return min(waiting, key=lambda c: c._waiting_since, default=None)
+        """At the cap, the connection to close for a new one: the one stuck longest (an idle or
+        trickling client, or one that does not read its answers), never one being served."""
+        stuck = [(since, c) for c in self.connections if c is not self and isinstance(c, DeadlineProtocol)
+                 and (since := c._stuck_since()) is not None]
+        return min(stuck, key=lambda sc: sc[0], default=(0.0, None))[1]
+
+    def pause_writing(self) -> None:
+        """The client reads its answers too slowly (the transport's buffer is full): start the
+        write-progress clock; a reader that stays paused ``write_seconds`` is cut off."""
+        super().pause_writing()
+        if self._paused_since is None:
+            self._paused_since = self.loop.time()
+            self._stalled = self.loop.call_later(self.limits.write_seconds, self._write_stalled)
+
+    def resume_writing(self) -> None:
+        super().resume_writing()
+        self._paused_since = None
+        if self._stalled is not None:
+            self._stalled.cancel()
+            self._stalled = None
+
+    def _write_stalled(self) -> None:
+        if self._paused_since is not None:
+            self.transport.abort()  # close() would wait for the buffer to drain, i.e. for ever
 
     def on_response_complete(self) -> None:
         super().on_response_complete()
         self._arm()
 
     def connection_lost(self, exc: Exception | None) -> None:
-        if self._deadline is not None:
-            self._deadline.cancel()
+        for timer in (self._deadline, self._stalled):
+            if timer is not None:
+                timer.cancel()
         super().connection_lost(exc)
 
     def _arm(self) -> None:
