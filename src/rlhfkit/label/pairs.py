@@ -18,6 +18,7 @@ import hashlib
 import json
 import os
 import re
+import unicodedata
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -61,6 +62,23 @@ def _lone_surrogate(text: str) -> str | None:
     return None
 
 
+# Default-ignorable code points that are not of category Cf (format), which covers the rest
+# (U+200B zero width space, joiners, U+00AD soft hyphen, bidi controls, U+FEFF, tags).
+_IGNORABLE_RANGES = ((0x034F, 0x034F), (0x115F, 0x1160), (0x17B4, 0x17B5), (0x180B, 0x180F), (0x3164, 0x3164),
+                     (0xFE00, 0xFE0F), (0xFFA0, 0xFFA0), (0x1BCA0, 0x1BCA3), (0xE0000, 0xE0FFF))
+
+
+def _ignorable(ch: str) -> bool:
+    cp = ord(ch)
+    return unicodedata.category(ch) == "Cf" or any(lo <= cp <= hi for lo, hi in _IGNORABLE_RANGES)
+
+
+def visible(text: str) -> str:
+    """``text`` without default-ignorable characters and surrounding white space: what a reader
+    sees (a prompt of only U+200B is empty; "x" and "x\u200b" are the same response)."""
+    return "".join(ch for ch in text if not _ignorable(ch)).strip()
+
+
 def parse_pair(obj: object, where: str) -> Pair:
     """Validate one decoded JSON line; ``where`` ("FILE:LINE") prefixes every error."""
     if not isinstance(obj, dict):
@@ -75,9 +93,9 @@ def parse_pair(obj: object, where: str) -> Pair:
             raise DataError(f"{where}: field '{key}' holds a lone surrogate ({bad}), which is not text")
     if not is_pair_id(obj["pair_id"]):
         raise DataError(f"{where}: pair_id {obj['pair_id']!r} must be {PAIR_ID_RULE}")
-    if not obj["prompt"].strip():
-        raise DataError(f"{where}: prompt is empty")
-    if obj["response_a"].strip() == obj["response_b"].strip():
+    if not visible(obj["prompt"]):
+        raise DataError(f"{where}: prompt is empty (or only invisible characters)")
+    if visible(obj["response_a"]) == visible(obj["response_b"]):
         raise DataError(f"{where}: response_a and response_b are identical (nothing to compare)")
     return Pair(**{k: obj[k] for k in REQUIRED}, **{k: obj.get(k, "") for k in OPTIONAL})
 
@@ -157,7 +175,7 @@ def build_pairs(
     seen: set[str] = set()
     for prompt, ra, rb in zip(prompts, responses_a, responses_b):
         pid = pair_id_for(prompt, ra, rb)
-        if ra.strip() == rb.strip() or pid in seen:
+        if visible(ra) == visible(rb) or pid in seen:
             continue
         seen.add(pid)
         pairs.append(Pair(pid, prompt, ra, rb, model_a, model_b))
