@@ -32,6 +32,14 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 LOOPBACK_HOSTS = frozenset({"127.0.0.1", "localhost", "::1"})
 MAX_BODY_BYTES = 64 * 1024
+MAX_HEADER_BYTES = 16 * 1024  # request line + headers, as h11 counts a block that arrives in pieces
+
+
+def header_bytes(scope: Scope) -> int:
+    """About the size of the request's line and header block: h11 refuses one over its limit
+    only while it is still arriving, so a block sent in one piece is measured here."""
+    line = len(scope.get("raw_path") or b"") + len(scope.get("query_string") or b"") + 16
+    return line + sum(len(name) + len(value) + 4 for name, value in scope.get("headers", []))
 log = logging.getLogger("rlhfkit.label")
 
 SECURITY_HEADERS = {
@@ -99,6 +107,8 @@ def _closing(response: Response, method: str) -> Response:
 
 def check(request: Request, token: str | None, allowed_hosts: frozenset[str] | None) -> Response | None:
     """Return an error response if the request must be refused on its headers, else None."""
+    if header_bytes(request.scope) > MAX_HEADER_BYTES:
+        return _error(431, f"request header block larger than {MAX_HEADER_BYTES} bytes")
     if allowed_hosts is not None and hostname_of(request.headers.get("host", "")) not in allowed_hosts:
         return _error(400, "Host header not allowed (the app only answers on its loopback address)")
     origin = request.headers.get("origin")

@@ -2,7 +2,8 @@
 
 What uvicorn 0.54 (h11) covers on its own: ``timeout_keep_alive`` closes a connection that
 stays idle *after* an answer, ``limit_concurrency`` answers 503 to a *request* once too many
-are open, and h11 refuses a header block over 16 KiB. Nothing closes a connection that never
+are open, and h11 refuses a header block over 16 KiB while it arrives in pieces (the app
+refuses one that arrived whole: `security.MAX_HEADER_BYTES`). Nothing closes a connection that never
 completes a request: one that sends nothing, or trickles its headers or its body a byte at a
 time, stays open for ever and holds a file descriptor. So this module adds:
 
