@@ -159,3 +159,17 @@ def test_invite_escapes_the_stored_display_name_too(tmp_path: Path, capsys) -> N
         assert rlhfkit_main(["label", "invite", "eve", "--db", str(db), *extra]) == 0
     out = capsys.readouterr().out
     assert "\x1b" not in out and out.count("\\x1b[2Jeve") == 2
+
+
+def test_a_dangling_symlink_at_the_database_path_is_refused(tmp_path: Path, capsys) -> None:
+    """SQLite followed the link and created its target with mode 0644 (votes readable by every
+    user of the machine); now it is a one-line refusal and nothing is created."""
+    link, target = tmp_path / "labels.sqlite", tmp_path / "elsewhere" / "real.sqlite"
+    (tmp_path / "elsewhere").mkdir()
+    link.symlink_to(target)
+    with pytest.raises(DataError, match=r"a symlink to a missing file .*real\.sqlite"):
+        LabelStore(link)
+    assert rlhfkit_main(["label", "invite", "--db", str(link), "alice"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "symlink to a missing file" in err
+    assert not target.exists() and link.is_symlink()

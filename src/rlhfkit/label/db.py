@@ -253,6 +253,9 @@ def prepare_file(path: Path) -> None:
     """
     if path.is_dir():
         raise DataError(f"{path}: is a directory, not a labelling database")
+    if path.is_symlink() and not path.exists():  # SQLite would create the target, mode 0644
+        raise DataError(f"{path}: a symlink to a missing file ({os.readlink(path)}); "
+                        "remove the link or give the target's path")
     if path.exists():
         if not stat.S_ISREG(path.stat().st_mode):
             raise DataError(f"{path}: not a regular file; the database must be a file")
@@ -261,7 +264,7 @@ def prepare_file(path: Path) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
         os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOCTTY, 0o600))
     except FileExistsError:
-        pass  # made meanwhile (or a dangling symlink): SQLite decides
+        pass  # made meanwhile: SQLite decides
     except OSError as e:
         raise DataError(f"{path}: cannot create the labelling database ({e.strerror or e})") from None
 
