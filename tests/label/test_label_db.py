@@ -173,3 +173,17 @@ def test_a_dangling_symlink_at_the_database_path_is_refused(tmp_path: Path, caps
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "symlink to a missing file" in err
     assert not target.exists() and link.is_symlink()
+
+
+def test_table_names_of_a_foreign_database_are_escaped_in_the_refusal(tmp_path: Path, capsys) -> None:
+    """`stats` on someone else's database named its tables raw on stderr: a table named with a
+    terminal escape sequence retitled or cleared the terminal."""
+    db = tmp_path / "foreign.db"
+    con = sqlite3.connect(db)
+    con.execute('CREATE TABLE "\x1b]0;pwned\x07\x1b[2Jx\u202e" (a)')
+    con.commit()
+    con.close()
+    assert rlhfkit_main(["label", "stats", "--db", str(db)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "\x1b" not in err and "\x07" not in err and "\u202e" not in err
+    assert "(its tables: \\x1b]0;pwned\\x07\\x1b[2Jx\\u202e)" in err

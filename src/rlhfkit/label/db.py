@@ -37,7 +37,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from rlhfkit.errors import DataError
-from rlhfkit.label.identity import name_key
+from rlhfkit.label.identity import name_key, printable
 
 SCHEMA_VERSION = 3
 READABLE_VERSIONS = (1, 2, 3)  # read-only queries use version-1 columns only
@@ -135,7 +135,7 @@ def stored_version(con: sqlite3.Connection, path: Path) -> int | None:
     if TABLES <= tables:
         row = con.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()
     if row is None:
-        found = ", ".join(sorted(tables)[:6])
+        found = ", ".join(printable(t) for t in sorted(tables)[:6])  # names a terminal could act on
         raise DataError(f"{path}: not an rlhfkit labelling database (its tables: {found}); choose another --db")
     if not str(row[0]).isdigit():
         raise DataError(f"{path}: unreadable schema version {row[0]!r}")

@@ -25,6 +25,7 @@ from pathlib import Path
 
 from rlhfkit.errors import DataError, UserError
 from rlhfkit.label.files import write_lines_atomic
+from rlhfkit.label.identity import is_default_ignorable
 
 PAIR_ID_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.:-]{0,127}")
 PAIR_ID_RULE = "1-128 characters of letters, digits, '_.:-', starting with a letter or digit"
@@ -62,15 +63,8 @@ def _lone_surrogate(text: str) -> str | None:
     return None
 
 
-# Default-ignorable code points that are not of category Cf (format), which covers the rest
-# (U+200B zero width space, joiners, U+00AD soft hyphen, bidi controls, U+FEFF, tags).
-_IGNORABLE_RANGES = ((0x034F, 0x034F), (0x115F, 0x1160), (0x17B4, 0x17B5), (0x180B, 0x180F), (0x3164, 0x3164),
-                     (0xFE00, 0xFE0F), (0xFFA0, 0xFFA0), (0x1BCA0, 0x1BCA3), (0xE0000, 0xE0FFF))
-
-
 def _ignorable(ch: str) -> bool:
-    cp = ord(ch)
-    return unicodedata.category(ch) == "Cf" or any(lo <= cp <= hi for lo, hi in _IGNORABLE_RANGES)
+    return unicodedata.category(ch) == "Cf" or is_default_ignorable(ch)
 
 
 def visible(text: str) -> str:
