@@ -137,7 +137,7 @@ def stored_version(con: sqlite3.Connection, path: Path) -> int | None:
     if row is None:
         found = ", ".join(printable(t) for t in sorted(tables)[:6])  # names a terminal could act on
         raise DataError(f"{path}: not an rlhfkit labelling database (its tables: {found}); choose another --db")
-    if not str(row[0]).isdigit():
+    if not (str(row[0]).isascii() and str(row[0]).isdigit()):  # '³'.isdigit() is True, int('³') fails
         raise DataError(f"{path}: unreadable schema version {row[0]!r}")
     return int(row[0])
 
