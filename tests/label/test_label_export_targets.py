@@ -103,3 +103,18 @@ def test_regular_files_and_new_names_still_work(tmp_path: Path, lab, capsys) -> 
     assert rlhfkit_main(["label", "export", "--pairs", str(pairs), "--out", str(out)]) == 0
     assert rlhfkit_main(["label", "export", "--pairs", str(pairs), "--out", str(out), "--force"]) == 0
     assert len(lab.read_jsonl(out)) == 1 and out.stat().st_mode & 0o777 == 0o600
+
+
+def test_a_pairs_file_is_never_overwritten_even_when_not_named_as_one(tmp_path: Path, lab, capsys) -> None:
+    """`export --db DB --out PAIRS.jsonl --force` replaced the pairs file being served (only a
+    `--pairs` given on the same command line was recognised); now its records give it away."""
+    pairs, db = lab.voted_db(tmp_path)
+    before = pairs.read_bytes()
+    assert rlhfkit_main(["label", "export", "--db", str(db), "--out", str(pairs), "--force"]) == 2
+    assert capsys.readouterr().err == (f"rlhfkit: error: --out {pairs} is a pairs file (it holds response_a/"
+                                       "response_b); writing it would destroy it, even with --force: "
+                                       "choose another file\n")
+    assert pairs.read_bytes() == before
+    prefs = tmp_path / "prefs.jsonl"  # an earlier export may be replaced as before
+    assert rlhfkit_main(["label", "export", "--db", str(db), "--out", str(prefs)]) == 0
+    assert rlhfkit_main(["label", "export", "--db", str(db), "--out", str(prefs), "--force"]) == 0

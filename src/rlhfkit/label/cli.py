@@ -210,7 +210,7 @@ def cmd_invite(args: argparse.Namespace) -> int:
 def cmd_export(args: argparse.Namespace) -> int:
     """Write preference JSONL from the stored votes (database opened read-only)."""
     from rlhfkit.label.export import preference_rows, write_jsonl
-    from rlhfkit.label.files import check_output, database_files
+    from rlhfkit.label.files import check_output, database_files, looks_like_pairs_file
     from rlhfkit.label.queries import ReadOnlyStore
     from rlhfkit.label.store import MAX_VOTES_PER_PAIR
 
@@ -220,6 +220,9 @@ def cmd_export(args: argparse.Namespace) -> int:
     inputs = [("labelling database", f) for f in database_files(db)]
     inputs += [("pairs file", Path(args.pairs))] if args.pairs else []
     out = None if args.out == "-" else check_output(args.out, args.force, inputs)
+    if out is not None and looks_like_pairs_file(out):  # the one being served, maybe under another name
+        raise UserError(f"--out {args.out} is a pairs file (it holds response_a/response_b); writing it would "
+                        "destroy it, even with --force: choose another file")
     store = ReadOnlyStore(db)
     try:
         votes = store.votes()

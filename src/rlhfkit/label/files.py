@@ -15,6 +15,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import stat
 import tempfile
@@ -83,6 +84,26 @@ def sqlite_database_of(path: Path) -> Path | None:
             if name.name.endswith(suffix) and _is_sqlite(base := name.with_name(name.name[: -len(suffix)])):
                 return base
     return None
+
+
+def looks_like_pairs_file(path: Path) -> bool:
+    """True if ``path`` is a regular file whose first line is a pairs-file record (a JSON object
+    with ``response_a`` and ``response_b``; preference rows have ``chosen``/``rejected``)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_NOCTTY", 0))
+    except OSError:
+        return False
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return False
+        with os.fdopen(os.dup(fd), "rb") as f:
+            first = f.readline(1 << 20)
+        obj = json.loads(first.decode("utf-8-sig"))
+    except (OSError, ValueError):
+        return False
+    finally:
+        os.close(fd)
+    return isinstance(obj, dict) and "response_a" in obj and "response_b" in obj
 
 
 def same_file(a: Path, b: Path) -> bool:
