@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import socket
 
 import httpx
@@ -199,3 +200,25 @@ def test_a_header_block_over_16_kib_is_refused_even_when_it_arrives_in_one_piece
     assert small.startswith(b"HTTP/1.1 200 ")
     assert large.startswith(b"HTTP/1.1 431 ") and b"x-content-type-options: nosniff" in large.lower()
     assert large.endswith(b'{"error":"request header block larger than 16384 bytes"}')
+
+
+def test_a_full_disk_answers_503_and_logs_once(store: LabelStore, lab, monkeypatch, caplog) -> None:
+    """A full disk used to answer "internal error" and log a ~4 KB traceback per request."""
+    import sqlite3
+
+    def full(*args, **kwargs):
+        raise sqlite3.OperationalError("database or disk is full")
+
+    store.register("alice")
+    pair_id = store.next_pair("alice").pair_id
+    monkeypatch.setattr(store, "submit_vote", full)
+    with lab.LiveServer(create_app(store)) as srv, caplog.at_level(logging.WARNING, logger="rlhfkit.label"):
+        with httpx.Client(timeout=10) as client:
+            answers = [client.post(f"{srv.url}/api/votes", json={"labeller": "alice", "pair_id": pair_id, "choice": 1,
+                                                                   "request_id": f"req-{i:04d}"}) for i in range(20)]
+    assert {(r.status_code, r.text) for r in answers} == {(503, '{"error":"disk full; vote not saved"}')}
+    assert all(r.headers["x-content-type-options"] == "nosniff" for r in answers)
+    assert [r.getMessage() for r in caplog.records] == [
+        "labelling app: disk full (database or disk is full); votes are not saved until there is room "
+        "(logged at most once a minute)"]
+    assert not any(r.exc_info for r in caplog.records)

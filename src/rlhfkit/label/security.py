@@ -20,9 +20,12 @@
 
 from __future__ import annotations
 
+import errno
 import logging
 import re
 import secrets
+import sqlite3
+import time
 from urllib.parse import urlencode, urlsplit
 
 from starlette.datastructures import MutableHeaders
@@ -41,6 +44,13 @@ def header_bytes(scope: Scope) -> int:
     line = len(scope.get("raw_path") or b"") + len(scope.get("query_string") or b"") + 16
     return line + sum(len(name) + len(value) + 4 for name, value in scope.get("headers", []))
 log = logging.getLogger("rlhfkit.label")
+
+
+def _disk_full(e: BaseException) -> bool:
+    """SQLite's "database or disk is full" (SQLITE_FULL) or an OSError with ENOSPC/EDQUOT."""
+    if isinstance(e, sqlite3.OperationalError):
+        return "disk is full" in str(e) or getattr(e, "sqlite_errorcode", None) == sqlite3.SQLITE_FULL
+    return isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT)
 
 SECURITY_HEADERS = {
     "Content-Security-Policy": (
@@ -173,6 +183,7 @@ class SecurityMiddleware:
     def __init__(self, app: ASGIApp, token: str | None = None, allowed_hosts: frozenset[str] | None = None,
                  max_body: int = MAX_BODY_BYTES) -> None:
         self.app, self.token, self.allowed_hosts, self.max_body = app, token, allowed_hosts, max_body
+        self._disk_full_logged_at: float | None = None
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -193,9 +204,16 @@ class SecurityMiddleware:
             await self._handle(scope, receive, send_with_headers)
         except _Disconnected:
             return
-        except Exception:
+        except Exception as e:
             if started:
                 raise
+            if _disk_full(e):
+                if self._disk_full_logged_at is None or time.monotonic() - self._disk_full_logged_at >= 60:
+                    self._disk_full_logged_at = time.monotonic()
+                    log.error("labelling app: disk full (%s); votes are not saved until there is room "
+                              "(logged at most once a minute)", e)
+                await _error(503, "disk full; vote not saved")(scope, receive, send_with_headers)
+                return
             log.exception("labelling app: unhandled error on %s %s", scope.get("method"), scope.get("path"))
             await _error(500, "internal error; the server log has the details")(scope, receive, send_with_headers)
 
