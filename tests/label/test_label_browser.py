@@ -174,3 +174,30 @@ def test_invitation_links_sign_labellers_in_and_keep_their_votes_apart(tmp_path:
 
     assert [(v.labeller, v.pair_id, v.choice) for v in store.votes()] == [("bob", "one", 5)]
     store.close()
+
+
+def test_an_unbreakable_response_cannot_hide_the_other_one(tmp_path: Path, lab) -> None:
+    """`"ok " + "\\u0489" * 300` (combining enclosing marks: one unbreakable cluster) widened its
+    column to 2893 px in a 1200 px window; the other response became a strip or went off-screen."""
+    sync_api = pytest.importorskip("playwright.sync_api")
+    expect = sync_api.expect
+    wide = "ok " + "\u0489" * 300
+    store = LabelStore(tmp_path / "db.sqlite", votes_per_pair=1)
+    store.import_pairs([Pair("wide", "Which is better?", wide, "A short, plain answer.")])
+    with lab.LiveServer(create_app(store, allowed_hosts=LOOPBACK_HOSTS)) as srv, sync_api.sync_playwright() as pw:
+        browser = pw.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        page = browser.new_page(viewport={"width": 1200, "height": 900})
+        page.set_default_timeout(10_000)
+        page.goto(srv.url + "/")
+        page.fill("#name", "alice")
+        page.press("#name", "Enter")
+        expect(page.locator("#progress-text")).to_have_text("1 of 1")
+        boxes = [page.locator(f"#{side}").bounding_box() for side in ("left", "right")]
+        page_width = page.evaluate("document.documentElement.scrollWidth")
+        inner_width = page.evaluate("window.innerWidth")
+        browser.close()
+    store.close()
+    (left, right) = boxes
+    assert abs(left["width"] - right["width"]) <= 1, boxes  # equal columns
+    assert right["x"] + right["width"] <= inner_width and left["width"] >= 300, boxes  # both fully on screen
+    assert page_width <= inner_width  # nothing scrolls the page sideways

@@ -120,6 +120,7 @@ def test_when_every_connection_is_being_answered_a_new_one_gets_503(store: Label
             answer = _recv_all(extra)
         release.set()
         assert answer.startswith(b"HTTP/1.1 503 ") and b"connection: close" in answer
+        assert b"x-content-type-options: nosniff" in answer.lower()  # the security headers, as on every answer
         assert answer.endswith(b'{"error": "too many connections; try again in a moment"}')
         for sock in busy:  # the two requests being answered were never cut off
             assert sock.recv(4096).startswith(b"HTTP/1.1 200 ")

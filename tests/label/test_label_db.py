@@ -159,3 +159,58 @@ def test_invite_escapes_the_stored_display_name_too(tmp_path: Path, capsys) -> N
         assert rlhfkit_main(["label", "invite", "eve", "--db", str(db), *extra]) == 0
     out = capsys.readouterr().out
     assert "\x1b" not in out and out.count("\\x1b[2Jeve") == 2
+
+
+def test_a_dangling_symlink_at_the_database_path_is_refused(tmp_path: Path, capsys) -> None:
+    """SQLite followed the link and created its target with mode 0644 (votes readable by every
+    user of the machine); now it is a one-line refusal and nothing is created."""
+    link, target = tmp_path / "labels.sqlite", tmp_path / "elsewhere" / "real.sqlite"
+    (tmp_path / "elsewhere").mkdir()
+    link.symlink_to(target)
+    with pytest.raises(DataError, match=r"a symlink to a missing file .*real\.sqlite"):
+        LabelStore(link)
+    assert rlhfkit_main(["label", "invite", "--db", str(link), "alice"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "symlink to a missing file" in err
+    assert not target.exists() and link.is_symlink()
+
+
+def test_table_names_of_a_foreign_database_are_escaped_in_the_refusal(tmp_path: Path, capsys) -> None:
+    """`stats` on someone else's database named its tables raw on stderr: a table named with a
+    terminal escape sequence retitled or cleared the terminal."""
+    db = tmp_path / "foreign.db"
+    con = sqlite3.connect(db)
+    con.execute('CREATE TABLE "\x1b]0;pwned\x07\x1b[2Jx\u202e" (a)')
+    con.commit()
+    con.close()
+    assert rlhfkit_main(["label", "stats", "--db", str(db)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "\x1b" not in err and "\x07" not in err and "\u202e" not in err
+    assert "(its tables: \\x1b]0;pwned\\x07\\x1b[2Jx\\u202e)" in err
+
+
+@pytest.mark.parametrize(("sql", "message"), [
+    ("UPDATE votes SET score = 7", "vote 1: score 7 is not one of -2..2"),
+    ("UPDATE votes SET created_at = 'yesterday'", "vote 1: time 'yesterday' / "),
+    ("UPDATE votes SET choice = 'x'", "vote 1: choice 'x' is not one of 1..5"),
+    ("INSERT INTO meta VALUES ('votes_per_pair', 'abc')", "votes_per_pair 'abc' is not a number"),
+    ("UPDATE meta SET value = '\u00b3' WHERE key = 'schema_version'", "unreadable schema version '\u00b3'"),
+])
+def test_a_crafted_database_is_one_line_not_a_traceback_or_a_wrong_export(tmp_path: Path, lab, capsys, sql,
+                                                                            message) -> None:
+    """`created_at='yesterday'`, `schema_version='³'` or `votes_per_pair='abc'` made `stats` print a
+    traceback, and `export` turned score 7 into `"margin": 2.25`."""
+    _, db = lab.voted_db(tmp_path)
+    con = sqlite3.connect(db)
+    con.execute("PRAGMA ignore_check_constraints = ON")  # a database made by hand need not have them
+    con.execute(sql)
+    con.commit()
+    con.close()
+    out = tmp_path / "prefs.jsonl"
+    for command in (["stats"], ["export", "--out", str(out)]):
+        if command[0] == "export" and "votes_per_pair" in sql:
+            continue  # export does not read the target
+        assert rlhfkit_main(["label", *command, "--db", str(db)]) == 2, command
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and "Traceback" not in err and message in err, err
+    assert not out.exists()

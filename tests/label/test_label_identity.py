@@ -266,3 +266,21 @@ def test_invite_expires_option(tmp_path: Path, lab, capsys) -> None:
         assert rlhfkit_main(["label", "invite", "bob", "--pairs", str(pairs), f"--expires={bad}"]) == 2
         assert capsys.readouterr().err == (f"rlhfkit: error: --expires must be a duration such as 30m, 12h or 7d, "
                                            f"at most 366d, got {bad!r}\n")
+
+
+def test_sign_ins_with_one_link_keep_a_bounded_number_of_sessions(tmp_path: Path, lab) -> None:
+    """300 sign-ins with the same link used to leave 301 session rows; now the newest
+    MAX_SESSIONS (20) browsers stay signed in and older ones are signed out."""
+    from rlhfkit.label.invitations import MAX_SESSIONS
+
+    store = LabelStore(tmp_path / "db.sqlite")
+    store.import_pairs(lab.make_pairs(1))
+    _, link = store.invite("alice")
+    _, bob_session = store.sign_in(store.invite("bob")[1])
+    sessions = [store.sign_in(link)[1] for _ in range(300)]
+    count = sqlite3.connect(store.path).execute("SELECT labeller_id, COUNT(*) FROM sessions GROUP BY labeller_id")
+    assert sorted(n for _, n in count.fetchall()) == [1, MAX_SESSIONS] and MAX_SESSIONS == 20
+    assert [store.session_labeller(s) for s in sessions[-MAX_SESSIONS:]] == ["alice"] * MAX_SESSIONS
+    assert store.session_labeller(sessions[-MAX_SESSIONS - 1]) is None and store.session_labeller(sessions[0]) is None
+    assert store.session_labeller(bob_session) == "bob"  # another labeller's browsers are untouched
+    store.close()

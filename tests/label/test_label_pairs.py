@@ -66,6 +66,12 @@ GOOD = json.dumps({"pair_id": "a1", "prompt": "p", "response_a": "x", "response_
         (json.dumps({"pair_id": "../etc", "prompt": "p", "response_a": "x", "response_b": "y"}), "pair_id '../etc'"),
         (json.dumps({"pair_id": "a2", "prompt": "  ", "response_a": "x", "response_b": "y"}), "prompt is empty"),
         (json.dumps({"pair_id": "a2", "prompt": "p", "response_a": "x", "response_b": "x "}), "identical"),
+        # Invisible characters (default-ignorable: zero width space, word joiner, BOM, soft hyphen,
+        # variation selector) used to make an empty prompt or two equal responses look different.
+        (json.dumps({"pair_id": "a2", "prompt": "\u200b", "response_a": "x", "response_b": "y"}), "prompt is empty"),
+        (json.dumps({"pair_id": "a2", "prompt": " \u2060\ufeff\u00ad\ufe0f ", "response_a": "x", "response_b": "y"}),
+         "prompt is empty"),
+        (json.dumps({"pair_id": "a2", "prompt": "p", "response_a": "x", "response_b": "x\u200b"}), "identical"),
         (GOOD, "duplicate pair_id 'a1' (first on line 1)"),
     ],
 )

@@ -256,7 +256,7 @@ def test_votes_and_renewals_on_an_expired_lease_respect_the_cap(tmp_path: Path, 
     assert store.next_pair("alice").pair_id == "p000"  # renewed: nobody else took it
     assert store.next_pair("carol").pair_id == "p001"  # bob's expired lease is taken over
     store.submit_vote("carol", "p001", 1, "carol-0001")
-    with pytest.raises(Conflict, match="expired and it has since got all its votes"):
+    with pytest.raises(Conflict, match="has got all its votes while you held it"):
         store.submit_vote("bob", "p001", 5, "bob-0001")
     assert _votes_on(store, "p001") == 1
     assert store.next_pair("bob").pair_id == "p002"  # the lost pair is gone from bob's screen
@@ -270,3 +270,26 @@ def test_store_refuses_a_lease_that_would_break_the_cap(tmp_path: Path, lease: f
     with pytest.raises(ValueError, match="lease_seconds"):
         LabelStore(tmp_path / "db.sqlite", lease_seconds=lease)
     assert not (tmp_path / "db.sqlite").exists()
+
+
+def test_a_lowered_target_caps_votes_on_leases_taken_before_the_restart(tmp_path: Path) -> None:
+    """Three labellers held live leases on one pair under `--votes-per-pair 3`; after a restart
+    with `--votes-per-pair 1` all three votes used to be stored (three votes, cap one)."""
+    path = tmp_path / "db.sqlite"
+    store = LabelStore(path, votes_per_pair=3)
+    store.import_pairs([Pair("only", "Prompt?", "alpha", "beta")])
+    names = ["alice", "bob", "carol"]
+    for name in names:
+        store.register(name)
+        assert store.next_pair(name).pair_id == "only"
+    store.close()
+    store = LabelStore(path, votes_per_pair=1)
+    outcomes = []
+    for i, name in enumerate(names):
+        try:
+            outcomes.append(store.submit_vote(name, "only", 1, f"req-{i:04d}").stored)
+        except Conflict:
+            outcomes.append("conflict")
+    assert outcomes == [True, "conflict", "conflict"]
+    assert [v.labeller for v in store.votes()] == ["alice"]
+    store.close()

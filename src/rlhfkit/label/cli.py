@@ -106,7 +106,9 @@ def build_parser() -> argparse.ArgumentParser:
     e = sub.add_parser("export", help="write preference JSONL for `rlhfkit rm` / `rlhfkit dpo`",
                        description="Aggregate votes into preference pairs (prompt, chosen, rejected, strength, margin).")
     _add_db_args(e)
-    e.add_argument("--out", required=True, help="preference JSONL to write")
+    e.add_argument("--out", required=True,
+                   help="preference JSONL to write: a regular file or a new name, or - for standard output "
+                        "(never a device, FIFO, socket or a path in /dev, /proc or /sys)")
     e.add_argument("--force", action="store_true", help="overwrite --out if it exists")
     e.add_argument("--ties", choices=["drop", "keep-as-half"], default="drop",
                    help="pairs judged the same: drop them, or keep both orders as half a win each (default: drop)")
@@ -208,7 +210,7 @@ def cmd_invite(args: argparse.Namespace) -> int:
 def cmd_export(args: argparse.Namespace) -> int:
     """Write preference JSONL from the stored votes (database opened read-only)."""
     from rlhfkit.label.export import preference_rows, write_jsonl
-    from rlhfkit.label.files import check_output, database_files
+    from rlhfkit.label.files import check_output, database_files, looks_like_pairs_file
     from rlhfkit.label.queries import ReadOnlyStore
     from rlhfkit.label.store import MAX_VOTES_PER_PAIR
 
@@ -217,7 +219,10 @@ def cmd_export(args: argparse.Namespace) -> int:
     db = _db_path(args)
     inputs = [("labelling database", f) for f in database_files(db)]
     inputs += [("pairs file", Path(args.pairs))] if args.pairs else []
-    out = check_output(args.out, args.force, inputs)
+    out = None if args.out == "-" else check_output(args.out, args.force, inputs)
+    if out is not None and looks_like_pairs_file(out):  # the one being served, maybe under another name
+        raise UserError(f"--out {args.out} is a pairs file (it holds response_a/response_b); writing it would "
+                        "destroy it, even with --force: choose another file")
     store = ReadOnlyStore(db)
     try:
         votes = store.votes()
@@ -225,6 +230,11 @@ def cmd_export(args: argparse.Namespace) -> int:
         store.close()
     rows = preference_rows(votes, ties=args.ties, aggregate=args.aggregate,
                            min_votes=args.min_votes, margin_scale=args.margin_scale)
+    if out is None:  # `--out -`: rows on stdout, the summary on stderr
+        sys.stdout.writelines(json.dumps(row, ensure_ascii=False) + "\n" for row in rows)
+        sys.stdout.flush()
+        print(f"wrote {len(rows)} preference row(s) from {len(votes)} vote(s) to standard output", file=sys.stderr)
+        return 0
     n = write_jsonl(rows, out)
     print(f"wrote {n} preference row(s) from {len(votes)} vote(s) to {out}")
     return 0

@@ -37,7 +37,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from rlhfkit.errors import DataError
-from rlhfkit.label.identity import name_key
+from rlhfkit.label.identity import name_key, printable
 
 SCHEMA_VERSION = 3
 READABLE_VERSIONS = (1, 2, 3)  # read-only queries use version-1 columns only
@@ -135,9 +135,9 @@ def stored_version(con: sqlite3.Connection, path: Path) -> int | None:
     if TABLES <= tables:
         row = con.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()
     if row is None:
-        found = ", ".join(sorted(tables)[:6])
+        found = ", ".join(printable(t) for t in sorted(tables)[:6])  # names a terminal could act on
         raise DataError(f"{path}: not an rlhfkit labelling database (its tables: {found}); choose another --db")
-    if not str(row[0]).isdigit():
+    if not (str(row[0]).isascii() and str(row[0]).isdigit()):  # '³'.isdigit() is True, int('³') fails
         raise DataError(f"{path}: unreadable schema version {row[0]!r}")
     return int(row[0])
 
@@ -253,6 +253,9 @@ def prepare_file(path: Path) -> None:
     """
     if path.is_dir():
         raise DataError(f"{path}: is a directory, not a labelling database")
+    if path.is_symlink() and not path.exists():  # SQLite would create the target, mode 0644
+        raise DataError(f"{path}: a symlink to a missing file ({os.readlink(path)}); "
+                        "remove the link or give the target's path")
     if path.exists():
         if not stat.S_ISREG(path.stat().st_mode):
             raise DataError(f"{path}: not a regular file; the database must be a file")
@@ -261,7 +264,7 @@ def prepare_file(path: Path) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
         os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOCTTY, 0o600))
     except FileExistsError:
-        pass  # made meanwhile (or a dangling symlink): SQLite decides
+        pass  # made meanwhile: SQLite decides
     except OSError as e:
         raise DataError(f"{path}: cannot create the labelling database ({e.strerror or e})") from None
 

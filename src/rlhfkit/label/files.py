@@ -15,7 +15,9 @@
 
 from __future__ import annotations
 
+import json
 import os
+import stat
 import tempfile
 from collections.abc import Iterable, Sequence
 from pathlib import Path
@@ -35,12 +37,41 @@ def database_files(db: Path) -> list[Path]:
 
 
 def _is_sqlite(path: Path) -> bool:
-    """True if ``path`` is a file that starts with SQLite's header (symlinks followed)."""
+    """True if ``path`` is a regular file that starts with SQLite's header (symlinks followed).
+
+    Opened with ``O_NONBLOCK`` and checked with ``fstat`` before reading: a FIFO or a terminal
+    is never read (reading one used to block ``export`` forever)."""
     try:
-        with path.open("rb") as f:
-            return f.read(len(SQLITE_HEADER)) == SQLITE_HEADER
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_NOCTTY", 0))
     except OSError:
         return False
+    try:
+        return stat.S_ISREG(os.fstat(fd).st_mode) and os.read(fd, len(SQLITE_HEADER)) == SQLITE_HEADER
+    except OSError:
+        return False
+    finally:
+        os.close(fd)
+
+
+SYSTEM_TREES = (Path("/dev"), Path("/proc"), Path("/sys"))
+
+
+def _special_kind(path: Path) -> str | None:
+    """Why ``path`` may not be an output file, or None: it lies in /dev, /proc or /sys (as
+    given or resolved), or it exists and is (or links to) anything but a regular file."""
+    for name in dict.fromkeys([Path(os.path.abspath(path)), path.resolve()]):
+        if any(name == tree or tree in name.parents for tree in SYSTEM_TREES):
+            return f"is in {next(t for t in SYSTEM_TREES if name == t or t in name.parents)}"
+    try:
+        mode = path.stat().st_mode  # follows symlinks: a link to /dev/null is a device
+    except OSError:
+        return None  # a new name (or a dangling symlink, which the rename replaces)
+    kinds = ((stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"), (stat.S_ISFIFO, "a FIFO"),
+             (stat.S_ISSOCK, "a socket"))
+    for test, kind in kinds:
+        if test(mode):
+            return f"is {kind}"
+    return None if stat.S_ISREG(mode) or stat.S_ISDIR(mode) else "is not a regular file"
 
 
 def sqlite_database_of(path: Path) -> Path | None:
@@ -53,6 +84,26 @@ def sqlite_database_of(path: Path) -> Path | None:
             if name.name.endswith(suffix) and _is_sqlite(base := name.with_name(name.name[: -len(suffix)])):
                 return base
     return None
+
+
+def looks_like_pairs_file(path: Path) -> bool:
+    """True if ``path`` is a regular file whose first line is a pairs-file record (a JSON object
+    with ``response_a`` and ``response_b``; preference rows have ``chosen``/``rejected``)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_NOCTTY", 0))
+    except OSError:
+        return False
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return False
+        with os.fdopen(os.dup(fd), "rb") as f:
+            first = f.readline(1 << 20)
+        obj = json.loads(first.decode("utf-8-sig"))
+    except (OSError, ValueError):
+        return False
+    finally:
+        os.close(fd)
+    return isinstance(obj, dict) and "response_a" in obj and "response_b" in obj
 
 
 def same_file(a: Path, b: Path) -> bool:
@@ -70,6 +121,8 @@ def check_output(raw: str, force: bool, inputs: Sequence[tuple[str, Path]], opti
     if not raw.strip():
         raise UserError(f"{option}: empty path; give a file name")
     path = Path(raw)
+    if (why := _special_kind(path)) is not None:
+        raise UserError(f"{option} {raw} {why}; give a regular file or a new name")
     if path.is_dir() or raw.endswith(("/", os.sep)):
         raise UserError(f"{option} {raw}: is a directory; give a file name")
     for what, src in inputs:

@@ -3,7 +3,9 @@
 An invitation token (``identity.new_invite_token``) is handed to one labeller by ``rlhfkit
 label invite NAME`` and works until it expires (``--expires``, default 7 days), is replaced
 by a new invitation or revoked. A browser trades it for a session id of its own
-(``sign_in``), its cookie; the session ends with the link. The database keeps only the
+(``sign_in``), its cookie; the session ends with the link, or when the labeller has signed in
+``MAX_SESSIONS`` more times since (each sign-in with a link adds one; they used to pile up
+without bound). The database keeps only the
 SHA-256 of each token and session id.
 
 The methods use the store's transactions (``_tx``, ``_read``), clock and labeller look-ups.
@@ -19,6 +21,7 @@ from rlhfkit.label.identity import new_invite_token, token_digest
 
 INVITE_SECONDS = 7 * 86400  # how long an invitation link works unless `invite --expires` says otherwise
 MAX_INVITE_SECONDS = 366 * 86400
+MAX_SESSIONS = 20  # signed-in browsers per labeller; a new sign-in beyond this ends the oldest
 
 
 class Invitations:
@@ -86,6 +89,9 @@ class Invitations:
             con.execute("INSERT INTO sessions VALUES (?, ?, ?, ?)",
                         (token_digest(session), row["labeller_id"], iso(now), expires))
             con.execute("DELETE FROM sessions WHERE expires_at <= ?", (iso(now),))
+            con.execute("DELETE FROM sessions WHERE labeller_id = ? AND rowid NOT IN (SELECT rowid FROM sessions "
+                        "WHERE labeller_id = ? ORDER BY rowid DESC LIMIT ?)",
+                        (row["labeller_id"], row["labeller_id"], MAX_SESSIONS))
         return str(row["name"]), session
 
     def session_labeller(self, session: str) -> str | None:

@@ -18,12 +18,14 @@ import hashlib
 import json
 import os
 import re
+import unicodedata
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from rlhfkit.errors import DataError, UserError
 from rlhfkit.label.files import write_lines_atomic
+from rlhfkit.label.identity import is_default_ignorable
 
 PAIR_ID_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.:-]{0,127}")
 PAIR_ID_RULE = "1-128 characters of letters, digits, '_.:-', starting with a letter or digit"
@@ -61,6 +63,16 @@ def _lone_surrogate(text: str) -> str | None:
     return None
 
 
+def _ignorable(ch: str) -> bool:
+    return unicodedata.category(ch) == "Cf" or is_default_ignorable(ch)
+
+
+def visible(text: str) -> str:
+    """``text`` without default-ignorable characters and surrounding white space: what a reader
+    sees (a prompt of only U+200B is empty; "x" and "x\u200b" are the same response)."""
+    return "".join(ch for ch in text if not _ignorable(ch)).strip()
+
+
 def parse_pair(obj: object, where: str) -> Pair:
     """Validate one decoded JSON line; ``where`` ("FILE:LINE") prefixes every error."""
     if not isinstance(obj, dict):
@@ -75,9 +87,9 @@ def parse_pair(obj: object, where: str) -> Pair:
             raise DataError(f"{where}: field '{key}' holds a lone surrogate ({bad}), which is not text")
     if not is_pair_id(obj["pair_id"]):
         raise DataError(f"{where}: pair_id {obj['pair_id']!r} must be {PAIR_ID_RULE}")
-    if not obj["prompt"].strip():
-        raise DataError(f"{where}: prompt is empty")
-    if obj["response_a"].strip() == obj["response_b"].strip():
+    if not visible(obj["prompt"]):
+        raise DataError(f"{where}: prompt is empty (or only invisible characters)")
+    if visible(obj["response_a"]) == visible(obj["response_b"]):
         raise DataError(f"{where}: response_a and response_b are identical (nothing to compare)")
     return Pair(**{k: obj[k] for k in REQUIRED}, **{k: obj.get(k, "") for k in OPTIONAL})
 
@@ -157,7 +169,7 @@ def build_pairs(
     seen: set[str] = set()
     for prompt, ra, rb in zip(prompts, responses_a, responses_b):
         pid = pair_id_for(prompt, ra, rb)
-        if ra.strip() == rb.strip() or pid in seen:
+        if visible(ra) == visible(rb) or pid in seen:
             continue
         seen.add(pid)
         pairs.append(Pair(pid, prompt, ra, rb, model_a, model_b))

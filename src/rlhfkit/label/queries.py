@@ -13,7 +13,9 @@ from contextlib import AbstractContextManager, contextmanager
 from datetime import datetime
 from pathlib import Path
 
+from rlhfkit.errors import DataError
 from rlhfkit.label.db import open_read_only
+from rlhfkit.label.identity import printable
 from rlhfkit.label.records import VoteRecord
 
 COUNTS = {
@@ -43,11 +45,13 @@ class ReadQueries:
         with self._read() as con:
             rows = con.execute(
                 "SELECT v.pair_id, l.name, v.score, v.choice, v.left_side, v.shown_at, v.created_at, "
-                "p.prompt, p.response_a, p.response_b FROM votes v "
+                "p.prompt, p.response_a, p.response_b, v.vote_id FROM votes v "
                 "JOIN labellers l USING (labeller_id) JOIN pairs p USING (pair_id) "
                 "ORDER BY p.position, v.pair_id, v.created_at, v.vote_id"
             ).fetchall()
-        return [VoteRecord(*r) for r in rows]
+        for r in rows:
+            _check_vote(getattr(self, "path", "database"), r)
+        return [VoteRecord(*r[:-1]) for r in rows]
 
     def counts(self) -> dict[str, int]:
         """Table sizes for ``stats``."""
@@ -97,9 +101,34 @@ class ReadOnlyStore(ReadQueries):
         self._con.close()
 
 
+TIME_FORMAT = "%Y-%m-%dT%H:%M:%S.%fZ"  # db.iso
+
+
+def _is_time(value: object) -> bool:
+    try:
+        datetime.strptime(value, TIME_FORMAT)  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        return False
+    return True
+
+
+def _check_vote(path: object, row: sqlite3.Row | tuple) -> None:
+    """Refuse, in one line, a vote row no rlhfkit could have written (a damaged or edited
+    database): it would crash ``stats`` or export a margin outside [0, 1]."""
+    score, choice, shown_at, created_at, vote_id = row[2], row[3], row[5], row[6], row[-1]
+    problem = None
+    if type(score) is not int or not -2 <= score <= 2:
+        problem = f"score {score!r} is not one of -2..2"
+    elif type(choice) is not int or not 1 <= choice <= 5:
+        problem = f"choice {choice!r} is not one of 1..5"
+    elif not _is_time(created_at) or (shown_at is not None and not _is_time(shown_at)):
+        problem = f"time {created_at!r} / {shown_at!r} is not of the form 2026-01-31T12:00:00.000000Z"
+    if problem is not None:
+        raise DataError(f"{path}: vote {vote_id}: {printable(problem)} (a damaged or edited database)")
+
+
 def _seconds(start: str, end: str) -> float:
-    fmt = "%Y-%m-%dT%H:%M:%S.%fZ"
-    return (datetime.strptime(end, fmt) - datetime.strptime(start, fmt)).total_seconds()
+    return (datetime.strptime(end, TIME_FORMAT) - datetime.strptime(start, TIME_FORMAT)).total_seconds()
 
 
 def _median(xs: list[float]) -> float | None:

@@ -20,9 +20,12 @@
 
 from __future__ import annotations
 
+import errno
 import logging
 import re
 import secrets
+import sqlite3
+import time
 from urllib.parse import urlencode, urlsplit
 
 from starlette.datastructures import MutableHeaders
@@ -32,7 +35,22 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 LOOPBACK_HOSTS = frozenset({"127.0.0.1", "localhost", "::1"})
 MAX_BODY_BYTES = 64 * 1024
+MAX_HEADER_BYTES = 16 * 1024  # request line + headers, as h11 counts a block that arrives in pieces
+
+
+def header_bytes(scope: Scope) -> int:
+    """About the size of the request's line and header block: h11 refuses one over its limit
+    only while it is still arriving, so a block sent in one piece is measured here."""
+    line = len(scope.get("raw_path") or b"") + len(scope.get("query_string") or b"") + 16
+    return line + sum(len(name) + len(value) + 4 for name, value in scope.get("headers", []))
 log = logging.getLogger("rlhfkit.label")
+
+
+def _disk_full(e: BaseException) -> bool:
+    """SQLite's "database or disk is full" (SQLITE_FULL) or an OSError with ENOSPC/EDQUOT."""
+    if isinstance(e, sqlite3.OperationalError):
+        return "disk is full" in str(e) or getattr(e, "sqlite_errorcode", None) == sqlite3.SQLITE_FULL
+    return isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT)
 
 SECURITY_HEADERS = {
     "Content-Security-Policy": (
@@ -99,6 +117,8 @@ def _closing(response: Response, method: str) -> Response:
 
 def check(request: Request, token: str | None, allowed_hosts: frozenset[str] | None) -> Response | None:
     """Return an error response if the request must be refused on its headers, else None."""
+    if header_bytes(request.scope) > MAX_HEADER_BYTES:
+        return _error(431, f"request header block larger than {MAX_HEADER_BYTES} bytes")
     if allowed_hosts is not None and hostname_of(request.headers.get("host", "")) not in allowed_hosts:
         return _error(400, "Host header not allowed (the app only answers on its loopback address)")
     origin = request.headers.get("origin")
@@ -163,6 +183,7 @@ class SecurityMiddleware:
     def __init__(self, app: ASGIApp, token: str | None = None, allowed_hosts: frozenset[str] | None = None,
                  max_body: int = MAX_BODY_BYTES) -> None:
         self.app, self.token, self.allowed_hosts, self.max_body = app, token, allowed_hosts, max_body
+        self._disk_full_logged_at: float | None = None
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -183,9 +204,16 @@ class SecurityMiddleware:
             await self._handle(scope, receive, send_with_headers)
         except _Disconnected:
             return
-        except Exception:
+        except Exception as e:
             if started:
                 raise
+            if _disk_full(e):
+                if self._disk_full_logged_at is None or time.monotonic() - self._disk_full_logged_at >= 60:
+                    self._disk_full_logged_at = time.monotonic()
+                    log.error("labelling app: disk full (%s); votes are not saved until there is room "
+                              "(logged at most once a minute)", e)
+                await _error(503, "disk full; vote not saved")(scope, receive, send_with_headers)
+                return
             log.exception("labelling app: unhandled error on %s %s", scope.get("method"), scope.get("path"))
             await _error(500, "internal error; the server log has the details")(scope, receive, send_with_headers)
 

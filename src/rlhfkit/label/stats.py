@@ -6,6 +6,7 @@ import math
 from collections import Counter
 from collections.abc import Sequence
 
+from rlhfkit.errors import DataError
 from rlhfkit.label.agreement import cohen_kappa, counts_table, fleiss_kappa
 from rlhfkit.label.export import group_votes
 from rlhfkit.label.identity import printable
@@ -50,6 +51,9 @@ def compute_stats(store: ReadQueries) -> dict[str, object]:
     counts = store.counts()
     per_pair = Counter(v.pair_id for v in votes)
     target = store.get_meta("votes_per_pair")
+    if target is not None and not (target.isascii() and target.isdigit()):
+        raise DataError(f"{getattr(store, 'path', 'database')}: votes_per_pair {printable(repr(target))} is not a "
+                        "number (a damaged or edited database)")
     non_tie = [v for v in votes if v.score != 0]
     left_wins = sum(1 for v in non_tie if v.choice <= 2)
     return {

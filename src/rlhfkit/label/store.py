@@ -271,7 +271,9 @@ class LabelStore(Database, ReadQueries, Invitations):
             if self._replay(con, lid, pair_id, choice, request_id):
                 return SubmitResult(stored=False, pair_id=pair_id)
             a = self._open_assignment(con, lid, name, pair_id)
-            lost = a["assigned_at"] <= self._cutoff() and not self._has_room(con, pair_id, lid)
+            full = con.execute("SELECT COUNT(*) FROM votes WHERE pair_id = ?", (pair_id,)).fetchone()[0] \
+                >= self.votes_per_pair  # a live lease from before a restart with a smaller cap
+            lost = full or (a["assigned_at"] <= self._cutoff() and not self._has_room(con, pair_id, lid))
             if lost:
                 con.execute("DELETE FROM assignments WHERE labeller_id = ? AND pair_id = ?", (lid, pair_id))
             else:
@@ -285,8 +287,8 @@ class LabelStore(Database, ReadQueries, Invitations):
                 con.execute("INSERT INTO request_ids VALUES (?, ?, ?, ?)", (lid, request_id, pair_id, choice))
                 self._decide(con, lid, pair_id, "voted", now, f"choice={choice} score={score}")
         if lost:
-            raise Conflict(f"your hold on pair {pair_id!r} expired and it has since got all its votes; "
-                           "this vote was not stored, take the next pair")
+            raise Conflict(f"pair {pair_id!r} has got all its votes while you held it (your hold expired or the "
+                           "target was lowered); this vote was not stored, take the next pair")
         return SubmitResult(stored=True, pair_id=pair_id)
 
     def skip(self, name: str, pair_id: str) -> SubmitResult:
