@@ -10,7 +10,9 @@ import torch
 from tiny_lm import build_tiny_model, build_tokenizer
 
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-torch.set_num_threads(min(2, torch.get_num_threads()))
+# Under pytest-xdist every worker is a process of its own: one thread each keeps the cores from being
+# oversubscribed (the workers already use every core).
+torch.set_num_threads(1 if os.environ.get("PYTEST_XDIST_WORKER") else min(2, torch.get_num_threads()))
 
 
 def pytest_collection_modifyitems(config, items):
