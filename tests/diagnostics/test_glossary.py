@@ -21,8 +21,10 @@ LITERAL = re.compile(r"[\"']((?:" + "|".join(NAMESPACES) + r")/[a-z0-9_]+)[\"']"
 
 
 def sources() -> str:
-    """Where metrics are made: the trainers and rlhfkit.algos (DPO's rewards/* and logps/*)."""
-    files = [*(ROOT / "src/rlhfkit/trainers").rglob("*.py"), *(ROOT / "src/rlhfkit/algos").rglob("*.py")]
+    """Where metrics are made: the trainers, rlhfkit.algos (DPO's rewards/* and logps/*) and the rewards
+    that log per-sample metrics (reward=code's reward/code_*_rate)."""
+    files = [*(ROOT / "src/rlhfkit/trainers").rglob("*.py"), *(ROOT / "src/rlhfkit/algos").rglob("*.py"),
+             *(ROOT / "src/rlhfkit/rewards").rglob("*.py")]
     return "\n".join(f.read_text(encoding="utf-8") for f in files)
 
 

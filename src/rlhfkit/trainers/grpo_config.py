@@ -24,6 +24,7 @@ from rlhfkit.core.config import check, option
 from rlhfkit.runtime.batch_plan import check_micro_batch_size
 from rlhfkit.trainers.options import (
     REWARD_SPECS_HELP,
+    CodeRewardArgs,
     EnvArgs,
     GenerationArgs,
     ModelArgs,
@@ -39,11 +40,13 @@ OFF_POLICY_TIS_CAP = 2.0  # one_step_off_policy's cap when tis_cap is unset (Yao
 
 
 @dataclass
-class GRPOConfig(EnvArgs, GenerationArgs, ReferenceArgs, SamplingArgs, ModelArgs, OptimizerArgs, RunArgs):
+class GRPOConfig(CodeRewardArgs, EnvArgs, GenerationArgs, ReferenceArgs, SamplingArgs, ModelArgs, OptimizerArgs,
+                 RunArgs):
     """GRPO: G sampled completions per prompt, group-relative advantages, clipped ratio, no value head."""
 
     # data and reward
-    prompts: str = option("builtin:arithmetic", "prompts: builtin:arithmetic|reviews|stories|instructions or a JSONL/CSV/TXT file")
+    prompts: str = option("builtin:arithmetic", "prompts: builtin:arithmetic|reviews|stories|instructions|python-tasks "
+                          "or a JSONL/CSV/TXT file")
     eval_prompts: str | None = option(None, "held-out prompts for the before/after check (default: test split of `prompts`)")
     num_eval_prompts: int = option(100, "held-out prompts sampled (at `temperature`) before and after training (0 = skip)")
     reward: str = option("arithmetic", "arithmetic (exact match) | sentiment | " + REWARD_SPECS_HELP, several=True)

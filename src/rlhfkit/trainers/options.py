@@ -8,14 +8,23 @@ and freezes the config (RunArgs is FrozenAfterValidation): nothing assigns a fie
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
+from types import MappingProxyType
 
-from rlhfkit.core.choices import DTYPES, GENERATION_BACKENDS, LR_SCHEDULES, PROMPT_OVERFLOW_MODES
+from rlhfkit.core.choices import (
+    CODE_ISOLATIONS,
+    CODE_REWARDS,
+    DTYPES,
+    GENERATION_BACKENDS,
+    LR_SCHEDULES,
+    PROMPT_OVERFLOW_MODES,
+)
 from rlhfkit.core.config import FrozenAfterValidation, check, option
 
 OVERFLOW_MODES = PROMPT_OVERFLOW_MODES
 # The reward specs the RL trainers take after their built-in default (`reward=` help text)
-REWARD_SPECS_HELP = ("length[:N] | model:PATH (an `rlhfkit rm` folder, or any AutoModelForSequenceClassification "
+REWARD_SPECS_HELP = ("code[:fraction|all] (the completion's program against the record's tests in a sandbox, "
+                     "the code_* options) | length[:N] | model:PATH (an `rlhfkit rm` folder, or any AutoModelForSequenceClassification "
                      "folder or Hub id) | python:module:function (called as TRL calls rewards: prompts=, completions=, "
                      "each prompt field as a keyword); a,b (or a YAML list) = several, summed with reward_weights, each "
                      "logged as reward/NAME. In Python: a callable or a list")
@@ -233,3 +242,39 @@ class EnvArgs:
         if self.env and self.generation_backend == "vllm":
             check(False, f"env ({self.env}) samples its turns on the training policy; set generation_backend=hf "
                   f"or lean (got {self.generation_backend})")
+
+
+@dataclass
+class CodeRewardArgs:
+    """reward=code: the completion's program run against the record's tests in a sandbox
+    (rewards/code.py, rewards/sandbox.py; docs/rewards.md)."""
+
+    code_reward: str = option("fraction", "reward=code's score: fraction = the share of the record's tests passed; all "
+                              "= 1 only when every test passes (code:all / code:fraction in `reward` override it)",
+                              CODE_REWARDS)
+    code_workers: int | None = option(None, "reward=code: programs run at the same time, each in its own sandboxed "
+                                      "process (None: the CPU cores)")
+    code_timeout: float = option(10.0, "reward=code: CPU seconds one program (with all its tests) may use; it is "
+                                 "killed with its processes 2 s after this much wall-clock time")
+    code_memory_mb: int = option(1024, "reward=code: address-space limit of a program, in MB")
+    code_isolation: str = option("auto", "reward=code: auto = bubblewrap (read-only system, no network, private "
+                                 "/tmp, own pid namespace) where it runs, else resource limits only; bwrap = "
+                                 "require it; rlimits = resource limits only. A run prints which it got",
+                                 CODE_ISOLATIONS)
+    tests_field: str | None = option(None, "reward=code: the column holding the tests (None: test_list + "
+                                     "test_setup_code (MBPP), test + entry_point (HumanEval) or input_output (APPS))")
+
+    def validate(self) -> None:
+        from rlhfkit.rewards.code import CodeSettings
+
+        CodeSettings.of({k: getattr(self, k) for k in CodeSettings.__dataclass_fields__})
+
+
+REWARD_OPTION_GROUPS: tuple[type, ...] = (CodeRewardArgs,)
+
+
+def reward_options(cfg) -> MappingProxyType:
+    """The run's reward settings for rewards.get_rewards: every field of the reward option groups
+    `cfg` mixes in, read-only."""
+    names = [f.name for group in REWARD_OPTION_GROUPS if isinstance(cfg, group) for f in fields(group)]
+    return MappingProxyType({k: getattr(cfg, k) for k in names})

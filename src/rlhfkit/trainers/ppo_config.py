@@ -9,6 +9,7 @@ from rlhfkit.core.config import check, option
 from rlhfkit.runtime.batch_plan import check_micro_batch_size
 from rlhfkit.trainers.options import (
     REWARD_SPECS_HELP,
+    CodeRewardArgs,
     EnvArgs,
     GenerationArgs,
     ModelArgs,
@@ -20,7 +21,7 @@ from rlhfkit.trainers.options import (
 
 
 @dataclass
-class ActorCriticArgs(EnvArgs, GenerationArgs, ReferenceArgs, SamplingArgs, ModelArgs, OptimizerArgs, RunArgs):
+class ActorCriticArgs(CodeRewardArgs, EnvArgs, GenerationArgs, ReferenceArgs, SamplingArgs, ModelArgs, OptimizerArgs, RunArgs):
     """What the actor-critic trainers (PPO, TRPO) share: the rollout, the KL-shaped rewards, GAE and the critic."""
 
     # The CPU demo adapts the top 12 of SmolLM2's 30 layers: backward stops there (docs/benchmarks.md, "Frozen

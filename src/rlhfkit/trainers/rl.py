@@ -82,8 +82,9 @@ def prepare_data(cfg: RLConfig, make_env=None) -> tuple:
     """(reward_fn, train records, held-out records). With `env` the environment rewards: reward_fn is None."""
     from rlhfkit.data.prompts import info_columns, load_prompts
     from rlhfkit.rewards import check_reward_call, get_rewards
+    from rlhfkit.trainers.options import reward_options
 
-    reward_fn = None if cfg.env else get_rewards(cfg.reward, cfg.reward_weights)
+    reward_fn = None if cfg.env else get_rewards(cfg.reward, cfg.reward_weights, options=reward_options(cfg))
     prompts = env_prompts(cfg, make_env)
     train = load_prompts(prompts, split="train", seed=cfg.seed)
     if not train:
