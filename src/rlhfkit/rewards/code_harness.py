@@ -54,7 +54,7 @@ def _limit(limits, uid):
     resource.setrlimit(resource.RLIMIT_NPROC, (n, n))  # counts the uid's processes: after setuid
 
 
-def _reason(error, memory=MemoryError, assertion=AssertionError):
+def _reason(error, memory=MemoryError, assertion=AssertionError, isinstance=isinstance):
     if isinstance(error, memory):
         return "memory", "MemoryError"
     if isinstance(error, assertion):
@@ -130,6 +130,11 @@ def main():
         _run_stdio(job, report, clean, int(job.get("max_output", 65536)))
     else:
         _run_asserts(job, report, clean)
+    for stream in (sys.stdout, sys.stderr):  # what the program printed, for the samples
+        try:
+            stream.flush()
+        except BaseException:
+            pass
     os._exit(0)  # no atexit handlers or threads of the program run after the report
 
 

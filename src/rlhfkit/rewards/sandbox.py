@@ -73,10 +73,11 @@ class Sandbox:
         if isolation not in ISOLATIONS:
             raise UserError(f"code_isolation ({isolation!r}) must be one of: {', '.join(ISOLATIONS)}")
         self.limits = limits
-        self.python = getattr(sys, "_base_executable", None) or os.path.realpath(sys.executable)
+        self.python, self.own_uid = interpreter()
         self.harness = HARNESS.read_text(encoding="utf-8")
         self.isolation, why = self._choose(isolation)
-        self.note = describe(self.isolation, why)
+        self.note = describe(self.isolation, why) + ("" if self.own_uid or os.getuid() != 0 else
+                                                     "; as root (no Python every user can reach)")
 
     def _choose(self, wanted: str) -> tuple[str, str]:
         if wanted == "rlimits":
@@ -98,7 +99,7 @@ class Sandbox:
         """Run `job` (code_harness's format, without nonces and limits) and collect each test's result."""
         n = len(job["tests"] if job["kind"] == "asserts" else job["inputs"])
         nonces = [secrets.token_hex(16) for _ in range(n)]
-        uid = UID_BASE + secrets.randbelow(1 << 16) if os.getuid() == 0 else None
+        uid = UID_BASE + secrets.randbelow(1 << 16) if self.own_uid else None
         full = {**job, "nonces": nonces, "uid": uid, "limits": asdict(self.limits),
                 "max_output": self.limits.max_output}
         folder = tempfile.mkdtemp(prefix="rlhfkit-code-")
@@ -131,6 +132,32 @@ class Sandbox:
         return collect(job["nonces"], results, proc.returncode, timed_out, wall,
                        read_all(out_fd[0], self.limits.max_output).decode("utf-8", "replace"),
                        read_all(err_fd[0], self.limits.max_output).decode("utf-8", "replace"))
+
+
+def interpreter() -> tuple[str, bool]:
+    """(the Python programs run under, whether each execution gets a uid of its own). Not root: this
+    Python's base interpreter, as this user. Root: the first of that, /usr/bin/python3 and
+    /usr/local/bin/python3 whose binary and standard library every user may reach (programs run as
+    another uid); else this one, as root."""
+    own = os.path.realpath(getattr(sys, "_base_executable", None) or sys.executable)
+    if os.getuid() != 0:
+        return own, False
+    for exe, prefix in ((own, sys.base_prefix), ("/usr/bin/python3", "/usr"), ("/usr/local/bin/python3", "/usr/local")):
+        exe = os.path.realpath(exe)
+        if os.path.isfile(exe) and reachable(exe) and reachable(os.path.join(os.path.realpath(prefix), "lib")):
+            return exe, True
+    return own, False
+
+
+def reachable(path: str) -> bool:
+    """Every user may reach `path`: each folder on the way is world-searchable, the end world-readable."""
+    parts = Path(path).parts
+    try:
+        folders = [os.stat(os.path.join(*parts[:i])).st_mode for i in range(1, len(parts))]
+        end = os.stat(path).st_mode
+    except OSError:
+        return False
+    return all(m & 0o001 for m in folders) and bool(end & 0o004)
 
 
 def unlinked(folder: str, name: str, data: bytes, files: contextlib.ExitStack,
