@@ -12,6 +12,7 @@ another name) so the test split holds unseen variants of seen skills as well as 
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import math
@@ -28,8 +29,7 @@ STRS = [["hello"], ["Python"], ["a b c"], ["racecar"], ["data science"]]
 
 def family_k(name: str, text: str, fn, ks, args=INTS) -> list[tuple]:
     """One task per constant k: name and text take {k} (the number) and {w} (its word)."""
-    return [(name.format(w=WORDS[k], k=k), text.format(w=WORDS[k], k=k), (lambda k: lambda *a: fn(k, *a))(k), args)
-            for k in ks]
+    return [(name.format(w=WORDS[k], k=k), text.format(w=WORDS[k], k=k), functools.partial(fn, k), args) for k in ks]
 
 
 def families() -> list[tuple]:
@@ -59,11 +59,11 @@ def families() -> list[tuple]:
     tasks += family_k("divide_by_{w}", "takes a number x and returns x divided by {k}", lambda k, x: x / k, (2, 4, 5))
     for c in "aeiostnr":
         tasks.append((f"count_{c}", f"takes a string s and returns how many times the letter '{c}' appears in s",
-                      (lambda c: lambda s: s.count(c))(c), [["banana"], ["test case"], ["aaa"], ["xyz"], ["sister"]]))
+                      functools.partial(_count, c), [["banana"], ["test case"], ["aaa"], ["xyz"], ["sister"]]))
     for greet in ("Hello", "Hi", "Welcome", "Goodbye", "Thanks"):
         tasks.append((f"say_{greet.lower()}", f"takes a name (a string) and returns the string '{greet}, ' followed by "
                       f"the name and '!'. For example {greet.lower()}('Ann') gives '{greet}, Ann!'",
-                      (lambda g: lambda n: f"{g}, {n}!")(greet), [["Ann"], ["Bob"], ["World"]]))
+                      functools.partial(_greet, greet), [["Ann"], ["Bob"], ["World"]]))
     tasks += [
         ("add", "takes two numbers a and b and returns their sum", lambda a, b: a + b, PAIRS),
         ("subtract", "takes two numbers a and b and returns a minus b", lambda a, b: a - b, PAIRS),
@@ -140,6 +140,14 @@ def families() -> list[tuple]:
         ("make_pair_list", "takes two values a and b and returns the list [a, b]", lambda a, b: [a, b], PAIRS),
     ]
     return tasks
+
+
+def _greet(greeting: str, name: str) -> str:
+    return f"{greeting}, {name}!"
+
+
+def _count(c: str, s: str) -> int:
+    return s.count(c)
 
 
 def _fib(n: int) -> int:

@@ -151,6 +151,18 @@ def verdicts(job: dict, ex: Execution) -> list[str]:
             for i, s in enumerate(ex.statuses)]
 
 
+def note(statuses: list[str], ex: Execution, limit: int = 300) -> str:
+    """'pass 3/3', or the first failed test with its detail and the end of the program's output."""
+    passed = sum(s == "pass" for s in statuses)
+    bad = next((i for i, s in enumerate(statuses) if s != "pass"), None)
+    if bad is None:
+        return f"pass {passed}/{len(statuses)}"
+    detail = ex.details[bad] if bad < len(ex.details) else ""
+    text = f"{statuses[bad]} {passed}/{len(statuses)}: test {bad}: {detail}".strip()
+    output = " ".join((ex.stdout + " " + ex.stderr).split())
+    return (text + (f" | output: {output[-limit:]}" if output else ""))[: 2 * limit]
+
+
 def first_reason(statuses: list[str]) -> str:
     """A completion's reason: pass when every test passed, else its first failed test's status
     (fail = a wrong answer; timeout, memory, error)."""
@@ -165,7 +177,8 @@ class CodeReward:
     executions spread over `code_workers` threads (each waits on its own sandboxed process).
     `score_with_metrics` also returns per-sample 0/1 indicators of each reason, logged by the
     trainer as reward/code_pass_rate, reward/code_timeout_rate, reward/code_error_rate and
-    reward/code_memory_rate (means over the iteration's completions)."""
+    reward/code_memory_rate (means over the iteration's completions), and `code_result`, a one-line
+    note per sample (how it failed, the end of its output) that samples.jsonl shows."""
 
     reward_name = "code"
 
@@ -188,21 +201,25 @@ class CodeReward:
 
     def score_with_metrics(self, prompts: list, completions: list,
                            **columns: Any) -> tuple[list[float], dict[str, list[float]]]:
-        """(scores, {"code_pass_rate": [0/1 per sample], "code_timeout_rate": ..., ...})."""
+        """(scores, {"code_pass_rate": [0/1 per sample], "code_timeout_rate": ..., ..., "code_result": [note]})."""
         jobs = [job_of(extract_code(c), p, {k: v[i] for k, v in columns.items()}, self.settings.tests_field)
                 for i, (p, c) in enumerate(zip(prompts, completions))]
-        statuses = self.run(jobs)
-        scores = [self.score(s) for s in statuses]
-        reasons = [first_reason(s) for s in statuses]
-        metrics = {name: [float(x == r) for x in reasons] for r, name in RATE_OF_REASON.items()}
+        results = self.run(jobs)
+        scores = [self.score(statuses) for statuses, _ in results]
+        reasons = [first_reason(statuses) for statuses, _ in results]
+        metrics: dict[str, list] = {name: [float(x == r) for x in reasons] for r, name in RATE_OF_REASON.items()}
+        metrics["code_result"] = [note for _, note in results]  # text: samples.jsonl, not a metric
         return scores, metrics
 
-    def run(self, jobs: list[dict]) -> list[list[str]]:
-        """Each job's per-test statuses; a job without tests runs nothing and has none."""
-        def one(job: dict) -> list[str]:
+    def run(self, jobs: list[dict]) -> list[tuple[list[str], str]]:
+        """Each job's (per-test statuses, a one-line note of how it failed: samples.jsonl's code_result).
+        A job without tests runs nothing and has none."""
+        def one(job: dict) -> tuple[list[str], str]:
             if not (job.get("tests") or job.get("inputs")):
-                return []
-            return verdicts(job, self.sandbox.run({k: v for k, v in job.items() if k != "expected"}))
+                return [], "error: the record has no tests"
+            ex = self.sandbox.run({k: v for k, v in job.items() if k != "expected"})
+            statuses = verdicts(job, ex)
+            return statuses, note(statuses, ex)
 
         if self.workers == 1 or len(jobs) <= 1:
             return [one(j) for j in jobs]

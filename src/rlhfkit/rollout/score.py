@@ -9,7 +9,8 @@ from rlhfkit.rollout.core import Rollout
 
 def score_rollout(rollout: Rollout, records: list[dict], reward_fn) -> None:
     """rollout.scores (B,) from the reward (TRL's shapes: messages for conversational records) and,
-    for several weighted rewards, each one's scores in rollout.reward_parts."""
+    for several weighted rewards, each one's scores in rollout.reward_parts, with any per-sample
+    metrics a reward gives (rewards.scoring.score_with_metrics)."""
     from rlhfkit.data.prompts import reward_inputs
     from rlhfkit.rewards import score_parts
 
