@@ -87,6 +87,9 @@ def test_metrics_are_per_sample_reason_indicators_through_score_parts(fraction):
     reward = CodeReward(CodeSettings(code_isolation="rlimits", code_timeout=1), fraction.sandbox)
     scores, parts = score_parts(reward, ["p"] * 4, completions, {"test_list": [tests] * 4})
     assert scores == [1.0, 0.0, 1.0, 0.0]
+    notes = parts.pop("code_result")
+    assert notes[0] == "pass 1/1" and notes[1].startswith("timeout 0/1: test 0: ")
+    assert notes[3].startswith("error 0/1: test 0: solution: SyntaxError")
     assert parts == {"code_pass_rate": [1.0, 0.0, 1.0, 0.0], "code_timeout_rate": [0.0, 1.0, 0.0, 0.0],
                      "code_error_rate": [0.0, 0.0, 0.0, 1.0], "code_memory_rate": [0.0, 0.0, 0.0, 0.0]}
 
@@ -95,7 +98,7 @@ def test_weighted_with_another_reward_keeps_the_code_metrics(fraction):
     both = get_rewards("code,length:2", [1.0, 0.5], options={"code_isolation": "rlimits"})
     scores, parts = score_parts(both, ["p"], [GOOD], MBPP)
     assert set(parts) == {"code", "length:2", "code_pass_rate", "code_timeout_rate", "code_error_rate",
-                          "code_memory_rate"}
+                          "code_memory_rate", "code_result"}
     assert scores == [pytest.approx(parts["code"][0] + 0.5 * parts["length:2"][0])]
 
 
@@ -104,7 +107,7 @@ def test_get_rewards_reads_the_options_and_the_spec_overrides_code_reward():
                                            "code_workers": 3, "code_timeout": 2.5})
     inner = rew.__wrapped__
     assert (inner.settings.code_reward, inner.workers, inner.sandbox.limits.cpu_s) == ("all", 3, 3)
-    assert inner.sandbox.limits.wall_s == pytest.approx(4.5)
+    assert inner.sandbox.limits.wall_s == pytest.approx(2 * 2.5 + 5)
 
 
 @pytest.mark.parametrize(("options", "message"), [

@@ -73,7 +73,8 @@ class CodeSettings:
 
     def limits(self) -> Limits:
         cpu = max(1, math.ceil(self.code_timeout))
-        return Limits(cpu_s=cpu, wall_s=self.code_timeout + 2.0, memory_mb=self.code_memory_mb)
+        # wall-clock: room for a loaded machine, where a program gets a fraction of a core
+        return Limits(cpu_s=cpu, wall_s=2 * self.code_timeout + 5.0, memory_mb=self.code_memory_mb)
 
 
 def extract_code(completion: Any) -> str:

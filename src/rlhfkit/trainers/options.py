@@ -254,8 +254,8 @@ class CodeRewardArgs:
                               CODE_REWARDS)
     code_workers: int | None = option(None, "reward=code: programs run at the same time, each in its own sandboxed "
                                       "process (None: the CPU cores)")
-    code_timeout: float = option(10.0, "reward=code: CPU seconds one program (with all its tests) may use; it is "
-                                 "killed with its processes 2 s after this much wall-clock time")
+    code_timeout: float = option(10.0, "reward=code: CPU seconds one program (with all its tests) may use (rounded "
+                                 "up); it is killed with its processes after 2 x this + 5 s of wall-clock time")
     code_memory_mb: int = option(1024, "reward=code: address-space limit of a program, in MB")
     code_isolation: str = option("auto", "reward=code: auto = bubblewrap (read-only system, no network, private "
                                  "/tmp, own pid namespace) where it runs, else resource limits only; bwrap = "
