@@ -166,3 +166,27 @@ def _table_program(row: dict) -> str:
         args = tuple(ast.literal_eval(a) for a in compare.left.args)
         table[repr(args)] = ast.literal_eval(compare.comparators[0])
     return f"def {row['entry_point']}(*args):\n    return {table!r}[repr(args)]\n"
+
+
+def test_grpo_run_logs_the_code_rates_and_notes(tmp_path, tiny_model_dir):
+    """One GRPO iteration on the tiny model: reward/code_*_rate in metrics.jsonl (rates of the 4
+    completions, at most 1 together), each sample's code_result in samples.jsonl."""
+    from rlhfkit.core.config import build_config
+    from rlhfkit.trainers.grpo import train as grpo_train
+    from rlhfkit.trainers.grpo_config import GRPOConfig
+
+    rows = [{"prompt": f"Write add{i}(a, b).", "test_list": [f"assert add{i}(1, 2) == 3"]} for i in range(2)]
+    (tmp_path / "tasks.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    cfg = build_config(GRPOConfig, dict(
+        model=str(tiny_model_dir), prompts=str(tmp_path / "tasks.jsonl"), reward="code", code_isolation="rlimits",
+        code_timeout=2.0, iterations=1, rollout_batch_size=4, group_size=2, mini_batch_size=4, micro_batch_size=2,
+        max_new_tokens=4, num_eval_prompts=0, dtype="fp32", output_dir=str(tmp_path / "runs"), run_name="t",
+        quiet=True, tensorboard=False, log_samples=4))
+    grpo_train(cfg)
+    run = tmp_path / "runs" / "t"
+    row = json.loads((run / "metrics.jsonl").read_text().splitlines()[0])
+    rates = [row[f"reward/code_{r}_rate"] for r in ("pass", "timeout", "error", "memory")]
+    assert all(0.0 <= x <= 1.0 for x in rates) and sum(rates) <= 1.0 + 1e-9
+    assert "reward/code_result" not in row
+    samples = [json.loads(line) for line in (run / "samples.jsonl").read_text().splitlines()]
+    assert samples and all(isinstance(s["code_result"], str) and s["code_result"] for s in samples)
