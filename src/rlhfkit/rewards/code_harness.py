@@ -50,8 +50,21 @@ def _limit(limits, uid):
         os.setgroups([])
         os.setgid(uid)
         os.setuid(uid)
-    n = int(limits["processes"])
-    resource.setrlimit(resource.RLIMIT_NPROC, (n, n))  # counts the uid's processes: after setuid
+    # RLIMIT_NPROC counts every process of the uid: an execution's own uid has none yet; a user's
+    # own uid has its other processes, which the limit must leave room for (the harness forks once).
+    n = int(limits["processes"]) + (0 if uid is not None else _processes_of(os.getuid()))
+    resource.setrlimit(resource.RLIMIT_NPROC, (n, n))
+
+
+def _processes_of(uid):
+    count = 0
+    for name in os.listdir("/proc"):
+        if name.isdigit():
+            try:
+                count += os.stat("/proc/" + name).st_uid == uid
+            except OSError:
+                pass
+    return count
 
 
 def _reason(error, memory=MemoryError, assertion=AssertionError, isinstance=isinstance):
