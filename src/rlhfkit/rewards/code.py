@@ -19,6 +19,7 @@ block runs to the end), else the whole completion.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import os
@@ -242,6 +243,5 @@ def code_kind(target: str, spec: str, options: Mapping[str, Any]) -> CodeReward:
     if target:
         if target not in CODE_REWARDS:
             raise UserError(f"reward {spec!r}: expected 'code', 'code:fraction' or 'code:all'")
-        settings = CodeSettings.of({**{k: getattr(settings, k) for k in settings.__dataclass_fields__},
-                                    "code_reward": target})
+        settings = dataclasses.replace(settings, code_reward=target)
     return CodeReward(settings)
