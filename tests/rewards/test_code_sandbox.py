@@ -10,8 +10,10 @@ from __future__ import annotations
 
 import glob
 import os
+import shutil
 import socket
 import subprocess
+import tempfile
 import threading
 import time
 from pathlib import Path
@@ -28,12 +30,13 @@ LEVELS = ["rlimits", pytest.param("bwrap", marks=pytest.mark.skipif(
     not bwrap_works(os.path.realpath(os.sys.executable))[0], reason="bubblewrap does not run here"))]
 
 
-def sandbox_processes() -> set[int]:
-    """Processes running the harness (any sandbox of this machine)."""
+def sandbox_processes(marker: str) -> set[int]:
+    """Processes whose command line names `marker` (this test's sandbox folders: the harness under
+    resource limits, bubblewrap itself, whose pid namespace takes every process inside with it)."""
     found = set()
     for cmd in glob.glob("/proc/[0-9]*/cmdline"):
         try:
-            if b"harness.py" in Path(cmd).read_bytes():
+            if marker.encode() in Path(cmd).read_bytes():
                 found.add(int(cmd.split("/")[2]))
         except OSError:
             pass
@@ -46,22 +49,30 @@ def git_status() -> str:
 
 @pytest.fixture
 def world(tmp_path, monkeypatch):
-    """A temporary HOME with a sentinel; after the test, checks that nothing outside changed."""
+    """A temporary HOME with a sentinel, and this test's own parent folder for sandbox folders (so
+    tests running side by side do not see each other's); after the test, checks that nothing
+    outside changed."""
     home = tmp_path / "home"
     home.mkdir(mode=0o700)
     (home / "secret.txt").write_text("sentinel-secret")
     monkeypatch.setenv("HOME", str(home))
-    before = (git_status(), sandbox_processes(), set(glob.glob("/tmp/rlhfkit-code-*")))
+    folders = Path(tempfile.mkdtemp(prefix="rlhfkit-sandbox-test-", dir="/tmp"))
+    folders.chmod(0o711)  # an execution's own uid must reach its folder inside
+    monkeypatch.setattr(tempfile, "tempdir", str(folders))
+    before = git_status()
     yield home
-    assert (home / "secret.txt").read_text() == "sentinel-secret"
-    assert sorted(p.name for p in home.iterdir()) == ["secret.txt"]
-    assert git_status() == before[0]
-    for _ in range(100):  # bubblewrap's pid namespace dies with it, a moment later on a loaded machine
-        if not sandbox_processes() - before[1]:
-            break
-        time.sleep(0.1)
-    assert not sandbox_processes() - before[1], "a sandboxed process outlived its execution"
-    assert not set(glob.glob("/tmp/rlhfkit-code-*")) - before[2], "a sandbox folder was left behind"
+    try:
+        assert (home / "secret.txt").read_text() == "sentinel-secret"
+        assert sorted(p.name for p in home.iterdir()) == ["secret.txt"]
+        assert git_status() == before
+        for _ in range(100):  # bubblewrap's pid namespace dies with it, a moment later on a loaded machine
+            if not sandbox_processes(str(folders)):
+                break
+            time.sleep(0.1)
+        assert not sandbox_processes(str(folders)), "a sandboxed process outlived its execution"
+        assert not list(folders.iterdir()), "a sandbox folder was left behind"
+    finally:
+        shutil.rmtree(folders, ignore_errors=True)
 
 
 def reward(isolation: str, **limits) -> CodeReward:
@@ -210,3 +221,13 @@ def test_reading_an_earlier_result_back_does_not_forge_the_next(isolation, world
         "                    except OSError:\n                        pass\n    os._exit(0)")
     s, why = score(reward(isolation), program, ["assert True", "assert f(1) == 2", "assert f(2) == 3"])
     assert s == pytest.approx(1 / 3) and why == "code_error_rate"
+
+
+@pytest.mark.parametrize("isolation", LEVELS)
+@pytest.mark.parametrize("leave_group", [False, True], ids=["same-group", "setsid"])
+def test_a_process_left_behind_is_killed_when_the_execution_ends(isolation, leave_group, world):
+    if leave_group and not ROOT and isolation == "rlimits":
+        pytest.skip("as a non-root user without bubblewrap a process that leaves the group survives (docs)")
+    program = (f"import os, time\nif os.fork() == 0:\n    if {leave_group}:\n        os.setsid()\n"
+               "    time.sleep(1000)\n    os._exit(0)\ndef f(x):\n    return x + 1")
+    assert score(reward(isolation), program) == (1.0, "code_pass_rate")  # the world fixture checks the rest
