@@ -11,7 +11,7 @@ from rlhfkit.data.prompts import info_fields
 from rlhfkit.data.sets import BUILTIN_NAMES
 from rlhfkit.errors import ConfigError, DataError
 
-MIN_SIZES = {"reviews": 200, "stories": 100, "instructions": 150, "arithmetic": 1000}
+MIN_SIZES = {"reviews": 200, "stories": 100, "instructions": 150, "arithmetic": 1000, "python-tasks": 150}
 
 
 def write_jsonl(path, rows):
@@ -42,7 +42,7 @@ def test_split_none_returns_every_split_tagged(name):
     assert [r["prompt"] for r in rows if r["split"] == "train"] == [r["prompt"] for r in train]
 
 
-@pytest.mark.parametrize("name", ["reviews", "stories", "instructions"])
+@pytest.mark.parametrize("name", ["reviews", "stories", "instructions", "python-tasks"])
 def test_builtin_files_have_no_duplicate_prompts(name):
     rows = load_prompts(f"builtin:{name}", "train") + load_prompts(f"builtin:{name}", "test")
     prompts = [r["prompt"].lower() for r in rows]

@@ -22,7 +22,8 @@ LITERAL = re.compile(r"[\"']((?:" + "|".join(NAMESPACES) + r")/[a-z0-9_]+)[\"']"
 
 def sources() -> str:
     """Where metrics are made: the trainers, rlhfkit.algos (DPO's rewards/* and logps/*) and the reward
-    functions that measure their own calls (rlhfkit.rewards: seconds waited on reward servers)."""
+    functions that measure their own calls (rlhfkit.rewards: seconds waited on reward servers, reward=code's
+    reward/code_*_rate)."""
     files = [*(ROOT / "src/rlhfkit/trainers").rglob("*.py"), *(ROOT / "src/rlhfkit/algos").rglob("*.py"),
              *(ROOT / "src/rlhfkit/rewards").rglob("*.py")]
     return "\n".join(f.read_text(encoding="utf-8") for f in files)

@@ -13,6 +13,8 @@ from __future__ import annotations
 DTYPES = ("auto", "fp32", "bf16")  # compute dtype; auto resolves to bf16 or fp32 (models/loading.resolve_dtype)
 LR_SCHEDULES = ("constant", "linear", "cosine")  # lr after warm-up (runtime/optim.py)
 PROMPT_OVERFLOW_MODES = ("truncate_left", "error")  # a prompt longer than max_prompt_length
+CODE_REWARDS = ("fraction", "all")  # reward=code's score (rewards/code.py)
+CODE_ISOLATIONS = ("auto", "bwrap", "rlimits")  # reward=code's sandbox (rewards/sandbox.py)
 GENERATION_BACKENDS = ("hf", "lean", "graph", "vllm")  # who samples rollouts (rollout/backends.py)
 ON_POLICY_BACKENDS = ("hf", "lean")  # backends one_step_off_policy's sampler thread runs
 

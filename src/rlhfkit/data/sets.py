@@ -25,8 +25,9 @@ BUILTIN_FILES = {
     "reviews": "reviews.jsonl",
     "stories": "stories.jsonl",
     "instructions": "instructions.jsonl",
+    "python-tasks": "python_tasks.jsonl",  # written by scripts/make_python_tasks.py (reward=code's tasks)
 }
-BUILTIN_NAMES = ("reviews", "stories", "arithmetic", "instructions")
+BUILTIN_NAMES = ("reviews", "stories", "arithmetic", "instructions", "python-tasks")
 SPLITS = ("train", "test")
 
 

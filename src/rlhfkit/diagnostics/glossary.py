@@ -20,6 +20,13 @@ METRICS: dict[str, str] = {
     "rollout/score_mean": "Mean raw score of the reward function or reward model per sequence, before score_clip "
     "and no_stop_penalty.",
     "rollout/score_std": "Standard deviation (population) of the raw scores across the rollout.",
+    "reward/code_pass_rate": "reward=code: share of the iteration's completions whose program passed every test.",
+    "reward/code_timeout_rate": "reward=code: share of completions whose first failed test ran out of CPU time or "
+    "wall-clock time (the program was killed).",
+    "reward/code_error_rate": "reward=code: share of completions whose first failed test raised an error other than "
+    "a failed assert or MemoryError (syntax errors, exits before the tests, crashes, output past the size limit).",
+    "reward/code_memory_rate": "reward=code: share of completions whose first failed test ran out of memory "
+    "(MemoryError at the code_memory_mb address-space limit).",
     "rollout/kl": "Mean over sequences of the summed per-token k1 KL estimate log pi(a) - log pi_ref(a) to the "
     "reference (nats per sequence); negative only by sampling noise. GRPO/RLOO: only with beta > 0.",
     "rollout/non_score_reward": "PPO: mean over sequences of the summed KL part of the reward, sum_t -kl_coef * "

@@ -1,7 +1,8 @@
 """Turn a reward spec string into a reward function.
 
 Specs: ``sentiment``, ``arithmetic``, ``length`` / ``length:N``,
-``python:module:function``, ``python:path/to/file.py:function`` and
+``python:module:function``, ``python:path/to/file.py:function``,
+``code[:fraction|all]`` (the completion's program against the record's tests, rewards/code.py) and
 ``model:PATH`` (a reward model trained with ``rlhfkit rm``, or any transformers
 ``AutoModelForSequenceClassification`` folder or Hub id), ``http(s)://HOST:PORT/PATH`` (a reward
 server, rewards/remote.py), ``judge:URL`` (an LLM judge, rewards/judge.py), ``verl:FILE.py[:FN]`` and
@@ -33,6 +34,7 @@ SPEC_FORMS = (
     "judge:URL",
     "verl:FILE.py[:FN]",
     "openrlhf:FILE.py[:FN]",
+    "code[:fraction|all]",
 )
 
 
@@ -87,8 +89,14 @@ def _model_kind(target: str, spec: str, options: Mapping[str, Any]) -> RewardFn:
     return _model_reward(target, spec)
 
 
+def _code_kind(target: str, spec: str, options: Mapping[str, Any]) -> RewardFn:
+    from rlhfkit.rewards.code import code_kind  # the sandbox is loaded only when a run asks for it
+
+    return code_kind(target, spec, options)
+
+
 KINDS: dict[str, RewardBuilder] = {
-    "length": _length_kind, "python": _python_kind, "model": _model_kind,
+    "length": _length_kind, "python": _python_kind, "model": _model_kind, "code": _code_kind,
     "http": _remote_kind, "https": _remote_kind, "judge": _judge_kind,
     "verl": _peer_kind("verl", "compute_score"), "openrlhf": _peer_kind("openrlhf", "reward_func"),
 }
@@ -112,7 +120,7 @@ def get_reward(spec: str | RewardFn, options: Mapping[str, Any] = NO_OPTIONS) ->
     kind, _, rest = spec.partition(":")
     if kind in BUILTINS and not rest:
         return _named(BUILTINS[kind], spec)
-    if kind in KINDS:
+    if kind in KINDS:  # "code" alone is a kind with an empty target
         return _named(KINDS[kind](rest, spec, options), spec)
     close = difflib.get_close_matches(kind, [*BUILTINS, *KINDS], n=1)
     hint = f" (did you mean {close[0]!r}?)" if close else ""

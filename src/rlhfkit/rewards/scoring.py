@@ -145,13 +145,36 @@ def score_parts(reward_fn: RewardFn, prompts: Sequence, completions: Sequence,
                 info: Mapping[str, Sequence[Any]] | None = None) -> tuple[list[float], dict[str, list[float]]]:
     """(scores, {name: scores of each reward}) where `reward_fn` sums several weighted rewards
     (registry.WeightedRewards: sum_i w_i r_i, each checked as score_batch checks one); else
-    (score_batch's scores, {})."""
+    (score_batch's scores, {}). Either dict also holds the per-sample metrics of rewards that give
+    some (`score_with_metrics`)."""
     parts = getattr(reward_fn, "parts", None)
     if not parts:
-        return score_batch(reward_fn, prompts, completions, info), {}
-    each = {name: score_batch(fn, prompts, completions, info, name=name) for name, fn, _ in parts}
+        return score_with_metrics(reward_fn, prompts, completions, info)
+    each, extra = {}, {}
+    for name, fn, _ in parts:
+        each[name], more = score_with_metrics(fn, prompts, completions, info, name=name)
+        extra.update(more)
     total = [sum(w * each[name][i] for name, _, w in parts) for i in range(len(prompts))]
-    return total, each
+    return total, {**each, **extra}
+
+
+def score_with_metrics(reward_fn: RewardFn, prompts: Sequence, completions: Sequence,
+                       info: Mapping[str, Sequence[Any]] | None = None,
+                       name: str | None = None) -> tuple[list[float], dict[str, list[float]]]:
+    """(score_batch's scores, per-sample metrics) for a reward that has a ``score_with_metrics(prompts,
+    completions, **columns) -> (scores, {metric: one number per sample})`` method (e.g. reward=code's
+    pass/timeout indicators, logged as reward/METRIC means); (scores, {}) for any other."""
+    detailed = getattr(inspect.unwrap(reward_fn), "score_with_metrics", None)
+    if detailed is None:
+        return score_batch(reward_fn, prompts, completions, info, name=name), {}
+    extra: dict[str, list[float]] = {}
+
+    def scores_only(prompts: list, completions: list, **columns: Any) -> Any:
+        scores, metrics = detailed(prompts, completions, **columns)
+        extra.update(metrics)
+        return scores
+
+    return score_batch(scores_only, prompts, completions, info, name=name or reward_name(reward_fn)), extra
 
 
 def _as_list(result: Any) -> list | None:

@@ -67,7 +67,8 @@ class Rollout:
     prompts: list[str] = field(default_factory=list)  # B prompt texts (unformatted)
     completions: list[str] = field(default_factory=list)  # B decoded responses, stop token excluded
     info: dict = field(default_factory=dict)  # per-sample lists passed to reward functions
-    reward_parts: dict = field(default_factory=dict)  # several weighted rewards: name -> B scores of each (logged)
+    reward_parts: dict = field(default_factory=dict)  # name -> B values: each weighted reward's scores and a reward's
+    # per-sample metrics (logged as reward/NAME means); text values (reward=code's code_result) go to samples.jsonl
     timings: dict = field(default_factory=dict)  # seconds per rollout phase, for metrics
     # Multi-turn rollouts (rollout/multiturn.py); None for single-turn ones, where context = response_mask.
     context_mask: torch.Tensor | None = None  # (B, R) 1 on every real response-region token: model and environment

@@ -9,8 +9,9 @@ from rlhfkit.rollout.core import Rollout
 
 def score_rollout(rollout: Rollout, records: list[dict], reward_fn) -> None:
     """rollout.scores (B,) from the reward (TRL's shapes: messages for conversational records) and,
-    for several weighted rewards, each one's scores in rollout.reward_parts; the reward's own metrics
-    of this scoring (scoring.reward_metrics: seconds waited on reward servers) join rollout.timings."""
+    for several weighted rewards, each one's scores in rollout.reward_parts, with any per-sample
+    metrics a reward gives (rewards.scoring.score_with_metrics); the reward's own metrics of this
+    scoring (scoring.reward_metrics: seconds waited on reward servers) join rollout.timings."""
     from rlhfkit.data.prompts import reward_inputs
     from rlhfkit.rewards import score_parts
     from rlhfkit.rewards.scoring import reward_metrics

@@ -26,6 +26,7 @@ from rlhfkit.trainers.options import (
     REWARD_SPECS_HELP,
     BetaArgs,
     ClippedRatioArgs,
+    CodeRewardArgs,
     EnvArgs,
     GenerationArgs,
     ModelArgs,
@@ -45,12 +46,12 @@ OFF_POLICY_TIS_CAP = 2.0  # one_step_off_policy's cap when tis_cap is unset (Yao
 
 
 @dataclass
-class GRPOConfig(SharePromptsArgs, BetaArgs, ClippedRatioArgs, PolicyGradientArgs, RolloutArgs, EnvArgs,
+class GRPOConfig(CodeRewardArgs, SharePromptsArgs, BetaArgs, ClippedRatioArgs, PolicyGradientArgs, RolloutArgs, EnvArgs,
                  RemoteRewardArgs, GenerationArgs, ReferenceArgs, SamplingArgs, ModelArgs, OptimizerArgs, RunArgs):
     """GRPO: G sampled completions per prompt, group-relative advantages, clipped ratio, no value head."""
 
     # data and reward
-    prompts = retune("builtin:arithmetic", "prompts: builtin:arithmetic|reviews|stories|instructions or a "
+    prompts = retune("builtin:arithmetic", "prompts: builtin:arithmetic|reviews|stories|instructions|python-tasks or a "
                      "JSONL/CSV/TXT file")
     num_eval_prompts = retune(100, "held-out prompts sampled (at `temperature`) before and after training (0 = skip)")
     reward = retune("arithmetic", "arithmetic (exact match) | sentiment | " + REWARD_SPECS_HELP)

@@ -21,6 +21,8 @@ from types import MappingProxyType
 
 from rlhfkit.core.bounds import MAX_STEPS, check_planned_steps, check_warmup
 from rlhfkit.core.choices import (
+    CODE_ISOLATIONS,
+    CODE_REWARDS,
     DTYPES,
     GENERATION_BACKENDS,
     KL_LOSS_ESTIMATORS,
@@ -32,7 +34,8 @@ from rlhfkit.core.environment import check_environment
 
 OVERFLOW_MODES = PROMPT_OVERFLOW_MODES
 # The reward specs the RL trainers take after their built-in default (`reward=` help text)
-REWARD_SPECS_HELP = ("length[:N] | model:PATH (an `rlhfkit rm` folder, or any AutoModelForSequenceClassification "
+REWARD_SPECS_HELP = ("code[:fraction|all] (the completion's program against the record's tests in a sandbox, "
+                     "the code_* options) | length[:N] | model:PATH (an `rlhfkit rm` folder, or any AutoModelForSequenceClassification "
                      "folder or Hub id) | python:module:function or python:FILE.py:function (called as TRL calls "
                      "rewards: prompts=, completions=, each prompt field as a keyword; a verl compute_score or OpenRLHF "
                      "reward_func is known by its parameters) | http(s)://HOST:PORT/PATH (a reward server speaking "
@@ -317,7 +320,33 @@ class RemoteRewardArgs:
         check(self.reward_retries >= 0, f"reward_retries ({self.reward_retries}) must be >= 0")
 
 
-REWARD_OPTION_GROUPS: tuple[type, ...] = (RemoteRewardArgs,)
+@dataclass
+class CodeRewardArgs:
+    """reward=code: the completion's program run against the record's tests in a sandbox
+    (rewards/code.py, rewards/sandbox.py; docs/rewards.md)."""
+
+    code_reward: str = option("fraction", "reward=code's score: fraction = the share of the record's tests passed; all "
+                              "= 1 only when every test passes (code:all / code:fraction in `reward` override it)",
+                              CODE_REWARDS)
+    code_workers: int | None = option(None, "reward=code: programs run at the same time, each in its own sandboxed "
+                                      "process (None: the CPU cores)")
+    code_timeout: float = option(10.0, "reward=code: CPU seconds one program (with all its tests) may use (rounded "
+                                 "up); it is killed with its processes after 2 x this + 5 s of wall-clock time")
+    code_memory_mb: int = option(1024, "reward=code: address-space limit of a program, in MB")
+    code_isolation: str = option("auto", "reward=code: auto = bubblewrap (read-only system, no network, private "
+                                 "/tmp, own pid namespace) where it runs, else resource limits only; bwrap = "
+                                 "require it; rlimits = resource limits only. A run prints which it got",
+                                 CODE_ISOLATIONS)
+    tests_field: str | None = option(None, "reward=code: the column holding the tests (None: test_list + "
+                                     "test_setup_code (MBPP), test + entry_point (HumanEval) or input_output (APPS))")
+
+    def validate(self) -> None:
+        from rlhfkit.rewards.code import CodeSettings
+
+        CodeSettings.of({k: getattr(self, k) for k in CodeSettings.__dataclass_fields__})
+
+
+REWARD_OPTION_GROUPS: tuple[type, ...] = (CodeRewardArgs, RemoteRewardArgs)
 
 
 def reward_options(cfg) -> MappingProxyType:
@@ -331,7 +360,7 @@ def reward_options(cfg) -> MappingProxyType:
 class RolloutArgs(EvalSamplingArgs):
     """The online trainers' loop (PPO, TRPO, the GRPO family, online DPO): prompts, iterations, what is written."""
 
-    prompts: str = option("builtin:reviews", "prompts: builtin:reviews|stories|arithmetic|instructions or a "
+    prompts: str = option("builtin:reviews", "prompts: builtin:reviews|stories|arithmetic|instructions|python-tasks or a "
                           "JSONL/CSV/TXT file")
     eval_prompts: str | None = option(None, "held-out prompts for the before/after check (default: test split of "
                                       "`prompts`)")

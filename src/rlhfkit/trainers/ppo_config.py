@@ -10,6 +10,7 @@ from rlhfkit.runtime.batch_plan import check_micro_batch_size
 from rlhfkit.trainers.options import (
     GENERATION_BATCH_HELP,
     ClippedRatioArgs,
+    CodeRewardArgs,
     EnvArgs,
     GenerationArgs,
     ModelArgs,
@@ -24,7 +25,7 @@ from rlhfkit.trainers.options import (
 
 
 @dataclass
-class ActorCriticArgs(PolicyGradientArgs, RolloutArgs, EnvArgs, RemoteRewardArgs, GenerationArgs, ReferenceArgs,
+class ActorCriticArgs(CodeRewardArgs, PolicyGradientArgs, RolloutArgs, EnvArgs, RemoteRewardArgs, GenerationArgs, ReferenceArgs,
                       SamplingArgs, ModelArgs, OptimizerArgs, RunArgs):
     """What the actor-critic trainers (PPO, TRPO) share: the rollout, the KL-shaped rewards, GAE and the critic."""
 

@@ -312,12 +312,14 @@ class RLRun:
         metrics.update({"params/lr": run.scheduler.get_last_lr()[0], "params/max_grad_norm": self.cfg.max_grad_norm,
                         "timing/rollout_s": t1 - t0, "timing/update_s": t2 - t1,
                         "throughput/tokens_per_s": rollout.response_mask.sum().item() / max(t2 - t0, 1e-9)})
-        metrics.update({f"reward/{name}": sum(v) / max(len(v), 1) for name, v in rollout.reward_parts.items()})
+        parts = rollout.reward_parts
+        texts = {k: v for k, v in parts.items() if v and isinstance(v[0], str)}  # notes for samples.jsonl
+        metrics.update({f"reward/{k}": sum(v) / max(len(v), 1) for k, v in parts.items() if k not in texts})
         metrics = mean_over_processes(run.accelerator, metrics)
         metrics["throughput/tokens_per_s"] *= run.world
         run.log(iteration, metrics)
         per_seq = (rollout.rewards * rollout.response_mask).sum(1)
-        extra = extra_sample_fields or {}
+        extra = {**texts, **(extra_sample_fields or {})}
         rows = [{"prompt": rollout.prompts[i], "completion": rollout.completions[i],
                  "score": float(rollout.scores[i]), "reward": float(per_seq[i]), **{k: v[i] for k, v in extra.items()}}
                 for i in range(min(self.cfg.log_samples, len(rollout.completions)))]
