@@ -266,7 +266,7 @@ def test_the_stop_fractions_the_page_gives_are_the_runs():
 
 
 def test_the_kl_budget_the_defaults_page_gives_is_the_doctors():
-    """Entry 19: 7-13 nats can average past the budget and draw a warning, never a critical finding."""
+    """Entry 19: 6-14 nats can average past the budget and draw a warning, never a critical finding."""
     from rlhfkit.diagnostics import Thresholds, diagnose
 
     t = Thresholds()

@@ -21,8 +21,8 @@ FREE_KEYS = {"seed", "run_name", "output_dir"}  # config keys that may differ be
 DOCTOR_SAYS = {"seed0": [("rollout_kl_high", "warning", 11)],
                "seed1": [("rollout_kl_high", "warning", 7), ("stop_fraction_falling", "warning", 11)]}
 BLOCKS = ((0, 5), (6, 11), (12, 17))
-COLUMNS = ("rollout/score_mean", "rollout/kl", "params/approx_kl", "params/policy_clip_frac", "loss/value",
-           "rollout/entropy")
+COLUMNS = ("rollout/score_mean", "rollout/reward_mean", "rollout/kl", "params/approx_kl", "params/policy_clip_frac",
+           "loss/value", "rollout/entropy")
 
 
 def seed_folders() -> list[Path]:
@@ -126,6 +126,11 @@ def test_the_seed0_figures_in_the_prose_are_its_metrics():
     assert f"mean {mean('rollout/kl', 10, 17):.1f} over iterations 10-17" in text
     assert (f"averaged {mean('rollout/reward_mean', 0, 9):.3f} over iterations 0-9 and "
             f"{mean('rollout/reward_mean', 10, 17):.3f} over 10-17") in text
+    first, last = rows[0]["rollout/reward_mean"], rows[-1]["rollout/reward_mean"]
+    assert f"never rose in seed 0 ({first:.3f} at iteration 0," in text and f"{last:.3f} at the end)" in text
+    blocks = [sum(r["rollout/reward_mean"] for r in run[a:b + 1]) / (b - a + 1)
+              for run in map(metrics, seed_folders()) for a, b in BLOCKS]
+    assert 0.45 <= min(blocks) and max(blocks) <= 0.53 and "stays within 0.45-0.53 for every block" in text
     span = f"{min(kl_from_5):.1f} to {max(kl_from_5):.1f}"
     assert f"({span} in seed 0," in text and 6 <= min(kl_from_5) and max(kl_from_5) <= 14
     every = [r["rollout/kl"] for folder in seed_folders()[:2] for r in metrics(folder)[5:]]

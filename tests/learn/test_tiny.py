@@ -25,6 +25,7 @@ def test_the_tiny_model_learns_vowels_within_ten_iterations(tmp_path, capsys):
     scores = [json.loads(row)["rollout/score_mean"]
               for row in (tmp_path / "runs" / "vowels" / "metrics.jsonl").read_text().splitlines()]
     assert len(scores) == 10 and len(lines) == 12
+    assert "from 0, as in metrics.jsonl" in lines[0] and "'it 1/10' is iteration 0" in lines[0]
     assert [line.split() for line in lines[1:11]] == [[str(i), f"{s:.3f}"] for i, s in enumerate(scores)]
     assert lines[-1] == f"before {scores[0]:.3f}, after {scores[-1]:.3f}"
     assert 0.05 < sum(scores[:3]) / 3 < 0.2

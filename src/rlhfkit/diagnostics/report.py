@@ -62,7 +62,7 @@ OVERLAYS = (
             "Two measures of how far one update moved the policy from the one that sampled the rollout: "
             "approx_kl in nats per token (k2), the clip fraction as the share of tokens whose ratio left "
             "[1 - clip_eps, 1 + clip_eps] on the side of their advantage. They rise and fall together; both "
-            "high means each update steps too far (lower lr, fewer ppo_epochs, smaller mini-batches). The "
+            "high means each update steps too far (lower lr, fewer ppo_epochs, larger mini-batches). The "
             "doctor's limits are in the thresholds below (docs/diagnostics.md)."),
     Overlay("score vs KL", ("rollout/score_mean", "rollout/kl"), True,
             "What the reward gives (score) against how far the policy has moved from the reference (KL, "

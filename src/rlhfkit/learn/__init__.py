@@ -1,6 +1,7 @@
 """Runnable companions of the learning path (docs/learn/): small, readable code that a page runs
 and a test checks. Nothing here is used by the trainers.
 
+- minimal_ppo:   a whole PPO loop in one file, torch and transformers only, to read first (docs/learn/README.md)
 - bandit:        policy gradients from scratch on a categorical bandit (REINFORCE vs PPO-clip), entry 0
 - ppo_reference: one PPO iteration written out on `rlhfkit.algos` only, entry 22
 - breaks:        classic bugs made on purpose with their symptoms (`rlhfkit selfcheck --break NAME`), entry 29

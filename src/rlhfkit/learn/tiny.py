@@ -138,7 +138,8 @@ def main(argv: list[str] | None = None) -> int:
         out = args.out or Path(tmp)
         out.mkdir(parents=True, exist_ok=True)
         scores = watch_it_learn(out, iterations=args.iterations, seed=args.seed)
-    print("iteration  vowel share")
+    # metrics.jsonl, the doctor and the report count iterations from 0; the trainer's progress line from 1
+    print(f"iteration  vowel share  (from 0, as in metrics.jsonl: the progress line 'it 1/{len(scores)}' is iteration 0)")
     for i, score in enumerate(scores):
         print(f"{i:9d}  {score:.3f}")
     print(f"before {scores[0]:.3f}, after {scores[-1]:.3f}")

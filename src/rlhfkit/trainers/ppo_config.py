@@ -54,7 +54,7 @@ class ActorCriticArgs(CodeRewardArgs, PolicyGradientArgs, RolloutArgs, EnvArgs, 
     lam: float = option(1.0, "GAE lambda (1.0: every token sees the whole sequence score; lower trades bias for "
                         "variance once the critic has learned)")
     whiten_advantages: bool = option(True, "normalise advantages over the rollout batch (after returns are formed)")
-    # 0.03: with lam=1 the demo's policy moves 7-13 nats from the reference in 18 iterations (0.05: 5-10 nats and a
+    # 0.03: with lam=1 the demo's policy moves 6-14 nats from the reference in 18 iterations (0.05: 5-10 nats and a
     # smaller, less dependable sentiment gain; 0.02: 16-22 nats, past the doctor's KL budget of 10).
     kl_coef: float = option(0.03, "KL penalty coefficient beta (initial value when adaptive)")
     kl_estimator: str = option("k1", "per-token KL estimator in the reward", KL_ESTIMATORS)

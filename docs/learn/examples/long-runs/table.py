@@ -18,8 +18,9 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 PAGE = HERE.parents[1] / "13-has-it-converged.md"
 BLOCKS = ((0, 5), (6, 11), (12, 17))  # inclusive iteration ranges
-METRICS = (("score", "rollout/score_mean"), ("rollout KL", "rollout/kl"), ("approx KL", "params/approx_kl"),
-           ("clip fraction", "params/policy_clip_frac"), ("value loss", "loss/value"), ("entropy", "rollout/entropy"))
+METRICS = (("score", "rollout/score_mean"), ("penalised reward", "rollout/reward_mean"), ("rollout KL", "rollout/kl"),
+           ("approx KL", "params/approx_kl"), ("clip fraction", "params/policy_clip_frac"),
+           ("value loss", "loss/value"), ("entropy", "rollout/entropy"))
 BEGIN, END = "<!-- long-runs tables: begin (table.py --write) -->", "<!-- long-runs tables: end -->"
 
 

@@ -58,9 +58,10 @@ def policy_clip_frac(h: History, t: Thresholds) -> list[Finding]:
          "threshold": t.clip_frac_critical if severity == "critical" else t.clip_frac_warn,
          "rise": rise, "window_iterations": iterations(window), "window_values": values(window)},
         "Policy updates are too aggressive: reduce the learning rate 5-10x" + lr_hint(h) +
-        "; or use fewer update epochs (ppo_epochs; GRPO: update_epochs) or smaller mini-batches "
-        "(mini_batch_size: more optimiser steps of smaller size); check that advantages are "
-        "whitened (whiten_advantages=true) and scores are of order 1 (score_clip).",
+        "; or use fewer update epochs (ppo_epochs; GRPO: update_epochs) or larger mini-batches "
+        "(mini_batch_size: fewer, less noisy optimiser steps per rollout; on the tiny model "
+        "mini_batch_size=4 kept the clip fraction at 0.29-0.38, 16 brought it to 0.02-0.10); check that "
+        "advantages are whitened (whiten_advantages=true) and scores are of order 1 (score_clip).",
         score=score,
     )
 
