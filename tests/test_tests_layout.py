@@ -15,7 +15,7 @@ NOT_A_PACKAGE = {
 }
 # Top-level test files: rules over the whole package, not one package's behaviour.
 WHOLE_PACKAGE = {
-    "test_bad_input.py", "test_command_grammar.py", "test_config_contract.py", "test_fuzz_inputs.py",
+    "test_bad_input.py", "test_bad_input_bounds.py", "test_command_grammar.py", "test_config_contract.py", "test_fuzz_inputs.py",
     "test_gpu.py", "test_layout.py", "test_source_rules.py", "test_tests_layout.py",
 }
 

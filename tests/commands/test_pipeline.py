@@ -19,7 +19,7 @@ def _argv(tmp_path, model_dir) -> list[str]:
             f"ground_truth=python:{tmp_path / 'gt.py'}:vowels",
             "sft.max_steps=2", "sft.max_length=96", "sft.max_eval_examples=4", "sft.tensorboard=false",
             "prefs.num_prompts=6", "prefs.max_new_tokens=8", "prefs.min_gap=0",
-            "rm.epochs=1", "rm.max_length=96", "rm.tensorboard=false",
+            "rm.epochs=1", "rm.max_length=96", "rm.tensorboard=false", "rm.lora_layers=2",  # the tiny model has 2
             "ppo.iterations=1", "ppo.max_new_tokens=6", "ppo.rollout_batch_size=4", "ppo.mini_batch_size=4",
             "ppo.micro_batch_size=2", "ppo.tensorboard=false",
             "eval.num_prompts=3", "eval.max_new_tokens=6", "eval.temperature=1.0"]

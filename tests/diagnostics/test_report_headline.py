@@ -50,7 +50,10 @@ def test_the_report_of_a_run_opens_with_its_before_after_block(tmp_path, tiny_mo
         rollout_batch_size=4, group_size=2, mini_batch_size=4, micro_batch_size=4, max_new_tokens=4,
         num_eval_prompts=2, dtype="fp32", output_dir=str(tmp_path / "runs"), run_name="grpo-t", quiet=True,
         tensorboard=False)))
-    html = build_report([load_run(tmp_path / "runs" / "grpo-t")], tmp_path / "report", png=False).read_text()
+    from rlhfkit.commands.runs import config_defaults
+
+    html = build_report([load_run(tmp_path / "runs" / "grpo-t")], tmp_path / "report", png=False,
+                        config_defaults=config_defaults).read_text()
     assert html.index("id='headline'") < html.index("id='runs'") < html.index("id='metrics'")
     headline = html[html.index("id='headline'"):html.index("id='runs'")]
     assert "<td>mean held-out reward (reward=length:3)</td>" in headline and "<th>change</th>" in headline

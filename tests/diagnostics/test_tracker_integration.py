@@ -8,7 +8,7 @@ import json
 import pytest
 from diag_synthetic import healthy_ppo, with_values
 
-from rlhfkit.diagnostics.cli import doctor_main, report_main
+from rlhfkit.commands.doctor import doctor_main, report_main
 
 tracker_mod = pytest.importorskip("rlhfkit.runtime.tracker")
 
