@@ -18,6 +18,7 @@ ARGPARSE_EXAMPLES = {
     "generate": (["--prompt", "hi"], "max-new-tokens", "7", "max_new_tokens"),
     "export": (["runs/a", "--out", "o"], "push-to-hub", "org/name", "push_to_hub"),
     "selfcheck": ([], "break", "clip", "breaks"),
+    "serve": ([], "port", "8123", "port"),
     "doctor": (["runs/a"], "min-severity", "warning", "min_severity"),
     "report": (["runs/a"], "samples", "2", "samples"),
     "label": (["export", "--pairs", "p.jsonl", "--out", "o.jsonl"], "ties", "keep-as-half", "ties"),

@@ -62,6 +62,8 @@ COMMANDS: MappingProxyType[str, Command] = MappingProxyType({
     "export": Command("rlhfkit.commands.export:main",
                       "write a run as a transformers/peft/vLLM folder with a model card; --push-to-hub",
                       parser="rlhfkit.commands.export:build_parser"),
+    "serve": Command("rlhfkit.commands.serve:main", "serve a model through an OpenAI-compatible API (batched)",
+                     parser="rlhfkit.commands.serve:build_parser"),
     "tpo": Command("rlhfkit.commands.tpo:main", "test-time preference optimisation (textual feedback) vs best-of-N",
                    "rlhfkit.commands.tpo:TPOConfig"),
     "pipeline": Command("rlhfkit.commands.pipeline:main", "SFT -> preferences -> RM -> PPO -> eval"),
