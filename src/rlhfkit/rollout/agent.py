@@ -35,6 +35,8 @@ from rlhfkit.errors import UserError
 from rlhfkit.rollout.episodes import EpisodeRecord
 
 REASONS = ("raised", "rejected", "timeout", "no_call", "bad_reward")
+RATE_METRICS = {"raised": "agent/raised_rate", "rejected": "agent/rejected_rate", "timeout": "agent/timeout_rate",
+                "no_call": "agent/no_call_rate", "bad_reward": "agent/bad_reward_rate"}  # glossary entries
 
 
 @dataclasses.dataclass
@@ -172,7 +174,7 @@ def outcome_metrics(outcomes: list[Outcome]) -> dict[str, float]:
     and agent/episode_s (mean wall time of an episode)."""
     n = max(len(outcomes), 1)
     metrics = {"agent/error_rate": sum(o.reason != "ok" for o in outcomes) / n}
-    metrics.update({f"agent/{r}_rate": sum(o.reason == r for o in outcomes) / n for r in REASONS})
+    metrics.update({RATE_METRICS[r]: sum(o.reason == r for o in outcomes) / n for r in REASONS})
     metrics["agent/calls_per_episode"] = sum(len(o.episode.calls) for o in outcomes) / n
     metrics["agent/episode_s"] = sum(o.seconds for o in outcomes) / n
     return metrics

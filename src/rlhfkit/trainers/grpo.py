@@ -46,6 +46,7 @@ from rlhfkit.core.precision import autocast
 from rlhfkit.rollout import Rollout, forward_logprobs
 from rlhfkit.runtime.offpolicy import OneStepOffPolicy
 from rlhfkit.runtime.run import closes_its_runs
+from rlhfkit.trainers.agent_grpo import agent_collect, agent_settings, evaluate_agent
 from rlhfkit.trainers.build import build_actor
 from rlhfkit.trainers.grpo_config import (
     REINFORCE_PP,
@@ -105,6 +106,8 @@ def informative_rows(rollout: Rollout, cfg: GRPOConfig, num_processes: int = 1) 
     group or rloo baseline; with several processes always all rows, so every process runs the same
     optimiser steps)."""
     B, G = rollout.scores.shape[0], cfg.group_size
+    if cfg.agent:  # rows are not episodes; agent_collect left zero-spread groups out already
+        return torch.arange(B, device=rollout.scores.device)
     if not cfg.drop_zero_std_groups or num_processes > 1 or cfg.advantage not in ("group", "rloo"):
         return torch.arange(B, device=rollout.scores.device)
     seq_reward = (rollout.rewards * rollout.response_mask).sum(1).view(-1, G)
@@ -161,6 +164,8 @@ def collect(rl: RLRun, cfg: GRPOConfig, it: int, prefetch: OneStepOffPolicy | No
     prompts_per_iteration groups, or dynamic sampling's rounds (grpo_rollout.dynamic_batch).
     `prefetch` (one_step_off_policy): the batch its sampler drew one update ago, or on-policy."""
     G = cfg.group_size
+    if cfg.agent:  # the user's agent through the OpenAI-compatible server (trainers/agent_grpo.py)
+        return agent_collect(rl, cfg, it)
 
     def draw(r: int) -> tuple[Rollout, dict[str, float]]:
         if prefetch is not None:  # one round only (the config refuses dynamic sampling)
@@ -217,7 +222,12 @@ def command_name(cfg: GRPOConfig) -> str:
 @closes_its_runs
 def train(cfg: GRPOConfig) -> dict:
     """Run GRPO or a variant (see the module docstring); returns the summary (also RUN/summary.json)."""
+    agent = agent_settings(cfg) if cfg.agent else None  # imported before anything is written
     rl = RLRun(cfg, command_name(cfg), build_policy_model)
+    if agent is not None:
+        rl.agent = agent
+        rl.evaluator = lambda records, seed: evaluate_agent(rl, cfg, records, seed)
+        rl.eval_source = f"agent={cfg.agent}"
 
     def loss_fn(mb: Rollout, n_tokens: float, n_seqs: float):
         return micro_batch_loss(rl.model, mb, cfg, n_tokens, n_seqs, rl.run.device, rl.run.world)
@@ -245,7 +255,7 @@ def train(cfg: GRPOConfig) -> dict:
                 adv = sampled.advantages.sum(1) / sampled.response_mask.sum(1).clamp(min=1)
                 extra["advantage"] = adv.tolist()
             rl.log(it, sampled, metrics, (t0, t1, t2), extra)  # step 6
-    exact = cfg.env in ("arithmetic-tool", "self-correct") if cfg.env else cfg.reward == "arithmetic"
+    exact = cfg.env in ("arithmetic-tool", "self-correct") if cfg.env else cfg.reward == "arithmetic" and not cfg.agent
     if exact and "eval_after" in rl.run.summary:  # exact match: mean reward = accuracy
         b, a = rl.run.summary["eval_before"], rl.run.summary["eval_after"]
         rl.run.print(f"[eval] held-out accuracy (T={cfg.temperature}): {b['mean']:.1%} before -> "

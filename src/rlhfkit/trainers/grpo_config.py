@@ -24,6 +24,7 @@ from rlhfkit.core.config import check, option
 from rlhfkit.runtime.batch_plan import check_micro_batch_size
 from rlhfkit.trainers.options import (
     REWARD_SPECS_HELP,
+    AgentArgs,
     EnvArgs,
     GenerationArgs,
     ModelArgs,
@@ -39,7 +40,7 @@ OFF_POLICY_TIS_CAP = 2.0  # one_step_off_policy's cap when tis_cap is unset (Yao
 
 
 @dataclass
-class GRPOConfig(EnvArgs, GenerationArgs, ReferenceArgs, SamplingArgs, ModelArgs, OptimizerArgs, RunArgs):
+class GRPOConfig(AgentArgs, EnvArgs, GenerationArgs, ReferenceArgs, SamplingArgs, ModelArgs, OptimizerArgs, RunArgs):
     """GRPO: G sampled completions per prompt, group-relative advantages, clipped ratio, no value head."""
 
     # data and reward
@@ -189,6 +190,15 @@ class GRPOConfig(EnvArgs, GenerationArgs, ReferenceArgs, SamplingArgs, ModelArgs
         check(self.tis_cap is None or self.tis_cap >= 1, f"tis_cap ({self.tis_cap}) must be >= 1 or None")
         if self.one_step_off_policy:
             self.validate_off_policy()
+        if self.agent:
+            self.validate_agent()
+
+    def validate_agent(self) -> None:
+        """What agent episodes (rows per episode vary, the baseline is taken over episodes) refuse."""
+        check(not self.env, f"agent and env ({self.env}) are two rollout sources: give one")
+        check(self.advantage in ("group", "rloo"), f"agent: advantage must be group or rloo (got {self.advantage})")
+        check(not self.dynamic_sampling and not self.one_step_off_policy,
+              "agent: dynamic_sampling and one_step_off_policy are not supported with agent episodes")
 
     def validate_off_policy(self) -> None:
         """The combinations one_step_off_policy refuses (its default truncation cap: `derived`)."""

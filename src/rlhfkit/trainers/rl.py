@@ -268,6 +268,8 @@ class RLRun:
         self.params = SamplingParams(cfg.max_new_tokens, cfg.temperature, cfg.top_k, cfg.top_p, stop_ids,
                                      max_prompt_length)
         self.iteration = 0
+        self.evaluator: Callable | None = None  # (records, seed) -> held-out result; replaces the reward's (agents)
+        self.eval_source = ""  # what the evaluator scores with, for the change line
 
     def generation_context(self):
         """Context manager around sampling: full weights under FSDP2 and DeepSpeed ZeRO-3, else nothing."""
@@ -348,6 +350,8 @@ class RLRun:
         seed = cfg.seed + 424242
 
         def evaluate() -> dict:
+            if self.evaluator is not None:
+                return self.evaluator(self.eval_records, seed)
             with self.generation_context():
                 if self.make_env is not None:
                     return evaluate_episodes(self.core.policy, self.tok, self.eval_records, self.make_env, cfg,
@@ -371,6 +375,7 @@ class RLRun:
         after = evaluate_shown(run.total)
         run.print(line("after training: ", after))
         source = f"env={cfg.env}" if self.make_env is not None else f"reward={reward_name(self.reward_fn)}"
+        source = self.eval_source or source
         run.print(f"[eval] change: {after['mean'] - before['mean']:+.3f} on {len(self.eval_records)} held-out prompts, "
                   f"{after['n']} samples ({source}, T={cfg.temperature})")
         run.summary.update({"eval_after": after, "eval_change": after["mean"] - before["mean"]})
