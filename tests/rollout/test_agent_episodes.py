@@ -218,3 +218,24 @@ def test_the_server_listens_on_loopback_and_is_closed_after_the_rollout(lm):
     with pytest.raises(OSError), socket.create_connection((host, port), timeout=2):
         pass
     assert HOST.type == "cpu"
+
+
+def test_a_turn_that_extends_a_cached_row_runs_only_its_new_tokens(lm):
+    """KV reuse: second calls start from the first calls' cached K/V (prompt + reply but its last
+    token; two rows of different cached lengths) and give the tokens and log-probs of a full
+    prefill; a repeated prompt without a cached prefix in the same batch is unaffected."""
+    from rlhfkit.rollout.prefix_cache import PrefixCache
+    from rlhfkit.rollout.serving import sample_rows
+
+    model, _ = lm
+    cache = PrefixCache()
+    starts = [[1, 5, 6, 7], [1, 8, 9, 10, 11, 12, 13, 14, 15]]
+    first = sample_rows(model, starts, [0.0, 0.0], [4, 2], (2,), 2, cache)
+    assert set(cache.entries) == {tuple(p) + s.ids[:-1] for p, s in zip(starts, first)}
+    prompts = [p + list(s.ids) + [9, 10][: k + 1] for k, (p, s) in enumerate(zip(starts, first))] + [[1, 3], [1, 3]]
+    reused = sample_rows(model, prompts, [0.0] * 4, [5] * 4, (2,), 2, cache)
+    assert cache.hits == 2 and cache.reused_tokens == sum(len(p) + len(s.ids) - 1 for p, s in zip(starts, first))
+    plain = sample_rows(model, prompts, [0.0] * 4, [5] * 4, (2,), 2)
+    assert [s.ids for s in reused] == [s.ids for s in plain]
+    for a, b in zip(reused, plain):
+        assert max(abs(x - y) for x, y in zip(a.logprobs, b.logprobs)) < 1e-4
