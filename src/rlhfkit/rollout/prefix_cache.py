@@ -48,17 +48,22 @@ class PrefixCache:
         self.tokens -= len(ids)
         return kv
 
-    def take(self, ids: list[int]) -> tuple[int, list | None]:
-        """(n, K/V) of the longest entry that is a proper prefix of `ids` (at least one token must
-        still run), removed from the store; (0, None) when there is none."""
+    def match(self, ids: list[int]) -> int:
+        """Length of the longest entry that is a proper prefix of `ids` (at least one token must
+        still run), 0 when there is none."""
         for n in sorted(self.lengths, reverse=True):
-            if n < len(ids):
-                key = tuple(ids[:n])
-                if key in self.entries:
-                    self.hits += 1
-                    self.reused_tokens += n
-                    return n, self._drop(key)
-        return 0, None
+            if n < len(ids) and tuple(ids[:n]) in self.entries:
+                return n
+        return 0
+
+    def take(self, ids: list[int]) -> tuple[int, list | None]:
+        """(n, K/V) of the `match` of `ids`, removed from the store; (0, None) when there is none."""
+        n = self.match(ids)
+        if not n:
+            return 0, None
+        self.hits += 1
+        self.reused_tokens += n
+        return n, self._drop(tuple(ids[:n]))
 
 
 def batched_cache(config, rows: list[list | None], lengths: list[int], device):

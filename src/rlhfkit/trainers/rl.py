@@ -166,7 +166,8 @@ def sample_rollout(actor, tok, records, cfg, params: SamplingParams, seed: int, 
 def sample_episodes(actor, tok, records, cfg, params: SamplingParams, seed: int, device, make_env,
                     backend=None) -> Rollout:
     """One multi-turn episode per record (rollout/multiturn.py); scores = each episode's summed rewards.
-    Each turn is sampled by `backend`'s `generate_ids` (HF generate or the lean loop; None: HF)."""
+    Each turn is sampled by `backend`'s `generate_ids` (HF generate or the lean loop; None: HF), or with
+    HF and lean by the KV-reusing loop (rollout/multiturn.py `cached_turns`) when sampling the full vocabulary."""
     from rlhfkit.rollout.core import generate_ids
     from rlhfkit.rollout.multiturn import generate_episodes
 
@@ -175,7 +176,8 @@ def sample_episodes(actor, tok, records, cfg, params: SamplingParams, seed: int,
         rollout = generate_episodes(actor.policy, tok, make_env, records, params, cfg.max_turns, cfg.max_total_tokens,
                                     seed=seed, batch_size=cfg.generation_batch_size,
                                     share_prompts=actor.share_prompts, share_prefix=actor.share_prefix, fmt=cfg,
-                                    sample_ids=getattr(backend, "generate_ids", generate_ids))
+                                    sample_ids=getattr(backend, "generate_ids", generate_ids),
+                                    reuse_cache=getattr(backend, "name", "hf") in ("hf", "lean"))
     rollout.prompts = [str(r["prompt"]) for r in records]
     rollout.info = {**info_lists(records), **rollout.info}
     rollout.timings = {"timing/generate_s": time.perf_counter() - t0, "timing/reward_s": 0.0}
@@ -195,7 +197,7 @@ def evaluate_episodes(model, tok, records, make_env, cfg: RLConfig, params: Samp
     device = next(model.parameters()).device
     with autocast(cfg.dtype, device):
         ro = generate_episodes(model, tok, make_env, records, params, cfg.max_turns, cfg.max_total_tokens, seed=seed,
-                               batch_size=cfg.generation_batch_size * k, fmt=cfg)
+                               batch_size=cfg.generation_batch_size * k, fmt=cfg, reuse_cache=True)
     scores = ro.scores.tolist()
     mean, std = mean_std(scores)
     return {"mean": mean, "std": std, "n": len(scores), **env_rates(ro.info),
