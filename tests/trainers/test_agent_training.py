@@ -114,3 +114,23 @@ def test_agent_options_fail_fast(tmp_path, tiny_model_dir):
         cfg_for(tmp_path, tiny_model_dir, advantage="remax")
     with pytest.raises(ConfigError, match="agent_timeout"):
         cfg_for(tmp_path, tiny_model_dir, agent_timeout=0)
+
+
+def test_the_documented_openai_agent_trains_unchanged(tmp_path, tiny_model_dir):
+    """docs/environments.md's calculator agent, copied from the page as it is, runs a GRPO iteration."""
+    import re
+    from pathlib import Path
+
+    page = (Path(__file__).resolve().parents[2] / "docs" / "environments.md").read_text(encoding="utf-8")
+    (code,) = [b for b in re.findall(r"```python\n(.*?)```", page, re.S) if b.startswith('"""calc_agent.py')]
+    (tmp_path / "calc_agent.py").write_text(code)
+    cfg = build_config(GRPOConfig, dict(
+        model=str(tiny_model_dir), agent=f"python:{tmp_path / 'calc_agent.py'}:solve", agent_model="gpt-4o-mini",
+        iterations=1, rollout_batch_size=8, group_size=4, micro_batch_size=4, mini_batch_size=4, max_new_tokens=6,
+        num_eval_prompts=2, dtype="fp32", update_epochs=1, output_dir=str(tmp_path / "runs"), run_name="t",
+        quiet=True, tensorboard=False, drop_zero_std_groups=False))
+    summary = grpo_train(cfg)
+    (row,) = metrics_rows(tmp_path)
+    assert row["agent/error_rate"] == 0.0 and row["agent/calls_per_episode"] >= 1.0
+    assert row["params/ratio_first_microbatch_maxdev"] < 1e-5
+    assert summary["eval_after"]["n"] == 2  # the agent also runs the held-out evaluation

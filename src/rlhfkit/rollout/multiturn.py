@@ -21,7 +21,7 @@ messages" minus "without them", plus what the template writes between a turn's s
 next message (SmolLM2's "\\n" after <|im_end|>). A turn cut at max_new_tokens has no stop token, so
 the template's end-of-turn text is then part of the environment tokens.
 
-KV reuse (`reuse_cache`, on in training with generation_backend hf or lean and full-vocabulary
+KV reuse (`reuse_cache`, on in training and evaluation with generation_backend=hf and full-vocabulary
 sampling): each turn is sampled by the server's loop (rollout/serving.py `sample_rows`), which
 keeps every finished row's keys/values (rollout/prefix_cache.py); the row's next turn starts from
 them and runs only its new tokens (the last sampled token and the environment's), instead of

@@ -163,7 +163,9 @@ class ReferenceArgs:
 
 @dataclass
 class GenerationArgs:
-    generation_backend: str = option("hf", "who samples rollouts: hf = HF generate on the training policy; lean = "
+    generation_backend: str = option("hf", "who samples rollouts: hf = HF generate on the training policy (env's "
+                                     "turns: rlhfkit's loop reusing each row's KV cache across turns, "
+                                     "rollout/multiturn.py); lean = "
                                      "rlhfkit's own decode loop on the training policy (rollout/decode.py: same "
                                      "distribution, finished rows dropped; also for env's turns); graph = that "
                                      "loop with a static KV cache, each step one captured CUDA graph on CUDA "

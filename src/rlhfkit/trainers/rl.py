@@ -167,7 +167,8 @@ def sample_episodes(actor, tok, records, cfg, params: SamplingParams, seed: int,
                     backend=None) -> Rollout:
     """One multi-turn episode per record (rollout/multiturn.py); scores = each episode's summed rewards.
     Each turn is sampled by `backend`'s `generate_ids` (HF generate or the lean loop; None: HF), or with
-    HF and lean by the KV-reusing loop (rollout/multiturn.py `cached_turns`) when sampling the full vocabulary."""
+    with the default backend (hf) by the KV-reusing loop (rollout/multiturn.py `cached_turns`) when sampling
+    the full vocabulary."""
     from rlhfkit.rollout.core import generate_ids
     from rlhfkit.rollout.multiturn import generate_episodes
 
@@ -177,7 +178,7 @@ def sample_episodes(actor, tok, records, cfg, params: SamplingParams, seed: int,
                                     seed=seed, batch_size=cfg.generation_batch_size,
                                     share_prompts=actor.share_prompts, share_prefix=actor.share_prefix, fmt=cfg,
                                     sample_ids=getattr(backend, "generate_ids", generate_ids),
-                                    reuse_cache=getattr(backend, "name", "hf") in ("hf", "lean"))
+                                    reuse_cache=getattr(backend, "name", "hf") == "hf")
     rollout.prompts = [str(r["prompt"]) for r in records]
     rollout.info = {**info_lists(records), **rollout.info}
     rollout.timings = {"timing/generate_s": time.perf_counter() - t0, "timing/reward_s": 0.0}
