@@ -116,7 +116,7 @@ def test_agent_options_fail_fast(tmp_path, tiny_model_dir):
         cfg_for(tmp_path, tiny_model_dir, agent_timeout=0)
 
 
-def test_the_documented_openai_agent_trains_unchanged(tmp_path, tiny_model_dir):
+def test_the_documented_openai_agent_trains_unchanged(tmp_path):
     """docs/environments.md's calculator agent, copied from the page as it is, runs a GRPO iteration."""
     import re
     from pathlib import Path
@@ -124,8 +124,15 @@ def test_the_documented_openai_agent_trains_unchanged(tmp_path, tiny_model_dir):
     page = (Path(__file__).resolve().parents[2] / "docs" / "environments.md").read_text(encoding="utf-8")
     (code,) = [b for b in re.findall(r"```python\n(.*?)```", page, re.S) if b.startswith('"""calc_agent.py')]
     (tmp_path / "calc_agent.py").write_text(code)
+    from tiny_lm import build_tiny_model, build_tokenizer
+
+    tok = build_tokenizer()  # a byte tokenizer: the tool description alone is ~400 tokens
+    model = build_tiny_model(len(tok))
+    model.config.max_position_embeddings = 2048
+    model.save_pretrained(tmp_path / "lm")
+    tok.save_pretrained(tmp_path / "lm")
     cfg = build_config(GRPOConfig, dict(
-        model=str(tiny_model_dir), agent=f"python:{tmp_path / 'calc_agent.py'}:solve", agent_model="gpt-4o-mini",
+        model=str(tmp_path / "lm"), agent=f"python:{tmp_path / 'calc_agent.py'}:solve", agent_model="gpt-4o-mini",
         iterations=1, rollout_batch_size=8, group_size=4, micro_batch_size=4, mini_batch_size=4, max_new_tokens=6,
         num_eval_prompts=2, dtype="fp32", update_epochs=1, output_dir=str(tmp_path / "runs"), run_name="t",
         quiet=True, tensorboard=False, drop_zero_std_groups=False))
