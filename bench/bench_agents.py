@@ -9,8 +9,8 @@ task at temperature 1, up to 4 model turns of at most --max-new-tokens tokens.
                              tool_calls) in C threads against the server on the same model; requests that
                              arrive within the window share one decoding loop
 
-Printed: episodes per minute, its ratio to env=arithmetic-tool (same process), decoding loops the
-server ran, and context tokens run through the model per episode (prefill). The tiny random model
+Printed: episodes per minute, its ratio to env=arithmetic-tool (same process), model calls per
+episode, and context tokens run through the model per episode (prefill). The tiny random model
 (default) measures the machinery, not the answers: it almost never calls the tool, so its episodes
 are mostly one turn. --model smollm2-135m-instruct measures the real one (slow on 2 cores).
 
@@ -50,7 +50,7 @@ def env_run(model, tok, records, params, reuse: bool) -> dict:
                            max_total_tokens=256, seed=0, reuse_cache=reuse)
     s = time.perf_counter() - t0
     n = len(records)
-    return {"s": s, "per_min": 60 * n / s, "prefill": sum(ro.info["prefill_tokens"]) / n, "loops": None,
+    return {"s": s, "per_min": 60 * n / s, "prefill": sum(ro.info["prefill_tokens"]) / n,
             "turns": sum(ro.info["turns"]) / n}
 
 
@@ -64,7 +64,7 @@ def agent_run(model, tok, records, params, concurrency: int) -> dict:
     if bad:
         print(f"  ({len(bad)} episodes failed; first: {bad[0].reason}: {bad[0].detail})")
     return {"s": s, "per_min": 60 * n / s, "prefill": metrics["agent/prompt_tokens_per_episode"],
-            "loops": None, "turns": metrics["agent/calls_per_episode"]}
+            "turns": metrics["agent/calls_per_episode"]}
 
 
 def run(model_name: str, episodes: int, concurrency: list[int], max_new_tokens: int) -> str:

@@ -239,3 +239,13 @@ def test_a_turn_that_extends_a_cached_row_runs_only_its_new_tokens(lm):
     assert [s.ids for s in reused] == [s.ids for s in plain]
     for a, b in zip(reused, plain):
         assert max(abs(x - y) for x, y in zip(a.logprobs, b.logprobs)) < 1e-4
+
+
+def test_64_concurrent_agents_all_get_answers(lm):
+    def one_call(client, record):
+        reply = client.chat.completions.create(model="policy", messages=[{"role": "user", "content": record["prompt"]}])
+        return float(reply.choices[0].finish_reason in ("stop", "length"))
+
+    records = [{"prompt": f"q{i}"} for i in range(64)]
+    rollout, outcomes, metrics = run(lm, one_call, records, concurrency=64)
+    assert [o.reason for o in outcomes] == ["ok"] * 64 and rollout.response_ids.shape[0] == 64

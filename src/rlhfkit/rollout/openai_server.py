@@ -239,7 +239,8 @@ class OpenAIServer:
         loopback = host in LOOPBACK
         if not loopback and api.token is None and not api.episodes_on:
             raise ValueError(f"host {host} is not a loopback address: an access token is required")
-        cls = type("Server", (ThreadingHTTPServer,), {"address_family": _family(host), "daemon_threads": True})
+        cls = type("Server", (ThreadingHTTPServer,), {"address_family": _family(host), "daemon_threads": True,
+                                                       "request_queue_size": 256})  # many agents connect at once
         self.httpd = cls((host, port), _Handler)
         self.httpd.api, self.httpd.loopback, self.httpd.verbose = api, loopback, verbose
         self.api = api
