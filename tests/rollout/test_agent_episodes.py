@@ -16,6 +16,7 @@ from rlhfkit.rollout.agent_rollout import AgentSettings, AllEpisodesFailed, agen
 from rlhfkit.rollout.core import SamplingParams
 from rlhfkit.rollout.episodes import Call, cut_rows
 from rlhfkit.rollout.serving import BatchedSampler, Sample
+
 from tiny_lm import build_tiny_model, build_tokenizer
 
 pytest.importorskip("openai")

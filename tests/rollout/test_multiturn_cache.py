@@ -9,6 +9,7 @@ import torch
 from rlhfkit.envs import Step
 from rlhfkit.rollout.core import SamplingParams
 from rlhfkit.rollout.multiturn import generate_episodes
+
 from tiny_lm import build_tiny_model, build_tokenizer
 
 

@@ -10,9 +10,9 @@ import textwrap
 
 import pytest
 
+from rlhfkit.cli import main as cli_main
 from rlhfkit.core.config import build_config
 from rlhfkit.errors import ConfigError, UserError
-from rlhfkit.cli import main as cli_main
 from rlhfkit.trainers.grpo import train as grpo_train
 from rlhfkit.trainers.grpo_config import GRPOConfig, RLOOConfig
 

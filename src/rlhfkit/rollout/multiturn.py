@@ -45,10 +45,10 @@ from collections.abc import Callable
 import torch
 
 from rlhfkit.algos import response_mask
+from rlhfkit.core.devices import HOST
 from rlhfkit.data.chat import format_prompt, plain_format, to_messages, use_chat_template, with_bos
 from rlhfkit.envs.base import as_step, check_messages
 from rlhfkit.errors import UserError
-from rlhfkit.core.devices import HOST
 from rlhfkit.models.attention import native_attention
 from rlhfkit.models.lora import merged_lora
 from rlhfkit.rollout.core import Rollout, SamplingParams, generate_ids

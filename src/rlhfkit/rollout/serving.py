@@ -27,7 +27,6 @@ from concurrent.futures import Future
 
 import torch
 
-from rlhfkit.core.devices import HOST
 from rlhfkit.models.attention import native_attention
 from rlhfkit.models.hf_compat import cache_kwargs
 from rlhfkit.models.lora import merged_lora
@@ -270,8 +269,3 @@ class BatchedSampler:
             out.append(samples[i : i + j.n])
             i += j.n
         return out
-
-
-def host_ids(ids: list[int]) -> torch.Tensor:
-    """A list of token ids as a 1-D long tensor on the host."""
-    return torch.tensor(ids, dtype=torch.long, device=HOST)
