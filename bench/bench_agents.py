@@ -101,7 +101,8 @@ def main() -> None:
     table = run(a.model, a.episodes, [int(c) for c in a.concurrency.split(",")], a.max_new_tokens)
     print(table)
     if not a.no_write:
-        benchdoc.write_block("bench_agents", "Agent episodes through the OpenAI-compatible server (bench/bench_agents.py)",
+        block = "bench_agents" if a.model == "tiny" else "bench_agents_real"  # one block per model kind
+        benchdoc.write_block(block, "Agent episodes through the OpenAI-compatible server (bench/bench_agents.py)",
                              table)
 
 

@@ -250,3 +250,18 @@ def test_64_concurrent_agents_all_get_answers(lm):
     records = [{"prompt": f"q{i}"} for i in range(64)]
     rollout, outcomes, metrics = run(lm, one_call, records, concurrency=64)
     assert [o.reason for o in outcomes] == ["ok"] * 64 and rollout.response_ids.shape[0] == 64
+
+
+def test_an_async_agent_gets_an_async_client_and_its_timeout(lm):
+    import asyncio
+
+    async def solve(client, record):
+        reply = await client.chat.completions.create(model="policy", messages=[{"role": "user", "content": "x"}])
+        if record["k"] == 1:
+            await asyncio.sleep(30)  # past agent_timeout: cancelled at this await
+        return float(len(reply.choices) == 1)
+
+    records = [{"prompt": "p", "k": k} for k in range(3)]
+    rollout, outcomes, _ = run(lm, solve, records, timeout_s=3.0)
+    assert [o.reason for o in outcomes] == ["ok", "timeout", "ok"]
+    assert rollout.info["episode"] == [0, 2]

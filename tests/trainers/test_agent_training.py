@@ -15,6 +15,8 @@ from rlhfkit.core.config import build_config
 from rlhfkit.errors import ConfigError, UserError
 from rlhfkit.trainers.grpo import train as grpo_train
 from rlhfkit.trainers.grpo_config import GRPOConfig, RLOOConfig
+from rlhfkit.trainers.ppo import train as ppo_train
+from rlhfkit.trainers.ppo_config import PPOConfig
 
 pytest.importorskip("openai")
 
@@ -77,6 +79,18 @@ def test_agent_episodes_train_with_step_zero_ratio_exactly_one(tmp_path, tiny_mo
     # the update's first micro-batch repeats the scoring pass on the recorded ids: ratio 1 up to float noise
     assert row["params/ratio_first_microbatch_maxdev"] < 1e-5
     assert row["agent/error_rate"] == 0.0 and row["agent/calls_per_episode"] == 2.0
+    assert row["agent/rows_per_episode"] == (1.0 if fn == "two_turns" else 2.0)
+
+
+@pytest.mark.parametrize("fn", ["two_turns", "editing"])
+def test_ppo_trains_on_agent_episodes_with_step_zero_ratio_one(tmp_path, tiny_model_dir, fn):
+    cfg = build_config(PPOConfig, {k: v for k, v in vars(cfg_for(tmp_path, tiny_model_dir, fn)).items()
+                                   if k in PPOConfig.__dataclass_fields__ and k not in (
+                                       "update_epochs", "drop_zero_std_groups")} | {"ppo_epochs": 1})
+    ppo_train(cfg)
+    (row,) = metrics_rows(tmp_path)
+    assert row["params/ratio_first_microbatch_maxdev"] < 1e-5
+    assert row["agent/error_rate"] == 0.0
     assert row["agent/rows_per_episode"] == (1.0 if fn == "two_turns" else 2.0)
 
 

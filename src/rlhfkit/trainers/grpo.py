@@ -46,7 +46,7 @@ from rlhfkit.core.precision import autocast
 from rlhfkit.rollout import Rollout, forward_logprobs
 from rlhfkit.runtime.offpolicy import OneStepOffPolicy
 from rlhfkit.runtime.run import closes_its_runs
-from rlhfkit.trainers.agent_grpo import agent_collect, agent_settings, evaluate_agent
+from rlhfkit.trainers.agents import agent_collect, agent_settings, use_agent
 from rlhfkit.trainers.build import build_actor
 from rlhfkit.trainers.grpo_config import (
     REINFORCE_PP,
@@ -164,7 +164,7 @@ def collect(rl: RLRun, cfg: GRPOConfig, it: int, prefetch: OneStepOffPolicy | No
     prompts_per_iteration groups, or dynamic sampling's rounds (grpo_rollout.dynamic_batch).
     `prefetch` (one_step_off_policy): the batch its sampler drew one update ago, or on-policy."""
     G = cfg.group_size
-    if cfg.agent:  # the user's agent through the OpenAI-compatible server (trainers/agent_grpo.py)
+    if cfg.agent:  # the user's agent through the OpenAI-compatible server (trainers/agents.py)
         return agent_collect(rl, cfg, it)
 
     def draw(r: int) -> tuple[Rollout, dict[str, float]]:
@@ -225,9 +225,7 @@ def train(cfg: GRPOConfig) -> dict:
     agent = agent_settings(cfg) if cfg.agent else None  # imported before anything is written
     rl = RLRun(cfg, command_name(cfg), build_policy_model)
     if agent is not None:
-        rl.agent = agent
-        rl.evaluator = lambda records, seed: evaluate_agent(rl, cfg, records, seed)
-        rl.eval_source = f"agent={cfg.agent}"
+        use_agent(rl, cfg, agent)
 
     def loss_fn(mb: Rollout, n_tokens: float, n_seqs: float):
         return micro_batch_loss(rl.model, mb, cfg, n_tokens, n_seqs, rl.run.device, rl.run.world)

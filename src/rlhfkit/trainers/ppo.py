@@ -34,6 +34,7 @@ from rlhfkit.core.precision import autocast
 from rlhfkit.rollout import Rollout, forward_logprobs
 from rlhfkit.runtime.run import closes_its_runs
 from rlhfkit.trainers.advantages import compute_advantages
+from rlhfkit.trainers.agents import agent_sample, agent_settings, use_agent
 from rlhfkit.trainers.build import build_actor_critic
 from rlhfkit.trainers.ppo_config import PPOConfig
 from rlhfkit.trainers.rl import RLRun
@@ -87,7 +88,10 @@ def ppo_update(rl: RLRun, rollout: Rollout, cfg: PPOConfig, kl_coef: float, firs
 @closes_its_runs
 def train(cfg: PPOConfig) -> dict:
     """Run PPO; returns the summary (also written to RUN/summary.json)."""
+    agent = agent_settings(cfg) if cfg.agent else None  # imported before anything is written
     rl = RLRun(cfg, "ppo", build_actor_critic)
+    if agent is not None:  # episodes of the user's OpenAI-client agent (trainers/agents.py)
+        use_agent(rl, cfg, agent)
     kl_ctl = (AdaptiveKLController(cfg.kl_coef, cfg.kl_target, cfg.kl_horizon) if cfg.adaptive_kl
               else FixedKLController(cfg.kl_coef))
     rl.run.resume(kl_ctl=kl_ctl)  # when resuming: weights, optimiser, data position, RNG, ... from the checkpoint
@@ -95,8 +99,10 @@ def train(cfg: PPOConfig) -> dict:
         for it in rl.run.steps():  # checkpoints when due; SIGINT/SIGTERM: checkpoint and stop
             t0 = time.time()
             records = rl.stream.next(cfg.rollout_batch_size)
-            perm = torch.randperm(cfg.rollout_batch_size, generator=rl.generator, device=rl.generator.device)
-            rollout = rl.logprob_pass(rl.sample(records, it), perm)  # steps 1-3
+            sampled = agent_sample(rl, cfg, records, it) if agent is not None else rl.sample(records, it)
+            rows = sampled.response_ids.shape[0]  # an agent's episodes may give more rows than records
+            perm = torch.randperm(rows, generator=rl.generator, device=rl.generator.device)
+            rollout = rl.logprob_pass(sampled, perm)  # steps 1-3
             metrics = compute_advantages(rollout, cfg, kl_ctl.value, rl.run.accelerator)  # steps 4-5
             t1 = time.time()
             metrics.update(ppo_update(rl, rollout, cfg, kl_ctl.value, perm))  # step 6

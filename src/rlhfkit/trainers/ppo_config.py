@@ -9,6 +9,7 @@ from rlhfkit.core.config import check, option
 from rlhfkit.runtime.batch_plan import check_micro_batch_size
 from rlhfkit.trainers.options import (
     REWARD_SPECS_HELP,
+    AgentArgs,
     EnvArgs,
     GenerationArgs,
     ModelArgs,
@@ -106,7 +107,7 @@ class ActorCriticArgs(EnvArgs, GenerationArgs, ReferenceArgs, SamplingArgs, Mode
 
 
 @dataclass
-class PPOConfig(ActorCriticArgs):
+class PPOConfig(AgentArgs, ActorCriticArgs):
     """PPO with GAE and a value head on the shared base (actor-critic), KL penalty against a frozen reference."""
 
     @property
@@ -127,6 +128,7 @@ class PPOConfig(ActorCriticArgs):
                                     "on-policy; docs/learn/04-the-update.md, entry 15)", KL_LOSS_ESTIMATORS)
 
     def validate(self) -> None:
+        check(not (self.agent and self.env), f"agent and env ({self.env}) are two rollout sources: give one")
         for k in ("mini_batch_size", "ppo_epochs"):
             check(getattr(self, k) >= 1, f"{k} ({getattr(self, k)}) must be >= 1")
         check(self.rollout_batch_size % self.mini_batch_size == 0,

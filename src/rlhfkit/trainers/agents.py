@@ -1,5 +1,7 @@
-"""Steps 1-3 of the GRPO family (trainers/grpo.py) with `agent=`: the user's agent runs each episode
-against the policy through the OpenAI-compatible server (rollout/agent_rollout.py).
+"""`agent=` in the trainers: the user's agent runs each episode against the policy through the
+OpenAI-compatible server (rollout/agent_rollout.py).
+
+GRPO family, steps 1-3 (trainers/grpo.py `collect`):
 
   1. rollout     prompts_per_iteration records, each G times; one agent episode per row, failed
                  episodes dropped (agent/*_rate); every episode failing stops the run (exit 2)
@@ -8,6 +10,10 @@ against the policy through the OpenAI-compatible server (rollout/agent_rollout.p
                  that smaller group; a group left with one episode gets advantage 0), the episode's
                  value on every model token of each of its rows; with drop_zero_std_groups the
                  rows of groups without a reward spread are left out of steps 4-5
+
+PPO (`use_agent`): each iteration's rollout_batch_size records run one episode each; the rows
+(one or more per episode) go through PPO's multi-turn path (turn rewards on the replies' last
+tokens, GAE over the model's tokens). A split episode's rows each carry its reward.
 
 Held-out evaluation runs the agent once per held-out record: mean episode reward before/after.
 """
@@ -98,6 +104,26 @@ def agent_collect(rl, cfg, it: int) -> tuple[Rollout, Rollout, dict[str, float]]
         batch = keep_rows(rollout, torch.tensor(rows, dtype=torch.long, device=rollout.response_mask.device))
         return batch, rollout, metrics
     return rollout, rollout, metrics
+
+
+def agent_sample(rl, cfg, records: list[dict], it: int) -> Rollout:
+    """PPO's step 1 with an agent: the episodes of `records` as a Rollout; the agent/* metrics ride
+    in its timings (rollout_metrics logs them)."""
+    t0 = time.perf_counter()
+    with rl.run.tracker.phase("rollout", None):
+        try:
+            rollout, _, metrics = sample_agent(rl, cfg, records, sampling_seed(cfg.seed, rl.run.rank, it))
+        except AllEpisodesFailed as e:
+            raise AllEpisodesFailed(f"iteration {it}: {e}") from None
+    rollout.timings = {"timing/generate_s": time.perf_counter() - t0, "timing/reward_s": 0.0, **metrics}
+    return rollout
+
+
+def use_agent(rl, cfg, settings: AgentSettings) -> None:
+    """Make the run's evaluation (and `rl.agent`) the agent's."""
+    rl.agent = settings
+    rl.evaluator = lambda records, seed: evaluate_agent(rl, cfg, records, seed)
+    rl.eval_source = f"agent={cfg.agent}"
 
 
 def evaluate_agent(rl, cfg, records: list[dict], seed: int) -> dict:
