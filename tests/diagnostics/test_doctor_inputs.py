@@ -7,8 +7,8 @@ import json
 
 from diag_synthetic import healthy_ppo, healthy_sft, write_run
 
-from rlhfkit.diagnostics import diagnose
 from rlhfkit.commands.doctor import doctor_main
+from rlhfkit.diagnostics import diagnose
 from rlhfkit.diagnostics.foreign import rename, with_iterations
 from rlhfkit.diagnostics.rundir import load_run
 

@@ -16,16 +16,17 @@ from rlhfkit.diagnostics.glossary import METRICS
 
 ROOT = Path(__file__).resolve().parents[2]
 DOCS = ROOT / "docs" / "diagnostics.md"
-NAMESPACES = ("rollout", "loss", "params", "timing", "throughput", "rewards", "logps", "rm", "eval", "data", "trpo")
+NAMESPACES = ("rollout", "agent", "loss", "params", "timing", "throughput", "rewards", "logps", "rm", "eval", "data", "trpo")
 LITERAL = re.compile(r"[\"']((?:" + "|".join(NAMESPACES) + r")/[a-z0-9_]+)[\"']")
 
 
 def sources() -> str:
-    """Where metrics are made: the trainers, rlhfkit.algos (DPO's rewards/* and logps/*) and the reward
+    """Where metrics are made: the trainers, rlhfkit.algos (DPO's rewards/* and logps/*), the reward
     functions that measure their own calls (rlhfkit.rewards: seconds waited on reward servers, reward=code's
-    reward/code_*_rate)."""
+    reward/code_*_rate) and the agent rollout (agent/*)."""
     files = [*(ROOT / "src/rlhfkit/trainers").rglob("*.py"), *(ROOT / "src/rlhfkit/algos").rglob("*.py"),
-             *(ROOT / "src/rlhfkit/rewards").rglob("*.py")]
+             *(ROOT / "src/rlhfkit/rewards").rglob("*.py"),
+             *(ROOT / "src/rlhfkit/rollout").glob("agent*.py")]  # agent episodes' metrics
     return "\n".join(f.read_text(encoding="utf-8") for f in files)
 
 

@@ -202,9 +202,27 @@ METRICS: dict[str, str] = {
     "background sampler to finish the next batch (0 when sampling was fully hidden behind the update).",
     "timing/sampler_logprobs_s": "GRPO with one_step_off_policy: seconds of the sampler's own teacher-forced pass "
     "over its tokens (its log-probs for the importance weights), run in the background thread; 0 on-policy.",
+    # ---- agent episodes (GRPO family, agent=python:FILE:FN; rollout/agent.py)
+    "agent/error_rate": "agent=...: fraction of the iteration's episodes dropped (the sum of the agent/*_rate "
+    "reasons below); dropped episodes train nothing and leave their group's baseline.",
+    "agent/raised_rate": "agent=...: fraction of episodes whose FN raised an exception.",
+    "agent/rejected_rate": "agent=...: fraction of episodes with a request the server refused (a model name other "
+    "than agent_model, an unsupported parameter such as stream or top_p < 1, a prompt over the context window, "
+    "more than agent_max_calls requests), counted even when FN caught the error.",
+    "agent/timeout_rate": "agent=...: fraction of episodes that took longer than agent_timeout seconds.",
+    "agent/no_call_rate": "agent=...: fraction of episodes whose FN returned without one reply from the model.",
+    "agent/bad_reward_rate": "agent=...: fraction of episodes whose FN returned no finite number (None, NaN, a "
+    "string) or a per-turn list whose length is not the number of model replies.",
+    "agent/calls_per_episode": "agent=...: mean number of requests the server answered per episode (all episodes).",
+    "agent/rows_per_episode": "agent=...: mean number of training rows per kept episode: 1 when the agent only "
+    "appends to its conversation; more when it edits or re-orders it between calls, or asks for n > 1.",
+    "agent/episode_s": "agent=...: mean wall-clock seconds of an episode (FN's whole run, tools included).",
+    "agent/prompt_tokens_per_episode": "agent=...: prompt tokens the server ran through the model (prefill) per "
+    "episode, over every request: the context recomputed at each turn.",
 }
 
-GROUP_ORDER = ("rollout", "loss", "params", "rewards", "logps", "rm", "data", "eval", "trpo", "timing", "throughput")
+GROUP_ORDER = ("rollout", "agent", "loss", "params", "rewards", "logps", "rm", "data", "eval", "trpo", "timing",
+               "throughput")
 BEGIN = "<!-- glossary: generated from src/rlhfkit/diagnostics/glossary.py by `python -m rlhfkit.diagnostics.glossary --write docs/diagnostics.md`; edit the code, not this table -->"  # noqa: E501
 END = "<!-- end of generated glossary -->"
 

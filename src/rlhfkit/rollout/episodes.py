@@ -103,6 +103,14 @@ def cut_rows(calls: list[Call]) -> list[Row]:
     return [r for r in rows if any(r.model)]
 
 
+def last_reply(row: Row) -> list[int]:
+    """The ids of the row's last reply (the sampled tokens up to its end, back to the previous context token)."""
+    end = start = row.ends[-1][1]
+    while start > 0 and row.model[start - 1]:
+        start -= 1
+    return row.ids[start : end + 1]
+
+
 def rows_to_rollout(rows: list[Row], rewards: list[float | list[float]], pad_id: int, device) -> Rollout:
     """One Rollout row per Row. `rewards[i]`: row i's episode reward, or its per-reply rewards
     (indexed by reply number). query = the row's tokens before its first sampled token (left-padded),

@@ -21,6 +21,13 @@ messages" minus "without them", plus what the template writes between a turn's s
 next message (SmolLM2's "\\n" after <|im_end|>). A turn cut at max_new_tokens has no stop token, so
 the template's end-of-turn text is then part of the environment tokens.
 
+KV reuse (`reuse_cache`, on in training and evaluation with generation_backend=hf and full-vocabulary
+sampling): each turn is sampled by the server's loop (rollout/serving.py `sample_rows`), which
+keeps every finished row's keys/values (rollout/prefix_cache.py); the row's next turn starts from
+them and runs only its new tokens (the last sampled token and the environment's), instead of
+re-encoding the whole history. `info["prefill_tokens"]` counts the context tokens each row ran
+through the model over its turns, either way.
+
 Turns of different rows proceed together: each round samples one turn for the rows still running,
 their full contexts left-padded (rollout/core.py `generate_ids`: the plain policy's sampling).
 A row ends when the environment says done, at `max_turns`, or when its response region (model and
@@ -38,10 +45,15 @@ from collections.abc import Callable
 import torch
 
 from rlhfkit.algos import response_mask
+from rlhfkit.core.devices import HOST
 from rlhfkit.data.chat import format_prompt, plain_format, to_messages, use_chat_template, with_bos
 from rlhfkit.envs.base import as_step, check_messages
 from rlhfkit.errors import UserError
+from rlhfkit.models.attention import native_attention
+from rlhfkit.models.lora import merged_lora
 from rlhfkit.rollout.core import Rollout, SamplingParams, generate_ids
+from rlhfkit.rollout.decode import lean_supported
+from rlhfkit.rollout.prefix_cache import PrefixCache
 from rlhfkit.rollout.prompt_fit import encode_prompts
 
 MARKER = "\u2063RLHFKIT-MODEL-TURN\u2063"  # stands in for the last model turn when rendering env text
@@ -142,6 +154,7 @@ def generate_episodes(
     share_prefix: bool = False,
     fmt=None,
     sample_ids: Callable = generate_ids,
+    reuse_cache: bool = False,
 ) -> Rollout:
     """One episode per record, `make_env()` once per row; see the module docstring.
 
@@ -149,7 +162,8 @@ def generate_episodes(
     (model and environment tokens), `max_turns` its model turns. `seed`: torch's global seed, set
     once before the first turn. `fmt`: prompt-format options (chat_template, system_prompt).
     `sample_ids`: samples each turn, `generate_ids`' signature (HF generate; or the lean loop's
-    `lean_generate_ids`, rollout/decode.py).
+    `lean_generate_ids`, rollout/decode.py); `reuse_cache`: `cached_turns` instead (module docstring)
+    when the sampling is full-vocabulary.
     Returns the Rollout with query/response ids and masks, context_mask, turn_rewards, scores,
     stopped, `completions` = each episode's last model turn, and `info` lists per row: turns,
     tool_calls, tool_errors, env_errors.
@@ -163,6 +177,9 @@ def generate_episodes(
     enc = encode_prompts(tokenizer, [render(tokenizer, h, fmt) for h in histories], params.max_prompt_length)
     episodes = [Episode(env, h, ids[m.bool()]) for env, h, ids, m in
                 zip(envs, histories, enc["input_ids"], enc["attention_mask"])]
+    prefix = PrefixCache() if reuse_cache and lean_supported(params) else None
+    sample_ids = cached_turns(prefix) if prefix is not None else sample_ids
+    prefilled = [0] * len(records)
     if seed is not None:
         torch.manual_seed(seed)
     active = list(range(len(records)))
@@ -177,6 +194,9 @@ def generate_episodes(
             ids, mask = left_pad([torch.cat([episodes[i].prompt, torch.tensor(episodes[i].tokens, dtype=torch.long,
                                                                                            device=episodes[i].prompt.device)])
                                   for i in active], pad)
+        for k, i in enumerate(active):  # context tokens this turn runs: all of them, or those past a cached prefix
+            real = ids[k][mask[k].bool()].tolist()
+            prefilled[i] += len(real) - (prefix.match(real) if prefix is not None else 0)
         with warnings.catch_warnings():  # replace() re-runs SamplingParams' top-k/top-p warning
             warnings.simplefilter("ignore")
             rows = sample_ids(model, tokenizer, ids, mask, turn_params, batch_size, share_prompts, share_prefix)
@@ -185,7 +205,31 @@ def generate_episodes(
             take_turn(episodes[i], row[:r], r < params.max_new_tokens, stop_ids, tokenizer, max_turns,
                       max_total_tokens, fmt)
         active = [i for i in active if not episodes[i].done]
-    return episodes_to_rollout(episodes, enc, pad)
+    rollout = episodes_to_rollout(episodes, enc, pad)
+    rollout.info["prefill_tokens"] = prefilled
+    return rollout
+
+
+def cached_turns(prefix: PrefixCache) -> Callable:
+    """A `sample_ids` (generate_ids' signature) that samples each turn with the server's loop
+    (rollout/serving.py `sample_rows`, every row at params.temperature) and keeps each finished
+    row's K/V in `prefix`, so an episode's next turn runs only its new tokens."""
+    from rlhfkit.rollout.serving import sample_rows
+
+    def sample_ids(model, tokenizer, ids, mask, params, batch_size=None, share_prompts=False, share_prefix=False):
+        rows = [r[m.bool()].tolist() for r, m in zip(ids, mask)]
+        stop_ids = tuple(params.stop_ids) or (tokenizer.eos_token_id,)
+        was_training = model.training
+        model.eval()
+        try:
+            with merged_lora(model), native_attention():
+                samples = sample_rows(model, rows, [params.temperature] * len(rows),
+                                      [params.max_new_tokens] * len(rows), stop_ids, tokenizer.pad_token_id, prefix)
+        finally:
+            model.train(was_training)
+        return [torch.tensor(s.ids, dtype=torch.long, device=HOST) for s in samples]
+
+    return sample_ids
 
 
 def take_turn(ep: Episode, sampled: torch.Tensor, budget_bound: bool, stop_ids: tuple[int, ...], tokenizer,

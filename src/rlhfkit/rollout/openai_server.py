@@ -161,7 +161,8 @@ class Api:
                             "logprobs": lp})
             kept.append(s)
             keys.append(reply_key(content, calls))
-            stops.append(tok.decode(list(s.ids[-1:])) if s.stopped and s.ids and s.ids[-1] in self.served.sampler.stop_ids else "")
+            ended = s.stopped and s.ids and s.ids[-1] in self.served.sampler.stop_ids  # on a stop token, not a string
+            stops.append(tok.decode(list(s.ids[-1:])) if ended else "")
         if record is not None:
             record.add(Call(tuple(ids), tuple(kept)), keys, stops)
         return chat_response(self.served.name, choices, len(ids), sum(len(s.ids) for s in kept))
@@ -203,10 +204,11 @@ class _Handler(BaseHTTPRequestHandler):
         return auth[7:].strip() if auth.lower().startswith("bearer ") else None
 
     def _host_ok(self) -> bool:
+        """Off loopback any Host; on loopback only a loopback name (a page elsewhere cannot rebind to us)."""
         if not self.server.loopback:
             return True
-        host = (self.headers.get("Host") or "").rsplit(":", 1)[0] if not (self.headers.get("Host") or "").startswith("[") \
-            else (self.headers.get("Host") or "")[1:].split("]")[0]
+        header = self.headers.get("Host") or ""
+        host = header[1:].split("]")[0] if header.startswith("[") else header.rsplit(":", 1)[0]
         return host in LOOPBACK
 
     def _serve(self, method: str) -> None:
@@ -239,7 +241,8 @@ class OpenAIServer:
         loopback = host in LOOPBACK
         if not loopback and api.token is None and not api.episodes_on:
             raise ValueError(f"host {host} is not a loopback address: an access token is required")
-        cls = type("Server", (ThreadingHTTPServer,), {"address_family": _family(host), "daemon_threads": True})
+        cls = type("Server", (ThreadingHTTPServer,), {"address_family": _family(host), "daemon_threads": True,
+                                                       "request_queue_size": 256})  # many agents connect at once
         self.httpd = cls((host, port), _Handler)
         self.httpd.api, self.httpd.loopback, self.httpd.verbose = api, loopback, verbose
         self.api = api

@@ -27,11 +27,11 @@ from concurrent.futures import Future
 
 import torch
 
-from rlhfkit.core.devices import HOST
 from rlhfkit.models.attention import native_attention
 from rlhfkit.models.hf_compat import cache_kwargs
 from rlhfkit.models.lora import merged_lora
 from rlhfkit.rollout.decode import prefill
+from rlhfkit.rollout.prefix_cache import PrefixCache, batched_cache, row_kv
 from rlhfkit.rollout.sampling import exponential_race, thread_generator
 
 
@@ -69,20 +69,53 @@ def draw_rows(logits: torch.Tensor, temps: torch.Tensor) -> tuple[torch.Tensor, 
     return tok, logp.gather(1, tok[:, None]).squeeze(1)
 
 
+def left_padded(rows: list[list[int]], pad_id: int, device) -> tuple[torch.Tensor, torch.Tensor]:
+    """(ids (B, L), mask (B, L)) of id lists left-padded to the longest (L >= 1)."""
+    width = max(1, max(len(r) for r in rows))
+    ids = torch.full((len(rows), width), pad_id, dtype=torch.long, device=device)
+    mask = torch.zeros((len(rows), width), dtype=torch.long, device=device)
+    for i, r in enumerate(rows):
+        if r:
+            ids[i, width - len(r):] = torch.tensor(r, dtype=torch.long, device=device)
+            mask[i, width - len(r):] = 1
+    return ids, mask
+
+
+def start_rows(model, prompts: list[list[int]], pad_id: int, prefix: PrefixCache | None):
+    """(last-column logits (B, V), cache, positions (B, W), mask (B, W)) after running each prompt,
+    its longest cached prefix taken from `prefix` (rollout/prefix_cache.py) and only the rest run."""
+    device = next(model.parameters()).device
+    hits = [prefix.take(p) if prefix is not None else (0, None) for p in prompts]
+    lengths = [n for n, _ in hits]
+    new_ids, new_mask = left_padded([p[n:] for p, n in zip(prompts, lengths)], pad_id, device)
+    if not any(lengths):  # identical prompts (a GRPO group, n > 1) run once, their cache rows copied
+        first: dict[tuple[int, ...], int] = {}
+        index = [first.setdefault(tuple(p), len(first)) for p in prompts]
+        unique = sorted(first, key=first.get)
+        ids, mask = left_padded([list(u) for u in unique], pad_id, device)
+        logits, cache, positions = prefill(model, ids, mask)
+        if len(unique) < len(prompts):
+            idx = torch.tensor(index, dtype=torch.long, device=device)
+            cache.reorder_cache(idx)
+            logits, positions, mask = logits[idx], positions[idx], mask[idx]
+        return logits, cache, positions, mask
+    cache, cached_mask = batched_cache(model.config, [kv for _, kv in hits], lengths, device)
+    ids = torch.cat([torch.full_like(cached_mask, pad_id), new_ids], dim=1)
+    mask = torch.cat([cached_mask, new_mask], dim=1)  # holes between a short cached part and its new part
+    logits, cache, positions = prefill(model, ids, mask, cache)
+    return logits, cache, positions, mask
+
+
 @torch.no_grad()
 def sample_rows(model: torch.nn.Module, prompts: list[list[int]], temps: list[float], max_tokens: list[int],
-                stop_ids: tuple[int, ...], pad_id: int) -> list[Sample]:
+                stop_ids: tuple[int, ...], pad_id: int, prefix: PrefixCache | None = None) -> list[Sample]:
     """One continuation per prompt (lists of ids), all rows in one prefill and one decoding loop
     with a KV cache; a row leaves the batch at its stop token or its own token limit. Positions
-    come from the attention mask (left padding)."""
+    come from the attention mask (left padding). `prefix`: K/V of earlier rows to start from, and
+    where each finished row's K/V (its prompt and all sampled tokens but the last) is kept."""
     device = next(model.parameters()).device
-    B, width = len(prompts), max(len(p) for p in prompts)
-    ids = torch.full((B, width), pad_id, dtype=torch.long, device=device)
-    mask = torch.zeros((B, width), dtype=torch.long, device=device)
-    for i, p in enumerate(prompts):
-        ids[i, width - len(p):] = torch.tensor(p, dtype=torch.long, device=device)
-        mask[i, width - len(p):] = 1
-    logits, cache, positions = prefill(model, ids, mask)  # (B, V): the last column's logits only
+    B = len(prompts)
+    logits, cache, positions, mask = start_rows(model, prompts, pad_id, prefix)
     t_all = torch.tensor(temps, dtype=torch.float32, device=device)
     limits = torch.tensor(max_tokens, dtype=torch.long, device=device)
     stops = torch.tensor(stop_ids, dtype=torch.long, device=device)
@@ -99,7 +132,12 @@ def sample_rows(model: torch.nn.Module, prompts: list[list[int]], temps: list[fl
         hit = torch.isin(tok, stops)
         for r in rows[hit].tolist():
             stopped[r] = True
-        keep = (~hit & (limits[rows] > t + 1)).nonzero().squeeze(1)
+        going = ~hit & (limits[rows] > t + 1)
+        if prefix is not None:  # finished rows: keep what the cache holds of them
+            for j in (~going).nonzero().squeeze(1).tolist():
+                r = int(rows[j])
+                prefix.put(tuple(prompts[r]) + tuple(out_ids[r][:-1]), row_kv(cache, j, mask[j]))
+        keep = going.nonzero().squeeze(1)
         if keep.numel() == 0:
             break
         if keep.numel() < rows.numel():
@@ -117,12 +155,15 @@ class BatchedSampler:
     its `n` Samples; one worker thread runs them in arrival-window batches (module docstring).
 
     `context()`: entered around every batch in the worker thread (autocast, full weights under
-    sharding); `seed`: the worker's own generator (sampling does not touch torch's global one).
+    sharding); `seed`: the worker's own generator (sampling does not touch torch's global one);
+    `reuse_cache`: a request that extends an earlier one starts from its K/V (rollout/prefix_cache.py;
+    the model's weights must not change while the sampler lives).
     Use as a context manager, or call `start()` and `close()`.
     """
 
     def __init__(self, model: torch.nn.Module, stop_ids: tuple[int, ...], pad_id: int, *, window_s: float = 0.02,
-                 max_rows: int = 256, seed: int = 0, context: Callable = contextlib.nullcontext):
+                 max_rows: int = 256, seed: int = 0, context: Callable = contextlib.nullcontext,
+                 reuse_cache: bool = True):
         self.model, self.stop_ids, self.pad_id = model, tuple(stop_ids), pad_id
         self.window_s, self.max_rows, self.context = window_s, max_rows, context
         self.generator = torch.Generator(device=next(model.parameters()).device).manual_seed(seed)
@@ -130,7 +171,8 @@ class BatchedSampler:
         self.lock = threading.Lock()  # held while the model samples: the trainer must not change it then
         self.batches = 0  # decoding loops run (bench and tests read it)
         self.rows = 0
-        self.prompt_tokens = 0  # prompt tokens prefilled (recomputed context)
+        self.prompt_tokens = 0  # prompt tokens run through the model (prefill; cached prefixes not counted)
+        self.prefix = PrefixCache() if reuse_cache else None  # K/V of finished rows (rollout/prefix_cache.py)
         self._thread: threading.Thread | None = None
         self._closed = threading.Event()
 
@@ -214,19 +256,16 @@ class BatchedSampler:
             was_training = model.training
             model.eval()
             try:
-                samples = sample_rows(model, prompts, temps, limits, self.stop_ids, self.pad_id)
+                reused = self.prefix.reused_tokens if self.prefix is not None else 0
+                samples = sample_rows(model, prompts, temps, limits, self.stop_ids, self.pad_id, self.prefix)
+                reused = (self.prefix.reused_tokens if self.prefix is not None else 0) - reused
             finally:
                 model.train(was_training)
         self.batches += 1
         self.rows += len(prompts)
-        self.prompt_tokens += sum(len(p) for p in prompts)
+        self.prompt_tokens += sum(len(p) for p in prompts) - reused
         out, i = [], 0
         for j in jobs:
             out.append(samples[i : i + j.n])
             i += j.n
         return out
-
-
-def host_ids(ids: list[int]) -> torch.Tensor:
-    """A list of token ids as a 1-D long tensor on the host."""
-    return torch.tensor(ids, dtype=torch.long, device=HOST)

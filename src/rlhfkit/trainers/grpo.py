@@ -23,7 +23,11 @@ looked up once by name in trainers/grpo_variants.py and trainers/grpo_sources.py
   7. log         PPO's metric names + rollout/group_reward_std and rollout/solved_fraction
 
 With `env` set, step 1 runs multi-turn episodes (rollout/multiturn.py), step 2's score is each
-episode's summed environment reward, and the loss covers the model's tokens only.
+episode's summed environment reward, and the loss covers the model's tokens only. With `agent` set,
+step 1 is the user's agent's episodes through the OpenAI-compatible server (the "agent" rollout
+source, trainers/agents.py): an episode gives one or more rows (or none when it failed), each row's
+`info["episode"]` names it, and step 3 takes the baseline over each group's episodes
+(grpo_rollout.completion_groups).
 
 The run harness, log-prob pass, update loop and log are PPO's (trainers/rl.py, trainers/rl_update.py,
 runtime/run.py); dynamic sampling, overlong shaping and ReMax's greedy draw are in grpo_rollout.py.
@@ -47,13 +51,16 @@ from rlhfkit.runtime.run import closes_its_runs
 from rlhfkit.trainers.build import build_actor
 from rlhfkit.trainers.grpo_config import DAPOConfig, GRPOConfig, GSPOConfig, ReinforcePPConfig, RLOOConfig
 from rlhfkit.trainers.grpo_rollout import (
+    completion_groups,
     dynamic_batch,
     filter_overlong,
     greedy_scores,
+    group_std,
     keep_rows,
     shaped_rewards,
+    varied_rows,
 )
-from rlhfkit.trainers.grpo_sources import ROLLOUT_SOURCES, RolloutSource, rollout_source
+from rlhfkit.trainers.grpo_sources import RolloutSource, prepare_source
 from rlhfkit.trainers.grpo_variants import (
     ADVANTAGES,
     LOGPROBS,
@@ -85,7 +92,8 @@ def group_metrics(rollout: Rollout, cfg: GRPOConfig) -> dict[str, float]:
     metrics = {"rollout/solved_fraction": (rollout.scores >= cfg.solved_threshold).float().mean().item()}
     if cfg.group_size >= 2:
         seq_reward = (rollout.rewards * rollout.response_mask).sum(1)
-        std = seq_reward.view(-1, cfg.group_size).std(dim=1)  # unbiased, as in group_advantages
+        first, group = completion_groups(rollout, cfg.group_size)  # rows, or agent episodes
+        std = group_std(seq_reward[first], group, cfg.group_size)  # unbiased, as in group_advantages
         metrics.update({"rollout/group_reward_std": std.mean().item(),
                         "rollout/zero_std_group_fraction": (std == 0).float().mean().item()})
     return metrics
@@ -108,13 +116,11 @@ def informative_rows(rollout: Rollout, cfg: GRPOConfig, advantage: Advantage, nu
     """Rows of groups whose rewards are not all equal (all rows unless drop_zero_std_groups with an
     estimator that gives such groups advantage 0 and no distillation term; with several processes always all rows, so every
     process runs the same optimiser steps)."""
-    B, G = rollout.scores.shape[0], cfg.group_size
+    B = rollout.scores.shape[0]
     distilling = cfg.distill_coef > 0  # a teacher's term has a signal in every group
     if not cfg.drop_zero_std_groups or distilling or num_processes > 1 or not advantage.zero_on_flat_groups:
         return torch.arange(B, device=rollout.scores.device)
-    seq_reward = (rollout.rewards * rollout.response_mask).sum(1).view(-1, G)
-    varied = (seq_reward != seq_reward[:, :1]).any(1)  # (B/G,)
-    return varied.repeat_interleave(G).nonzero().squeeze(1)
+    return varied_rows(rollout, (rollout.rewards * rollout.response_mask).sum(1), cfg.group_size)
 
 
 # ----------------------------------------------------------------------------- update
@@ -212,7 +218,8 @@ def accuracy_line(rl: RLRun, cfg: GRPOConfig) -> str | None:
     """The held-out accuracy before -> after when the reward (or env) is an exact match (it says so:
     `exact_match`), so its mean is an accuracy; None otherwise or without an evaluation."""
     judge = rl.make_env if rl.make_env is not None else rl.reward_fn
-    if not getattr(judge, "exact_match", False) or "eval_after" not in rl.run.summary:
+    own_evaluator = rl.evaluator is not None  # e.g. an agent's rewards, not the reward function's
+    if own_evaluator or not getattr(judge, "exact_match", False) or "eval_after" not in rl.run.summary:
         return None
     b, a = rl.run.summary["eval_before"], rl.run.summary["eval_after"]
     return (f"[eval] held-out accuracy (T={cfg.temperature}): {b['mean']:.1%} before -> "
@@ -222,11 +229,12 @@ def accuracy_line(rl: RLRun, cfg: GRPOConfig) -> str | None:
 @closes_its_runs
 def train(cfg: GRPOConfig) -> dict:
     """Run GRPO or a variant (see the module docstring); returns the summary (also RUN/summary.json)."""
+    make_source = prepare_source(cfg)  # before the run folder exists: a source that cannot start stops here
     rl = RLRun(cfg, command_name(cfg), build_policy_model)
     advantage = choose(ADVANTAGES, cfg.advantage, "advantage")  # the variants, looked up once by name
     terms = active_terms(cfg)
     term_inputs = [term.inputs(rl, cfg) for term in terms.values()]
-    source = choose(ROLLOUT_SOURCES, rollout_source(cfg), "rollout source")(rl, cfg)
+    source = make_source(rl)
     rl.run.resume(**source.checkpointed())  # when resuming: weights, optimiser, data position, RNG, ...
     with rl.evaluating(), source:  # held-out reward before and after
         for it in rl.run.steps():  # checkpoints when due; SIGINT/SIGTERM: checkpoint and stop

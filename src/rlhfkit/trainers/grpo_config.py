@@ -24,6 +24,7 @@ from rlhfkit.runtime.batch_plan import check_micro_batch_size
 from rlhfkit.trainers.options import (
     GENERATION_BATCH_HELP,
     REWARD_SPECS_HELP,
+    AgentArgs,
     BetaArgs,
     ClippedRatioArgs,
     CodeRewardArgs,
@@ -46,8 +47,9 @@ OFF_POLICY_TIS_CAP = 2.0  # one_step_off_policy's cap when tis_cap is unset (Yao
 
 
 @dataclass
-class GRPOConfig(CodeRewardArgs, SharePromptsArgs, BetaArgs, ClippedRatioArgs, PolicyGradientArgs, RolloutArgs, EnvArgs,
-                 RemoteRewardArgs, GenerationArgs, ReferenceArgs, SamplingArgs, ModelArgs, OptimizerArgs, RunArgs):
+class GRPOConfig(AgentArgs, CodeRewardArgs, SharePromptsArgs, BetaArgs, ClippedRatioArgs, PolicyGradientArgs,
+                 RolloutArgs, EnvArgs, RemoteRewardArgs, GenerationArgs, ReferenceArgs, SamplingArgs, ModelArgs,
+                 OptimizerArgs, RunArgs):
     """GRPO: G sampled completions per prompt, group-relative advantages, clipped ratio, no value head."""
 
     # data and reward
@@ -204,6 +206,15 @@ class GRPOConfig(CodeRewardArgs, SharePromptsArgs, BetaArgs, ClippedRatioArgs, P
         check(self.tis_cap is None or self.tis_cap >= 1, f"tis_cap ({self.tis_cap}) must be >= 1 or None")
         if self.one_step_off_policy:
             self.validate_off_policy()
+        if self.agent:
+            self.validate_agent()
+
+    def validate_agent(self) -> None:
+        """What agent episodes (rows per episode vary, the baseline is taken over episodes) refuse."""
+        check(not self.env, f"agent and env ({self.env}) are two rollout sources: give one")
+        check(self.advantage in ("group", "rloo"), f"agent: advantage must be group or rloo (got {self.advantage})")
+        check(not self.dynamic_sampling and not self.one_step_off_policy,
+              "agent: dynamic_sampling and one_step_off_policy are not supported with agent episodes")
 
     def validate_off_policy(self) -> None:
         """The combinations one_step_off_policy refuses (its default truncation cap: `derived`)."""

@@ -59,6 +59,74 @@ def sequence_rewards(rollout: Rollout) -> torch.Tensor:
     return rollout.rewards.sum(1)
 
 
+def completion_groups(rollout: Rollout, group_size: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(first (C,): the row that stands for each completion, group (C,): its group), C completions.
+    Rows in consecutive groups of G: every row is a completion, row // G its group. Rows of agent
+    episodes (`info["episode"]`: each row's episode number, episodes in groups of G by number; an
+    episode may give several rows or, failed, none; its rows carry its reward): one completion per
+    episode that has rows, its first row, episode // G its group."""
+    device = rollout.response_mask.device
+    episode = rollout.info.get("episode")
+    if episode is None:
+        rows = torch.arange(rollout.response_mask.shape[0], device=device)
+        return rows, rows // group_size
+    first: dict[int, int] = {}
+    for b, e in enumerate(episode):
+        first.setdefault(int(e), b)
+    numbers = sorted(first)
+    return (torch.tensor([first[e] for e in numbers], dtype=torch.long, device=device),
+            torch.tensor([e // group_size for e in numbers], dtype=torch.long, device=device))
+
+
+def row_completions(rollout: Rollout) -> torch.Tensor:
+    """(B,) each row's completion (index into `completion_groups`' lists): the row itself, or its episode's."""
+    device = rollout.response_mask.device
+    episode = rollout.info.get("episode")
+    if episode is None:
+        return torch.arange(rollout.response_mask.shape[0], device=device)
+    numbers = sorted({int(e) for e in episode})
+    index = {e: i for i, e in enumerate(numbers)}
+    return torch.tensor([index[int(e)] for e in episode], dtype=torch.long, device=device)
+
+
+def consecutive(group: torch.Tensor, group_size: int) -> bool:
+    """Whether completion c's group is c // G for every c (full groups in order)."""
+    return torch.equal(group, torch.arange(group.numel(), device=group.device) // group_size)
+
+
+def group_estimate(estimator: Callable, seq: torch.Tensor, group: torch.Tensor, group_size: int,
+                   scale: bool) -> torch.Tensor:
+    """(C,) a group estimator (algos registry: group, rloo) of completion rewards `seq` (C,) within each
+    group (`completion_groups`); a group left with one completion gets 0."""
+    if consecutive(group, group_size):
+        return estimator(seq, group_size, None, scale)
+    out = torch.zeros_like(seq)
+    for g in group.unique().tolist():
+        idx = (group == g).nonzero().squeeze(1)
+        if idx.numel() >= 2:
+            out[idx] = estimator(seq[idx], idx.numel(), None, scale)
+    return out
+
+
+def group_std(seq: torch.Tensor, group: torch.Tensor, group_size: int) -> torch.Tensor:
+    """(groups,) the unbiased std of each group's completion rewards (0 for a group of one)."""
+    if consecutive(group, group_size):
+        return seq.view(-1, group_size).std(dim=1)
+    return torch.stack([seq[group == g].std() if int((group == g).sum()) > 1 else torch.zeros((), device=seq.device)
+                        for g in group.unique().tolist()])
+
+
+def varied_rows(rollout: Rollout, seq_reward: torch.Tensor, group_size: int) -> torch.Tensor:
+    """Rows (indices) of the groups whose completions' rewards are not all equal. seq_reward: (B,) per row."""
+    first, group = completion_groups(rollout, group_size)
+    seq = seq_reward[first]
+    n = int(group.max()) + 1 if group.numel() else 0
+    hi = torch.full((n,), float("-inf"), device=seq.device).scatter_reduce(0, group, seq, "amax")
+    lo = torch.full((n,), float("inf"), device=seq.device).scatter_reduce(0, group, seq, "amin")
+    varied = (hi > lo)[group]  # (C,)
+    return varied[row_completions(rollout)].nonzero().squeeze(1)
+
+
 def varied_groups(seq_reward: torch.Tensor, group_size: int) -> torch.Tensor:
     """(B/G,) bool: the groups whose rewards are not all equal. seq_reward: (B,) in consecutive groups."""
     g = seq_reward.view(-1, group_size)

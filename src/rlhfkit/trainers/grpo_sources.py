@@ -13,14 +13,22 @@ sampling) and, after the update, `after_update()`.
         records: the B prompt records (dicts with "prompt" and the reward's columns), in row order.
     after_update() -> metrics (floats, averaged over processes with the iteration's others)
     checkpointed() -> {name: object with state_dict / load_state_dict} saved with each checkpoint
+
+A source class may have `prepare(cfg) -> dict`: run before the run folder exists (a user's file
+imported, so a bad one stops the run with nothing written); its keywords go to the constructor.
+An agent's episodes (the "agent" source, trainers/agents.py) may give any number of rows per
+group: rows carry `info["episode"]` and the advantage step groups by episode.
 """
 
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Callable
 from typing import Protocol
 
+from rlhfkit.algos.registry import choose
 from rlhfkit.rollout import Rollout
+from rlhfkit.trainers.agents import AgentSource
 from rlhfkit.trainers.offpolicy import OneStepOffPolicy
 
 
@@ -58,9 +66,20 @@ class OnPolicy(contextlib.AbstractContextManager):
 
 
 # name -> source class; `rollout_source(cfg)` names the run's
-ROLLOUT_SOURCES: dict[str, type] = {"on-policy": OnPolicy, "one-step-off-policy": OneStepOffPolicy}
+ROLLOUT_SOURCES: dict[str, type] = {"on-policy": OnPolicy, "one-step-off-policy": OneStepOffPolicy,
+                                    "agent": AgentSource}
 
 
 def rollout_source(cfg) -> str:
-    """The run's rollout source: one-step-off-policy with `one_step_off_policy`, else on-policy."""
+    """The run's rollout source: agent with `agent`, one-step-off-policy with `one_step_off_policy`,
+    else on-policy."""
+    if cfg.agent:
+        return "agent"
     return "one-step-off-policy" if cfg.one_step_off_policy else "on-policy"
+
+
+def prepare_source(cfg) -> Callable:
+    """`make(rl) -> RolloutSource` for the run's source, its `prepare(cfg)` (if it has one) run now."""
+    cls = choose(ROLLOUT_SOURCES, rollout_source(cfg), "rollout source")
+    kwargs = cls.prepare(cfg) if hasattr(cls, "prepare") else {}
+    return lambda rl: cls(rl, cfg, **kwargs)

@@ -36,6 +36,7 @@ from rlhfkit.algos.registry import ADVANTAGE_ESTIMATORS, choose
 from rlhfkit.rollout import Rollout
 from rlhfkit.runtime.distributed import global_mean_var
 from rlhfkit.trainers.grpo_distill import distill, teacher_inputs
+from rlhfkit.trainers.grpo_rollout import completion_groups, group_estimate, row_completions
 
 SCORES, LOGPROBS = "scores", "logprobs"  # the phases an advantage estimator runs in
 
@@ -73,13 +74,16 @@ def on_every_token(adv: torch.Tensor, mask: torch.Tensor, metrics=None) -> tuple
 
 
 def sequence_estimator(name: str) -> Callable[[AdvantageInputs], tuple[torch.Tensor, dict[str, float]]]:
-    """The algos registry's sequence estimator `name` (group, rloo) on the summed shaped rewards."""
+    """The algos registry's sequence estimator `name` (group, rloo) on the summed shaped rewards, within
+    each group of completions (rows, or agent episodes: grpo_rollout.completion_groups)."""
     estimator = ADVANTAGE_ESTIMATORS[name]
 
     def fn(x: AdvantageInputs) -> tuple[torch.Tensor, dict[str, float]]:
         ro = x.rollout
         seq = (ro.rewards * ro.response_mask).sum(1)  # (B,)
-        return on_every_token(estimator(seq, x.cfg.group_size, None, x.cfg.scale_rewards), ro.response_mask)
+        first, group = completion_groups(ro, x.cfg.group_size)  # rows, or agent episodes (info["episode"])
+        adv = group_estimate(estimator, seq[first], group, x.cfg.group_size, x.cfg.scale_rewards)
+        return on_every_token(adv[row_completions(ro)], ro.response_mask)
 
     fn.__name__ = f"{name}_advantages"
     return fn

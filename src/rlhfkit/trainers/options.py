@@ -211,7 +211,9 @@ class ReferenceArgs:
 
 @dataclass
 class GenerationArgs:
-    generation_backend: str = option("hf", "who samples rollouts: hf = HF generate on the training policy; lean = "
+    generation_backend: str = option("hf", "who samples rollouts: hf = HF generate on the training policy (env's "
+                                     "turns: rlhfkit's loop reusing each row's KV cache across turns, "
+                                     "rollout/multiturn.py); lean = "
                                      "rlhfkit's own decode loop on the training policy (rollout/decode.py: same "
                                      "distribution, finished rows dropped; also for env's turns); graph = that "
                                      "loop with a static KV cache, each step one captured CUDA graph on CUDA "
@@ -470,3 +472,29 @@ class PairArgs:
     precompute_ref_logps: bool | None = option(None, "compute reference log-probs once before training (None: when "
                                                "the run sees every pair at least once, i.e. when it is cheaper)")
     max_steps: int | None = option(None, "stop after this many optimiser steps (None: epochs decide)")
+
+
+@dataclass
+class AgentArgs:
+    """Episodes from the user's own OpenAI-client agent (rollout/agent.py, docs/environments.md)."""
+
+    agent: str = option("", "python:FILE.py:FN (or python:MODULE:FN): FN(client, record) runs one episode with the "
+                        "openai client it is given (an OpenAI-compatible server on 127.0.0.1 backed by the policy "
+                        "being trained) and returns its reward, or one reward per model reply; the sampled tokens are "
+                        "trained exactly as sampled. Its rewards replace `reward`. \"\" = no agent")
+    agent_concurrency: int = option(8, "agent: episodes run at once (threads; requests that arrive together are "
+                                    "sampled in one batch)")
+    agent_timeout: float = option(120.0, "agent: seconds an episode may take; a slower one is dropped "
+                                  "(agent/timeout_rate) and its client's key revoked")
+    agent_max_calls: int = option(32, "agent: most requests one episode may make (more are refused, and the "
+                                  "episode dropped)")
+    agent_model: str = option("policy", "agent: the model name the server answers to (give your agent's own, e.g. "
+                              "gpt-4o-mini, to run it unchanged); other names are refused")
+
+    def validate(self) -> None:
+        if not self.agent:
+            return
+        check(self.agent_concurrency >= 1, f"agent_concurrency ({self.agent_concurrency}) must be >= 1")
+        check(self.agent_timeout > 0, f"agent_timeout ({self.agent_timeout}) must be > 0")
+        check(self.agent_max_calls >= 1, f"agent_max_calls ({self.agent_max_calls}) must be >= 1")
+        check(bool(self.agent_model), "agent_model must not be empty")

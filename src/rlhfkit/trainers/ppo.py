@@ -38,6 +38,7 @@ from rlhfkit.core.precision import autocast
 from rlhfkit.rollout import Rollout, forward_logprobs
 from rlhfkit.runtime.run import closes_its_runs
 from rlhfkit.trainers.advantages import compute_advantages
+from rlhfkit.trainers.agents import agent_sample, agent_settings, use_agent
 from rlhfkit.trainers.build import build_actor_critic
 from rlhfkit.trainers.ppo_config import PPOConfig
 from rlhfkit.trainers.rl import RLRun
@@ -86,17 +87,22 @@ def update_metrics(m: dict[str, float]) -> dict[str, float]:
 @closes_its_runs
 def train(cfg: PPOConfig) -> dict:
     """Run PPO; returns the summary (also written to RUN/summary.json)."""
+    agent = agent_settings(cfg) if cfg.agent else None  # imported before anything is written
     rl = RLRun(cfg, "ppo", build_actor_critic)
+    if agent is not None:  # episodes of the user's OpenAI-client agent (trainers/agents.py)
+        use_agent(rl, cfg, agent)
     kl_ctl = (AdaptiveKLController(cfg.kl_coef, cfg.kl_target, cfg.kl_horizon) if cfg.adaptive_kl
               else FixedKLController(cfg.kl_coef))
     rl.run.resume(kl_ctl=kl_ctl)  # when resuming: weights, optimiser, data position, RNG, ... from the checkpoint
     with rl.evaluating():  # held-out reward before and after
         for it in rl.run.steps():  # checkpoints when due; SIGINT/SIGTERM: checkpoint and stop
             t0 = time.time()
-            # 1-2. sample responses to the next prompts and score them
-            rollout = rl.sample(rl.stream.next(cfg.rollout_batch_size), it)
+            # 1-2. sample responses to the next prompts (or the agent's episodes) and score them
+            records = rl.stream.next(cfg.rollout_batch_size)
+            rollout = agent_sample(rl, cfg, records, it) if agent is not None else rl.sample(records, it)
             # 3. log-probs, values, reference log-probs, in the micro-batches of the first update epoch
-            perm = torch.randperm(cfg.rollout_batch_size, generator=rl.generator, device=rl.generator.device)
+            rows = rollout.response_ids.shape[0]  # an agent's episodes may give more rows than records
+            perm = torch.randperm(rows, generator=rl.generator, device=rl.generator.device)
             rollout = rl.logprob_pass(rollout, perm)
             # 4-5. shaped rewards, GAE, whitened advantages
             rollout, metrics = compute_advantages(rollout, cfg, kl_ctl.value, rl.run.accelerator)

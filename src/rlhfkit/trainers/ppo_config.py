@@ -9,6 +9,7 @@ from rlhfkit.core.config import check, option, retune
 from rlhfkit.runtime.batch_plan import check_micro_batch_size
 from rlhfkit.trainers.options import (
     GENERATION_BATCH_HELP,
+    AgentArgs,
     ClippedRatioArgs,
     CodeRewardArgs,
     EnvArgs,
@@ -90,7 +91,7 @@ class ActorCriticArgs(CodeRewardArgs, PolicyGradientArgs, RolloutArgs, EnvArgs, 
 
 
 @dataclass
-class PPOConfig(ClippedRatioArgs, ActorCriticArgs):
+class PPOConfig(AgentArgs, ClippedRatioArgs, ActorCriticArgs):
     """PPO with GAE and a value head on the shared base (actor-critic), KL penalty against a frozen reference."""
 
     @property
@@ -107,6 +108,7 @@ class PPOConfig(ClippedRatioArgs, ActorCriticArgs):
                              KL_PENALTY_PLACES)
 
     def validate(self) -> None:
+        check(not (self.agent and self.env), f"agent and env ({self.env}) are two rollout sources: give one")
         for k in ("mini_batch_size", "ppo_epochs"):
             check(getattr(self, k) >= 1, f"{k} ({getattr(self, k)}) must be >= 1")
         check(self.rollout_batch_size % self.mini_batch_size == 0,

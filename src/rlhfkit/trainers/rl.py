@@ -173,13 +173,16 @@ def sample_rollout(actor, tok, records, cfg, params: SamplingParams, seed: int, 
 def sample_episodes(actor, tok, records, cfg, params: SamplingParams, seed: int, device, make_env,
                     backend=None) -> Rollout:
     """One multi-turn episode per record (rollout/multiturn.py); scores = each episode's summed rewards.
-    Each turn is sampled by `backend`'s `generate_ids` (HF generate or the lean loop; None: HF)."""
+    Each turn is sampled by `backend`'s `generate_ids` (HF generate or the lean loop; None: HF), or, with
+    the default backend (hf), by the KV-reusing loop (rollout/multiturn.py `cached_turns`) when sampling
+    the full vocabulary."""
     t0 = time.perf_counter()
     with autocast(cfg.dtype, device):
         rollout = generate_episodes(actor.policy, tok, make_env, records, params, cfg.max_turns, cfg.max_total_tokens,
                                     seed=seed, batch_size=cfg.generation_batch_size,
                                     share_prompts=actor.share_prompts, share_prefix=actor.share_prefix, fmt=cfg,
-                                    sample_ids=getattr(backend, "generate_ids", generate_ids))
+                                    sample_ids=getattr(backend, "generate_ids", generate_ids),
+                                    reuse_cache=getattr(backend, "name", "hf") == "hf")
     rollout.prompts = [str(r["prompt"]) for r in records]
     rollout.info = {**info_lists(records), **rollout.info}
     rollout.timings = {"timing/generate_s": time.perf_counter() - t0, "timing/reward_s": 0.0}
@@ -197,7 +200,7 @@ def evaluate_episodes(model, tok, records, make_env, cfg: RLConfig, params: Samp
     device = next(model.parameters()).device
     with autocast(cfg.dtype, device):
         ro = generate_episodes(model, tok, make_env, records, params, cfg.max_turns, cfg.max_total_tokens, seed=seed,
-                               batch_size=cfg.generation_batch_size * k, fmt=cfg)
+                               batch_size=cfg.generation_batch_size * k, fmt=cfg, reuse_cache=True)
     scores = ro.scores.tolist()
     mean, std = mean_std(scores)
     return {"mean": mean, "std": std, "n": len(scores), **env_rates(ro.info),
@@ -262,6 +265,8 @@ class RLRun:
         self.params = SamplingParams(cfg.max_new_tokens, cfg.temperature, cfg.top_k, cfg.top_p, stop_ids,
                                      max_prompt_length)
         self.iteration = 0
+        self.evaluator: Callable | None = None  # (records, seed) -> held-out result; replaces the reward's (agents)
+        self.eval_source = ""  # what the evaluator scores with, for the change line
 
     def generation_context(self):
         """Context manager around sampling: full weights under FSDP2 and DeepSpeed ZeRO-3, else nothing."""
@@ -338,6 +343,8 @@ class RLRun:
         seed = cfg.seed + EVAL_SEED_OFFSET
 
         def evaluate() -> dict:
+            if self.evaluator is not None:
+                return self.evaluator(self.eval_records, seed)
             with self.generation_context():
                 if self.make_env is not None:
                     return evaluate_episodes(self.core.policy, self.tok, self.eval_records, self.make_env, cfg,
@@ -361,6 +368,7 @@ class RLRun:
         after = evaluate_shown(run.total)
         run.print(line("after training: ", after))
         source = f"env={cfg.env}" if self.make_env is not None else f"reward={reward_name(self.reward_fn)}"
+        source = self.eval_source or source
         run.print(f"[eval] change: {after['mean'] - before['mean']:+.3f} on {len(self.eval_records)} held-out prompts, "
                   f"{after['n']} samples ({source}, T={cfg.temperature})")
         run.summary.update({"eval_after": after, "eval_change": after["mean"] - before["mean"]})
