@@ -155,3 +155,35 @@ def test_the_documented_openai_agent_trains_unchanged(tmp_path):
     assert row["agent/error_rate"] == 0.0 and row["agent/calls_per_episode"] >= 1.0
     assert row["params/ratio_first_microbatch_maxdev"] < 1e-5
     assert summary["eval_after"]["n"] == 2  # the agent also runs the held-out evaluation
+
+
+def episode_rollout(episode: list[int], scores: list[float]):
+    """Rows of agent episodes (info["episode"]), one reward per row on its last token."""
+    import torch
+
+    from rlhfkit.rollout import Rollout
+
+    B, R = len(episode), 3
+    return Rollout(query_ids=torch.ones(B, 2, dtype=torch.long), query_mask=torch.ones(B, 2, dtype=torch.long),
+                   response_ids=torch.ones(B, R, dtype=torch.long), response_mask=torch.ones(B, R),
+                   stopped=torch.ones(B, dtype=torch.bool), scores=torch.tensor(scores),
+                   info={"episode": episode}, prompts=["p"] * B, completions=["c"] * B)
+
+
+@pytest.mark.parametrize("advantage", ["group", "rloo"])
+def test_agent_advantages_are_taken_over_each_groups_episodes(advantage):
+    """G = 2; episode 0 gave two rows, 1 one, 2 one (its partner 3 failed), 4 and 5 one each with
+    equal rewards: the baseline is over episodes, not rows; a group of one and a flat group get 0,
+    and drop_zero_std_groups keeps the rows of group 0 only."""
+    from rlhfkit.trainers.grpo import compute_advantages, informative_rows
+    from rlhfkit.trainers.grpo_variants import ADVANTAGES
+
+    cfg = build_config(GRPOConfig, {"advantage": advantage, "rollout_batch_size": 6, "group_size": 2,
+                                    "mini_batch_size": 6, "micro_batch_size": 6})
+    ro = episode_rollout([0, 0, 1, 2, 4, 5], [1.0, 1.0, 0.0, 5.0, 2.0, 2.0])
+    ro, metrics = compute_advantages(ro, cfg)
+    # group: (1 - 0.5) / (std([1, 0]) = sqrt(0.5) + 1e-6); rloo: 1 - 0 and 0 - 1
+    a = 0.5 / (0.5 ** 0.5 + 1e-6) if advantage == "group" else 1.0
+    assert ro.advantages[:, 0].tolist() == pytest.approx([a, a, -a, 0.0, 0.0, 0.0], rel=1e-6)
+    assert metrics["rollout/zero_std_group_fraction"] == pytest.approx(2 / 3)  # groups 1 (one episode) and 2
+    assert informative_rows(ro, cfg, ADVANTAGES[advantage]).tolist() == [0, 1, 2]
