@@ -70,6 +70,9 @@ PROCESS_WIDE = {
     # `rlhfkit learn`/selfcheck are seeded where they are built
     ("core/seeding.py", "random.seed"), ("core/seeding.py", "np.random.seed"), ("core/seeding.py", SAMPLING_SEED),
     ("learn/worked.py", SAMPLING_SEED), ("learn/breaks.py", SAMPLING_SEED), ("learn/tiny.py", SAMPLING_SEED),
+    ("learn/minimal_ppo.py", SAMPLING_SEED),
+    # the minimal PPO script runs as its own process (`python -m rlhfkit.learn.minimal_ppo`): one thread
+    ("learn/minimal_ppo.py", "torch.set_num_threads"),
     # the sampling draws (SAMPLING_SEED's reason)
     ("rollout/texts.py", SAMPLING_SEED), ("rollout/multiturn.py", SAMPLING_SEED), ("rollout/backends.py", SAMPLING_SEED),
     ("trainers/rl.py", SAMPLING_SEED), ("commands/tpo.py", SAMPLING_SEED),
