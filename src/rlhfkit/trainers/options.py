@@ -470,3 +470,11 @@ class PairArgs:
     precompute_ref_logps: bool | None = option(None, "compute reference log-probs once before training (None: when "
                                                "the run sees every pair at least once, i.e. when it is cheaper)")
     max_steps: int | None = option(None, "stop after this many optimiser steps (None: epochs decide)")
+
+
+@dataclass
+class TeacherArgs:
+    """A frozen teacher model sharing the policy's tokenizer (distill; GRPO's distill_coef term)."""
+
+    teacher: str = option("", "a teacher: a causal-LM folder or Hub id org/name[@revision] sharing the policy's "
+                          "tokenizer")
