@@ -52,8 +52,9 @@ def test_weighted_remote_and_verl_rewards_in_a_grpo_run(tmp_path, tiny_model_dir
     samples = [json.loads(x) for x in (tmp_path / "runs/t/samples.jsonl").read_text().splitlines()]
     assert f"reward/{verl_spec}" in row and f"reward/{server.url()}" in row
     assert row["timing/reward_remote_s"] > 0
-    assert [len(b["query"]) for b in bodies] == [3, 3, 2]  # 8 completions, reward_batch_size=3
-    assert bodies[0]["reward_model"][0]["style"] == "rule" and bodies[0]["data_source"] == ["toy"] * 3
+    # 8 completions, reward_batch_size=3; the requests run concurrently, so they reach the server in any order
+    assert sorted(len(b["query"]) for b in bodies) == [2, 3, 3]
+    assert bodies[0]["reward_model"][0]["style"] == "rule" and bodies[0]["data_source"] == ["toy"] * len(bodies[0]["query"])
     assert all(lab == rm["ground_truth"] for b in bodies for lab, rm in zip(b["labels"], b["reward_model"]))
     for s in samples:  # score = 1 x verl + 0.5 x the echo server's len(completion)
         assert s["score"] == pytest.approx(float(str(s["prompt"].split()[-1][:-1]) in s["completion"])
@@ -79,8 +80,9 @@ def work(tmp_path, monkeypatch):
     return path
 
 
+# warmup_steps=1: the default warm-up outlasts these runs' optimiser steps, and its warning would precede an error
 QUICK = ["iterations=1", "rollout_batch_size=4", "group_size=2", "mini_batch_size=4", "micro_batch_size=2",
-         "max_new_tokens=4", "num_eval_prompts=0", "dtype=fp32", "quiet=true", "tensorboard=false"]
+         "max_new_tokens=4", "num_eval_prompts=0", "dtype=fp32", "quiet=true", "tensorboard=false", "warmup_steps=1"]
 
 
 @pytest.mark.parametrize("command", ["grpo", "ppo"])

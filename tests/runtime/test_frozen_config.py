@@ -14,7 +14,8 @@ from rlhfkit.trainers.grpo_config import OFF_POLICY_TIS_CAP, GRPOConfig
 
 REQUIRED = {"RMConfig": {"data": "prefs.jsonl"}, "SFTConfig": {"data": "sft.jsonl"},
             "DPOConfig": {"prefs": "prefs.jsonl"}, "SimPOConfig": {"prefs": "prefs.jsonl"},
-            "ORPOConfig": {"prefs": "prefs.jsonl"}, "KTOConfig": {"data": "kto.jsonl"}}
+            "ORPOConfig": {"prefs": "prefs.jsonl"}, "KTOConfig": {"data": "kto.jsonl"},
+            "DistillConfig": {"teacher": "teacher-model"}}
 
 
 @pytest.mark.parametrize("name", sorted(CONFIGS))

@@ -24,6 +24,7 @@ DIFFERENT_TYPES = {
     "temperature": "rollouts' sampling temperature (also the log-prob pass's) and the judged evaluation's",
     "judge": "dpo/kto: a reward function; online-dpo also a reward model, and it makes the pairs",
     "gamma": "ppo: the discount; dpo: simpo's margin",
+    "beta": "dpo/kto/grpo: the KL strength (> 0); distill: GKD's JSD mixture weight in [0, 1]",
 }
 
 

@@ -209,7 +209,8 @@ def test_grpo_distill_bad_input(tmp_path, tiny_model_dir, other_vocab_dir, capsy
     args = [a.split("=")[0] + "=" + where.get(a.split("=", 1)[1], a.split("=", 1)[1]) for a in args]
     argv = ["grpo", f"model={tiny_model_dir}", f"prompts={prompts}", "reward=length:3", "iterations=1",
             "rollout_batch_size=4", "group_size=2", "mini_batch_size=4", "micro_batch_size=2", "max_new_tokens=4",
-            "num_eval_prompts=0", "dtype=fp32", "quiet=true", "tensorboard=false", f"output_dir={out}", *args]
+            "num_eval_prompts=0", "dtype=fp32", "quiet=true", "tensorboard=false", f"output_dir={out}",
+            "warmup_steps=1", *args]  # a warm-up longer than the run's 2 steps would warn before the error
     assert cli_main(argv) == 2
     err = capsys.readouterr().err
     lines = [ln for ln in err.splitlines() if ln.startswith("rlhfkit:")]

@@ -12,31 +12,45 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 from rlhfkit.core.choices import DISTILL_LOSSES, DISTILL_OFF_POLICY_DATA
-from rlhfkit.core.config import check, option
-from rlhfkit.trainers.options import GenerationArgs, ModelArgs, OptimizerArgs, RunArgs, SamplingArgs
+from rlhfkit.core.config import check, option, retune
+from rlhfkit.trainers.options import (
+    GenerationArgs,
+    ModelArgs,
+    OptimizerArgs,
+    PolicyGradientArgs,
+    RolloutArgs,
+    RunArgs,
+    SamplingArgs,
+    SharePromptsArgs,
+    TeacherArgs,
+)
 
 
 @dataclass
-class DistillConfig(GenerationArgs, SamplingArgs, ModelArgs, OptimizerArgs, RunArgs):
+class DistillConfig(TeacherArgs, SharePromptsArgs, PolicyGradientArgs, RolloutArgs, GenerationArgs, SamplingArgs,
+                    ModelArgs, OptimizerArgs, RunArgs):
     """Distillation: a student learns a teacher's per-token distributions, on its own samples (on-policy) or not."""
 
-    # what trainers/rl.py reads (its RLConfig) that distillation has no option for
+    # what trainers/rl.py reads (its RLConfig), or a mixed-in group declares, that distillation has no option for
     env: ClassVar[str] = ""  # single-turn only
     reward_weights: ClassVar[list[float] | None] = None
     trunk_cache_mb: ClassVar[float] = 0.0
     eval_samples_per_prompt: ClassVar[int] = 1
     update_epochs: ClassVar[int] = 1  # one pass: on-policy samples are used once
+    score_clip: ClassVar[float | None] = None  # the reward is logged, not trained on
+    no_stop_penalty: ClassVar[float | None] = None
 
     # teacher and loss
-    teacher: str = option("", "the teacher: a local causal-LM folder (e.g. an `rlhfkit grpo` run's final/merged) or "
-                          "a Hub id org/name[@revision]; it must share the student's tokenizer (a different "
-                          "vocabulary stops before training). Frozen, in eval mode, in bf16 where dtype resolves to bf16")
+    teacher = retune("", "the teacher: a local causal-LM folder (e.g. an `rlhfkit grpo` run's final/merged) or "
+                     "a Hub id org/name[@revision]; it must share the student's tokenizer (a different "
+                     "vocabulary stops before training). Frozen, in eval mode, in bf16 where dtype resolves to bf16")
     loss: str = option("reverse-kl", "reverse-kl = on-policy distillation: the per-token reverse KL to the teacher "
                        "estimated on the student's own samples (the teacher scores only the sampled tokens; "
                        "lmbda must be 1); jsd = GKD's generalised Jensen-Shannon divergence over whole next-token "
                        "distributions (beta, distill_topk), on a share lmbda of student samples and 1 - lmbda of "
                        "off-policy sequences (off_policy_data). Supervised KD: loss=jsd lmbda=0 beta=0. "
                        "docs/algorithms.md", DISTILL_LOSSES)
+    # GKD's JSD mixture weight, not the KL strength of BetaArgs (tests/runtime/test_option_declarations.py)
     beta: float = option(0.5, "jsd: the teacher's share of the mixture m = beta p_teacher + (1 - beta) p_student; "
                          "0 = forward KL(teacher || student), 1 = reverse KL(student || teacher) (GKD's and TRL's "
                          "convention)")
@@ -51,29 +65,25 @@ class DistillConfig(GenerationArgs, SamplingArgs, ModelArgs, OptimizerArgs, RunA
     completion_field: str = option("answer", "off_policy_data=dataset: the prompt records' field holding the "
                                    "reference completion (builtin:arithmetic: answer)")
     # data and evaluation
-    prompts: str = option("builtin:arithmetic", "prompts: builtin:arithmetic|reviews|stories|instructions or a "
-                          "JSONL/CSV/TXT file")
-    eval_prompts: str | None = option(None, "held-out prompts for the before/after check (default: test split of "
-                                      "`prompts`)")
-    num_eval_prompts: int = option(100, "held-out prompts sampled (at `temperature`) before and after training (0 = skip)")
-    reward: str = option("arithmetic", "reward that scores samples for the log and the before/after check (not "
-                         "trained on): arithmetic (exact match) | sentiment | length[:N] | model:PATH | "
-                         "python:module:function")
+    prompts = retune("builtin:arithmetic", "prompts: builtin:arithmetic|reviews|stories|instructions or a "
+                     "JSONL/CSV/TXT file")
+    num_eval_prompts = retune(100, "held-out prompts sampled (at `temperature`) before and after training (0 = skip)")
+    reward = retune("arithmetic", "reward that scores samples for the log and the before/after check (not "
+                    "trained on): arithmetic (exact match) | sentiment | length[:N] | model:PATH | "
+                    "python:module:function")
     # rollout and update
-    iterations: int = option(30, "iterations (sample, score with the teacher, update)")
-    rollout_batch_size: int = option(64, "sequences per iteration and process, one per prompt")
-    max_new_tokens: int = option(16, "response length limit (student and teacher samples)")
-    generation_batch_size: int = option(64, "prompts per generate() call on the CPU; on a CUDA GPU at least this "
-                                        "many, all of them where free GPU memory holds their KV cache")
-    share_prompts: bool = option(True, "run a prompt several rows share once per micro-batch (off under "
-                                 "gradient_checkpointing)")
+    iterations = retune(30, "iterations (sample, score with the teacher, update)")
+    rollout_batch_size = retune(64, "sequences per iteration and process, one per prompt")
+    max_new_tokens = retune(16, "response length limit (student and teacher samples)")
+    generation_batch_size = retune(64, "prompts per generate() call on the CPU; on a CUDA GPU at least this "
+                                   "many, all of them where free GPU memory holds their KV cache")
+    share_prompts = retune(True, "run a prompt several rows share once per micro-batch (off under "
+                           "gradient_checkpointing)")
     mini_batch_size: int | None = option(32, "sequences per optimiser step (None = the whole rollout)")
     micro_batch_size: int = option(16, "sequences per forward/backward (gradient accumulation = mini / micro)")
-    lr: float = option(3e-4, "AdamW learning rate (LoRA default; use ~1e-6..1e-5 for full fine-tuning)")
-    ratio_check_tol: float = option(1e-3, "max |ratio-1| allowed on the first micro-batch of each rollout (it "
-                                    "repeats the scoring pass, so more than float noise means broken log-probs)")
-    log_samples: int = option(4, "completions per iteration written to samples.jsonl")
-    save_merged: bool = option(False, "also save merged full weights (LoRA) in final/merged")
+    lr = retune(3e-4, "AdamW learning rate (LoRA default; use ~1e-6..1e-5 for full fine-tuning)")
+    ratio_check_tol = retune(1e-3, "max |ratio-1| allowed on the first micro-batch of each rollout (it "
+                             "repeats the scoring pass, so more than float noise means broken log-probs)")
 
     @property
     def optimiser_batch(self) -> int:

@@ -39,6 +39,7 @@ from rlhfkit.trainers.options import (
     RunArgs,
     SamplingArgs,
     SharePromptsArgs,
+    TeacherArgs,
 )
 
 GROUPLESS = GROUPLESS_ADVANTAGES  # advantages that need no group of G >= 2 samples
@@ -47,9 +48,9 @@ OFF_POLICY_TIS_CAP = 2.0  # one_step_off_policy's cap when tis_cap is unset (Yao
 
 
 @dataclass
-class GRPOConfig(AgentArgs, CodeRewardArgs, SharePromptsArgs, BetaArgs, ClippedRatioArgs, PolicyGradientArgs,
-                 RolloutArgs, EnvArgs, RemoteRewardArgs, GenerationArgs, ReferenceArgs, SamplingArgs, ModelArgs,
-                 OptimizerArgs, RunArgs):
+class GRPOConfig(AgentArgs, TeacherArgs, CodeRewardArgs, SharePromptsArgs, BetaArgs, ClippedRatioArgs,
+                 PolicyGradientArgs, RolloutArgs, EnvArgs, RemoteRewardArgs, GenerationArgs, ReferenceArgs,
+                 SamplingArgs, ModelArgs, OptimizerArgs, RunArgs):
     """GRPO: G sampled completions per prompt, group-relative advantages, clipped ratio, no value head."""
 
     # data and reward
@@ -131,9 +132,9 @@ class GRPOConfig(AgentArgs, CodeRewardArgs, SharePromptsArgs, BetaArgs, ClippedR
                                        "model. Not with dynamic_sampling, env, generation_backend=vllm, top_k/top_p "
                                        "or FSDP/DeepSpeed")
     # distillation term
-    teacher: str = option("", "a teacher (causal-LM folder or Hub id sharing the policy's tokenizer) whose per-token "
-                          "reverse KL on the sampled tokens is added to the loss with distill_coef (rlhfkit distill's "
-                          "loss=reverse-kl; docs/algorithms.md); \"\" = none")
+    teacher = retune("", "a teacher (causal-LM folder or Hub id sharing the policy's tokenizer) whose per-token "
+                     "reverse KL on the sampled tokens is added to the loss with distill_coef (rlhfkit distill's "
+                     "loss=reverse-kl; docs/algorithms.md); \"\" = none")
     distill_coef: float = option(0.0, "coefficient of the distillation term: loss = GRPO's loss + distill_coef x the "
                                  "token mean of (log pi - log p_teacher) x ratio on the sampled tokens, logged apart "
                                  "as loss/distill and distill/reverse_kl (0 = off, no teacher loaded)")

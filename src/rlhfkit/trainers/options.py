@@ -498,3 +498,11 @@ class AgentArgs:
         check(self.agent_timeout > 0, f"agent_timeout ({self.agent_timeout}) must be > 0")
         check(self.agent_max_calls >= 1, f"agent_max_calls ({self.agent_max_calls}) must be >= 1")
         check(bool(self.agent_model), "agent_model must not be empty")
+
+
+@dataclass
+class TeacherArgs:
+    """A frozen teacher model sharing the policy's tokenizer (distill; GRPO's distill_coef term)."""
+
+    teacher: str = option("", "a teacher: a causal-LM folder or Hub id org/name[@revision] sharing the policy's "
+                          "tokenizer")
