@@ -1,6 +1,6 @@
 // rlhfkit labelling page. Plain JavaScript, no dependencies, works offline.
 // Model text is only ever inserted as text nodes (render.js builds Markdown's elements itself,
-// never innerHTML), so a response that contains markup such as <script> is shown as text.
+// never as HTML), so a response that contains markup such as <script> is shown as text.
 "use strict";
 
 (() => {

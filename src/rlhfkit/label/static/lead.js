@@ -1,7 +1,7 @@
 // rlhfkit labelling: the lead's view. Lists the pairs whose votes point different ways, with
 // every vote's reason and ratings, and lets the lead set the final label (kept apart from the
 // votes; `rlhfkit label export --resolve` uses it). Texts go in as text nodes or through
-// render.js (no innerHTML). The lead's secret comes once in ?lead=, leaves the address bar and
+// render.js (never as HTML). The lead's secret comes once in ?lead=, leaves the address bar and
 // is kept for this tab only (sessionStorage), sent as the X-Lead-Token header.
 "use strict";
 

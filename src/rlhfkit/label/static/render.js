@@ -1,8 +1,7 @@
 // rlhfkit labelling: a small, safe Markdown renderer (no dependencies, works offline).
 //
 // It builds DOM nodes itself and puts every piece of text in with createTextNode: nothing is
-// ever parsed as HTML (no innerHTML anywhere), so markup in a response (<script>, <img onerror>)
-// is shown as text. The subset: paragraphs, headings, *emphasis* / **strong**, `inline code`,
+// ever parsed as HTML, so markup in a response (<script>, <img onerror>) is shown as text. The subset: paragraphs, headings, *emphasis* / **strong**, `inline code`,
 // fenced code blocks (``` or ~~~) as <pre><code>, bulleted and numbered lists, block quotes.
 // Links are shown as text followed by their address in brackets, never as a link (no
 // javascript: URL can be followed). Inline markup is looked for in paragraphs of at most
