@@ -333,7 +333,7 @@ def _add_review_routes(app: FastAPI, identity: Identity, criteria: tuple[str, ..
 
     @app.post("/api/history")
     def own_history(request: Request, body: LabellerBody) -> dict:
-        name = identity.acting(request, body.labeller)
+        name = store.progress(identity.acting(request, body.labeller)).name  # 404 for an unknown name
         return {"votes": history(store.votes_of(name_key(name), HISTORY_LIMIT))}
 
     @app.get("/lead", response_class=HTMLResponse)
