@@ -158,3 +158,42 @@ def test_disagreement_is_a_difference_in_direction() -> None:
              _v("a-vs-b", "a", 1), _v("a-vs-b", "b", -1),      # disputed
              _v("alone", "a", 2)]
     assert [p["pair_id"] for p in disagreements(votes, {})] == ["tie-vs-a", "a-vs-b"]
+
+
+def test_serve_wires_criteria_guidelines_and_the_lead_token_from_the_environment(tmp_path: Path, lab) -> None:
+    """`rlhfkit label serve` as a process: the banner names the lead's address without printing
+    the secret from the environment; the page gets the criteria and guidelines; the lead's view
+    answers to that secret only."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    pairs = lab.write_pairs_file(tmp_path / "pairs.jsonl", lab.make_pairs(1))
+    guide = tmp_path / "guide.md"
+    guide.write_text("# Be fair\n\nPrefer *honest* answers.\n", encoding="utf-8")
+    port = lab.free_port()
+    cmd = [sys.executable, "-m", "rlhfkit.cli", "label", "serve", "--pairs", str(pairs), "--port", str(port),
+           "--criteria", "helpfulness,honesty", "--guidelines", str(guide)]
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "RLHFKIT_LABEL_LEAD_TOKEN": LEAD}
+    url = f"http://127.0.0.1:{port}/"
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+    try:
+        deadline, up = time.monotonic() + 30, False
+        with httpx.Client(base_url=url, timeout=2) as c:
+            while not up and time.monotonic() < deadline:
+                assert proc.poll() is None, proc.stdout.read() if proc.stdout else "server exited"
+                try:
+                    up = c.get("api/health").status_code == 200
+                except httpx.TransportError:
+                    time.sleep(0.05)
+            assert up, "server did not come up"
+            assert c.get("api/config").json() == {"criteria": ["helpfulness", "honesty"],
+                                                  "guidelines": guide.read_text(encoding="utf-8")}
+            assert c.get("api/lead/disputed").status_code == 401
+            assert c.get("api/lead/disputed", headers={"X-Lead-Token": LEAD}).json()["pairs"] == []
+    finally:
+        proc.send_signal(signal.SIGINT)
+        out, _ = proc.communicate(timeout=10)
+    assert f"{url}lead?lead=$RLHFKIT_LABEL_LEAD_TOKEN" in out and LEAD not in out
