@@ -33,7 +33,18 @@ POST /api/votes          {"labeller"?, "pair_id", "choice": 1..5,    201 stored,
 POST /api/skip           {"labeller"?, "pair_id"}                    200
 POST /api/undo           {"labeller"?}                               {"undone": pair_id | null,
                                                                      "reopened": bool}
+GET  /api/config         -                                           {"criteria": [...],
+                                                                     "guidelines": text | null}
+POST /api/history        {"labeller"?}                               {"votes": [...]} own, newest
+GET  /lead               - (``?lead=LEAD_TOKEN`` once; 404 unless    the lead's page
+                         ``serve --lead-token``)
+GET  /api/lead/disputed  header ``X-Lead-Token``                     {"pairs": [...]} (A/B frame)
+POST /api/lead/resolve   {"pair_id", "choice": 1..5 (1 = A much      200; the final label, apart
+                         better), "note"?} + ``X-Lead-Token``        from the votes
 =======================  ==========================================  ============================
+
+A vote may carry ``"reason"`` (free text, at most 2,000 characters) and ``"ratings"``
+(``{criterion: 1..5}``, same frame as ``choice``, only criteria named by ``serve --criteria``).
 
 ``choice`` is in the frame the labeller saw (1 = left significantly better ... 5 = right
 significantly better); the server, which stored the left/right order when it handed out the
@@ -42,6 +53,7 @@ pair, converts it to the canonical A/B score. Model names never reach the browse
 
 from __future__ import annotations
 
+import secrets
 from importlib import resources
 from typing import Annotated
 
@@ -53,7 +65,10 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from rlhfkit.label.identity import clean_name, name_key
 from rlhfkit.label.pairs import PAIR_ID_RULE, is_pair_id
-from rlhfkit.label.records import Forbidden, Invalid, LabelError, Unauthorized
+from rlhfkit.label.rationale import MAX_CRITERIA, MAX_REASON_CHARS, clean_reason
+from rlhfkit.label.records import Forbidden, Invalid, LabelError, NotFound, Unauthorized
+from rlhfkit.label.review import disagreements, history
+from rlhfkit.label.scale import score_from_choice
 from rlhfkit.label.security import SecurityMiddleware, cookie_name
 from rlhfkit.label.store import LabelStore
 
@@ -61,7 +76,10 @@ from rlhfkit.label.store import LabelStore
 # (FASTAPI_OTEL_AUTO_CONFIGURE=true), would send every URL's query, the access token and
 # invitation secrets included, to the collector in clear text: off, whatever the environment.
 NO_TELEMETRY = {"tracing": False, "metrics": False, "logs": False, "operation_spans": False, "auto_configure": False}
-STATIC_TYPES = {"app.js": "text/javascript; charset=utf-8", "style.css": "text/css; charset=utf-8"}
+STATIC_TYPES = {"app.js": "text/javascript; charset=utf-8", "render.js": "text/javascript; charset=utf-8",
+                "lead.js": "text/javascript; charset=utf-8", "style.css": "text/css; charset=utf-8"}
+LEAD_HEADER = "x-lead-token"
+HISTORY_LIMIT = 200
 AUTH_MODES = ("open", "invite")
 CREDENTIAL_HEADER = "x-labeller-token"
 DEAD_LINK = "unknown, replaced or expired invitation link; ask for a new one"
@@ -77,6 +95,8 @@ LabellerName = Annotated[str, StringConstraints(max_length=200), AfterValidator(
 PairId = Annotated[str, StringConstraints(max_length=128), AfterValidator(_check_pair_id)]
 RequestId = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9_-]{8,64}$")]
 Choice = Annotated[int, Field(strict=True, ge=1, le=5)]
+Reason = Annotated[str, StringConstraints(max_length=MAX_REASON_CHARS + 200), AfterValidator(clean_reason)]
+Criterion = Annotated[str, StringConstraints(max_length=32)]
 
 
 class InviteBody(BaseModel):
@@ -100,6 +120,17 @@ class SkipBody(LabellerBody):
 class VoteBody(SkipBody):
     choice: Choice
     request_id: RequestId = Field(description="client-made id; a replay with the same id is stored once")
+    reason: Reason = ""
+    ratings: Annotated[dict[Criterion, Choice], Field(max_length=MAX_CRITERIA)] = Field(default_factory=dict)
+
+
+class ResolveBody(BaseModel):
+    """A lead's final label: ``choice`` in the A/B frame (1 = A significantly better)."""
+
+    model_config = ConfigDict(extra="forbid")
+    pair_id: PairId
+    choice: Choice
+    note: Reason = ""
 
 
 def _static(name: str) -> bytes:
@@ -173,15 +204,19 @@ class Identity:
 
 
 def create_app(
-    store: LabelStore, token: str | None = None, allowed_hosts: frozenset[str] | None = None, auth: str = "open"
+    store: LabelStore, token: str | None = None, allowed_hosts: frozenset[str] | None = None, auth: str = "open",
+    criteria: tuple[str, ...] = (), guidelines: str | None = None, lead_token: str | None = None,
 ) -> FastAPI:
-    """Build the app around a store. ``token``/``allowed_hosts``: see ``security``; ``auth``: above."""
+    """Build the app around a store. ``token``/``allowed_hosts``: see ``security``; ``auth``: above;
+    ``criteria``: names labellers may rate (``rationale.parse_criteria``); ``guidelines``:
+    Markdown shown in a pane; ``lead_token``: the secret of the lead's view (None: no lead view)."""
     app = FastAPI(title="rlhfkit labelling", docs_url=None, redoc_url=None, openapi_url=None, telemetry=NO_TELEMETRY)
     app.add_middleware(SecurityMiddleware, token=token, allowed_hosts=allowed_hosts)
     _install_error_handlers(app)
     identity = Identity(store, auth)
     _add_page_routes(app, identity)
-    _add_api_routes(app, identity)
+    _add_api_routes(app, identity, criteria)
+    _add_review_routes(app, identity, criteria, guidelines, lead_token)
     return app
 
 
@@ -225,7 +260,7 @@ def _add_page_routes(app: FastAPI, identity: Identity) -> None:
         return {"auth": identity.auth, "labeller": identity.signed_in(request)}
 
 
-def _add_api_routes(app: FastAPI, identity: Identity) -> None:
+def _add_api_routes(app: FastAPI, identity: Identity, criteria: tuple[str, ...] = ()) -> None:
     """The labelling actions; each acts as ``identity.acting(...)``."""
     store = identity.store
 
@@ -256,7 +291,11 @@ def _add_api_routes(app: FastAPI, identity: Identity) -> None:
     @app.post("/api/votes")
     def vote(request: Request, body: VoteBody) -> JSONResponse:
         name = identity.acting(request, body.labeller)
-        result = store.submit_vote(name, body.pair_id, body.choice, body.request_id)
+        unknown = sorted(set(body.ratings) - set(criteria))
+        if unknown:
+            raise Invalid(f"ratings: unknown criterion {unknown[0]!r}; this server rates "
+                          f"{', '.join(criteria) if criteria else 'no criteria'}")
+        result = store.submit_vote(name, body.pair_id, body.choice, body.request_id, body.reason, body.ratings)
         payload = {"stored": result.stored, "duplicate": not result.stored, "pair_id": body.pair_id}
         return JSONResponse({**payload, **state(name)}, status_code=201 if result.stored else 200)
 
@@ -273,3 +312,44 @@ def _add_api_routes(app: FastAPI, identity: Identity) -> None:
         undone = {"undone": None, "reopened": False} if result is None else {
             "undone": result.pair_id, "reopened": result.reopened}
         return {**undone, **state(name)}
+
+
+def _add_review_routes(app: FastAPI, identity: Identity, criteria: tuple[str, ...], guidelines: str | None,
+                       lead_token: str | None) -> None:
+    """Settings the page shows, a labeller's own history, and the lead's view."""
+    store = identity.store
+    lead_page = _static("lead.html")
+
+    def lead_only(request: Request) -> None:
+        if lead_token is None:
+            raise NotFound("no lead view: start `rlhfkit label serve` with a lead token")
+        given = request.headers.get(LEAD_HEADER, "")
+        if not secrets.compare_digest(given.encode(), lead_token.encode()):
+            raise Unauthorized("missing or wrong lead token: open the lead's link that `rlhfkit label serve` printed")
+
+    @app.get("/api/config")
+    def config() -> dict:
+        return {"criteria": list(criteria), "guidelines": guidelines}
+
+    @app.post("/api/history")
+    def own_history(request: Request, body: LabellerBody) -> dict:
+        name = store.progress(identity.acting(request, body.labeller)).name  # 404 for an unknown name
+        return {"votes": history(store.votes_of(name_key(name), HISTORY_LIMIT))}
+
+    @app.get("/lead", response_class=HTMLResponse)
+    def lead() -> Response:
+        if lead_token is None:
+            raise NotFound("no lead view: start `rlhfkit label serve` with a lead token")
+        return HTMLResponse(lead_page)
+
+    @app.get("/api/lead/disputed")
+    def disputed(request: Request) -> dict:
+        lead_only(request)
+        return {"pairs": disagreements(store.votes(), store.resolutions()), "criteria": list(criteria)}
+
+    @app.post("/api/lead/resolve")
+    def resolve(request: Request, body: ResolveBody) -> dict:
+        lead_only(request)
+        score = score_from_choice(body.choice, "a")
+        store.resolve(body.pair_id, score, body.note)
+        return {"pair_id": body.pair_id, "score": score, "note": body.note}

@@ -77,6 +77,16 @@ def _add_serve_parser(sub: argparse._SubParsersAction) -> None:
     s.add_argument("--lease-minutes", type=float, default=30.0,
                    help="a pair shown but not answered for this long may go to another labeller, "
                         "1..10080 (default: 30)")
+    s.add_argument("--criteria", default=None,
+                   help="criteria labellers may also rate, comma-separated, at most 8 names of lower-case letters, "
+                        "digits, _ and - (e.g. helpfulness,harmlessness,honesty); each on the vote's 5-point scale "
+                        "(default: none)")
+    s.add_argument("--guidelines", default=None,
+                   help="Markdown file shown to labellers in a guidelines pane, at most 64 KiB (default: none)")
+    s.add_argument("--lead-token", default=None,
+                   help="secret of the lead's view (/lead: disputed pairs, final labels), 8-128 characters of "
+                        "letters, digits and _.~- (default: $RLHFKIT_LABEL_LEAD_TOKEN; no lead view without one; "
+                        "prefer the variable: an option shows in `ps`)")
     s.add_argument("--log-level", default="warning", choices=["critical", "error", "warning", "info", "debug"],
                    help="server log level (default: warning)")
 
@@ -115,6 +125,9 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("--aggregate", choices=["mean", "none"], default="mean",
                    help="mean: one row per pair from the mean signed score; none: one row per vote (default: mean)")
     e.add_argument("--min-votes", type=int, default=1, help="skip pairs with fewer votes, 1..1000 (default: 1)")
+    e.add_argument("--resolve", action="store_true",
+                   help="pairs with a lead's final label (set in /lead) are exported from that label instead of "
+                        "the votes (default: votes only)")
     e.add_argument("--margin-scale", type=float, default=1.0,
                    help="margin = |mean score| / 2 * this; 1.0 for a unanimous 'significantly' (default: 1.0)")
 
@@ -226,10 +239,11 @@ def cmd_export(args: argparse.Namespace) -> int:
     store = ReadOnlyStore(db)
     try:
         votes = store.votes()
+        resolutions = store.resolutions() if args.resolve else None
     finally:
         store.close()
-    rows = preference_rows(votes, ties=args.ties, aggregate=args.aggregate,
-                           min_votes=args.min_votes, margin_scale=args.margin_scale)
+    rows = preference_rows(votes, ties=args.ties, aggregate=args.aggregate, min_votes=args.min_votes,
+                           margin_scale=args.margin_scale, resolutions=resolutions)
     if out is None:  # `--out -`: rows on stdout, the summary on stderr
         sys.stdout.writelines(json.dumps(row, ensure_ascii=False) + "\n" for row in rows)
         sys.stdout.flush()

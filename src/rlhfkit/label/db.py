@@ -11,7 +11,11 @@ Tables (``BASE_SCHEMA`` is version 1, ``MIGRATIONS`` bring it to ``SCHEMA_VERSIO
                    expiry (the link's)
 - ``assignments``  (labeller, pair) -> the left/right order shown and the status
                    (open, voted, skipped); ``assigned_at`` is when the lease started
-- ``votes``        one row per stored vote; UNIQUE(labeller, pair) and UNIQUE(labeller, request_id)
+- ``votes``        one row per stored vote; UNIQUE(labeller, pair) and UNIQUE(labeller, request_id);
+                   since version 4 also the labeller's ``reason`` ('' for none) and ``ratings``
+                   (JSON ``{criterion: score -2..2}``, canonical frame; ``{}`` for none)
+- ``resolutions``  (version 4) a lead's final label per pair, apart from the votes: ``score``
+                   -2..2 (canonical), ``note``, ``decided_at``; used by ``export --resolve``
 - ``request_ids``  every request id a labeller has voted with, kept after an undo, so a
                    replayed request is never stored twice
 - ``events``       an append-only log of votes, skips and undos (audit trail)
@@ -39,8 +43,8 @@ from pathlib import Path
 from rlhfkit.errors import DataError
 from rlhfkit.label.identity import name_key, printable
 
-SCHEMA_VERSION = 3
-READABLE_VERSIONS = (1, 2, 3)  # read-only queries use version-1 columns only
+SCHEMA_VERSION = 4
+READABLE_VERSIONS = (1, 2, 3, 4)  # read-only queries use version-1 columns, plus version-4 ones if there
 TABLES = frozenset({"meta", "pairs", "labellers", "assignments", "votes", "events"})
 
 BASE_SCHEMA = """
@@ -113,6 +117,13 @@ MIGRATIONS: dict[int, tuple[str, ...]] = {
         "CREATE TABLE sessions (session_hash TEXT PRIMARY KEY, "
         "labeller_id INTEGER NOT NULL REFERENCES labellers(labeller_id), "
         "created_at TEXT NOT NULL, expires_at TEXT NOT NULL)",
+    ),
+    4: (
+        "ALTER TABLE votes ADD COLUMN reason TEXT NOT NULL DEFAULT ''",
+        "ALTER TABLE votes ADD COLUMN ratings TEXT NOT NULL DEFAULT '{}'",
+        "CREATE TABLE resolutions (pair_id TEXT PRIMARY KEY REFERENCES pairs(pair_id), "
+        "score INTEGER NOT NULL CHECK (score BETWEEN -2 AND 2), note TEXT NOT NULL DEFAULT '', "
+        "decided_at TEXT NOT NULL)",
     ),
 }
 

@@ -13,6 +13,7 @@ from rlhfkit.errors import UserError
 
 TOKEN_RE = re.compile(r"[A-Za-z0-9_.~-]{8,128}")
 TOKEN_VARIABLE = "RLHFKIT_LABEL_TOKEN"  # the access token, kept out of `ps` (an option is not)
+LEAD_TOKEN_VARIABLE = "RLHFKIT_LABEL_LEAD_TOKEN"  # the secret of the lead's view, likewise
 DURATION_RE = re.compile(r"([0-9]+(?:\.[0-9]+)?)([mhd])")
 DURATION_UNITS = {"m": 60, "h": 3600, "d": 86400}
 

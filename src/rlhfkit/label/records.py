@@ -105,3 +105,18 @@ class VoteRecord:
     prompt: str
     response_a: str
     response_b: str
+    reason: str = ""  # the labeller's free-text reason ('' for none)
+    ratings: tuple[tuple[str, int], ...] = ()  # (criterion, canonical score -2..2), sorted by name
+
+
+@dataclass(frozen=True)
+class Resolution:
+    """A lead's final label for a pair, kept apart from the votes (``export --resolve``)."""
+
+    pair_id: str
+    score: int  # canonical: +2 = response_a significantly better
+    note: str
+    decided_at: str
+    prompt: str
+    response_a: str
+    response_b: str

@@ -223,10 +223,10 @@ class SecurityMiddleware:
         if refusal is not None:
             await _closing(refusal, request.method)(scope, receive, send)
             return
-        if self.token is not None and presented_token(request)[1] and request.url.path == "/":
+        if self.token is not None and presented_token(request)[1] and request.url.path in ("/", "/lead"):
             # First visit with ?token=: keep it in a cookie and drop it from the address bar.
             rest = urlencode([(k, v) for k, v in request.query_params.multi_items() if k != "token"])
-            response = RedirectResponse("/" + (f"?{rest}" if rest else ""), status_code=303)
+            response = RedirectResponse(request.url.path + (f"?{rest}" if rest else ""), status_code=303)
             response.set_cookie(cookie_name("token", scope), self.token, httponly=True, samesite="strict", path="/")
             await response(scope, receive, send)
             return

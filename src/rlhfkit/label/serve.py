@@ -16,7 +16,8 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from rlhfkit.errors import UserError
-from rlhfkit.label.options import TOKEN_RE, TOKEN_VARIABLE, check_number, default_db
+from rlhfkit.label.options import LEAD_TOKEN_VARIABLE, TOKEN_RE, TOKEN_VARIABLE, check_number, default_db
+from rlhfkit.label.rationale import parse_criteria, read_guidelines
 
 MAX_LEASE_MINUTES = 7 * 24 * 60
 
@@ -57,18 +58,20 @@ def run_server(app: object, sock: socket.socket, log_level: str) -> None:
     make_server(app, log_level=log_level).run(sockets=[sock])
 
 
-def access_token(option: str | None, environ: Mapping[str, str]) -> tuple[str | None, str]:
+def access_token(option: str | None, environ: Mapping[str, str], flag: str = "--token",
+                 variable: str = TOKEN_VARIABLE) -> tuple[str | None, str]:
     """The access token and where it came from (``--token``, else ``$RLHFKIT_LABEL_TOKEN``), or
-    (None, ""); an empty or malformed one is a one-line error naming its source."""
+    (None, ""); an empty or malformed one is a one-line error naming its source. ``flag`` and
+    ``variable`` name another secret of the same form (the lead token)."""
     if option is not None:
-        token, source = option, "--token"
-    elif TOKEN_VARIABLE in environ:
-        token, source = environ[TOKEN_VARIABLE], TOKEN_VARIABLE
+        token, source = option, flag
+    elif variable in environ:
+        token, source = environ[variable], variable
     else:
         return None, ""
     if not token:
         raise UserError(f"{source} is empty: give it 8-128 characters of letters, digits and _.~-"
-                        + (f", or unset {TOKEN_VARIABLE}" if source == TOKEN_VARIABLE else ""))
+                        + (f", or unset {variable}" if source == variable else ""))
     if not TOKEN_RE.fullmatch(token):
         raise UserError(f"{source} must be 8-128 characters of letters, digits and _.~-")
     return token, source
@@ -88,6 +91,16 @@ def check_serve_options(args: argparse.Namespace, loopback: bool) -> str:
     return auth
 
 
+def _criteria(raw: str | None) -> tuple[str, ...]:
+    """``--criteria`` checked (``rationale.parse_criteria``), or a one-line error."""
+    if raw is None:
+        return ()
+    try:
+        return parse_criteria(raw)
+    except ValueError as e:
+        raise UserError(f"--criteria: {e}") from None
+
+
 def cmd_serve(args: argparse.Namespace) -> int:
     """Check the options, pairs and address, then import the pairs and run until Ctrl-C."""
     from rlhfkit.label.pairs import read_pairs
@@ -97,6 +110,11 @@ def cmd_serve(args: argparse.Namespace) -> int:
     loopback = is_loopback(host)
     auth = check_serve_options(args, loopback)
     token, token_source = access_token(args.token, os.environ)
+    lead_token, lead_source = access_token(args.lead_token, os.environ, "--lead-token", LEAD_TOKEN_VARIABLE)
+    if lead_token is not None and lead_token == token:
+        raise UserError(f"{lead_source} must differ from the access token: the lead's view is for the lead only")
+    criteria = _criteria(args.criteria)
+    guidelines = read_guidelines(args.guidelines) if args.guidelines is not None else None
     pairs = read_pairs(args.pairs)
     db = Path(args.db) if args.db else default_db(args.pairs)
     with contextlib.ExitStack() as cleanup:  # undone in reverse: store, then lock, then socket
@@ -113,8 +131,14 @@ def cmd_serve(args: argparse.Namespace) -> int:
             cleanup.callback(store.close)
             added = store.import_pairs(pairs, source=str(args.pairs))
             store.set_meta("votes_per_pair", str(args.votes_per_pair))
-        app = create_app(store, token=token, allowed_hosts=LOOPBACK_HOSTS if loopback else None, auth=auth)
+            store.set_meta("criteria", ",".join(criteria))
+        app = create_app(store, token=token, allowed_hosts=LOOPBACK_HOSTS if loopback else None, auth=auth,
+                         criteria=criteria, guidelines=guidelines, lead_token=lead_token)
         _print_banner(args, db, url_of(host, args.port), len(pairs), added, auth, token_source)
+        if lead_source == "--lead-token":
+            print(f"lead's view (disputed pairs, final labels): {url_of(host, args.port)}lead?lead={args.lead_token}")
+        elif lead_source:
+            print(f"lead's view: {url_of(host, args.port)}lead?lead=${LEAD_TOKEN_VARIABLE}", flush=True)
         run_server(app, sock, args.log_level)
     return 0
 

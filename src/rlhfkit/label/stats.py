@@ -45,6 +45,22 @@ def agreement(votes: Sequence[VoteRecord]) -> dict[str, object]:
     return out
 
 
+def criteria_summary(votes: Sequence[VoteRecord]) -> dict[str, dict[str, object]]:
+    """Per criterion: how many votes rated it, the mean rating (canonical, + = A better) and the
+    share of its non-tie ratings that point the same way as the vote they came with (non-tie votes)."""
+    out: dict[str, dict[str, object]] = {}
+    for name in sorted({name for v in votes for name, _ in v.ratings}):
+        pairs = [(score, v.score) for v in votes for n, score in v.ratings if n == name]
+        directed = [(s, vs) for s, vs in pairs if s != 0 and vs != 0]
+        out[name] = {
+            "ratings": len(pairs),
+            "mean_score": sum(s for s, _ in pairs) / len(pairs),
+            "agrees_with_vote": (sum(1 for s, vs in directed if _sign(s) == _sign(vs)) / len(directed)
+                                 if directed else None),
+        }
+    return out
+
+
 def compute_stats(store: ReadQueries) -> dict[str, object]:
     """Everything `label stats` shows, as a JSON-ready dict."""
     votes = store.votes()
@@ -65,6 +81,7 @@ def compute_stats(store: ReadQueries) -> dict[str, object]:
         "left_preferred_share": left_wins / len(non_tie) if non_tie else None,
         "labellers": store.labeller_activity(),
         "agreement": agreement(votes),
+        "criteria": criteria_summary(votes),
     }
 
 
@@ -107,4 +124,14 @@ def format_stats(stats: dict) -> str:
             f"  Cohen's kappa ({who}), 5-point:   {_fmt(a['cohen_kappa_5pt'])}",
             f"  Cohen's kappa ({who}), direction: {_fmt(a['cohen_kappa_direction'])}",
         ]
+    lines += [
+        "",
+        f"reasons given: {c.get('reasons', 0)} of {c['votes']} vote(s)   rated on criteria: "
+        f"{c.get('rated_votes', 0)}   final labels set by a lead: {c.get('resolutions', 0)}",
+    ]
+    if stats.get("criteria"):
+        lines.append(f"  {'criterion':<20} {'ratings':>8} {'mean (+ = A)':>13} {'agrees with vote':>17}")
+        for name, r in stats["criteria"].items():
+            lines.append(f"  {printable(name):<20} {r['ratings']:>8} {r['mean_score']:>13.3f} "
+                         f"{_fmt(r['agrees_with_vote']):>17}")
     return "\n".join(lines)

@@ -27,7 +27,7 @@ import math
 import random
 import sqlite3
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 from rlhfkit.errors import DataError
@@ -36,8 +36,10 @@ from rlhfkit.label.identity import clean_name, name_key
 from rlhfkit.label.invitations import INVITE_SECONDS, MAX_INVITE_SECONDS, Invitations  # noqa: F401 - re-exported
 from rlhfkit.label.pairs import Pair
 from rlhfkit.label.queries import ReadQueries
+from rlhfkit.label.rationale import CRITERION_RE, clean_reason, ratings_json
 from rlhfkit.label.records import (  # noqa: F401 - re-exported: the app and tests import them from here
     Conflict,
+    Invalid,
     LabelError,
     NotFound,
     Progress,
@@ -259,13 +261,25 @@ class LabelStore(Database, ReadQueries, Invitations):
         raise Conflict(f"request_id {request_id!r} was used for a vote that has since been undone; "
                        "send a new request_id to vote again")
 
-    def submit_vote(self, name: str, pair_id: str, choice: int, request_id: str) -> SubmitResult:
+    def submit_vote(self, name: str, pair_id: str, choice: int, request_id: str, reason: str = "",
+                    ratings: Mapping[str, int] | None = None) -> SubmitResult:
         """Store one vote exactly once (a replay of the same request returns ``stored=False``).
+
+        ``reason``: optional free text (``rationale.clean_reason``); ``ratings``: optional
+        {criterion: choice 1..5} in the frame shown, stored canonical like the vote.
 
         A vote whose lease expired is stored only if the pair still has a free place;
         otherwise the assignment is dropped and Conflict is raised.
         """
         now = iso(self.clock())
+        try:
+            reason = clean_reason(reason)
+        except ValueError as e:
+            raise Invalid(f"reason: {e}") from None
+        ratings = dict(ratings or {})
+        for criterion, rated in ratings.items():
+            if not CRITERION_RE.fullmatch(criterion) or type(rated) is not int or not 1 <= rated <= 5:
+                raise Invalid(f"ratings: {criterion[:40]!r}: expected a criterion name and a choice 1..5")
         with self._tx() as con:
             lid = self._labeller_id(con, name)
             if self._replay(con, lid, pair_id, choice, request_id):
@@ -279,10 +293,12 @@ class LabelStore(Database, ReadQueries, Invitations):
             else:
                 score = score_from_choice(choice, a["left_side"])
                 shown_at = a["assigned_at"] if a["assigned_at"] != RELEASED else now
+                canonical = {k: score_from_choice(v, a["left_side"]) for k, v in ratings.items()}
                 con.execute(
                     "INSERT INTO votes (labeller_id, pair_id, choice, score, left_side, request_id, shown_at, "
-                    "created_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
-                    (lid, pair_id, choice, score, a["left_side"], request_id, shown_at, now),
+                    "created_at, reason, ratings) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                    (lid, pair_id, choice, score, a["left_side"], request_id, shown_at, now, reason,
+                     ratings_json(canonical)),
                 )
                 con.execute("INSERT INTO request_ids VALUES (?, ?, ?, ?)", (lid, request_id, pair_id, choice))
                 self._decide(con, lid, pair_id, "voted", now, f"choice={choice} score={score}")
@@ -345,6 +361,23 @@ class LabelStore(Database, ReadQueries, Invitations):
                    "" if reopen else "pair full: not re-opened")
         return UndoResult(pair_id, reopen)
 
+    # ---- a lead's final labels
+
+    def resolve(self, pair_id: str, score: int, note: str = "") -> None:
+        """Store (or replace) the final label of a pair that has votes, apart from the votes."""
+        if type(score) is not int or not -2 <= score <= 2:
+            raise Invalid(f"score must be -2..2, got {score!r}")
+        try:
+            note = clean_reason(note)
+        except ValueError as e:
+            raise Invalid(f"note: {e}") from None
+        with self._tx() as con:
+            if con.execute("SELECT 1 FROM votes WHERE pair_id = ? LIMIT 1", (pair_id,)).fetchone() is None:
+                raise NotFound(f"pair {pair_id!r} has no votes to resolve")
+            con.execute("INSERT OR REPLACE INTO resolutions VALUES (?, ?, ?, ?)",
+                        (pair_id, score, note, iso(self.clock())))
+            _event(con, iso(self.clock()), None, pair_id, "resolve", f"score={score}")
+
     # ---- reading (plus what ``queries`` provides)
 
     def progress(self, name: str) -> Progress:
@@ -369,7 +402,7 @@ class LabelStore(Database, ReadQueries, Invitations):
         return {"votes": n_votes, "target": pairs * self.votes_per_pair, "pairs": pairs}
 
 
-def _event(con: sqlite3.Connection, at: str, lid: int, pair_id: str, kind: str, detail: str = "") -> None:
+def _event(con: sqlite3.Connection, at: str, lid: int | None, pair_id: str, kind: str, detail: str = "") -> None:
     con.execute(
         "INSERT INTO events (at, labeller_id, pair_id, kind, detail) VALUES (?, ?, ?, ?, ?)",
         (at, lid, pair_id, kind, detail),

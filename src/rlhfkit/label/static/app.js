@@ -1,12 +1,14 @@
 // rlhfkit labelling page. Plain JavaScript, no dependencies, works offline.
-// Model text is only ever inserted with textContent (never innerHTML), so a response that
-// contains markup such as <script> is shown as text.
+// Model text is only ever inserted as text nodes (render.js builds Markdown's elements itself,
+// never as HTML), so a response that contains markup such as <script> is shown as text.
 "use strict";
 
 (() => {
   const $ = (id) => document.getElementById(id);
   // auth: "open" (type a name) or "invite" (signed in by a personal link; the server knows who).
-  const state = { auth: "open", labeller: null, pair: null, busy: false, invite: null };
+  const state = { auth: "open", labeller: null, pair: null, busy: false, invite: null, criteria: [] };
+  const R = window.rlhfkitRender;
+  const PLAIN_KEY = "rlhfkit-plain-text";
 
   // ---------------------------------------------------------------- helpers
 
@@ -58,7 +60,7 @@
   }
 
   function showOnly(id) {
-    for (const s of ["login", "signin", "confirm", "task", "done"]) $(s).hidden = s !== id;
+    for (const s of ["login", "signin", "confirm", "task", "done", "history"]) $(s).hidden = s !== id;
     $("who").hidden = id === "login" || id === "signin" || id === "confirm";
     $("switch").hidden = state.auth !== "open";
   }
@@ -84,12 +86,99 @@
       showOnly("done");
       return;
     }
-    $("prompt").textContent = data.pair.prompt;
-    $("left").textContent = data.pair.left;
-    $("right").textContent = data.pair.right;
+    showTexts();
     for (const id of ["prompt", "left", "right"]) $(id).scrollTop = 0;
     for (const btn of document.querySelectorAll("button.picked")) btn.classList.remove("picked");
+    clearRationale();
     showOnly("task");
+  }
+
+  /** The pair's texts as Markdown (or plain), long ones collapsed behind "show all". */
+  function showTexts() {
+    if (!state.pair) return;
+    const plain = $("plain").checked;
+    for (const id of ["prompt", "left", "right"]) {
+      $(id).classList.remove("expanded");
+      const collapsed = R.show($(id), state.pair[id], plain);
+      document.querySelector('button.show-all[data-for="' + id + '"]').hidden = !collapsed;
+    }
+  }
+
+  function clearRationale() {
+    $("reason").value = "";
+    for (const select of document.querySelectorAll("#criteria select")) select.value = "";
+  }
+
+  /** One select per criterion, on the vote's scale (left/right as shown). */
+  function buildCriteria(names) {
+    const box = $("criteria");
+    box.replaceChildren();
+    box.hidden = names.length === 0;
+    if (names.length) {
+      const head = document.createElement("div");
+      head.className = "muted";
+      head.textContent = "Rate by criterion (optional):";
+      box.appendChild(head);
+    }
+    const options = [["", "—"], ["1", "left much better"], ["2", "left slightly better"], ["3", "same"],
+      ["4", "right slightly better"], ["5", "right much better"]];
+    for (const name of names) {
+      const label = document.createElement("label");
+      label.className = "criterion";
+      const title = document.createElement("span");
+      title.textContent = name;
+      const select = document.createElement("select");
+      select.dataset.criterion = name;
+      for (const [value, text] of options) {
+        const option = document.createElement("option");
+        option.value = value;
+        option.textContent = text;
+        select.appendChild(option);
+      }
+      label.append(title, select);
+      box.appendChild(label);
+    }
+  }
+
+  /** The reason and ratings typed for the current pair, as the vote's extra fields. */
+  function rationale() {
+    const extra = {};
+    const reason = $("reason").value.trim();
+    if (reason) extra.reason = reason;
+    const ratings = {};
+    for (const select of document.querySelectorAll("#criteria select")) {
+      if (select.value) ratings[select.dataset.criterion] = Number(select.value);
+    }
+    if (Object.keys(ratings).length) extra.ratings = ratings;
+    return extra;
+  }
+
+  async function showHistory() {
+    const data = await api("history", who());
+    const list = $("history-list");
+    list.replaceChildren();
+    for (const v of data.votes) {
+      const li = document.createElement("li");
+      const prompt = document.createElement("div");
+      prompt.className = "history-prompt";
+      prompt.textContent = v.prompt.length > 200 ? v.prompt.slice(0, 200) + "…" : v.prompt;
+      const choice = document.createElement("div");
+      choice.textContent = v.choice_label + " · " + v.at.slice(0, 16).replace("T", " ") + " UTC";
+      li.append(prompt, choice);
+      if (v.reason) {
+        const reason = document.createElement("div");
+        reason.className = "muted history-reason";
+        reason.textContent = "Why: " + v.reason;
+        li.appendChild(reason);
+      }
+      list.appendChild(li);
+    }
+    if (!data.votes.length) {
+      const li = document.createElement("li");
+      li.textContent = "No votes yet.";
+      list.appendChild(li);
+    }
+    showOnly("history");
   }
 
   // ---------------------------------------------------------------- actions
@@ -128,7 +217,7 @@
     if (btn) btn.classList.add("picked");
     return act(async () => {
       setStatus("Saving…");
-      const body = who({ pair_id: pair.pair_id, choice: choice, request_id: requestId() });
+      const body = who({ pair_id: pair.pair_id, choice: choice, request_id: requestId(), ...rationale() });
       try {
         await api("votes", body, 2);
       } catch (err) {
@@ -201,6 +290,12 @@
     let session;
     try {
       session = await api("session", null);
+      const config = await api("config", null);
+      state.criteria = config.criteria || [];
+      buildCriteria(state.criteria);
+      $("guidelines-pane").hidden = !config.guidelines;
+      if (config.guidelines) R.show($("guidelines"), config.guidelines, false);
+      $("guidelines").classList.remove("collapsed");
       state.auth = session.auth;
       if (state.invite !== null && state.auth === "invite") return await offerSignIn(session.labeller);
     } catch (err) {
@@ -223,7 +318,7 @@
   function onKey(event) {
     if (event.ctrlKey || event.metaKey || event.altKey || event.repeat) return;
     const tag = (event.target && event.target.tagName) || "";
-    if (tag === "INPUT" || tag === "TEXTAREA") return;
+    if (tag === "INPUT" || tag === "TEXTAREA" || tag === "SELECT") return;
     if (!$("task").hidden && /^[1-5]$/.test(event.key)) {
       event.preventDefault();
       choose(Number(event.key));
@@ -255,6 +350,19 @@
       btn.addEventListener("click", () => choose(Number(btn.dataset.choice)));
     }
     $("skip").addEventListener("click", skip);
+    try { $("plain").checked = localStorage.getItem(PLAIN_KEY) === "1"; } catch (_) { /* private mode */ }
+    $("plain").addEventListener("change", () => {
+      try { localStorage.setItem(PLAIN_KEY, $("plain").checked ? "1" : "0"); } catch (_) { /* ignore */ }
+      showTexts();
+    });
+    for (const btn of document.querySelectorAll("button.show-all")) {
+      btn.addEventListener("click", () => {
+        $(btn.dataset.for).classList.replace("collapsed", "expanded");
+        btn.hidden = true;
+      });
+    }
+    $("history-open").addEventListener("click", () => act(showHistory));
+    $("history-close").addEventListener("click", () => act(loadNext));
     $("undo").addEventListener("click", undo);
     $("undo-done").addEventListener("click", undo);
     $("switch").addEventListener("click", () => {
