@@ -65,6 +65,10 @@ def test_compute_advantages_golden_shaping_gae_whitening():
     assert m["rollout/advantage_mean_raw"] == pytest.approx(mean)
     assert m["rollout/return_mean"] == pytest.approx((0.325 + 0.55 + 1.0 - 0.8 - 2.02) / 5)
     assert m["rollout/value_mean"] == pytest.approx((0.5 + 0.2 - 0.1 + 0.1 + 0.4) / 5)
+    # explained variance: R - V = A = raw; 1 - Var(raw) / Var(R), population variances over the 5 valid tokens
+    ret = [0.325, 0.55, 1.0, -0.8, -2.02]
+    var_ret = sum((r - sum(ret) / 5) ** 2 for r in ret) / 5
+    assert m["rollout/explained_variance"] == pytest.approx(1 - var / var_ret, rel=1e-5)
 
 
 class OtherProcess:
