@@ -191,7 +191,7 @@ def test_kl_penalty_in_the_loss_adds_beta_times_the_token_mean_of_k3(scored):
 
 def test_kl_loss_estimator_k2_adds_beta_times_the_token_mean_of_half_d_squared(scored):
     """kl_loss_estimator="k2": the term is beta * sum(d^2 / 2 * mask) / N, whose on-policy gradient is
-    that of KL(pi || pi_ref) itself (docs/learn/04-the-update.md, entry 15)."""
+    that of KL(pi || pi_ref) itself (docs/learn/14-the-update.md, entry 17)."""
     assert_kl_term_in_the_loss(*scored, "k2")
 
 

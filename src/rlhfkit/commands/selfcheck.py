@@ -6,7 +6,7 @@ check passes, 1 when one fails (a broken install, or an edit that changed the ma
 usage error. Runs in seconds on a CPU: no download, the one model is a tiny random Llama.
 
 `--break NAME` runs rlhfkit.learn.breaks instead: a classic bug made on purpose, its symptom in
-numbers next to the right code, and the doctor's finding (docs/learn/09-break-it-yourself.md).
+numbers next to the right code, and the doctor's finding (docs/learn/30-break-it-yourself.md).
 `--exercise NAME FILE` checks a learner's own function (from a stub of rlhfkit/learn/exercises/)
 against rlhfkit's on random tensors (rlhfkit.learn.exercise_check).
 
@@ -212,7 +212,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--break", dest="breaks", action="append", default=[], metavar="NAME",
                    help="instead of the checks, make one classic bug on purpose and show its symptom in numbers "
                         "and the doctor's finding, next to the right code (repeatable; names: see --list; "
-                        "docs/learn/09-break-it-yourself.md). Exit status 1 when a symptom fails to show")
+                        "docs/learn/30-break-it-yourself.md). Exit status 1 when a symptom fails to show")
     p.add_argument("--exercise", nargs=2, metavar=("NAME", "FILE"),
                    help="check your own version of one function against rlhfkit's on random tensors (several "
                         "shapes, padding masks and seeds): FILE is a python file defining the function of the "
