@@ -73,6 +73,8 @@ PROCESS_WIDE = {
     ("learn/minimal_ppo.py", SAMPLING_SEED),
     # the minimal PPO script runs as its own process (`python -m rlhfkit.learn.minimal_ppo`): one thread
     ("learn/minimal_ppo.py", "torch.set_num_threads"),
+    # the ablation script too (`python -m rlhfkit.learn.ablations`), in its main() only
+    ("learn/ablations.py", "torch.set_num_threads"),
     # the sampling draws (SAMPLING_SEED's reason)
     ("rollout/texts.py", SAMPLING_SEED), ("rollout/multiturn.py", SAMPLING_SEED), ("rollout/backends.py", SAMPLING_SEED),
     ("trainers/rl.py", SAMPLING_SEED), ("commands/tpo.py", SAMPLING_SEED),

@@ -250,3 +250,22 @@ def test_last_valid_index_matches_loop(rows):
     mask = torch.tensor(rows)
     expected = [max([t for t, v in enumerate(r) if v], default=0) for r in rows]
     assert last_valid_index(mask).tolist() == expected
+
+
+def test_explained_variance_golden():
+    # valid returns R = (1, 2, 3, 6) (mean 3, population var (4 + 1 + 0 + 9) / 4 = 3.5), values V = (1, 1, 4, 5):
+    # R - V = (0, 1, -1, 1), mean 0.25, var (0.0625 + 0.5625 + 1.5625 + 0.5625) / 4 = 0.6875; EV = 1 - 0.6875 / 3.5
+    from rlhfkit.algos import explained_variance
+
+    returns = torch.tensor([[1.0, 2.0, 99.0], [3.0, 6.0, -7.0]])
+    values = torch.tensor([[1.0, 1.0, 50.0], [4.0, 5.0, 8.0]])  # the third column is padding, garbage
+    mask = torch.tensor([[1, 1, 0], [1, 1, 0]], dtype=torch.bool)
+    ev = explained_variance(values, returns, mask)
+    assert ev.dim() == 0 and abs(ev.item() - (1 - 0.6875 / 3.5)) <= 1e-6
+    assert explained_variance(returns, returns, mask).item() == 1.0  # a perfect critic
+    assert explained_variance(torch.zeros_like(returns), returns, mask).item() == 0.0  # a zero value head
+    # a critic off by a constant explains all the variance; one that predicts -R explains less than nothing
+    assert abs(explained_variance(returns + 5.0, returns, mask).item() - 1.0) <= 1e-6
+    assert abs(explained_variance(-returns, returns, mask).item() - (1 - 4.0)) <= 1e-5  # Var(2R) = 4 Var(R)
+    assert explained_variance(values, torch.full_like(returns, 2.0), mask).isnan()  # constant returns
+    assert explained_variance(values, returns, torch.zeros_like(mask)).isnan()  # no valid position

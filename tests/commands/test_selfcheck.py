@@ -133,3 +133,39 @@ def test_the_break_command_line(capsys):
     assert err.startswith("rlhfkit: error: selfcheck: unknown break 'off-by-two' (expected one of: off-by-one") and "\n" not in err
     assert cli_main(["selfcheck", "gae", "--break", "k1-loss"]) == 2
     assert "not both" in capsys.readouterr().err
+
+
+def test_exercise_passes_a_right_gae_and_fails_a_wrong_one_with_the_hint(tmp_path, capsys):
+    right = tmp_path / "gae_right.py"
+    right.write_text("from rlhfkit import algos\n\ndef gae(r, v, m, gamma, lam):\n"
+                     "    return algos.gae_reference(r, v, m, gamma, lam)\n")
+    assert selfcheck.main(["--exercise", "gae", str(right)]) == 0
+    assert "PASS: 12 random cases" in capsys.readouterr().out
+    wrong = tmp_path / "gae_wrong.py"  # the value after the end taken from the padding
+    wrong.write_text("import torch\n\ndef gae(r, v, m, gamma, lam):\n    B, T = r.shape\n"
+                     "    adv = torch.zeros(B, T)\n    a = torch.zeros(B)\n    for t in reversed(range(T)):\n"
+                     "        nv = v[:, t + 1] if t + 1 < T else torch.zeros(B)\n"
+                     "        a = torch.where(m[:, t], r[:, t] + gamma * nv - v[:, t] + gamma * lam * a, a)\n"
+                     "        adv[:, t] = torch.where(m[:, t], a, torch.zeros(()))\n"
+                     "    return adv, torch.where(m, adv + v, torch.zeros(()))\n")
+    assert selfcheck.main(["--exercise", "gae", str(wrong)]) == 1
+    out = capsys.readouterr().out
+    assert "FAIL at case 2" in out and "advantages at row 1" in out
+    assert "hint: bootstrapping past the last token" in out and "must be 0" in out
+
+
+def test_exercise_with_a_bad_file_is_one_line_and_exit_2(tmp_path, capsys):
+    assert cli_main(["selfcheck", "--exercise", "gae", str(tmp_path / "missing.py")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "missing.py: no such file" in err
+    assert cli_main(["selfcheck", "--exercise", "nope", str(tmp_path / "missing.py")]) == 2
+    assert "unknown exercise 'nope'" in capsys.readouterr().err
+    assert cli_main(["selfcheck", "gae", "--exercise", "gae", str(tmp_path / "x.py")]) == 2
+
+
+def test_list_names_the_exercises_and_their_stubs(capsys):
+    assert selfcheck.main(["--list"]) == 0
+    out = capsys.readouterr().out
+    for name in ("gae", "policy-loss", "kl-reward", "group-advantages", "dpo-loss"):
+        assert f"\n{name}: " in out
+    assert "exercises/gae.py" in out

@@ -48,6 +48,7 @@ def healthy_ppo(n: int = 30, seed: int = 0) -> list[Row]:
             "params/kl_coef": 0.05,
             "params/lr": 1e-5,
             "params/ratio_first_microbatch_maxdev": 1e-6,
+            "rollout/explained_variance": 0.6 * (1 - math.exp(-i / 4.0)),  # a zero head reads 0, then it learns
             "timing/rollout_s": 5.0 + abs(noise(0.3)),
             "timing/update_s": 3.0 + abs(noise(0.2)),
             "throughput/tokens_per_s": 400 + noise(10),
@@ -59,7 +60,7 @@ def healthy_grpo(n: int = 30, seed: int = 1) -> list[Row]:
     rng = random.Random(seed)
     rows = healthy_ppo(n, seed)
     for i, r in enumerate(rows):
-        for k in ("loss/value", "params/value_clip_frac"):
+        for k in ("loss/value", "params/value_clip_frac", "rollout/explained_variance"):
             del r[k]
         r["rollout/group_reward_std"] = 0.3 + rng.gauss(0, 0.02)
         r["rollout/solved_fraction"] = 0.2 + 0.4 * i / (n - 1)

@@ -135,7 +135,7 @@ def test_report_two_runs(runs, tmp_path, capsys):
     page = (out / "report.html").read_text()
     # every metric of both runs is plotted (and has a PNG)
     metrics = metric_names([load_run(runs[0]), load_run(runs[1])])
-    assert len(metrics) == 22
+    assert len(metrics) == 23  # healthy_ppo: 22, and rollout/explained_variance
     for m in metrics:
         assert f"<title>{m}" in page, m
         png = out / "plots" / (m.replace("/", "__") + ".png")

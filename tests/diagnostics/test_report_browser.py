@@ -33,6 +33,6 @@ def test_report_renders_offline(tmp_path):
             text = page.inner_text("body")
         finally:
             browser.close()
-    assert len(sizes) == 22 + 2 and min(sizes) > 300  # a chart per metric, 2 overlays (no value_mean logged)
+    assert len(sizes) == 23 + 2 and min(sizes) > 300  # a chart per metric (22 + explained_variance), 2 overlays (no value_mean logged)
     assert [u for u in requests if not u.startswith("file://")] == [] and errors == []
     assert "grad_norm_explosion" in text and "<script>alert(10)</script>" in text  # shown as text

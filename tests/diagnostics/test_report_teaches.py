@@ -89,7 +89,7 @@ def test_two_runs_get_one_overlay_per_run_and_a_grpo_run_no_value_chart(tmp_path
 
 
 def test_the_shipped_unhealthy_run_gets_the_findings_entry_17_names_on_its_overlays(tmp_path):
-    """docs/learn/05-reading-a-run.md: approx_kl_high from iteration 0, policy_clip_frac from 2,
+    """docs/learn/19-reading-a-run.md: approx_kl_high from iteration 0, policy_clip_frac from 2,
     rollout_kl_high from 3, each in the legend of the overlay of its metric."""
     run = load_run(Path(__file__).resolve().parents[2] / "docs" / "learn" / "examples" / "unhealthy")
     html = build_report([run], tmp_path / "out", png=False).read_text(encoding="utf-8")

@@ -100,6 +100,9 @@ CASES = [
          with_values(healthy_ppo(), "loss/value", lambda i, o: 0.1 + 0.001 * (i % 2)), "warning", 5, list(range(6))),
     Case("value-rising", "value_loss_not_learning",
          with_values(healthy_ppo(), "loss/value", lambda i, o: 0.05 * 1.1**i), "warning", 9, list(range(10))),
+    Case("explained-variance", "explained_variance_low",
+         with_values(healthy_ppo(), "rollout/explained_variance", _const(-0.4), start=10), "warning", 12,
+         [10, 11, 12]),
     Case("kl-high", "rollout_kl_high",
          with_values(healthy_ppo(), "rollout/kl", lambda i, o: 15.0 if i < 25 else 40.0, start=20),
          "critical", 21, [19, 20, 21]),
@@ -323,3 +326,18 @@ def test_a_bouncing_value_loss_or_an_early_rise_is_not_called_flat_or_rising():
     creeping = with_values(_flat_critic(n=12), "loss/value", lambda i, o: 0.1 * (1 + 0.03 * i))
     found = [f for f in diagnose(creeping, strict=True) if f.rule == "value_loss_not_learning"]
     assert found and found[0].iteration == 9 and "crept up 20.4%" in found[0].message
+
+
+def test_explained_variance_is_judged_from_value_min_iterations_and_below_the_threshold_only():
+    # a zero-initialised head reads 0 throughout: silent; -0.4 from the start: silent until 6 values exist
+    zero = with_values(healthy_ppo(12), "rollout/explained_variance", _const(0.0))
+    assert not [f for f in diagnose(zero) if f.rule == "explained_variance_low"]
+    low = with_values(healthy_ppo(12), "rollout/explained_variance", _const(-0.4))
+    assert [f.iteration for f in diagnose(low[:5]) if f.rule == "explained_variance_low"] == []
+    found = [f for f in diagnose(low[:6]) if f.rule == "explained_variance_low"]
+    assert [f.iteration for f in found] == [5] and abs(found[0].evidence["mean"] + 0.4) <= 1e-12
+    # -0.05 is within the noise band (threshold -0.1); -0.15 is not
+    assert not [f for f in diagnose(with_values(healthy_ppo(12), "rollout/explained_variance", _const(-0.05)))
+                if f.rule == "explained_variance_low"]
+    assert [f for f in diagnose(with_values(healthy_ppo(12), "rollout/explained_variance", _const(-0.15)))
+            if f.rule == "explained_variance_low"]

@@ -1,4 +1,4 @@
-"""Entry 30's measured A/B (docs/learn/10-the-critic.md): the shipped run folders of
+"""Entry 31's measured A/B (docs/learn/31-the-critic.md): the shipped run folders of
 docs/learn/examples/critic-ab are paired runs that differ only in `critic_model`, and the page's table
 is what their metrics.jsonl files hold."""
 
@@ -12,7 +12,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 AB = ROOT / "docs" / "learn" / "examples" / "critic-ab"
-PAGE = ROOT / "docs" / "learn" / "10-the-critic.md"
+PAGE = ROOT / "docs" / "learn" / "31-the-critic.md"
 ARMS = {"shared trunk": "shared", "separate critic": "separate"}
 # config keys that may differ between the two arms of one seed (where and how long the run went, and the critic)
 FREE_KEYS = {"output_dir", "run_name", "critic_model", "iterations", "num_eval_prompts"}

@@ -75,9 +75,19 @@ def config_class(command: str):
 
 
 def test_the_path_has_numbered_entries_each_with_code_test_and_experiment():
-    """Entries 0, 1, 2, ... in page order (entry 0, the foundations, comes before the path's first question)."""
+    """Entries 0, 1, 2, ... in page order, one numbering: each numbered page's file name starts with the
+    number of its first entry and its title names its entries."""
     entries = re.findall(r"^## (\d+)\. (.+)$", all_text(), re.M)
     assert 20 <= len(entries) <= 40 and [int(n) for n, _ in entries] == list(range(len(entries)))
+    for page in PAGES:
+        numbers = [int(n) for n in re.findall(r"^## (\d+)\. ", page.read_text(encoding="utf-8"), re.M)]
+        if not numbers:
+            assert not page.name[0].isdigit(), f"{page.name}: a numbered page without entries"
+            continue
+        assert page.name[:2] == f"{numbers[0]:02d}", f"{page.name} holds entries {numbers}"
+        title = page.read_text(encoding="utf-8").splitlines()[0]
+        span = f"(entry {numbers[0]})" if len(numbers) == 1 else f"(entries {numbers[0]}-{numbers[-1]})"
+        assert title.startswith("# ") and title.endswith(span), (page.name, title)
     for page in PAGES:
         for section in re.split(r"^## \d+\. ", page.read_text(encoding="utf-8"), flags=re.M)[1:]:
             title = section.splitlines()[0]
@@ -179,7 +189,7 @@ def slug(heading: str) -> str:
 
 
 def test_the_defaults_table_is_ppoconfigs():
-    text = page_text("06-defaults-and-beyond.md")
+    text = page_text("21-defaults-and-beyond.md")
     table = text[text.index("| option | default | why |") :].split("\n\n")[0]
     defaults = {f.name: f.default for f in dataclasses.fields(config_class("ppo"))}
     rows = re.findall(r"^\| (`[^|]+) \| ([^|]+) \|", table, re.M)
@@ -197,9 +207,9 @@ def test_the_defaults_table_is_ppoconfigs():
 
 
 @pytest.mark.parametrize("name,exit_status,rules,page", [
-    ("healthy", 0, set(), "05-reading-a-run.md"),
-    ("unhealthy", 1, {"policy_clip_frac", "approx_kl_high", "rollout_kl_high"}, "05-reading-a-run.md"),
-    ("epochs4", 0, {"policy_clip_frac", "approx_kl_high"}, "04-the-update.md"),
+    ("healthy", 0, set(), "19-reading-a-run.md"),
+    ("unhealthy", 1, {"policy_clip_frac", "approx_kl_high", "rollout_kl_high"}, "19-reading-a-run.md"),
+    ("epochs4", 0, {"policy_clip_frac", "approx_kl_high"}, "14-the-update.md"),
 ])
 def test_the_shipped_runs_get_the_findings_the_page_describes(name, exit_status, rules, page, capsys):
     run = LEARN / "examples" / name
@@ -231,7 +241,7 @@ def test_the_shipped_runs_are_labelled_with_their_dtype_and_commit():
     assert dtypes == {"bf16"}
     readme = page_text("README.md")
     assert "in **bf16** (`dtype: bf16`" in readme and f"commit {SHIPPED_WITH}" in readme
-    for name in ("05-reading-a-run.md", "06-defaults-and-beyond.md"):
+    for name in ("19-reading-a-run.md", "21-defaults-and-beyond.md"):
         text = " ".join(page_text(name).split())
         assert "in bf16" in text and f"with the code of commit {SHIPPED_WITH}" in text, name
     assert "(fp32)" not in all_text()
@@ -250,7 +260,7 @@ def test_the_first_finding_of_the_unhealthy_run_is_the_one_the_page_names(capsys
     assert cli_main(["doctor", run, "--all", "--json"]) == 1
     first = json.loads(capsys.readouterr().out)[0]
     assert (first["rule"], first["severity"], first["iteration"]) == ("approx_kl_high", "warning", 0)
-    text = " ".join(page_text("05-reading-a-run.md").split())
+    text = " ".join(page_text("19-reading-a-run.md").split())
     assert "the first sign came at iteration 0, from the size of the very first update (`approx_kl_high`" in text
     assert "rlhfkit doctor docs/learn/examples/unhealthy --all" in text
     total = _metric("unhealthy", "loss/total")
@@ -261,16 +271,16 @@ def test_the_stop_fractions_the_page_gives_are_the_runs():
     assert set(_metric("healthy", "rollout/stop_fraction")) <= {0.0, 0.125}
     unhealthy = _metric("unhealthy", "rollout/stop_fraction")
     assert unhealthy[:3] == [0.125, 0.375, 0.25] and set(unhealthy[3:]) == {0.0}
-    text = " ".join(page_text("03-advantages.md").split())
+    text = " ".join(page_text("09-advantages.md").split())
     assert "0 or 0.125 at every iteration of the healthy run" in text and "0.125, 0.375, 0.25 and is 0 from iteration 3" in text
 
 
 def test_the_kl_budget_the_defaults_page_gives_is_the_doctors():
-    """Entry 19: 6-14 nats can average past the budget and draw a warning, never a critical finding."""
+    """Entry 21: 6-14 nats can average past the budget and draw a warning, never a critical finding."""
     from rlhfkit.diagnostics import Thresholds, diagnose
 
     t = Thresholds()
-    text = " ".join(page_text("06-defaults-and-beyond.md").split())
+    text = " ".join(page_text("21-defaults-and-beyond.md").split())
     assert f"budget of {t.rollout_kl_warn:g}" in text and f"critical only past {t.rollout_kl_critical:g}" in text
     rows = [{"iteration": i, "rollout/kl": kl} for i, kl in enumerate([7.0, 9.0, 11.0, 13.0, 12.0])]
     found = [f for f in diagnose(rows) if f.rule == "rollout_kl_high"]
@@ -285,8 +295,8 @@ def test_the_kl_module_cites_a_test_file_that_exists():
 
 
 def test_the_break_page_prints_what_selfcheck_prints(capsys):
-    """Entry 29's output blocks are lines `rlhfkit selfcheck --break` prints (its '...' elides lines)."""
-    text = page_text("09-break-it-yourself.md")
+    """Entry 30's output blocks are lines `rlhfkit selfcheck --break` prints (its '...' elides lines)."""
+    text = page_text("30-break-it-yourself.md")
     names = re.findall(r"--break ([\w-]+)", text.split("```bash", 1)[1].split("```", 1)[0])
     assert len(names) >= 3
     assert cli_main(["selfcheck", *[a for n in names for a in ("--break", n)]]) == 0

@@ -25,7 +25,7 @@ def _entry_titles() -> dict[int, str]:
 
 
 def test_the_lambda_figure_is_in_the_page_it_cites():
-    text = _text(LEARN / "03-advantages.md")
+    text = _text(LEARN / "09-advantages.md")
     assert "[README](../../README.md)'s demo doubled" not in text
     assert "whose gain was +0.198: [demo results](../benchmarks.md#demo-results)" in text
     bench = _text(ROOT / "docs" / "benchmarks.md")
@@ -35,11 +35,11 @@ def test_the_lambda_figure_is_in_the_page_it_cites():
 
 def test_the_one_iteration_page_gives_the_reference_files_line_count():
     lines = len((ROOT / "src" / "rlhfkit" / "learn" / "ppo_reference.py").read_text(encoding="utf-8").splitlines())
-    assert f"ppo_reference.py), {lines} lines:" in _text(LEARN / "07-one-iteration.md")
+    assert f"ppo_reference.py), {lines} lines:" in _text(LEARN / "01-one-iteration.md")
 
 
 def test_the_returns_entry_names_the_module_that_defines_compute_advantages():
-    text = _text(LEARN / "03-advantages.md")
+    text = _text(LEARN / "09-advantages.md")
     module, name = re.search(r"`(rlhfkit\.trainers\.\w+)\.(compute_advantages)`", text).groups()
     assert getattr(importlib.import_module(module), name).__module__ == module
 
@@ -56,7 +56,7 @@ def test_glossary_rows_point_to_the_entries_that_answer_them():
 
 
 def test_the_zero_head_claim_is_limited_to_the_first_step():
-    text = _text(LEARN / "08-beyond-ppo.md")
+    text = _text(LEARN / "24-beyond-ppo.md")
     assert "a zero head would give the backbone no gradient" not in text
     assert "A zero head gives the backbone no gradient at the first step only" in text
 
@@ -64,4 +64,4 @@ def test_the_zero_head_claim_is_limited_to_the_first_step():
 def test_the_kl_coef_comment_gives_entry_19s_range():
     src = (ROOT / "src" / "rlhfkit" / "trainers" / "ppo_config.py").read_text(encoding="utf-8")
     assert "moves 6-14 nats from the reference" in src and "7-13 nats" not in src
-    assert "keeps the policy 6-14 nats from the reference" in _text(LEARN / "06-defaults-and-beyond.md")
+    assert "keeps the policy 6-14 nats from the reference" in _text(LEARN / "21-defaults-and-beyond.md")

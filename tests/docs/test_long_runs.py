@@ -1,4 +1,4 @@
-"""Entry 34's long runs (docs/learn/13-has-it-converged.md): the seed folders of
+"""Entry 34's long runs (docs/learn/34-has-it-converged.md): the seed folders of
 docs/learn/examples/long-runs are the 18-iteration demo run to its end with different seeds, and the
 page's tables are what their metrics.jsonl and summary.json files hold (adding a seed's folder means
 running `python docs/learn/examples/long-runs/table.py --write`)."""
@@ -14,7 +14,7 @@ from rlhfkit.cli import main as cli_main
 
 ROOT = Path(__file__).resolve().parents[2]
 RUNS = ROOT / "docs" / "learn" / "examples" / "long-runs"
-PAGE = ROOT / "docs" / "learn" / "13-has-it-converged.md"
+PAGE = ROOT / "docs" / "learn" / "34-has-it-converged.md"
 RECORDED_WITH = "3a7bf23"  # the commit whose code recorded the runs
 FREE_KEYS = {"seed", "run_name", "output_dir"}  # config keys that may differ between seeds
 # the findings the page describes, per seed (a seed added later needs only exit status 0)
@@ -65,7 +65,7 @@ def test_the_seeds_differ_only_in_their_seed():
     text = " ".join(PAGE.read_text(encoding="utf-8").split())
     assert f"in bf16 (`dtype: bf16`) with the code of commit {RECORDED_WITH}" in text
     readme = " ".join((ROOT / "docs" / "learn" / "README.md").read_text(encoding="utf-8").split())
-    assert "13-has-it-converged.md" in readme and f"in bf16 with the code of commit {RECORDED_WITH}" in readme
+    assert "34-has-it-converged.md" in readme and f"in bf16 with the code of commit {RECORDED_WITH}" in readme
 
 
 def test_the_page_tables_are_the_shipped_metrics():
@@ -114,7 +114,7 @@ def test_the_doctor_finds_what_the_page_says(capsys):
 
 
 def test_the_seed0_figures_in_the_prose_are_its_metrics():
-    """The plateau and the KL range the page and entry 19 give, from seed 0's metrics.jsonl."""
+    """The plateau and the KL range the page and entry 21 give, from seed 0's metrics.jsonl."""
     rows = metrics(RUNS / "seed0")
 
     def mean(key: str, first: int, last: int) -> float:
@@ -136,5 +136,5 @@ def test_the_seed0_figures_in_the_prose_are_its_metrics():
     every = [r["rollout/kl"] for folder in seed_folders()[:2] for r in metrics(folder)[5:]]
     span = f"{min(every):.1f} to {max(every):.1f}"
     assert 6 <= min(every) and max(every) <= 14
-    defaults = " ".join((ROOT / "docs" / "learn" / "06-defaults-and-beyond.md").read_text(encoding="utf-8").split())
+    defaults = " ".join((ROOT / "docs" / "learn" / "21-defaults-and-beyond.md").read_text(encoding="utf-8").split())
     assert f"6-14 nats from the reference from iteration 5 of 18 on ({span} in the 18-iteration runs" in defaults

@@ -1,4 +1,4 @@
-"""rlhfkit.learn.bandit, the learning path's entry 0: the policy-gradient estimate, the ratio and the
+"""rlhfkit.learn.bandit, the learning path's entry 2: the policy-gradient estimate, the ratio and the
 clip on a categorical bandit, checked against the exact gradient worked out by hand."""
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
-"""The learning path's entries 26-28 (DPO's derivation, LoRA's start, the per-token KL), each checked
-against arithmetic written here. Entries 23-25 (GRPO, RLOO, Bradley-Terry) are pinned by the golden
+"""The learning path's entries 27-29 (DPO's derivation, LoRA's start, the per-token KL), each checked
+against arithmetic written here. Entries 24-26 (GRPO, RLOO, Bradley-Terry) are pinned by the golden
 tests of rlhfkit.algos they name."""
 
 from __future__ import annotations
@@ -78,7 +78,7 @@ def test_per_token_kls_add_up_to_the_sequence_kl():
 
 
 def test_the_value_loss_reaches_the_policy_only_through_a_shared_trunk():
-    """Entry 30: shared trunk, zero head -> no gradient below the head; a non-zero head -> the policy's
+    """Entry 31: shared trunk, zero head -> no gradient below the head; a non-zero head -> the policy's
     weights get one; separate critic -> the policy's never do, the critic's do."""
     from rlhfkit.models.policy import ActorCritic, ValueHead
 
@@ -107,7 +107,7 @@ def test_the_value_loss_reaches_the_policy_only_through_a_shared_trunk():
 
 
 def test_greedy_rollouts_give_no_gradient_and_truncation_is_warned():
-    """Entry 31: a batch of one repeated action has advantages r - mean(r) summing to 0, so the REINFORCE
+    """Entry 32: a batch of one repeated action has advantages r - mean(r) summing to 0, so the REINFORCE
     step is exactly 0; and SamplingParams warns when top_k or top_p truncate the distribution."""
     import pytest
 
@@ -125,7 +125,7 @@ def test_greedy_rollouts_give_no_gradient_and_truncation_is_warned():
 
 
 def test_an_action_never_sampled_gets_no_gradient_on_its_logit():
-    """Entry 32: with the batch-mean baseline, d/d theta_k of the REINFORCE estimate for an arm k absent
+    """Entry 33: with the batch-mean baseline, d/d theta_k of the REINFORCE estimate for an arm k absent
     from the batch is -pi_k * mean(r - mean(r)) = 0 exactly."""
     from rlhfkit.learn import bandit
 

@@ -1,4 +1,4 @@
-"""rlhfkit.learn.ppo_reference, the learning path's entry 22: the readable PPO iteration built on
+"""rlhfkit.learn.ppo_reference, the learning path's entry 1: the readable PPO iteration built on
 rlhfkit.algos computes what the trainer computes (trainers/ppo.py and trainers/rl_update.py), from
 the same rollout and the same weights: old log-probs and values, advantages and returns, and the
 weights after two epochs of two mini-batches each."""

@@ -1,4 +1,4 @@
-"""Entry 30's A/B takes its shared-trunk arm from the first iterations of a longer run: with the
+"""Entry 31's A/B takes its shared-trunk arm from the first iterations of a longer run: with the
 constant learning rate after warm-up, a run's first k iterations are what a k-iteration run computes."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from rlhfkit.learn import tiny
 
 
 def test_the_first_iterations_of_a_longer_run_are_the_shorter_run(tmp_path):
-    """The tiny model of entry 33, 2 and 4 iterations, same seed: the metrics of iterations 0-1 agree
+    """The tiny model of entry 0, 4 and 6 iterations, same seed: the metrics of iterations 0-1 agree
     (timings aside) to the bit; the seconds-long stand-in for the real model's 3 of 18."""
     rows = {}
     for n in (2, 4):

@@ -1,4 +1,4 @@
-"""The tiny-model run of docs/learn/12-watch-it-learn.md: PPO on a random 2-layer Llama raises the
+"""The tiny-model run of docs/learn/00-watch-it-learn.md: PPO on a random 2-layer Llama raises the
 share of vowels in its answers within seconds."""
 
 from __future__ import annotations

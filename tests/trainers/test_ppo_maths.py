@@ -65,6 +65,10 @@ def test_compute_advantages_golden_shaping_gae_whitening():
     assert m["rollout/advantage_mean_raw"] == pytest.approx(mean)
     assert m["rollout/return_mean"] == pytest.approx((0.325 + 0.55 + 1.0 - 0.8 - 2.02) / 5)
     assert m["rollout/value_mean"] == pytest.approx((0.5 + 0.2 - 0.1 + 0.1 + 0.4) / 5)
+    # explained variance: R - V = A = raw; 1 - Var(raw) / Var(R), population variances over the 5 valid tokens
+    ret = [0.325, 0.55, 1.0, -0.8, -2.02]
+    var_ret = sum((r - sum(ret) / 5) ** 2 for r in ret) / 5
+    assert m["rollout/explained_variance"] == pytest.approx(1 - var / var_ret, rel=1e-5)
 
 
 class OtherProcess:
@@ -187,7 +191,7 @@ def test_kl_penalty_in_the_loss_adds_beta_times_the_token_mean_of_k3(scored):
 
 def test_kl_loss_estimator_k2_adds_beta_times_the_token_mean_of_half_d_squared(scored):
     """kl_loss_estimator="k2": the term is beta * sum(d^2 / 2 * mask) / N, whose on-policy gradient is
-    that of KL(pi || pi_ref) itself (docs/learn/04-the-update.md, entry 15)."""
+    that of KL(pi || pi_ref) itself (docs/learn/14-the-update.md, entry 17)."""
     assert_kl_term_in_the_loss(*scored, "k2")
 
 

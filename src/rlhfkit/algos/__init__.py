@@ -2,7 +2,7 @@
 
 Notation used in every docstring: B batch, T response length, V vocab, G group size.
 
-- masks:      masked_sum / masked_mean / masked_var / masked_whiten, response_mask, last_valid_index
+- masks:      masked_sum / masked_mean / masked_var / masked_whiten, explained_variance, response_mask, last_valid_index
 - logprobs:   logprobs_from_logits, entropy_from_logits, logprobs_and_entropy (temperature-aware)
 - head:       head_logprobs (log-probs and entropy from hidden states, output layer fused in)
 - kl:         kl_k1 / kl_k2 / kl_k3 / kl_abs / kl_estimate, Fixed- and AdaptiveKLController
@@ -49,7 +49,15 @@ from .losses import (
     ppo_policy_loss,
     ppo_value_loss,
 )
-from .masks import last_valid_index, masked_mean, masked_sum, masked_var, masked_whiten, response_mask
+from .masks import (
+    explained_variance,
+    last_valid_index,
+    masked_mean,
+    masked_sum,
+    masked_var,
+    masked_whiten,
+    response_mask,
+)
 from .policy_gradient import (
     IMPORTANCE_LEVELS,
     clipped_policy_loss,
@@ -82,6 +90,7 @@ __all__ = [
     "masked_mean",
     "masked_var",
     "masked_whiten",
+    "explained_variance",
     "response_mask",
     "last_valid_index",
     # log-probs

@@ -19,6 +19,7 @@ __all__ = [
     "masked_mean",
     "masked_var",
     "masked_whiten",
+    "explained_variance",
     "response_mask",
     "last_valid_index",
 ]
@@ -78,6 +79,24 @@ def masked_var(x: torch.Tensor, mask: torch.Tensor, unbiased: bool = False) -> t
     if unbiased:
         return torch.where(n > 1, ss / (n - 1).clamp(min=1), torch.zeros_like(ss))
     return ss / n.clamp(min=1)
+
+
+def explained_variance(values: torch.Tensor, returns: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """How much of the returns' variance the critic explains: 1 - Var(returns - values) / Var(returns),
+    both population variances pooled over the valid positions.
+
+    1: the values predict the returns exactly; 0: no better than predicting their mean (a
+    zero-initialised value head gives exactly 0); below 0: worse than that. NaN when the returns
+    do not vary (nothing to explain) or no position is valid.
+
+    values, returns, mask: (B, T). Returns a 0-d tensor (float32 or wider).
+    """
+    dtype = torch.promote_types(torch.result_type(values, returns), torch.float32)
+    ret = returns.to(dtype)
+    var_ret = masked_var(ret, mask)
+    var_err = masked_var(ret - values.to(dtype), mask)
+    return torch.where(var_ret > 0, 1.0 - var_err / var_ret.clamp(min=torch.finfo(dtype).tiny),
+                       torch.full_like(var_ret, float("nan")))
 
 
 def masked_whiten(

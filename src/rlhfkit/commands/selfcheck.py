@@ -6,7 +6,9 @@ check passes, 1 when one fails (a broken install, or an edit that changed the ma
 usage error. Runs in seconds on a CPU: no download, the one model is a tiny random Llama.
 
 `--break NAME` runs rlhfkit.learn.breaks instead: a classic bug made on purpose, its symptom in
-numbers next to the right code, and the doctor's finding (docs/learn/09-break-it-yourself.md).
+numbers next to the right code, and the doctor's finding (docs/learn/30-break-it-yourself.md).
+`--exercise NAME FILE` checks a learner's own function (from a stub of rlhfkit/learn/exercises/)
+against rlhfkit's on random tensors (rlhfkit.learn.exercise_check).
 
 The functions under test are looked up on their modules at call time (``algos.gae``, not a
 name bound at import), so a test can swap one for a broken version and see the check fail.
@@ -210,8 +212,38 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--break", dest="breaks", action="append", default=[], metavar="NAME",
                    help="instead of the checks, make one classic bug on purpose and show its symptom in numbers "
                         "and the doctor's finding, next to the right code (repeatable; names: see --list; "
-                        "docs/learn/09-break-it-yourself.md). Exit status 1 when a symptom fails to show")
+                        "docs/learn/30-break-it-yourself.md). Exit status 1 when a symptom fails to show")
+    p.add_argument("--exercise", nargs=2, metavar=("NAME", "FILE"),
+                   help="check your own version of one function against rlhfkit's on random tensors (several "
+                        "shapes, padding masks and seeds): FILE is a python file defining the function of the "
+                        "exercise's stub (names and stub files: see --list; copy a stub from "
+                        "rlhfkit/learn/exercises/). Prints PASS, or the first mismatch with a hint; exit status 1 "
+                        "on a mismatch, 2 when FILE cannot be loaded")
     return p
+
+
+def run_exercise(name: str, path: str) -> int:
+    """`--exercise NAME FILE`: print PASS or the first mismatch and its hint; 0 on pass, 1 on a mismatch."""
+    from rlhfkit.errors import UserError
+    from rlhfkit.learn import exercise_check
+
+    ex = exercise_check.EXERCISES.get(name)
+    if ex is None:
+        raise UserError(f"selfcheck: unknown exercise '{name}' (expected one of: "
+                        f"{', '.join(exercise_check.EXERCISES)})")
+    try:
+        fn = exercise_check.load_function(path, ex.function)
+    except exercise_check.BadExerciseFile as e:
+        raise UserError(f"selfcheck --exercise {name}: {e}") from None
+    out = exercise_check.check(ex, fn)
+    print(f"exercise {name}: {ex.title}; {ex.function}() from {path}")
+    if out.ok:
+        print(f"PASS: {out.cases} random cases (seeds, shapes, padding with garbage) agree with rlhfkit's own "
+              f"function to {exercise_check.RTOL:g} of the scale")
+        return 0
+    print(f"FAIL at case {out.cases}: {out.mismatch}")
+    print(f"hint: {out.hint}")
+    return 1
 
 
 def main(argv: list[str]) -> int:
@@ -223,7 +255,15 @@ def main(argv: list[str]) -> int:
     if args.list:
         print("\n".join(f"{n}: {fn.__doc__}" for n, fn in CHECKS.items()))
         print("\nbreaks (--break NAME):\n" + "\n".join(f"{n}: {fn.__doc__}" for n, fn in BREAKS.items()))
+        from rlhfkit.learn.exercise_check import EXERCISES
+
+        print("\nexercises (--exercise NAME FILE; copy the stub, fill in its function):\n"
+              + "\n".join(f"{n}: {e.title}; stub {e.stub_path}" for n, e in EXERCISES.items()))
         return 0
+    if args.exercise:
+        if args.names or args.breaks:
+            raise UserError("selfcheck: give --exercise NAME FILE alone, without check names or --break")
+        return run_exercise(*args.exercise)
     if args.breaks and args.names:
         raise UserError("selfcheck: give check names or --break NAME, not both")
     table, kind = (BREAKS, "break") if args.breaks else (CHECKS, "check")

@@ -37,6 +37,10 @@ METRICS: dict[str, str] = {
     "the advantages are whitened).",
     "rollout/value_mean": "PPO: token mean of the critic's values V(s_t) at rollout time; it approaches "
     "rollout/return_mean as the critic learns.",
+    "rollout/explained_variance": "PPO: how much of the returns' variance the critic's rollout-time values "
+    "explain, 1 - Var(R - V) / Var(R) over the valid tokens (rlhfkit.algos.explained_variance): 0 with a "
+    "zero-initialised value head, towards 1 as the critic learns, below 0 when it predicts worse than the "
+    "returns' mean. Not logged when the returns do not vary.",
     "rollout/response_length": "Mean number of response tokens per sequence, up to and including the first stop "
     "token.",
     "rollout/stop_fraction": "Fraction of responses that ended with a stop token before max_new_tokens.",

@@ -54,9 +54,9 @@ class Overlay:
 OVERLAYS = (
     Overlay("value vs return", ("rollout/value_mean", "rollout/return_mean"), False,
             "The critic's mean prediction over the response tokens (value) against the mean target it is "
-            "fitted to (return = advantage + value, learning path entry 9). The value head starts at zero, so "
+            "fitted to (return = advantage + value, learning path entry 11). The value head starts at zero, so "
             "value starts at 0; a healthy critic closes the gap within a few iterations and then follows the "
-            "return. A gap that stays open means every advantage carries the critic's error (entry 6): look at "
+            "return. A gap that stays open means every advantage carries the critic's error (entry 8): look at "
             "loss/value, vf_coef and the learning rate."),
     Overlay("approx_kl vs clip fraction", ("params/approx_kl", "params/policy_clip_frac"), True,
             "Two measures of how far one update moved the policy from the one that sampled the rollout: "

@@ -108,6 +108,11 @@ class Thresholds:
     """A value loss below 10% of the reward variance (reward_std^2) means the critic already
     explains ~90% of the return variance: flat is then fine (a critic's loss should settle at a
     low level)."""
+    explained_variance_warn: float = -0.1
+    """rollout/explained_variance below -0.1 (the mean of the recent iterations, from
+    value_min_iterations on): the critic's values predict the returns worse than their mean
+    does, by more than the noise of a small batch, so A = R - V varies more than R itself and
+    the critic adds noise instead of removing it. A zero-initialised value head reads 0."""
     value_clip_frac_warn: float = 0.5
     """More than half the value predictions clipped: the critic can barely move (value
     targets large compared with the value clip range)."""

@@ -1,4 +1,4 @@
-"""Policy gradients from scratch on a categorical bandit (docs/learn/00-policy-gradients.md).
+"""Policy gradients from scratch on a categorical bandit (docs/learn/02-policy-gradients.md).
 
 One state, K actions ("arms"); arm k pays a reward drawn from N(means_k, noise^2). The policy is
 pi = softmax(theta) with theta (K,) its logits: an episode is one action, the smallest case of a

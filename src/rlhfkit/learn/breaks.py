@@ -1,6 +1,6 @@
 """`rlhfkit selfcheck --break NAME`: the classic RLHF bugs, each made on purpose next to the right
 code, with the symptom in numbers and the doctor's finding where the doctor can see it
-(docs/learn/09-break-it-yourself.md). Tiny models and exact arithmetic: seconds on a CPU.
+(docs/learn/30-break-it-yourself.md). Tiny models and exact arithmetic: seconds on a CPU.
 
 A break *passes* (exit status 0) when the symptom shows: the broken number is far from the right
 one, so the check that watches for it in a real run would catch it.
@@ -101,7 +101,7 @@ def break_no_whitening() -> Check:
     c.ok = raw.metrics[0]["params/approx_kl"] > 10 * max(m["params/approx_kl"] for m in white.metrics)
     c.lines.append("J is the expected reward (best arm: 80). Unwhitened, the first update throws the policy onto "
                    "one arm (worth 20) and nothing moves after it: approx KL 0, clip fraction 0, a calm-looking "
-                   "collapse, as in the unhealthy run of entry 17.")
+                   "collapse, as in the unhealthy run of entry 19.")
     _doctor(c, [{"iteration": i, **m} for i, m in enumerate(raw.metrics)])
     return c
 
@@ -138,7 +138,7 @@ def break_k1_loss() -> Check:
     reward = torch.tensor([1.0, 0.0, 0.0], dtype=torch.float64, device=HOST)
     beta = 0.5
     best = ref.exp() * torch.exp(reward / beta)
-    best = best / best.sum()  # the KL-regularised optimum pi_ref exp(r / beta) / Z (entry 26)
+    best = best / best.sum()  # the KL-regularised optimum pi_ref exp(r / beta) / Z (entry 27)
     c.lines.append(row("estimator", "pi(token 0)", "KL(pi||ref)", "reward", width=12))
     kls = {}
     for name, estimator in (("k1", algos.kl_k1), ("k2", algos.kl_k2), ("k3", algos.kl_k3)):
@@ -158,7 +158,7 @@ def break_k1_loss() -> Check:
     c.lines.append(row("optimum", float(best[0]), opt_kl, float(best[0]), width=12))
     c.ok = kls["k1"] > 2 * opt_kl and abs(kls["k2"] - opt_kl) < 1e-3 * max(1.0, opt_kl)
     c.lines.append("k1's gradient averages to 0: the policy runs to the rewarded token as if beta were 0 "
-                   "(KL -> ln(1/0.3) = 1.204); k2 reaches the optimum; k3 follows KL(ref || pi) and stops elsewhere (entry 15).")
+                   "(KL -> ln(1/0.3) = 1.204); k2 reaches the optimum; k3 follows KL(ref || pi) and stops elsewhere (entry 17).")
     return c
 
 

@@ -1,7 +1,7 @@
 """PPO for a language model in one file, to read top to bottom (docs/learn/README.md, before entry 0).
 
 torch and transformers only: nothing of rlhfkit is imported, so every step of one PPO iteration is
-here in a few lines. The task is the one `python -m rlhfkit.learn.tiny` trains (entry 33): a tiny
+here in a few lines. The task is the one `python -m rlhfkit.learn.tiny` trains (entry 0): a tiny
 random Llama (2 layers, hidden size 32) learns to use vowels, the reward being the share of a, e, i,
 o, u among an answer's characters. To need no tokenizer, the vocabulary here is one token per
 character (tiny.py trains a byte-level BPE); every prompt has the same length and every answer

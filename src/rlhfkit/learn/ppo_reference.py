@@ -1,4 +1,4 @@
-"""One PPO iteration written out on `rlhfkit.algos` alone (docs/learn/07-one-iteration.md).
+"""One PPO iteration written out on `rlhfkit.algos` alone (docs/learn/01-one-iteration.md).
 
 The trainer spreads an iteration over trainers/ppo.py (`train`, `compute_advantages`,
 `micro_batch_loss`), trainers/rl_update.py (`update_policy`) and rollout/logprobs.py

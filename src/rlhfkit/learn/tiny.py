@@ -1,5 +1,5 @@
 """A policy that visibly learns in seconds: a tiny random Llama trained with PPO to use vowels
-(docs/learn/12-watch-it-learn.md, entry 33).
+(docs/learn/00-watch-it-learn.md, entry 0).
 
 The model is built in code, offline: a byte-level BPE tokenizer of 320 tokens trained on four
 sentences (SmolLM2's special tokens, eos == pad, a ChatML template) and a 2-layer Llama of hidden

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from rlhfkit.algos import gae, masked_mean, masked_whiten, shape_rewards
+from rlhfkit.algos import explained_variance, gae, masked_mean, masked_whiten, shape_rewards
 from rlhfkit.algos.rewards import shape_turn_rewards
 from rlhfkit.rollout import Rollout
 from rlhfkit.runtime.distributed import global_mean_var
@@ -34,7 +34,8 @@ def compute_advantages(rollout: Rollout, cfg, kl_coef: float, accelerator=None) 
         advantages = masked_whiten(adv, mask, mean=mean, var=var)
     kl_seq = ((rollout.logprobs - ref) * mask).sum(1)  # k1 per sequence, the logged rollout KL
     rollout = dataclasses.replace(rollout, rewards=rewards, advantages=advantages, returns=returns)
-    return rollout, {
+    ev = explained_variance(rollout.values, returns, mask).item()  # NaN when the returns do not vary: not logged
+    return rollout, ({"rollout/explained_variance": ev} if ev == ev else {}) | {
         "rollout/kl": kl_seq.mean().item(),
         "rollout/non_score_reward": shaping.get("non_score_reward", 0.0),
         "rollout/advantage_mean_raw": masked_mean(adv, mask).item(),

@@ -114,7 +114,7 @@ class GRPOConfig(AgentArgs, TeacherArgs, CodeRewardArgs, SharePromptsArgs, BetaA
                          "reference at all")
     kl_loss_estimator = retune("k3", "KL estimate in the beta term: k3 (DeepSeekMath's; its gradient is that of "
                                "KL(pi_ref || pi)) or k2 (the gradient of KL(pi || pi_ref) itself, on-policy; "
-                               "docs/learn/04-the-update.md, entry 15)")
+                               "docs/learn/14-the-update.md, entry 17)")
     importance_level: str = option("token", "importance ratio and clip: token = per token (PPO/GRPO); sequence = GSPO's "
                                    "length-normalised sequence ratio, whole sequences clipped; sequence-token = "
                                    "GSPO-token (the sequence ratio's value, each token's gradient)", IMPORTANCE_LEVELS)

@@ -397,7 +397,7 @@ class ClippedRatioArgs:
     clip_eps: float = option(0.2, "PPO ratio clip range")
     kl_loss_estimator: str = option("k3", "KL estimate added to the loss with kl_penalty=loss: k3 (GRPO's; its gradient "
                                     "is that of KL(pi_ref || pi)) or k2 (the gradient of KL(pi || pi_ref) itself, "
-                                    "on-policy; docs/learn/04-the-update.md, entry 15)", KL_LOSS_ESTIMATORS)
+                                    "on-policy; docs/learn/14-the-update.md, entry 17)", KL_LOSS_ESTIMATORS)
 
 
 @dataclass

@@ -1,4 +1,4 @@
-"""Entry 34's tables (docs/learn/13-has-it-converged.md), recomputed from the seed folders shipped here.
+"""Entry 34's tables (docs/learn/34-has-it-converged.md), recomputed from the seed folders shipped here.
 
     python docs/learn/examples/long-runs/table.py           # print the tables
     python docs/learn/examples/long-runs/table.py --write   # and put them into the page
@@ -16,7 +16,7 @@ import sys
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-PAGE = HERE.parents[1] / "13-has-it-converged.md"
+PAGE = HERE.parents[1] / "34-has-it-converged.md"
 BLOCKS = ((0, 5), (6, 11), (12, 17))  # inclusive iteration ranges
 METRICS = (("score", "rollout/score_mean"), ("penalised reward", "rollout/reward_mean"), ("rollout KL", "rollout/kl"),
            ("approx KL", "params/approx_kl"), ("clip fraction", "params/policy_clip_frac"),

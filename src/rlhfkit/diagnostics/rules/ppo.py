@@ -22,6 +22,7 @@ VALUE_LOSS = "loss/value"
 REWARD = "rollout/reward_mean"
 REWARD_STD = "rollout/reward_std"
 KL = "rollout/kl"
+EXPLAINED_VAR = "rollout/explained_variance"
 
 
 @rule("policy_clip_frac", metrics=(CLIP,), trainers=("ppo", "grpo"),
@@ -202,4 +203,29 @@ def value_loss_not_learning(h: History, t: Thresholds) -> list[Finding]:
         "(the value head shares lr with the policy: rlhfkit has no separate critic learning rate), "
         "and make sure value clipping is not freezing it (params/value_clip_frac, value_clip_eps).",
         score=1.0 + max(change, 0.0),
+    )
+
+
+@rule("explained_variance_low", metrics=(EXPLAINED_VAR,), trainers=("ppo",),
+      summary="the critic predicts the returns worse than their mean")
+def explained_variance_low(h: History, t: Thresholds) -> list[Finding]:
+    """Recent mean of rollout/explained_variance (1 - Var(R - V) / Var(R)) below
+    explained_variance_warn, judged from value_min_iterations logged values on."""
+    if h.current(EXPLAINED_VAR) is None or len(h.series(EXPLAINED_VAR)) < t.value_min_iterations:
+        return []
+    recent = h.tail(EXPLAINED_VAR, t.recent_iterations)
+    level = mean(recent)
+    if level >= t.explained_variance_warn:
+        return []
+    return finding(
+        "explained_variance_low", "warning", h,
+        f"explained variance of the value head averages {fmt(level)} over iterations {recent[0][0]}-{recent[-1][0]} "
+        f"(below {fmt(t.explained_variance_warn)}): its values predict the returns worse than the returns' mean, so "
+        "the advantages A = R - V are noisier than the returns themselves",
+        {"metric": EXPLAINED_VAR, "iterations": iterations(recent), "values": values(recent), "mean": level,
+         "threshold": t.explained_variance_warn},
+        "The critic lags the policy: raise vf_coef (the value head shares lr with the policy), make the policy's "
+        "updates smaller (fewer ppo_epochs, larger mini_batch_size, a lower lr) so the returns move less per "
+        "iteration, and check that value clipping is not freezing the critic (params/value_clip_frac).",
+        score=1.0 + (t.explained_variance_warn - level),
     )
