@@ -307,8 +307,11 @@ def test_step_is_invariant_to_micro_batch_splitting(lora):
     ref = trpo_update(model, params, r, [4])
     for split in ([1, 3], [2, 2], [1, 1, 1, 1]):
         got = trpo_update(model, params, r, split)
-        for a, b in zip(got[:3], ref[:3]):  # gradient, F v, the accepted step
-            assert close(a, b, 1e-9), split
+        assert close(got[0], ref[0], 1e-9) and close(got[1], ref[1], 1e-9), split  # gradient, F v
+        # The accepted step comes out of 10 CG iterations on an ill-conditioned damped Fisher (residual
+        # still ~0.13): CG amplifies F v's last-bit differences (1e-16 here) step by step; seen 1.3e-5 with
+        # LoRA on an Intel AVX-512 FP16 CPU, 1e-13 on an AMD one. A wrong split differs by far more (below).
+        assert close(got[2], ref[2], 1e-4), split
         assert got[3]["trpo/line_search_steps"] == ref[3]["trpo/line_search_steps"]
     # Normalising each micro-batch by its own tokens (lengths 5, 2 | 4, 1) changes the gradient.
     per_micro = trpo_update(model, params, r, [2, 2], global_norm=False)

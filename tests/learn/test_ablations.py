@@ -60,16 +60,24 @@ def test_summarise_reads_the_last_and_first_three_iterations():
 
 
 def test_one_row_is_rederived_by_running_it():
-    """The cheapest row (1 epoch), 5 seeds of 8 iterations: each seed's summary as saved, to float
-    noise (one thread, the same CPU kind; another CPU may sample other tokens)."""
+    """The cheapest row (1 epoch), 5 seeds of 8 iterations, re-run: on the CPU kind that wrote the page each
+    seed's summary comes back to float noise; on another kind (AVX2 vs AVX-512, another BLAS) a rounding
+    difference may sample other tokens, so the check is the row's mean over seeds, within three standard
+    errors of the saved seeds' spread (floored so a row that did not vary still allows float noise)."""
     data = saved()
     want = data["results"]["epochs"]["1"]
     setting = ablations.setting("epochs", "1")
     assert asdict(setting) == data["settings"]["epochs"]["1"]
-    for seed, saved_row in zip(data["seeds"], want):
-        got = ablations.summarise(ablations.run(setting, seed, data["iterations"]))
-        for key in ablations.COLUMNS:
-            assert got[key] == pytest.approx(saved_row[key], rel=1e-3, abs=1e-4), (seed, key)
+    got = [ablations.summarise(ablations.run(setting, seed, data["iterations"])) for seed in data["seeds"]]
+    n = len(data["seeds"])
+    for key in ablations.COLUMNS:
+        saved_values = [row[key] for row in want]
+        mean_saved = sum(saved_values) / n
+        sd_saved = math.sqrt(sum((v - mean_saved) ** 2 for v in saved_values) / (n - 1))
+        scale = max(abs(mean_saved), 1e-3)
+        allowed = 3 * sd_saved / math.sqrt(n) + 1e-3 * scale
+        mean_got = sum(row[key] for row in got) / n
+        assert abs(mean_got - mean_saved) <= allowed, (key, mean_got, mean_saved, allowed)
 
 
 def test_the_baseline_is_learn_tinys_settings():

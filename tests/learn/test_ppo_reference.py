@@ -98,9 +98,13 @@ def test_the_reference_iteration_computes_what_the_trainer_computes(start):
     moved = max(float((a.detach() - b).abs().max()) for a, b in zip(actor.parameters(), before))
     assert moved > 1e-3
     # The same weights up to float32 sums in another order, which Adam amplifies where a gradient is
-    # nearly 0 (it divides by its own running size): 1e-3 of the largest move, 0.1% of one step.
-    for a, b in zip(mine.parameters(), actor.parameters()):
-        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-3 * moved)
+    # nearly 0 (it divides by its own running size): one such element may differ by a good part of its own
+    # tiny step (seen: 1.6e-3 of the largest move on an Intel AVX-512 FP16 CPU, below 1e-3 on an AMD one).
+    # So the check is on the whole update: the two differ by under 0.1% of its norm; a wrong loss moves
+    # every weight differently and differs by a large share of it.
+    update = torch.cat([(b.detach() - a0).flatten() for b, a0 in zip(actor.parameters(), before)])
+    diff = torch.cat([(a.detach() - b.detach()).flatten() for a, b in zip(mine.parameters(), actor.parameters())])
+    assert float(diff.norm()) <= 1e-3 * float(update.norm()), (float(diff.norm()), float(update.norm()))
 
 
 def test_the_response_positions_are_the_ones_before_each_response_token():
