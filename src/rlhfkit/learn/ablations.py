@@ -113,7 +113,7 @@ def update(agent: mp.Agent, opt: torch.optim.Optimizer, b: dict, s: Setting, gen
     P, B = b["ids"].shape[1] - mp.ANSWER_LEN, b["ids"].shape[0]
     clip, akl = [], []
     for _ in range(s.epochs):
-        for idx in torch.randperm(B, generator=gen).split(s.mini_batch):
+        for idx in torch.randperm(B, generator=gen, device="cpu").split(s.mini_batch):
             m = b["mask"][idx]
             logp, entropy, values = forward(agent, b["ids"][idx], P)
             adv = b["advantages"][idx]
@@ -140,10 +140,10 @@ def run(s: Setting, seed: int, iterations: int) -> list[dict]:
     agent = mp.Agent(seed)
     ref = copy.deepcopy(agent).requires_grad_(False)
     opt = torch.optim.Adam(agent.parameters(), lr=s.lr)
-    gen = torch.Generator().manual_seed(seed)
+    gen = torch.Generator(device="cpu").manual_seed(seed)
     prompts, rows = mp.encode(mp.PROMPTS), []
     for _ in range(iterations):
-        picked = torch.randperm(len(mp.PROMPTS), generator=gen)[:s.rollout]
+        picked = torch.randperm(len(mp.PROMPTS), generator=gen, device="cpu")[:s.rollout]
         b = rollout(agent, ref, prompts[picked], gen, s)
         u = update(agent, opt, b, s, gen)
         rows.append(dict(score=b["scores"].mean().item(), kl_ref=b["kl"], explained_var=b["explained_var"], **u))

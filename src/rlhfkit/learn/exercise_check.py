@@ -71,23 +71,23 @@ class BadExerciseFile(Exception):
 def _generator(seed: int):
     import torch
 
-    return torch.Generator().manual_seed(seed)
+    return torch.Generator(device="cpu").manual_seed(seed)
 
 
 def _right_mask(B: int, T: int, gen):
     """(B, T) bool, row b valid for its first n_b >= 1 tokens; row 0 is full when B > 1 so T-1 is hit."""
     import torch
 
-    lengths = torch.randint(1, T + 1, (B,), generator=gen)
+    lengths = torch.randint(1, T + 1, (B,), generator=gen, device="cpu")
     lengths[0] = T
-    return torch.arange(T)[None, :] < lengths[:, None]
+    return torch.arange(T, device="cpu")[None, :] < lengths[:, None]
 
 
 def _garbage(x, mask, gen):
     """x with large random numbers at the padding, so code that reads padding shows it."""
     import torch
 
-    return torch.where(mask, x, 50.0 * torch.randn(x.shape, generator=gen) + 17.0)
+    return torch.where(mask, x, 50.0 * torch.randn(x.shape, generator=gen, device="cpu") + 17.0)
 
 
 def _token_cases(make: Callable) -> Callable[[], Iterator[tuple[str, tuple, dict]]]:
@@ -108,8 +108,8 @@ def _token_cases(make: Callable) -> Callable[[], Iterator[tuple[str, tuple, dict
 def _gae_inputs(B, T, mask, gen):
     import torch
 
-    rewards = _garbage(torch.randn(B, T, generator=gen), mask, gen)
-    values = _garbage(torch.randn(B, T, generator=gen), mask, gen)
+    rewards = _garbage(torch.randn(B, T, generator=gen, device="cpu"), mask, gen)
+    values = _garbage(torch.randn(B, T, generator=gen, device="cpu"), mask, gen)
     return (rewards, values, mask, 0.9, 0.8), {}
 
 
@@ -124,7 +124,7 @@ def _gae_loop(rewards, values, mask, gamma, lam, next_value_at_end, carry, retur
     import torch
 
     B, T = rewards.shape
-    adv = torch.zeros(B, T, dtype=torch.float32)
+    adv = torch.zeros(B, T, dtype=torch.float32, device="cpu")
     for b in range(B):
         n = int(mask[b].sum())
         a_next = 0.0
@@ -134,8 +134,8 @@ def _gae_loop(rewards, values, mask, gamma, lam, next_value_at_end, carry, retur
             delta = float(rewards[b, t]) + gamma * v_next - float(values[b, t])
             a_next = delta + carry(gamma, lam) * a_next
             adv[b, t] = a_next
-    ret = adv + torch.where(mask, values, torch.zeros(())) if returns_fn is None else returns_fn(rewards, values, mask, adv)
-    return adv, torch.where(mask, ret, torch.zeros(()))
+    ret = adv + torch.where(mask, values, torch.zeros((), device="cpu")) if returns_fn is None else returns_fn(rewards, values, mask, adv)
+    return adv, torch.where(mask, ret, torch.zeros((), device="cpu"))
 
 
 def _terminal(values, b, t, n):
@@ -195,9 +195,9 @@ def _gae_locate(inputs, index, got) -> str:
 def _policy_inputs(B, T, mask, gen):
     import torch
 
-    old = -torch.rand(B, T, generator=gen) * 3  # log-probs
-    logp = old + 0.4 * torch.randn(B, T, generator=gen)  # ratios from ~0.45 to ~2.2: some clipped
-    adv = torch.randn(B, T, generator=gen)
+    old = -torch.rand(B, T, generator=gen, device="cpu") * 3  # log-probs
+    logp = old + 0.4 * torch.randn(B, T, generator=gen, device="cpu")  # ratios from ~0.45 to ~2.2: some clipped
+    adv = torch.randn(B, T, generator=gen, device="cpu")
     return (_garbage(logp, mask, gen), _garbage(old, mask, gen), _garbage(adv, mask, gen), mask, 0.2), {}
 
 
@@ -212,8 +212,8 @@ def _policy_variant(kind: str):
         import torch
 
         m = mask.float()
-        lr = torch.where(mask, logp - old_logp, torch.zeros(()))
-        a = torch.where(mask, advantages, torch.zeros(()))
+        lr = torch.where(mask, logp - old_logp, torch.zeros((), device="cpu"))
+        a = torch.where(mask, advantages, torch.zeros((), device="cpu"))
         ratio = torch.exp(-lr if kind == "inverted" else lr)
         if kind == "detached":
             ratio = ratio.detach()
@@ -262,9 +262,9 @@ def _loss_locate(what: str) -> Callable[[tuple, tuple[int, ...], float], str]:
 def _kl_inputs(B, T, mask, gen):
     import torch
 
-    logp = -torch.rand(B, T, generator=gen) * 4
-    ref = logp + 0.5 * torch.randn(B, T, generator=gen)
-    scores = 2 * torch.randn(B, generator=gen)
+    logp = -torch.rand(B, T, generator=gen, device="cpu") * 4
+    ref = logp + 0.5 * torch.randn(B, T, generator=gen, device="cpu")
+    scores = 2 * torch.randn(B, generator=gen, device="cpu")
     return (scores, _garbage(logp, mask, gen), _garbage(ref, mask, gen), mask, 0.1), {}
 
 
@@ -281,9 +281,9 @@ def _kl_variant(kind: str):
         kl = ref_logp - logp if kind == "sign" else logp - ref_logp
         r = -kl_coef * kl
         if kind != "unmasked":
-            r = torch.where(mask, r, torch.zeros(()))
+            r = torch.where(mask, r, torch.zeros((), device="cpu"))
         if kind == "every-token":
-            return r + torch.where(mask, scores[:, None], torch.zeros(()))
+            return r + torch.where(mask, scores[:, None], torch.zeros((), device="cpu"))
         last = torch.full_like(scores, r.shape[1] - 1, dtype=torch.long) if kind == "last-column" \
             else mask.sum(1) - 1
         if kind == "first-token":
@@ -325,7 +325,7 @@ def _group_cases() -> Iterator[tuple[str, tuple, dict]]:
     for seed in SEEDS:
         for G, n in GROUPS:
             gen = _generator(seed * 100 + G * 10 + n)
-            scores = torch.randn(G * n, generator=gen) * 3 + 1
+            scores = torch.randn(G * n, generator=gen, device="cpu") * 3 + 1
             scores[:G] = 0.5  # one group of equal scores: std 0, advantages 0
             yield f"seed {seed}, G={G}, {n} groups (the first one all equal)", (scores, G), {}
 
@@ -382,10 +382,10 @@ def _dpo_cases() -> Iterator[tuple[str, tuple, dict]]:
     for seed in SEEDS:
         for B in (1, 5, 16):
             gen = _generator(seed * 100 + B)
-            logps = [-torch.rand(B, generator=gen) * 60 - 5 for _ in range(4)]  # summed log-probs
+            logps = [-torch.rand(B, generator=gen, device="cpu") * 60 - 5 for _ in range(4)]  # summed log-probs
             yield f"seed {seed}, B={B}, beta 0.1", (*logps, 0.1), {}
         gen = _generator(seed + 7)
-        pc, pr, rc, rr = (-torch.rand(4, generator=gen) * 60 - 5 for _ in range(4))
+        pc, pr, rc, rr = (-torch.rand(4, generator=gen, device="cpu") * 60 - 5 for _ in range(4))
         pr = pr.clone()
         pr[0] = pc[0] + 6000.0  # beta * h = 0.1 * (-6000 + ...) ~ -600: log sigmoid must not be -inf
         yield f"seed {seed}, B=4, beta 0.1, one pair with beta*h near -600", (pc, pr, rc, rr, 0.1), {}
