@@ -73,7 +73,9 @@ class PromptLimitArgs:
 
 
 GENERATION_BATCH_HELP = ("prompts per generate() call on the CPU; on a CUDA GPU at least this many, all of them "
-                         "where free GPU memory holds their KV cache (rollout/core.py generation_rows)")
+                         "where free GPU memory holds their KV cache (rollout/core.py generation_rows). Formerly "
+                         "generation_batch_size, which now means TRL's (GRPO: completions per generation; "
+                         "core/trl_batch.py)")
 
 
 @dataclass
@@ -84,7 +86,7 @@ class EvalSamplingArgs:
     num_eval_prompts: int = option(48, "held-out prompts for the judged win rate over the starting model (0 = skip)")
     eval_samples_per_prompt: int = option(2, "completions per held-out prompt, before and after training")
     max_new_tokens: int = option(64, "response length limit of the evaluation samples")
-    generation_batch_size: int = option(16, GENERATION_BATCH_HELP)
+    prompts_per_generate: int = option(16, GENERATION_BATCH_HELP)
 
 
 @dataclass
@@ -97,7 +99,7 @@ class JudgedEvalArgs(EvalSamplingArgs):
     temperature: float = option(1.0, "sampling temperature of the evaluation samples")
 
     def validate(self) -> None:
-        for k in ("max_new_tokens", "eval_samples_per_prompt", "generation_batch_size"):
+        for k in ("max_new_tokens", "eval_samples_per_prompt", "prompts_per_generate"):
             check(getattr(self, k) >= 1, f"{k} ({getattr(self, k)}) must be >= 1")
         check(self.temperature > 0, f"temperature ({self.temperature}) must be > 0")
         check(self.num_eval_prompts >= 0, f"num_eval_prompts ({self.num_eval_prompts}) must be >= 0")
@@ -109,6 +111,9 @@ class OptimizerArgs:
 
     lr: float = option(1e-4, "AdamW learning rate")
     warmup_steps: int = option(4, "linear lr warm-up, in optimiser steps")
+    warmup_ratio: float = option(0.0, "linear lr warm-up as a share of the run's planned optimiser steps, rounded up "
+                                 "(transformers' warmup_ratio; a TRL warmup_steps below 1 means the same); 0 = "
+                                 "warmup_steps decides")
     lr_scheduler_type: str = option("constant", "the lr after warm-up: constant; linear = decays to 0 at the last "
                                     "planned step; cosine = half a cosine to 0 (transformers' schedules; RL runs plan "
                                     "iterations x update epochs x mini-batches steps)", LR_SCHEDULES)
@@ -119,6 +124,7 @@ class OptimizerArgs:
     def validate(self) -> None:
         check(self.lr > 0, f"lr ({self.lr}) must be > 0")
         check(self.warmup_steps >= 0, f"warmup_steps ({self.warmup_steps}) must be >= 0")
+        check(0 <= self.warmup_ratio < 1, f"warmup_ratio ({self.warmup_ratio}) must be in [0, 1)")
         check(self.weight_decay >= 0, f"weight_decay ({self.weight_decay}) must be >= 0")
         check(self.adam_eps > 0, f"adam_eps ({self.adam_eps}) must be > 0")
         check(self.max_grad_norm > 0, f"max_grad_norm ({self.max_grad_norm}) must be > 0")

@@ -74,7 +74,7 @@ class RLConfig(Protocol):
     num_eval_prompts: int
     eval_samples_per_prompt: int  # held-out completions per prompt
     trunk_cache_mb: float  # 0: never keep the frozen trunk's output for the update
-    generation_batch_size: int
+    prompts_per_generate: int
     max_new_tokens: int
 
 
@@ -156,10 +156,10 @@ def sample_rollout(actor, tok, records, cfg, params: SamplingParams, seed: int, 
     with autocast(cfg.dtype, device):
         if backend is None:
             torch.manual_seed(seed)
-            rollout = generate(actor.policy, tok, formatted, params, batch_size=cfg.generation_batch_size,
+            rollout = generate(actor.policy, tok, formatted, params, batch_size=cfg.prompts_per_generate,
                                share_prompts=actor.share_prompts, share_prefix=actor.share_prefix)
         else:
-            rollout = backend.generate(actor.policy, tok, formatted, params, seed, cfg.generation_batch_size,
+            rollout = backend.generate(actor.policy, tok, formatted, params, seed, cfg.prompts_per_generate,
                                        share_prompts=actor.share_prompts, share_prefix=actor.share_prefix)
     t1 = time.perf_counter()
     rollout.prompts = [str(r["prompt"]) for r in records]
@@ -179,7 +179,7 @@ def sample_episodes(actor, tok, records, cfg, params: SamplingParams, seed: int,
     t0 = time.perf_counter()
     with autocast(cfg.dtype, device):
         rollout = generate_episodes(actor.policy, tok, make_env, records, params, cfg.max_turns, cfg.max_total_tokens,
-                                    seed=seed, batch_size=cfg.generation_batch_size,
+                                    seed=seed, batch_size=cfg.prompts_per_generate,
                                     share_prompts=actor.share_prompts, share_prefix=actor.share_prefix, fmt=cfg,
                                     sample_ids=getattr(backend, "generate_ids", generate_ids),
                                     reuse_cache=getattr(backend, "name", "hf") == "hf")
@@ -200,7 +200,7 @@ def evaluate_episodes(model, tok, records, make_env, cfg: RLConfig, params: Samp
     device = next(model.parameters()).device
     with autocast(cfg.dtype, device):
         ro = generate_episodes(model, tok, make_env, records, params, cfg.max_turns, cfg.max_total_tokens, seed=seed,
-                               batch_size=cfg.generation_batch_size * k, fmt=cfg, reuse_cache=True)
+                               batch_size=cfg.prompts_per_generate * k, fmt=cfg, reuse_cache=True)
     scores = ro.scores.tolist()
     mean, std = mean_std(scores)
     return {"mean": mean, "std": std, "n": len(scores), **env_rates(ro.info),
@@ -217,7 +217,7 @@ def evaluate_reward(model, tok, records, reward_fn, cfg: RLConfig, params: Sampl
     # k x the rollout's generation batch: as many generate() calls as with one sample, whose fixed
     # per-token cost (small ops, the cache) dominates CPU decoding
     completions, scores = sample_and_score(model, tok, records, formatted, reward_fn, params, seed,
-                                           cfg.generation_batch_size * k, cfg.dtype)
+                                           cfg.prompts_per_generate * k, cfg.dtype)
     mean, std = mean_std(scores)
     return {"mean": mean, "std": std, "n": len(scores),
             "samples": [{"prompt": r["prompt"], "completion": c, "score": x}
