@@ -52,6 +52,7 @@ ALIASES: dict[str, tuple[str, ...]] = {
     "train_dataset": ("prompts", "prefs", "data"),
     "eval_dataset": ("eval_prompts", "eval_data"),
     "eval_dataset_name": ("eval_prompts", "eval_data"),
+    "dataset_test_split": ("eval_split",),
     # one name per concept across rlhfkit's own commands
     "data": ("prefs", "prompts"),
     "prefs": ("data",),

@@ -216,7 +216,7 @@ def build_config(cls: type[C], values: dict[str, Any], source: str = "",
     fields = _fields(cls)
     hints = typing.get_type_hints(cls)
     problems = list(problems or [])
-    values, said = _trl_values(cls, values, problems)
+    values, said = _trl_values(cls, values, problems, source)
     kwargs, bad = {}, set()
     for given, raw in values.items():
         if given == FROZEN_FLAG:  # {**vars(cfg), ...} of a built config carries the flag: not an option
@@ -245,20 +245,24 @@ def build_config(cls: type[C], values: dict[str, Any], source: str = "",
     return freeze(_construct(cls, {**_init_values(cfg), **derived_values(cfg)}))
 
 
-def _trl_values(cls: type, values: dict[str, Any], problems: list[str]) -> tuple[dict[str, Any], str | None]:
-    """`values` with TRL's batch options as the rlhfkit options of the same work per step
-    (core/trl_batch.py) and a peft LoraConfig as the lora options (core/trl_peft.py), and the line
-    that says what a step does (None: no TRL batch name). A problem is added to `problems`."""
+def _trl_values(cls: type, values: dict[str, Any], problems: list[str],
+                source: str = "") -> tuple[dict[str, Any], str | None]:
+    """`values` with TRL's keys read as TRL reads them: a peft LoraConfig as the lora options
+    (core/trl_peft.py), its data keys (``datasets:`` mixtures) as the data option (core/trl_data.py),
+    its batch options as the rlhfkit options of the same work per step (core/trl_batch.py); and the
+    line that says what a step does (None: no TRL batch name). A problem is added to `problems`."""
+    from rlhfkit.core.trl_data import TOP_KEYS, trl_data_values
     from rlhfkit.core.trl_peft import peft_values
 
     fields = _fields(cls)
-    canonical = {str(k): canonical_key(str(k), fields) or str(k) for k in values}
     try:
-        values = peft_values(fields, values)
+        values = trl_data_values(fields, peft_values(fields, values))
+        canonical = {str(k): canonical_key(str(k), fields) or str(k) for k in values}
         values, said = trl_batch_values(fields, values, canonical)
     except ConfigError as e:
-        problems.append(f"{cls.__name__}: {e}" if not str(e).startswith(cls.__name__) else str(e))
-        return {k: v for k, v in values.items() if str(k) not in kept_names(fields) and k != "peft_config"}, None
+        problems.append(f"{source}: {e}" if source else str(e))
+        dropped = {*kept_names(fields), "peft_config", *TOP_KEYS} - set(fields)
+        return {k: v for k, v in values.items() if str(k) not in dropped}, None
     return values, said
 
 

@@ -365,13 +365,22 @@ def reward_options(cfg) -> MappingProxyType:
 
 
 @dataclass
-class RolloutArgs(EvalSamplingArgs):
+class EvalSplitArgs:
+    """Which split of the data is evaluated on (the online trainers, SFT, RM): data/splits.py."""
+
+    eval_split: str = option("test", "the split of the data evaluated on (a built-in or Hub split, or records whose "
+                             "`split` field has this value; TRL's dataset_test_split). Data without it is evaluated "
+                             "on its training records, and the evaluation line says so")
+
+
+@dataclass
+class RolloutArgs(EvalSplitArgs, EvalSamplingArgs):
     """The online trainers' loop (PPO, TRPO, the GRPO family, online DPO): prompts, iterations, what is written."""
 
     prompts: str = option("builtin:reviews", "prompts: builtin:reviews|stories|arithmetic|instructions|python-tasks or a "
                           "JSONL/CSV/TXT file")
-    eval_prompts: str | None = option(None, "held-out prompts for the before/after check (default: test split of "
-                                      "`prompts`)")
+    eval_prompts: str | None = option(None, "held-out prompts for the before/after check (default: the eval_split "
+                                      "of `prompts`; without one, a fixed sample of its training prompts, said so)")
     iterations: int = option(18, "iterations (rollout + update)")
     reward_weights: list[float] | None = option(None, "one weight per reward in `reward` (None: 1 each)")
     trunk_cache_mb: float = option(512.0, "with lora_layers, the layers below the adapted ones run once per rollout: "
@@ -454,11 +463,14 @@ class DataArgs:
 
 
 @dataclass
-class ExamplesArgs(DataArgs):
+class ExamplesArgs(EvalSplitArgs, DataArgs):
     """Examples read whole, with a held-out share (SFT, RM)."""
 
-    eval_data: str | None = option(None, "held-out pairs (default: records with split=test, else eval_fraction of data)")
-    eval_fraction: float = option(0.1, "share of `data` held out when it has no split field and no eval_data")
+    eval_data: str | None = option(None, "held-out pairs (default: records of eval_split; without them, the training "
+                                   "pairs, or eval_fraction of them held back)")
+    eval_fraction: float = option(0.0, "share of `data` held back from training for evaluation when it has no "
+                                  "eval_split and no eval_data (0: hold nothing back, as TRL does; the evaluation "
+                                  "then runs on training records and says so)")
     max_steps: int = option(0, "optimiser steps; 0 = epochs x ceil(pairs / batch_size)")
     max_length: int = option(256, "tokens per formatted prompt + response; longer texts lose their beginning")
     eval_every: int = option(0, "evaluate every N optimiser steps (0 = only before and after training)")
