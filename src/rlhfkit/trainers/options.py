@@ -463,11 +463,17 @@ class DataArgs:
 
 
 @dataclass
-class ExamplesArgs(EvalSplitArgs, DataArgs):
-    """Examples read whole, with a held-out share (SFT, RM)."""
+class EvalDataArgs:
+    """Held-out data given apart from the training data (TRL's eval_dataset): SFT, RM, DPO, KTO."""
 
     eval_data: str | None = option(None, "held-out pairs (default: records of eval_split; without them, the training "
                                    "pairs, or eval_fraction of them held back)")
+
+
+@dataclass
+class ExamplesArgs(EvalSplitArgs, EvalDataArgs, DataArgs):
+    """Examples read whole, with a held-out share (SFT, RM)."""
+
     eval_fraction: float = option(0.0, "share of `data` held back from training for evaluation when it has no "
                                   "eval_split and no eval_data (0: hold nothing back, as TRL does; the evaluation "
                                   "then runs on training records and says so)")
