@@ -22,6 +22,9 @@ def test_before_after_names_the_metric():
         ("samples", 4.0, 4.0)]
     assert before_after({"eval_before": 0.1, "eval_after": 0.3}, {"judge": "sentiment"}) == [
         ("mean judged score of held-out samples (judge=sentiment)", 0.1, 0.3)]
+    # data without a held-out split was evaluated on training prompts (summary.json's eval_on): said so
+    assert before_after({**summary, "eval_on": "training"}, {"reward": "sentiment"})[0] == (
+        "mean training-prompt reward (reward=sentiment)", 0.25, 0.75)
 
 
 def test_key_charts_first_and_cost_last():

@@ -392,7 +392,8 @@ class RLRun:
         run.print(f"[eval] change: {after['mean'] - before['mean']:+.3f} on "
                   f"{eval_phrase(len(self.eval_records), 'prompts', self.eval_from)}, "
                   f"{after['n']} samples ({source}, T={cfg.temperature})")
-        run.summary.update({"eval_after": after, "eval_change": after["mean"] - before["mean"]})
+        run.summary.update({"eval_after": after, "eval_change": after["mean"] - before["mean"],
+                            "eval_on": self.eval_from})
 
     def finish(self) -> dict:
         """RUN/final: the policy (adapter or full weights), value head, tokenizer; merged weights on
