@@ -118,6 +118,10 @@ def test_rlhfkit_former_generation_batch_size_is_prompts_per_generate(capsys):
     assert GRPOConfig(generation_batch_size=16, num_generations=4).rollout_batch_size == 16
     assert PPOConfig(generation_batch_size=4).prompts_per_generate == 4
     assert "generation_batch_size is now called prompts_per_generate" in capsys.readouterr().err
+    # a config.yaml saved before the rename (rollout_batch_size beside it): the former name, so it resumes
+    old = GRPOConfig(generation_batch_size=64, rollout_batch_size=32, mini_batch_size=32, group_size=8)
+    assert (old.prompts_per_generate, old.rollout_batch_size, old.mini_batch_size) == (64, 32, 32)
+    assert "read here as the former name beside rollout_batch_size" in capsys.readouterr().err
 
 
 def test_warmup_ratio_and_trl_fractional_warmup_steps():

@@ -95,10 +95,13 @@ def trl_batch_values(fields: Iterable[str], values: dict[str, Any],
     notes = []
     if "warmup_ratio" in fields and _fraction(values.get("warmup_steps")):  # TRL: warmup_steps < 1 is a ratio
         values["warmup_ratio"], values["warmup_steps"] = float(values["warmup_steps"]), 0
-    if kind != "group" and "generation_batch_size" in values and OWN_GENERATE in fields:
+    own_sizes = any(canonical.get(k, k) in ("rollout_batch_size", "mini_batch_size") for k in values)
+    former = kind == "group" and own_sizes and not set(values) & (set(BATCH_NAMES) - {"generation_batch_size"})
+    if (kind != "group" or former) and "generation_batch_size" in values and OWN_GENERATE in fields:
         values[OWN_GENERATE] = values.pop("generation_batch_size")
         notes.append(f"generation_batch_size is now called {OWN_GENERATE} (prompts per generate() call; "
-                     "in GRPO generation_batch_size is TRL's: completions per generation)")
+                     "in GRPO generation_batch_size is TRL's: completions per generation"
+                     f"{', read here as the former name beside rollout_batch_size' if former else ''})")
     trl = {k: values.pop(k) for k in BATCH_NAMES if k in values and k in kept_names(fields)}
     max_steps = values.pop("max_steps") if kind == "group" and "max_steps" in values else None
     if not trl:
