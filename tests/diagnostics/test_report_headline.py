@@ -59,7 +59,8 @@ def test_the_report_of_a_run_opens_with_its_before_after_block(tmp_path, tiny_mo
                         config_defaults=config_defaults).read_text()
     assert html.index("id='headline'") < html.index("id='runs'") < html.index("id='metrics'")
     headline = html[html.index("id='headline'"):html.index("id='runs'")]
-    assert "<td>mean held-out reward (reward=length:3)</td>" in headline and "<th>change</th>" in headline
+    # p.txt has no held-out split: the evaluation ran on training prompts, and the headline says so
+    assert "<td>mean training-prompt reward (reward=length:3)</td>" in headline and "<th>change</th>" in headline
     metrics = html[html.index("id='metrics'"):html.index("id='samples'")]
     assert re.search(r"<h3>([^<]*)</h3>", metrics).group(1) == "key metrics"
     assert metrics.index("rollout/reward_mean") < metrics.index("timing/")
