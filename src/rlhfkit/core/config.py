@@ -20,7 +20,7 @@ import yaml
 
 from rlhfkit.core.aliases import alias_hint, aliases_of, canonical_key
 from rlhfkit.core.bounds import check_count
-from rlhfkit.core.trl_batch import kept_names, trl_batch_values
+from rlhfkit.core.trl_batch import kept_names, trainer_kind, trl_batch_values
 from rlhfkit.errors import ConfigError
 
 C = TypeVar("C")
@@ -601,10 +601,13 @@ def help_text(cls: type, prog: str) -> str:
         extra += f" (also: {', '.join(also)})" if also else ""
         lines.append(f"  {f.name} ({tname}, default {default!r}){extra}")
         lines.append(f"      {f.metadata.get('help', '')}")
-    trl = sorted(kept_names(fields))
+    generation = {"generation_batch_size", "steps_per_generation", "num_iterations"}  # GRPO's only
+    trl = sorted(kept_names(fields) - generation if trainer_kind(fields) != "group" else kept_names(fields))
     if trl:
         lines += ["", f"TRL's names, read together as TRL reads them (the same work per optimiser step; a run "
                   f"prints one line saying what a step does): {', '.join(trl)}"]
+    if "generation_batch_size" in kept_names(fields) and trainer_kind(fields) != "group":
+        lines += ["generation_batch_size: the former name of prompts_per_generate (still read, with a note)"]
     if "lora" in fields:
         lines += ["peft_config: a peft LoraConfig (Python) or a mapping of its fields (YAML): its r, lora_alpha, "
                   "lora_dropout, target_modules; None = full fine-tuning"]
