@@ -100,7 +100,7 @@ ALL = list(GRPO_CONFIGS) + list(DPO_CONFIGS) + list(TRL_CONFIGS)
 GRPO_RUN = {"dtype": "fp32", "num_eval_prompts": 0, "quiet": True, "tensorboard": False, "save_every": 0}
 DPO_RUN = {"dtype": "fp32", "num_eval_prompts": 0, "quiet": True, "tensorboard": False, "save_every": 0}
 # --smoke: a much smaller work that only checks the plumbing (figures meaningless; never written to the docs).
-SMOKE = {"grpo": {"rollout_batch_size": 16, "generation_batch_size": 16, "mini_batch_size": 8, "micro_batch_size": 4,
+SMOKE = {"grpo": {"rollout_batch_size": 16, "prompts_per_generate": 16, "mini_batch_size": 8, "micro_batch_size": 4,
                   "max_new_tokens": 4},
          "dpo": {"batch_size": 8, "micro_batch_size": 4}}
 smoke = False  # set by main()
@@ -221,7 +221,7 @@ def grpo_flops(cfg, shapes: dict[int, dict]) -> list[dict[str, int]]:
     """work_flops.grpo_rollout of each iteration that grpo_shapes recorded, in iteration order."""
     shape = model_shape(cfg.model)
     return [work_flops.grpo_rollout(shape, s["sampled"], s.get("updated", []), lora_rank(cfg), cfg.lora_layers,
-                                    cfg.update_epochs, s["prefix"], -(-s["rows"] // (cfg.generation_batch_size or s["rows"])),
+                                    cfg.update_epochs, s["prefix"], -(-s["rows"] // (cfg.prompts_per_generate or s["rows"])),
                                     -(-sum(len(r) for _, r in s.get("updated", [])) // cfg.micro_batch_size))
             for s in [shapes[it] for it in sorted(shapes)]]
 

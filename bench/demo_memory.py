@@ -56,8 +56,8 @@ DEMOS = {
 # prompt / response of its data (SmolLM2 tokenizer, chat template): reviews prompts 54 tokens,
 # arithmetic 62, arithmetic-tool with its worked examples ~260 (responses up to max_total_tokens),
 # prefs_reviews pairs 54 + at most 36 (+ stop), instructions at most 113 in all.
-PPO = "method=ppo lora_layers=12 micro_batch_size=8 prompt_length=54 max_new_tokens=48 generation_batch_size=48"
-GRPO = "method=grpo micro_batch_size=16 group_size=8 prompt_length=62 max_new_tokens=16 generation_batch_size=64 rollout_batch_size=64"
+PPO = "method=ppo lora_layers=12 micro_batch_size=8 prompt_length=54 max_new_tokens=48 prompts_per_generate=48"
+GRPO = "method=grpo micro_batch_size=16 group_size=8 prompt_length=62 max_new_tokens=16 prompts_per_generate=64 rollout_batch_size=64"
 GRPO_MINI = GRPO + " mini_batch_size=32"
 DPO = "method=dpo micro_batch_size=8 group_size=2 prompt_length=54 max_new_tokens=37"
 ESTIMATES = {
@@ -72,7 +72,7 @@ ESTIMATES = {
     "rloo": GRPO + " mini_batch_size=64",  # RLOO updates the rollout whole (its mini_batch_size None)
     "reinforce_pp": GRPO.replace("group_size=8", "group_size=1"),  # a prompt per row
     "grpo multi-turn": "method=grpo micro_batch_size=16 group_size=8 prompt_length=260 max_new_tokens=128 "
-                       "generation_batch_size=64 rollout_batch_size=32 mini_batch_size=32",
+                       "prompts_per_generate=64 rollout_batch_size=32 mini_batch_size=32",
     "dpo": DPO, "simpo": DPO, "orpo": DPO,
     "kto": "method=dpo micro_batch_size=8 group_size=1 prompt_length=54 max_new_tokens=37",  # 16 unpaired rows
     "online-dpo": "method=dpo micro_batch_size=8 group_size=2 prompt_length=54 max_new_tokens=64",

@@ -82,9 +82,9 @@ WORK = {"ppo": {"prompts": "builtin:reviews", "reward": "length", "rollout_batch
                  "max_new_tokens": 64, "drop_zero_std_groups": False},
         "dpo": {"prefs": "builtin:prefs_reviews"}}
 SMOKE_WORK = {"ppo": {"rollout_batch_size": 4, "max_new_tokens": 4, "ppo_epochs": 1, "mini_batch_size": 4,
-                      "micro_batch_size": 2, "generation_batch_size": 4},
+                      "micro_batch_size": 2, "prompts_per_generate": 4},
               "grpo": {"rollout_batch_size": 4, "group_size": 2, "max_new_tokens": 4, "mini_batch_size": 4,
-                       "micro_batch_size": 2, "generation_batch_size": 4, "update_epochs": 1},
+                       "micro_batch_size": 2, "prompts_per_generate": 4, "update_epochs": 1},
               "dpo": {"batch_size": 4, "micro_batch_size": 2}}
 RUN = {"dtype": "bf16", "num_eval_prompts": 0, "quiet": True, "tensorboard": False, "save_every": 0,
        "run_name": "bench"}
@@ -341,7 +341,7 @@ def synced_after(device):
 
 @contextlib.contextmanager
 def rl_records(device):
-    """[per iteration: utilisation.rollout_shape of the scored rollout + generation_batch_size, and the sampling's
+    """[per iteration: utilisation.rollout_shape of the scored rollout + prompts_per_generate, and the sampling's
     generate calls and most rows in one (what rollout/core.py rows_per_call chose: on CUDA as many as fit)], recorded
     after each RLRun.logprob_pass; the log-prob pass and the update synchronise the device when they end."""
     from utilisation import rollout_shape
@@ -363,7 +363,7 @@ def rl_records(device):
     def record(fn):
         def inner(self, rollout, *a, **k):
             out = fn(self, rollout, *a, **k)
-            records.append({**rollout_shape(self, out), "generation_batch_size": self.cfg.generation_batch_size,
+            records.append({**rollout_shape(self, out), "prompts_per_generate": self.cfg.prompts_per_generate,
                             **generate_calls(calls)})
             calls.clear()
             return out
@@ -391,9 +391,9 @@ def metrics_rows(cfg, key: str) -> list[dict]:
 
 def decode_fields(r: dict, weight_bytes: int) -> dict:
     """Decode steps of one iteration and what its floor needs: generate calls (as recorded, else as
-    generation_batch_size makes them) x response width steps, the rows per call and their mean context (prompt +
+    prompts_per_generate makes them) x response width steps, the rows per call and their mean context (prompt +
     half the response)."""
-    calls = r.get("generate_calls") or -(-r["rows"] // (r["generation_batch_size"] or r["rows"]))
+    calls = r.get("generate_calls") or -(-r["rows"] // (r["prompts_per_generate"] or r["rows"]))
     return {"decode_steps": calls * r["response"], "decode_rows": -(-r["rows"] // calls),
             "decode_context": r["prompt"] + r["response"] / 2, "weight_bytes": weight_bytes}
 
@@ -430,7 +430,7 @@ def estimate_args(cfg, r: dict) -> dict:
     same = ("model", "dtype", "lora", "lora_r", "lora_layers", "micro_batch_size", "rollout_batch_size",
             "mini_batch_size")
     return {"method": "ppo", "device": "gpu", **{k: getattr(cfg, k) for k in same}, "prompt_length": r["prompt"],
-            "max_new_tokens": r["response"], "generation_batch_size": r.get("rows_per_call") or r["rows"]}
+            "max_new_tokens": r["response"], "prompts_per_generate": r.get("rows_per_call") or r["rows"]}
 
 
 def estimate_gb(cfg, r: dict) -> float:

@@ -113,7 +113,7 @@ def run_standard(name: str, iterations: int, dtype: str = "auto") -> list[dict]:
         for key, fn in orig.items():
             setattr(rl.RLRun, key, fn)
     return [{**r, "lora": cfg.lora, "lora_r": cfg.lora_r, "lora_layers": cfg.lora_layers, "epochs": cfg.ppo_epochs,
-             "generation_batch_size": cfg.generation_batch_size} for r in records]
+             "prompts_per_generate": cfg.prompts_per_generate} for r in records]
 
 
 def rollout_shape(rl_run, rollout) -> dict:
@@ -178,7 +178,7 @@ def render(header: str, peak: dict, bw: float, results: dict, dtype: str,
         # Sampling's two lower bounds: compute (FLOPs / peak) and memory (bytes per decode step / bandwidth).
         wb = 2 if dtype == "bf16" else 4
         steps = r0["response"] - 1
-        gen = r0["generation_batch_size"]
+        gen = r0["prompts_per_generate"]
         calls = -(-r0["rows"] // gen)
         rows = min(gen, r0["rows"])
         mem_s = calls * sum(decode_step_bytes(shape, rows, r0["prompt"] + t, wb, wb) for t in range(1, steps + 1)) / (bw * 1e9)
@@ -218,7 +218,7 @@ def main() -> None:
         f"; overrides {a.set}" if a.set else "")
     print(header, flush=True)
     dtype = resolve_dtype(a.dtype)
-    mb, gen = STANDARD["micro_batch_size"], STANDARD.get("generation_batch_size", STANDARD["rollout_batch_size"])
+    mb, gen = STANDARD["micro_batch_size"], STANDARD.get("prompts_per_generate", STANDARD["rollout_batch_size"])
     counts = {"decode": min(gen, STANDARD["rollout_batch_size"]), "teacher-forced": mb * 100,
               "head": mb * STANDARD["max_new_tokens"]}
     peak = measure_peak(counts)

@@ -65,7 +65,7 @@ def run_guarded(func: Callable[[], int], debug: bool = False) -> int:
         return 2
 
 
-OOM_KNOBS = ("lower micro_batch_size (and generation_batch_size), max_new_tokens or rollout_batch_size / "
+OOM_KNOBS = ("lower micro_batch_size (and prompts_per_generate), max_new_tokens or rollout_batch_size / "
              "batch_size, use dtype=bf16, gradient_checkpointing=true or lora=true")
 
 

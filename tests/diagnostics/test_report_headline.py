@@ -22,6 +22,9 @@ def test_before_after_names_the_metric():
         ("samples", 4.0, 4.0)]
     assert before_after({"eval_before": 0.1, "eval_after": 0.3}, {"judge": "sentiment"}) == [
         ("mean judged score of held-out samples (judge=sentiment)", 0.1, 0.3)]
+    # data without a held-out split was evaluated on training prompts (summary.json's eval_on): said so
+    assert before_after({**summary, "eval_on": "training"}, {"reward": "sentiment"})[0] == (
+        "mean training-prompt reward (reward=sentiment)", 0.25, 0.75)
 
 
 def test_key_charts_first_and_cost_last():
@@ -56,7 +59,8 @@ def test_the_report_of_a_run_opens_with_its_before_after_block(tmp_path, tiny_mo
                         config_defaults=config_defaults).read_text()
     assert html.index("id='headline'") < html.index("id='runs'") < html.index("id='metrics'")
     headline = html[html.index("id='headline'"):html.index("id='runs'")]
-    assert "<td>mean held-out reward (reward=length:3)</td>" in headline and "<th>change</th>" in headline
+    # p.txt has no held-out split: the evaluation ran on training prompts, and the headline says so
+    assert "<td>mean training-prompt reward (reward=length:3)</td>" in headline and "<th>change</th>" in headline
     metrics = html[html.index("id='metrics'"):html.index("id='samples'")]
     assert re.search(r"<h3>([^<]*)</h3>", metrics).group(1) == "key metrics"
     assert metrics.index("rollout/reward_mean") < metrics.index("timing/")

@@ -18,7 +18,7 @@ BLOCK = re.compile(r"^```python\n(.*?)^```", re.S | re.M)
 
 def test_the_examples_run_and_record_what_the_page_says(tmp_path, monkeypatch, tiny_model_dir):
     blocks = BLOCK.findall(PAGE.read_text(encoding="utf-8"))
-    assert len(blocks) == 6
+    assert len(blocks) == 7
     monkeypatch.chdir(tmp_path)
     namespace: dict = {"__name__": "__docs__"}
     out = io.StringIO()
@@ -33,6 +33,7 @@ def test_the_examples_run_and_record_what_the_page_says(tmp_path, monkeypatch, t
     assert "<not recorded: the callable exact_answer cannot be imported back" in printed
     assert "<not recorded: a Dataset object (32 rows, columns prompt, answer)" in printed
     assert "rollout_batch_size (10) must be divisible by group_size (4)" in printed
+    assert "8 8 4 1 0 8\n" in printed  # TRL's names: the same work per step, and the LoraConfig
 
 
 def test_a_module_level_reward_is_recorded_by_import_path_and_read_back(tmp_path):

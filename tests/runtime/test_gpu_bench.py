@@ -230,8 +230,8 @@ def test_generate_calls_count_the_rows_each_call_sampled():
     assert gpu.generate_calls([(64, 16)]) == {"generate_calls": 4, "rows_per_call": 16}
     assert gpu.generate_calls([(10, 4), (6, 6)]) == {"generate_calls": 3 + 1, "rows_per_call": 6}  # ceil(10 / 4) = 3
     assert gpu.generate_calls([]) == {}
-    # the decode steps follow the calls recorded, not generation_batch_size
-    r = {"rows": 64, "prompt": 20, "response": 128, "generation_batch_size": 16, "generate_calls": 1}
+    # the decode steps follow the calls recorded, not prompts_per_generate
+    r = {"rows": 64, "prompt": 20, "response": 128, "prompts_per_generate": 16, "generate_calls": 1}
     assert gpu.decode_fields(r, 2)["decode_steps"] == 128 and gpu.decode_fields(r, 2)["decode_rows"] == 64
 
 
@@ -246,7 +246,7 @@ def test_the_estimate_is_estimate_memory_of_the_same_run(tiny_model_dir, tmp_pat
     assert args == {"method": "ppo", "device": "gpu", "model": str(tiny_model_dir), "dtype": "bf16", "lora": True,
                     "lora_r": cfg.lora_r, "lora_layers": None, "micro_batch_size": cfg.micro_batch_size,
                     "rollout_batch_size": 256, "mini_batch_size": 64, "prompt_length": 37, "max_new_tokens": 512,
-                    "generation_batch_size": 128}
+                    "prompts_per_generate": 128}
     want = estimate(MemoryArgs(**{k: v for k, v in args.items() if k != "method"}, method="ppo"))
     # the KV cache of the 128 rows one call sampled: 2 x L x kv x d x 128 x (37 + 512) x 2 bytes
     s = resolve_shape(str(tiny_model_dir))
@@ -293,7 +293,7 @@ def test_smoke_sweep_runs_every_point_through_the_trainer(tiny_model_dir, tmp_pa
     for name, part in doc["parts"].items():
         rows, tokens = gpu.sweep_point(name)
         (u,) = part["units"]  # one iteration per point
-        # a random model never stops early; generation_batch_size 4 on the CPU: ceil(rows / 4) calls x tokens steps
+        # a random model never stops early; prompts_per_generate 4 on the CPU: ceil(rows / 4) calls x tokens steps
         assert u["decode_steps"] == -(-rows // 4) * tokens and u["estimate_gb"] > 0 and u["s"] > 0
         assert cells(proc.stdout, "tiny")[1] == "4 x 4"
 

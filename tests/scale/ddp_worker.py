@@ -236,7 +236,7 @@ def cli(model_dir: str, out: Path) -> None:
                  "max_sampling_rounds=4"],
         "kto": ["max_steps=1", "batch_size=4", "micro_batch_size=2", "num_eval_prompts=0", "max_response_length=16"],
         "online-dpo": ["prompts_per_iteration=2", "iterations=1", "max_new_tokens=6", "micro_batch_size=2",
-                       "generation_batch_size=4", "num_eval_prompts=0", "judge=length:3"],
+                       "prompts_per_generate=4", "num_eval_prompts=0", "judge=length:3"],
     }
     for name, args in commands.items():
         code = main([name, *common, f"run_name={name}", *args])

@@ -42,7 +42,7 @@ def test_counts_match_a_real_model_and_real_lora_adapters(tiny_model_dir):
 
 def test_components_by_hand_for_the_cpu_demo():
     args = build_config(MemoryArgs, dict(model="smollm2-135m", dtype="fp32", micro_batch_size=8, prompt_length=64,
-                                         max_new_tokens=48, generation_batch_size=16))
+                                         max_new_tokens=48, prompts_per_generate=16))
     est = estimate(args)
     assert est["policy weights"] == 134_515_008 * 4 + 4_884_480 * 4  # fp32 base + fp32 adapters
     assert est["gradients"] == 4_884_480 * 4 and est["optimiser"] == 4_884_480 * 8
@@ -124,7 +124,7 @@ def test_options_not_given_take_the_methods_trainer_defaults(method, config):
     shared = [k for k in TRAINER_OPTIONS if hasattr(trainer, k)]
     assert {"micro_batch_size", "lora_layers", "lora_r", "lora_dropout"} <= set(shared)
     for k in shared:
-        if method == "dpo" and k in ("max_new_tokens", "generation_batch_size"):
+        if method == "dpo" and k in ("max_new_tokens", "prompts_per_generate"):
             assert getattr(args, k) == getattr(MemoryArgs(), k)  # the estimate's own: DPO's are its samples'
         else:
             assert getattr(args, k) == getattr(trainer, k), k
@@ -149,7 +149,7 @@ def test_trainer_defaults_by_hand():
 
     grpo = for_method({"method": "grpo"})
     assert (grpo.micro_batch_size, grpo.group_size, grpo.rollout_batch_size, grpo.mini_batch_size,
-            grpo.max_new_tokens, grpo.generation_batch_size) == (16, 8, 64, 32, 16, 64)
+            grpo.max_new_tokens, grpo.prompts_per_generate) == (16, 8, 64, 32, 16, 64)
     assert for_method({"method": "ppo"}).lora_layers == 12  # rlhfkit ppo adapts the top 12 layers
     assert for_method({"method": "dpo"}).group_size == 2  # a pair's prompt runs once (share_prompts)
     assert for_method({"method": "sft"}).lora_dropout == 0.05
@@ -164,7 +164,7 @@ def test_cli_method_alone_equals_the_trainers_shapes_written_out(capsys):
     assert main(["method=grpo", "device=cpu", "prompt_length=62"]) == 0
     short = capsys.readouterr().out
     assert main(["method=grpo", "device=cpu", "prompt_length=62", "micro_batch_size=16", "group_size=8",
-                 "rollout_batch_size=64", "mini_batch_size=32", "max_new_tokens=16", "generation_batch_size=64",
+                 "rollout_batch_size=64", "mini_batch_size=32", "max_new_tokens=16", "prompts_per_generate=64",
                  "lora_layers=null"]) == 0
     assert capsys.readouterr().out == short
     assert main(["method=grpo", "device=cpu", "prompt_length=62", "micro_batch_size=8"]) == 0
@@ -194,7 +194,7 @@ def test_cpu_terms_by_hand_for_the_multi_turn_grpo_demo():
 
     args = build_config(MemoryArgs, dict(model="smollm2-135m", device="cpu", dtype="bf16", method="grpo",
                                          micro_batch_size=16, prompt_length=260, max_new_tokens=128,
-                                         generation_batch_size=64, group_size=8))
+                                         prompts_per_generate=64, group_size=8))
     est = estimate(args)
     assert est["process baseline"] == PROCESS_BASELINE == 0.41e9
     # 16 rows of 128 response tokens in groups of 8 sharing a 260-token prompt run 16 x 128 + 2 x 260
@@ -353,7 +353,7 @@ def test_trpo_terms_by_hand_for_its_cpu_demo():
     A = 54  # CPU activation bytes: bf16, LoRA without dropout
 
     args = dict(model="smollm2-135m", device="cpu", dtype="bf16", lora_layers=12, micro_batch_size=8,
-                prompt_length=54, max_new_tokens=48, generation_batch_size=48)
+                prompt_length=54, max_new_tokens=48, prompts_per_generate=48)
     trpo = estimate(build_config(MemoryArgs, {**args, "method": "trpo"}))
     ppo = estimate(build_config(MemoryArgs, {**args, "method": "ppo"}))
     T = 12 * 162_816  # LoRA r=16 on the top 12 layers
@@ -383,7 +383,7 @@ def test_the_micro_batch_that_fits_a_gpu_by_hand(capsys):
     shape = ModelShape(hidden=64, intermediate=128, layers=2, heads=4, kv_heads=2, vocab=1000, tied=True)
     args = build_config(MemoryArgs, dict(model="smollm2-135m", method="ppo", micro_batch_size=1, mini_batch_size=48,
                                          rollout_batch_size=48, prompt_length=32, max_new_tokens=64,
-                                         generation_batch_size=4))
+                                         prompts_per_generate=4))
     # one more row of a micro-batch adds its activations, L x S x H x 34 x b_c / 2 = 2 x 96 x 64 x 34 = 417,792
     # bytes, and its fused-head buffers, R x V x 8 = 64 x 1000 x 8 = 512,000 bytes
     per_row = 2 * 96 * 64 * 34 + 64 * 1000 * 8

@@ -318,3 +318,13 @@ def test_sharing_a_pairs_prompt_changes_no_result(tmp_path, tiny_model_dir, monk
         for key in ("loss/dpo", "rewards/chosen", "rewards/rejected", "logps/chosen", "logps/rejected",
                     "params/grad_norm"):
             assert shared[key] == pytest.approx(plain[key], rel=1e-4, abs=1e-5), key
+
+
+def test_eval_dataset_gives_the_held_out_pairs(tmp_path, tiny_model_dir):
+    """TRL's eval_dataset= (rlhfkit's eval_data): held-out pairs from their own file, used instead of the
+    training file's split=test records (here 8 of them; the separate file has 3)."""
+    held = tmp_path / "held.jsonl"
+    held.write_text("".join(json.dumps({"prompt": f"Review {i}.", "chosen": GOOD[i], "rejected": BAD[i]}) + "\n"
+                            for i in range(3)))
+    summary = train(tiny_cfg(tmp_path, tiny_model_dir, eval_dataset=str(held), max_steps=1))
+    assert summary["held_out_pairs"] == 3

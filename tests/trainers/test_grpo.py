@@ -353,3 +353,31 @@ def test_sharing_prompts_changes_no_result_of_a_run(tmp_path, tiny_model_dir, mo
         for key in ("loss/policy", "params/approx_kl", "params/grad_norm", "rollout/entropy"):
             assert shared[key] == pytest.approx(plain[key], rel=1e-4, abs=1e-6), key
         assert shared["params/ratio_first_microbatch_maxdev"] < 1e-5
+
+
+def test_evaluation_prompts_say_whether_they_are_held_out(tmp_path):
+    """A local file without a split: the before/after check runs on a fixed sample of its training
+    prompts and the change line says so; a split field or eval_prompts (TRL's eval_dataset) is held out."""
+    import json
+
+    from rlhfkit.core.config import build_config
+    from rlhfkit.data.splits import eval_phrase
+    from rlhfkit.trainers.grpo_config import GRPOConfig
+    from rlhfkit.trainers.rl import prepare_data
+
+    plain = tmp_path / "p.jsonl"
+    plain.write_text("\n".join(json.dumps({"prompt": f"{i}+1=", "answer": str(i + 1)}) for i in range(8)))
+    cfg = build_config(GRPOConfig, {"prompts": str(plain), "num_eval_prompts": 100})
+    _, train, held, source = prepare_data(cfg)
+    assert (len(train), len(held), source) == (8, 8, "training")
+    assert eval_phrase(len(held), "prompts", source) == (
+        "8 training prompts (the data has no held-out split; eval_dataset= or eval_split= to give one)")
+    tagged = tmp_path / "t.jsonl"
+    tagged.write_text("\n".join(json.dumps({"prompt": f"{i}+1=", "answer": str(i + 1), "split": ["train", "test"][i % 2]})
+                                for i in range(8)))
+    _, train, held, source = prepare_data(build_config(GRPOConfig, {"prompts": str(tagged)}))
+    assert (len(train), len(held), source) == (4, 4, "held-out")
+    cfg = build_config(GRPOConfig, {"prompts": str(plain), "eval_dataset": str(tagged)})
+    assert prepare_data(cfg)[3] == "held-out"
+    _, _, held, source = prepare_data(build_config(GRPOConfig, {"prompts": "builtin:arithmetic", "num_eval_prompts": 5}))
+    assert (len(held), source) == (5, "held-out")

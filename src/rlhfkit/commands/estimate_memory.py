@@ -25,7 +25,7 @@ PROG = "rlhfkit estimate-memory"
 # the command line's path), so `estimate-memory method=grpo` is the memory of `rlhfkit grpo` as it runs
 # by default; prompt_length (the data's) and the device options stay the estimate's own.
 TRAINER_OPTIONS = ("lora", "lora_r", "lora_layers", "lora_dropout", "gradient_checkpointing", "cpu_chunk_positions",
-                   "micro_batch_size", "max_new_tokens", "generation_batch_size", "rollout_batch_size",
+                   "micro_batch_size", "max_new_tokens", "prompts_per_generate", "rollout_batch_size",
                    "mini_batch_size", "group_size", "fvp_fraction", "distill_topk")
 
 def render(args: MemoryArgs, est: dict[str, float]) -> str:
@@ -48,17 +48,17 @@ WORKED = [  # LoRA rows on every layer (lora_layers=null; PPO's own default is t
      "model=smollm2-135m device=cpu dtype=fp32 lora_layers=null prompt_length=64 max_new_tokens=48"),
     ("135M, full fine-tuning, fp32, 1 CPU process",
      "model=smollm2-135m device=cpu lora=false dtype=fp32 prompt_length=64 max_new_tokens=48"),
-    ("1.7B, LoRA, bf16, 1 GPU", "model=smollm2-1.7b lora_layers=null prompt_length=256 max_new_tokens=256 generation_batch_size=64"),
+    ("1.7B, LoRA, bf16, 1 GPU", "model=smollm2-1.7b lora_layers=null prompt_length=256 max_new_tokens=256 prompts_per_generate=64"),
     ("8B, LoRA, bf16, 1 GPU, checkpointing", "model=llama-3-8b lora_layers=null micro_batch_size=4 prompt_length=512 max_new_tokens=512 "
-     "generation_batch_size=32 gradient_checkpointing=true"),
+     "prompts_per_generate=32 gradient_checkpointing=true"),
     ("7B, LoRA, bf16, 8 GPUs DDP, checkpointing", "model=llama-2-7b lora_layers=null num_devices=8 micro_batch_size=4 prompt_length=512 "
-     "max_new_tokens=512 generation_batch_size=32 gradient_checkpointing=true"),
+     "max_new_tokens=512 prompts_per_generate=32 gradient_checkpointing=true"),
     ("7B, full, bf16, 8 GPUs DDP", "model=llama-2-7b lora=false num_devices=8 micro_batch_size=4 prompt_length=512 "
-     "max_new_tokens=512 generation_batch_size=32"),
+     "max_new_tokens=512 prompts_per_generate=32"),
     ("7B, full, bf16, 8 GPUs ZeRO-3, checkpointing", "model=llama-2-7b lora=false num_devices=8 sharding=zero3 "
-     "micro_batch_size=4 prompt_length=512 max_new_tokens=512 generation_batch_size=32 gradient_checkpointing=true"),
+     "micro_batch_size=4 prompt_length=512 max_new_tokens=512 prompts_per_generate=32 gradient_checkpointing=true"),
     ("... and offload_reference", "model=llama-2-7b lora=false num_devices=8 sharding=zero3 micro_batch_size=4 "
-     "prompt_length=512 max_new_tokens=512 generation_batch_size=32 gradient_checkpointing=true offload_reference=true"),
+     "prompt_length=512 max_new_tokens=512 prompts_per_generate=32 gradient_checkpointing=true offload_reference=true"),
 ]
 WORKED_COLUMNS = ("process baseline", "policy weights", "gradients", "optimiser", "reference", "KV cache", "generation gather",
                   "merged LoRA", "activations", "logits", "heap retention", "peak")
@@ -80,12 +80,12 @@ def worked_table() -> str:
 
 def trainer_defaults(method: str) -> dict:
     """The defaults of `method`'s trainer for the options the estimate shares with it
-    (TRAINER_OPTIONS). DPO's max_new_tokens and generation_batch_size size its judged samples, not
+    (TRAINER_OPTIONS). DPO's max_new_tokens and prompts_per_generate size its judged samples, not
     its training, so they are not shared; its pairs share a prompt (group_size 2), as GRPO's groups
     do, while the trainer's share_prompts is on."""
     fields = dataclasses.fields(load(COMMANDS[method].config))
     defaults = {f.name: f.default for f in fields if f.default is not dataclasses.MISSING}
-    skip = ("max_new_tokens", "generation_batch_size") if method == "dpo" else ()
+    skip = ("max_new_tokens", "prompts_per_generate") if method == "dpo" else ()
     out = {k: defaults[k] for k in TRAINER_OPTIONS if k in defaults and k not in skip}
     if method == "dpo":
         out["group_size"] = 2 if defaults.get("share_prompts") else 1

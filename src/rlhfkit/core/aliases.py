@@ -52,6 +52,7 @@ ALIASES: dict[str, tuple[str, ...]] = {
     "train_dataset": ("prompts", "prefs", "data"),
     "eval_dataset": ("eval_prompts", "eval_data"),
     "eval_dataset_name": ("eval_prompts", "eval_data"),
+    "dataset_test_split": ("eval_split",),
     # one name per concept across rlhfkit's own commands
     "data": ("prefs", "prompts"),
     "prefs": ("data",),
@@ -66,8 +67,8 @@ ALIASES: dict[str, tuple[str, ...]] = {
 
 # names that have no one-to-one option: what to use instead
 HINTS: dict[str, str] = {
-    "gradient_accumulation_steps": "rlhfkit derives accumulation: batch_size (RL: mini_batch_size) / "
-                                   "micro_batch_size per process",
+    "gradient_accumulation_steps": "this command derives accumulation: mini_batch_size / micro_batch_size per "
+                                   "process (GRPO and the offline trainers read TRL's batch names as TRL does)",
     "report_to": "use tensorboard=true (the default when installed) and/or wandb=true",
     "logging_steps": "every iteration / optimiser step is logged",
     "bf16": "use dtype=bf16",
@@ -75,7 +76,6 @@ HINTS: dict[str, str] = {
     "use_vllm": "use generation_backend=vllm",
     "reward_model": "use reward=model:PATH (a folder or Hub id of a sequence-classification model)",
     "reward_model_path": "use reward=model:PATH (a folder or Hub id of a sequence-classification model)",
-    "warmup_ratio": "use warmup_steps (in optimiser steps)",
     "total_episodes": "use iterations x rollout_batch_size",
     "num_mini_batches": "use mini_batch_size (sequences per optimiser step)",
     "loss_type": "GRPO's loss aggregation is loss_agg (token-mean | seq-mean | constant)",

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import os
+import sys
 import types
 import typing
 from pathlib import Path
@@ -18,6 +20,7 @@ import yaml
 
 from rlhfkit.core.aliases import alias_hint, aliases_of, canonical_key
 from rlhfkit.core.bounds import check_count
+from rlhfkit.core.trl_batch import kept_names, trainer_kind, trl_batch_values
 from rlhfkit.errors import ConfigError
 
 C = TypeVar("C")
@@ -213,6 +216,7 @@ def build_config(cls: type[C], values: dict[str, Any], source: str = "",
     fields = _fields(cls)
     hints = typing.get_type_hints(cls)
     problems = list(problems or [])
+    values, said = _trl_values(cls, values, problems, source)
     kwargs, bad = {}, set()
     for given, raw in values.items():
         if given == FROZEN_FLAG:  # {**vars(cfg), ...} of a built config carries the flag: not an option
@@ -234,9 +238,39 @@ def build_config(cls: type[C], values: dict[str, Any], source: str = "",
     problems = list(dict.fromkeys(problems + _validation_problems(cfg, bad)))  # two classes may check one range
     if problems:
         raise ConfigError(problems[0] if len(problems) == 1 else f"{len(problems)} problems: " + "; ".join(problems))
+    if said and os.environ.get("RANK", "0").strip() in ("", "0"):  # once, from the main process
+        print(f"rlhfkit: {said}", file=sys.stderr, flush=True)
     if not isinstance(cfg, FrozenAfterValidation):
         return cfg
     return freeze(_construct(cls, {**_init_values(cfg), **derived_values(cfg)}))
+
+
+def _trl_values(cls: type, values: dict[str, Any], problems: list[str],
+                source: str = "") -> tuple[dict[str, Any], str | None]:
+    """`values` with TRL's keys read as TRL reads them: a peft LoraConfig as the lora options
+    (core/trl_peft.py), its data keys (``datasets:`` mixtures) as the data option (core/trl_data.py),
+    its batch options as the rlhfkit options of the same work per step (core/trl_batch.py); and the
+    line that says what a step does (None: no TRL batch name). A problem is added to `problems`."""
+    from rlhfkit.core.trl_data import TOP_KEYS, trl_data_values
+    from rlhfkit.core.trl_peft import peft_values
+
+    fields = _fields(cls)
+    try:
+        values = trl_data_values(fields, peft_values(fields, values))
+        canonical = {str(k): canonical_key(str(k), fields) or str(k) for k in values}
+        values, said = trl_batch_values(fields, values, canonical)
+    except ConfigError as e:
+        problems.append(f"{source}: {e}" if source else str(e))
+        dropped = {*kept_names(fields), "peft_config", *TOP_KEYS} - set(fields)
+        return {k: v for k, v in values.items() if str(k) not in dropped}, None
+    return values, said
+
+
+def _option_name(cls: type, given: str) -> str | None:
+    """The option of `cls` that `given` names, `given` itself where the config reads it as TRL does
+    (its batch names: core/trl_batch.py), or None."""
+    fields = _fields(cls)
+    return given if given in kept_names(fields) else canonical_key(given, fields)
 
 
 def _validation_problems(cfg: Any, bad: set[str]) -> list[str]:
@@ -400,6 +434,14 @@ def _first_line(exc: BaseException) -> str:
     return lines[0] if lines else type(exc).__name__
 
 
+def _yaml_scalar(val: str) -> Any:
+    """A command-line value read as YAML reads a scalar (``8`` -> 8), or the text as typed."""
+    try:
+        return yaml.safe_load(val) if val.strip() else ""
+    except (yaml.YAMLError, ValueError, RecursionError):
+        return val
+
+
 def _cli_value(cls: type, key: str, val: str) -> Any:
     """A command-line value: YAML scalars (1e-5 -> float, true -> bool, [a, b] -> list), but text
     fields keep the text as typed (run_name=007 stays '007')."""
@@ -436,13 +478,15 @@ def parse_values(cls: type, argv: list[str], prog: str) -> tuple[dict[str, Any],
             given, _, val = arg.partition("=")
             given = given.lstrip("-").replace("-", "_")
             key = canonical_key(given, _fields(cls))
-            if key is None:
+            if given in kept_names(_fields(cls)):  # read with its TRL companions by build_config
+                merged[given], sources[given] = _yaml_scalar(val), "command line"
+            elif key is None:
                 merged[given], sources[given] = val, "command line"
             else:
                 merged[key] = _cli_value(cls, key, val)
                 sources.pop(key, None)
         elif arg.endswith((".yaml", ".yml")):
-            data = {canonical_key(str(k), _fields(cls)) or k: v for k, v in read_yaml(arg).items()}
+            data = {_option_name(cls, str(k)) or k: v for k, v in read_yaml(arg).items()}
             merged.update(data)
             sources.update(dict.fromkeys(data, arg))
         elif arg.startswith("-"):
@@ -460,8 +504,8 @@ def _flag_values(cls: type, argv: list[str]) -> list[str]:
     while i < len(argv):
         arg = argv[i]
         following = argv[i + 1] if i + 1 < len(argv) else None
-        pair = following is not None and "=" in following and canonical_key(
-            following.partition("=")[0].replace("-", "_"), _fields(cls)) is not None  # key=value, not a value
+        pair = following is not None and "=" in following and _option_name(
+            cls, following.partition("=")[0].replace("-", "_")) is not None  # key=value, not a value
         takes_next = following is not None and not following.startswith("--") and not pair
         if arg == "--resume" and not takes_next:
             raise ConfigError("--resume needs a run folder: --resume RUN_DIR (or resume=auto)")
@@ -469,8 +513,9 @@ def _flag_values(cls: type, argv: list[str]) -> list[str]:
             out.append(following)
             i += 2
             continue
-        key = canonical_key(arg[2:].replace("-", "_"), _fields(cls)) if arg.startswith("--") and "=" not in arg else None
-        is_bool = key is not None and _base_type(typing.get_type_hints(cls)[key])[0] is bool
+        key = _option_name(cls, arg[2:].replace("-", "_")) if arg.startswith("--") and "=" not in arg else None
+        hints = typing.get_type_hints(cls)
+        is_bool = key in hints and _base_type(hints[key])[0] is bool
         if key is not None and takes_next and (not is_bool or str(following).lower() in BOOL_WORDS):
             out.append(f"{key}={following}")
             i += 2
@@ -556,6 +601,16 @@ def help_text(cls: type, prog: str) -> str:
         extra += f" (also: {', '.join(also)})" if also else ""
         lines.append(f"  {f.name} ({tname}, default {default!r}){extra}")
         lines.append(f"      {f.metadata.get('help', '')}")
+    generation = {"generation_batch_size", "steps_per_generation", "num_iterations"}  # GRPO's only
+    trl = sorted(kept_names(fields) - generation if trainer_kind(fields) != "group" else kept_names(fields))
+    if trl:
+        lines += ["", f"TRL's names, read together as TRL reads them (the same work per optimiser step; a run "
+                  f"prints one line saying what a step does): {', '.join(trl)}"]
+    if "generation_batch_size" in kept_names(fields) and trainer_kind(fields) != "group":
+        lines += ["generation_batch_size: the former name of prompts_per_generate (still read, with a note)"]
+    if "lora" in fields:
+        lines += ["peft_config: a peft LoraConfig (Python) or a mapping of its fields (YAML): its r, lora_alpha, "
+                  "lora_dropout, target_modules; None = full fine-tuning"]
     return "\n".join(lines)
 
 

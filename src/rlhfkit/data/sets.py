@@ -57,6 +57,8 @@ def load_split(spec: str, split: str | None = "train") -> Records:
     """
     if not isinstance(spec, str):
         return _select_split(in_memory_records(spec, split), split, "<in-memory data>")
+    if MIX in spec:
+        return mixture(spec, split)
     parsed = parse_spec(spec)
     name = builtin_name(spec)
     if name is not None:
@@ -80,6 +82,61 @@ def load_split(spec: str, split: str | None = "train") -> Records:
             records = records.subset(range(min(parsed.take, len(records))))
     records = cut_prompts(rename_columns(records, parsed.columns), parsed.words)
     return _select_split(records, parsed.split or split, spec)
+
+
+MIX = " + "  # several data specs read as one: TRL's dataset mixture (core/trl_data.py writes it)
+
+
+class MixedRecords(Records):
+    """Records of several sources, each record keeping its own location for error messages."""
+
+    def __init__(self, parts: list[tuple[Records, int]], source: str) -> None:
+        super().__init__((part[i] for part, i in parts), source=source)
+        self.origins = parts
+
+    def where(self, index: int) -> str:
+        part, i = self.origins[index]
+        return part.where(i)
+
+    def subset(self, indices) -> MixedRecords:
+        return MixedRecords([self.origins[i] for i in indices], self.source)
+
+
+def mixture(spec: str, split: str | None) -> Records:
+    """``A + B`` (TRL's ``datasets:`` mixture): the records of `split` of each part, in order. Parts
+    with ``fraction=F`` keep TRL's shares (trl/scripts/utils.py get_dataset): weights w = F / sum(F),
+    the largest total T with no part oversampled (min over parts of len / w), and the first
+    round(w x T) records of each part."""
+    parts, fractions = [], []
+    for text in spec.split(MIX):
+        text, fraction = _fraction_option(text.strip())
+        parts.append(load_split(text, split))
+        fractions.append(fraction)
+    if any(f is not None for f in fractions):
+        if any(f is None for f in fractions):
+            raise DataError(f"{spec}: fraction must be set for every dataset of the mixture or for none")
+        weights = [f / sum(fractions) for f in fractions]
+        total = min(len(p) / w for p, w in zip(parts, weights) if w > 0)
+        parts = [p.subset(range(round(w * total))) for p, w in zip(parts, weights)]
+    return MixedRecords([(p, i) for p in parts for i in range(len(p))], spec)
+
+
+def _fraction_option(text: str) -> tuple[str, float | None]:
+    """(the spec without its ``fraction=F`` option, F or None)."""
+    source, _, query = text.partition("?")
+    kept, fraction = [], None
+    for item in filter(None, query.split("&")):
+        key, _, value = item.partition("=")
+        if key.strip() != "fraction":
+            kept.append(item)
+            continue
+        try:
+            fraction = float(value)
+        except ValueError:
+            fraction = -1.0
+        if not fraction >= 0:
+            raise DataError(f"{text}: fraction expects a number >= 0, got {value!r}")
+    return (f"{source}?{'&'.join(kept)}" if kept else source), fraction
 
 
 def in_memory_records(data: Any, split: str | None) -> Records:

@@ -17,22 +17,24 @@ def _number(v: Any) -> bool:
     return isinstance(v, (int, float)) and not isinstance(v, bool)
 
 
-def eval_metric(config: dict[str, Any]) -> str:
-    """What the before/after evaluation measures, named from the run's config."""
+def eval_metric(config: dict[str, Any], on: str = "held-out") -> str:
+    """What the before/after evaluation measures, named from the run's config; `on`: what it ran on,
+    "held-out" or "training" prompts (summary.json's eval_on: data without a held-out split)."""
+    held = "held-out" if on != "training" else "training-prompt"
     if config.get("env"):
         return f"episode reward (env={config['env']})"
     if config.get("reward") is not None:
-        return f"held-out reward (reward={config['reward']})"
+        return f"{held} reward (reward={config['reward']})"
     if config.get("judge") is not None:
-        return f"judged score of held-out samples (judge={config['judge']})"
-    return "held-out score"
+        return f"judged score of {held} samples (judge={config['judge']})"
+    return f"{held} score"
 
 
 def before_after(summary: dict[str, Any], config: dict[str, Any]) -> list[tuple[str, float, float]]:
     """(metric name, before, after) for every number summary.json has both before and after training:
     `mean` becomes "mean held-out reward (reward=sentiment)", a plain number (DPO's judged mean) too."""
     b, a = summary.get("eval_before"), summary.get("eval_after")
-    what = eval_metric(config)
+    what = eval_metric(config, str(summary.get("eval_on", "held-out")))
     if _number(b) and _number(a):
         return [(f"mean {what}", float(b), float(a))]
     if not isinstance(b, dict) or not isinstance(a, dict):

@@ -143,7 +143,7 @@ class MemoryArgs:
     micro_batch_size: int = option(8, "sequences per forward/backward")
     prompt_length: int = option(128, "prompt tokens (padded width)")
     max_new_tokens: int = option(128, "response tokens")
-    generation_batch_size: int = option(16, "prompts per generate() call (the KV cache is for this many)")
+    prompts_per_generate: int = option(16, "prompts per generate() call (the KV cache is for this many)")
     group_size: int = option(1, "sequences of a micro-batch that share one prompt, run once (share_prompts: "
                              "GRPO's group_size, 2 for a DPO pair); 1 = every sequence runs its prompt")
     rollout_batch_size: int = option(16, "sequences per rollout (method=trpo: the policy step keeps their logits; "
@@ -161,7 +161,7 @@ class MemoryArgs:
 
     def validate(self) -> None:
         for k in ("lora_r", "num_devices", "micro_batch_size", "prompt_length", "max_new_tokens",
-                  "generation_batch_size", "group_size", "rollout_batch_size", "cpu_chunk_positions"):
+                  "prompts_per_generate", "group_size", "rollout_batch_size", "cpu_chunk_positions"):
             check(getattr(self, k) >= 1, f"{k} ({getattr(self, k)}) must be >= 1")
         check(self.mini_batch_size is None or self.mini_batch_size >= 1,
               f"mini_batch_size ({self.mini_batch_size}) must be >= 1")
@@ -206,7 +206,7 @@ def estimate(args: MemoryArgs, shape: ModelShape | None = None) -> dict[str, flo
         # the frozen copy keeps its linear layers in b_c, embeddings, norms and head in fp32 (models/policy.py)
         "reference": ((P - s.kept_fp32_in_reference()) * bc + s.kept_fp32_in_reference() * 4) if has_ref else 0,
         "value head": (s.hidden + 1) * 16 if args.method in ("ppo", "trpo") else 0,
-        "KV cache": kv_cache_bytes(s.layers, s.kv_heads, s.d, args.generation_batch_size * S, bc) if sampling else 0,
+        "KV cache": kv_cache_bytes(s.layers, s.kv_heads, s.d, args.prompts_per_generate * S, bc) if sampling else 0,
         "generation gather": P * bc if sampling and args.sharding == "zero3" else 0,
         "merged LoRA": s.adapted_count(args.lora_layers) * bc if merged_sampling else 0,
         "activations": acts,

@@ -79,7 +79,7 @@ def estimate_args(cfg, method: str, prompt_length: int, world: int) -> MemoryArg
                       lora_layers=cfg.lora_layers, dtype="bf16" if cfg.dtype == "bf16" else "fp32",
                       device="gpu", num_devices=world, gradient_checkpointing=cfg.gradient_checkpointing,
                       lora_dropout=cfg.lora_dropout, prompt_length=max(1, prompt_length),
-                      max_new_tokens=cfg.max_new_tokens, generation_batch_size=cfg.generation_batch_size,
+                      max_new_tokens=cfg.max_new_tokens, prompts_per_generate=cfg.prompts_per_generate,
                       group_size=group, rollout_batch_size=cfg.rollout_batch_size,
                       mini_batch_size=cfg.mini_batch_size)
 

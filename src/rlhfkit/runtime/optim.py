@@ -3,6 +3,7 @@ linearly decaying or cosine learning rate (`lr_scheduler_type`, transformers' sc
 
 from __future__ import annotations
 
+import math
 import os
 import sys
 from typing import Protocol
@@ -30,6 +31,7 @@ class OptimizerOptions(Protocol):
 
     lr: float
     warmup_steps: int
+    warmup_ratio: float
     weight_decay: float
     adam_eps: float
     lr_scheduler_type: str
@@ -37,12 +39,20 @@ class OptimizerOptions(Protocol):
 
 def optimizer_for(params, cfg: OptimizerOptions, total_steps: int | None):
     """make_optimizer with a trainer config's OptimizerArgs (lr, warmup_steps, weight_decay, adam_eps,
-    lr_scheduler_type) over a run of `total_steps` optimiser steps."""
-    warning = check_warmup(cfg.warmup_steps, total_steps, cfg.lr) if total_steps else None
+    lr_scheduler_type) over a run of `total_steps` optimiser steps; warmup_ratio > 0 makes the warm-up
+    ceil(total_steps x warmup_ratio) steps (transformers' rounding)."""
+    warmup = warmup_steps_of(cfg, total_steps)
+    warning = check_warmup(warmup, total_steps, cfg.lr) if total_steps else None
     if warning and os.environ.get("RANK", "0").strip() in ("", "0"):  # once, from the main process
         print(f"rlhfkit: warning: {warning}", file=sys.stderr, flush=True)
-    return make_optimizer(params, cfg.lr, cfg.warmup_steps, cfg.weight_decay, cfg.adam_eps,
+    return make_optimizer(params, cfg.lr, warmup, cfg.weight_decay, cfg.adam_eps,
                           schedule=cfg.lr_scheduler_type, total_steps=total_steps)
+
+
+def warmup_steps_of(cfg: OptimizerOptions, total_steps: int | None) -> int:
+    """The warm-up in optimiser steps: ceil(total_steps x warmup_ratio) when warmup_ratio > 0, else
+    warmup_steps."""
+    return math.ceil((total_steps or 0) * cfg.warmup_ratio) if cfg.warmup_ratio > 0 else cfg.warmup_steps
 
 
 def make_optimizer(params, lr: float, warmup_steps: int, weight_decay: float = 0.0, eps: float = 1e-8,

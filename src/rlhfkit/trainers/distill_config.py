@@ -75,7 +75,7 @@ class DistillConfig(TeacherArgs, SharePromptsArgs, PolicyGradientArgs, RolloutAr
     iterations = retune(30, "iterations (sample, score with the teacher, update)")
     rollout_batch_size = retune(64, "sequences per iteration and process, one per prompt")
     max_new_tokens = retune(16, "response length limit (student and teacher samples)")
-    generation_batch_size = retune(64, "prompts per generate() call on the CPU; on a CUDA GPU at least this "
+    prompts_per_generate = retune(64, "prompts per generate() call on the CPU; on a CUDA GPU at least this "
                                    "many, all of them where free GPU memory holds their KV cache")
     share_prompts = retune(True, "run a prompt several rows share once per micro-batch (off under "
                            "gradient_checkpointing)")
@@ -96,7 +96,7 @@ class DistillConfig(TeacherArgs, SharePromptsArgs, PolicyGradientArgs, RolloutAr
     def validate(self) -> None:
         check(bool(self.teacher), "teacher is required: teacher=MODEL (a causal-LM folder or Hub id sharing the "
               "student's tokenizer)")
-        for k in ("iterations", "rollout_batch_size", "max_new_tokens", "generation_batch_size", "micro_batch_size"):
+        for k in ("iterations", "rollout_batch_size", "max_new_tokens", "prompts_per_generate", "micro_batch_size"):
             check(getattr(self, k) >= 1, f"{k} ({getattr(self, k)}) must be >= 1")
         check(0 <= self.beta <= 1, f"beta ({self.beta}) must be in [0, 1]")
         check(0 <= self.lmbda <= 1, f"lmbda ({self.lmbda}) must be in [0, 1]")

@@ -25,7 +25,7 @@ import torch
 
 from rlhfkit.core.config import config_main
 from rlhfkit.core.devices import HOST
-from rlhfkit.data.prefs import load_pairs, resolve_prefs
+from rlhfkit.data.prefs import load_pairs, load_preferences, resolve_prefs
 from rlhfkit.rollout import Rollout
 from rlhfkit.runtime.accumulate import accumulate, add_up
 from rlhfkit.runtime.distributed import sum_over_processes
@@ -153,6 +153,8 @@ def train(cfg: DPOConfig) -> dict:
     device = h.run.device
     # 1. data. Data, judge, model and prompt lengths are checked before the run folder exists.
     train_pairs, held_out = load_pairs(cfg.prefs)
+    if cfg.eval_data:  # TRL's eval_dataset: held-out pairs given apart
+        held_out = load_preferences(resolve_prefs(cfg.eval_data))
     judge, model, reference, tok = h.preference_models(build_models)
     check_prompt_lengths(tok, [train_pairs, held_out], cfg)
     data, N = encode_pairs(tok, train_pairs, cfg), len(train_pairs)

@@ -14,6 +14,7 @@ from typing import ClassVar
 from rlhfkit.core.config import check, option, retune
 from rlhfkit.trainers.options import (
     BetaArgs,
+    EvalDataArgs,
     JudgedEvalArgs,
     LabelSmoothingArgs,
     ModelArgs,
@@ -28,9 +29,12 @@ from rlhfkit.trainers.pair_losses import LOSS_TYPES, REFERENCE_FREE  # the loss 
 
 
 @dataclass
-class DPOConfig(LabelSmoothingArgs, SharePromptsArgs, BetaArgs, OfflineArgs, PairArgs, JudgedEvalArgs, ReferenceArgs,
-                ModelArgs, OptimizerArgs, RunArgs):
+class DPOConfig(LabelSmoothingArgs, SharePromptsArgs, BetaArgs, EvalDataArgs, OfflineArgs, PairArgs, JudgedEvalArgs,
+                ReferenceArgs, ModelArgs, OptimizerArgs, RunArgs):
     """DPO (sigmoid), IPO and label-smoothed cDPO on preference pairs, against a frozen reference."""
+
+    eval_data = retune(None, "held-out pairs given apart (TRL's eval_dataset; default: the records of the training "
+                       "data with split=test, else none)")
 
     # data
     prefs: str = option("builtin:prefs_reviews", "preference pairs: a JSONL/CSV from `rlhfkit prefs make` or "

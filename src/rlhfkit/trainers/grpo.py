@@ -222,7 +222,8 @@ def accuracy_line(rl: RLRun, cfg: GRPOConfig) -> str | None:
     if own_evaluator or not getattr(judge, "exact_match", False) or "eval_after" not in rl.run.summary:
         return None
     b, a = rl.run.summary["eval_before"], rl.run.summary["eval_after"]
-    return (f"[eval] held-out accuracy (T={cfg.temperature}): {b['mean']:.1%} before -> "
+    held = "held-out" if rl.eval_from == "held-out" else "training-prompt"
+    return (f"[eval] {held} accuracy (T={cfg.temperature}): {b['mean']:.1%} before -> "
             f"{a['mean']:.1%} after (n={a['n']})")
 
 

@@ -65,7 +65,7 @@ class GRPOConfig(AgentArgs, TeacherArgs, CodeRewardArgs, SharePromptsArgs, BetaA
                                 "group_size (N processes: N x this; mini/micro batch sizes are per process)")
     group_size: int = option(8, "G: completions sampled per prompt (the group the baseline is taken over)")
     max_new_tokens = retune(16, "response length limit")
-    generation_batch_size = retune(64, GENERATION_BATCH_HELP)
+    prompts_per_generate = retune(64, GENERATION_BATCH_HELP)
     share_prompts = retune(True, "run each prompt once per generate() call and per micro-batch instead of once "
                                  "per completion (its keys/values are copied to the G rows; equal up to float "
                                  "rounding); a mini-batch's rows are ordered by group so its micro-batches hold "
@@ -160,7 +160,7 @@ class GRPOConfig(AgentArgs, TeacherArgs, CodeRewardArgs, SharePromptsArgs, BetaA
 
     def validate(self) -> None:
         check(self.iterations >= 1, f"iterations ({self.iterations}) must be >= 1")
-        for k in ("rollout_batch_size", "update_epochs", "max_new_tokens", "generation_batch_size"):
+        for k in ("rollout_batch_size", "update_epochs", "max_new_tokens", "prompts_per_generate"):
             check(getattr(self, k) >= 1, f"{k} ({getattr(self, k)}) must be >= 1")
         check_micro_batch_size(self.micro_batch_size)
         check(self.group_size >= 2 or self.advantage in GROUPLESS,

@@ -35,7 +35,7 @@ def judged_samples(model, tok, records: list[dict], judge, cfg, seed: int) -> tu
     recs = [r for r in records for _ in range(cfg.eval_samples_per_prompt)]
     formatted = format_prompts(tok, [r.get("messages") or r["prompt"] for r in recs], cfg)
     params = SamplingParams(cfg.max_new_tokens, cfg.temperature, 0, 1.0, (tok.eos_token_id,), cfg.max_prompt_length)
-    return sample_and_score(model.policy, tok, recs, formatted, judge, params, seed, cfg.generation_batch_size, cfg.dtype)
+    return sample_and_score(model.policy, tok, recs, formatted, judge, params, seed, cfg.prompts_per_generate, cfg.dtype)
 
 
 def win_rate(after: list[float], before: list[float]) -> dict[str, float]:

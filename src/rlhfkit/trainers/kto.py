@@ -111,6 +111,12 @@ def load_examples(spec: str) -> tuple[list[dict], list[dict]]:
     return train, read("test") if has_split else []
 
 
+def load_held_examples(spec: str) -> list[dict]:
+    """Every example of `spec` (eval_data): its training and held-out records alike."""
+    train, held = load_examples(spec)
+    return train + held
+
+
 def kl_partners(n: int, seed: int) -> torch.Tensor:
     """(n,) partner(i): the next example after i in a seeded shuffle (a cycle, never i itself for n > 1)."""
     perm = torch.randperm(n, generator=torch.Generator(device=HOST).manual_seed(seed), device=HOST)
@@ -212,6 +218,8 @@ def train(cfg: KTOConfig) -> dict:
     device = h.run.device
     # 1. data. Data, judge, model and prompt lengths are checked before the run folder exists.
     examples, held_out = load_examples(cfg.data)
+    if cfg.eval_data:  # TRL's eval_dataset: held-out examples given apart
+        held_out = load_held_examples(cfg.eval_data)
     judge, model, reference, tok = h.preference_models(build_models)
     check_prompt_lengths(tok, [examples, held_out], cfg)
     data, N = encode_examples(tok, examples, cfg, cfg.seed), len(examples)

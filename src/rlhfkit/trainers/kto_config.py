@@ -13,6 +13,7 @@ from rlhfkit.core.config import check, option, retune
 from rlhfkit.trainers.options import (
     BetaArgs,
     DataArgs,
+    EvalDataArgs,
     JudgedEvalArgs,
     ModelArgs,
     OfflineArgs,
@@ -25,9 +26,12 @@ from rlhfkit.trainers.options import (
 
 
 @dataclass
-class KTOConfig(SharePromptsArgs, BetaArgs, DataArgs, OfflineArgs, PairArgs, JudgedEvalArgs, ReferenceArgs, ModelArgs,
-                OptimizerArgs, RunArgs):
+class KTOConfig(SharePromptsArgs, BetaArgs, EvalDataArgs, DataArgs, OfflineArgs, PairArgs, JudgedEvalArgs, ReferenceArgs,
+                ModelArgs, OptimizerArgs, RunArgs):
     """KTO: desirable and undesirable completions, no pairs needed, against a frozen reference."""
+
+    eval_data = retune(None, "held-out examples given apart (TRL's eval_dataset; default: the records of the training "
+                       "data with split=test, else none)")
 
     # data
     data = retune("builtin:prefs_reviews", "examples: a JSONL/CSV with prompt, completion and label (true = "

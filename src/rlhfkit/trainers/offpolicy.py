@@ -89,7 +89,7 @@ def sample_stale(sampler, tok, records: list[dict], cfg, params, seed: int, devi
     gen = torch.Generator(device=device).manual_seed(seed)
     with thread_generator(gen), autocast(cfg.dtype, device):
         rollout = (lean_generate if lean else generate)(
-            sampler.policy, tok, formatted, params, batch_size=cfg.generation_batch_size,
+            sampler.policy, tok, formatted, params, batch_size=cfg.prompts_per_generate,
             share_prompts=sampler.share_prompts, share_prefix=sampler.share_prefix)
     t1 = time.perf_counter()
     with autocast(cfg.dtype, device):

@@ -118,7 +118,7 @@ def train(cfg: OnlineDPOConfig) -> dict:
         rl.log(it, rollout, metrics, (t0, t1, time.time()))  # step 4
     if records:
         with rl.run.evaluation("after"), rl.generation_context():
-            judged_after(rl.run, rl.core, rl.tok, records, rl.reward_fn, judged["before"], seed, "held-out")
+            judged_after(rl.run, rl.core, rl.tok, records, rl.reward_fn, judged["before"], seed, rl.eval_from)
     return rl.finish()
 
 

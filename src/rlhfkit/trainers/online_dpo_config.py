@@ -49,7 +49,7 @@ class OnlineDPOConfig(LabelSmoothingArgs, SharePromptsArgs, BetaArgs, RolloutArg
     prompts_per_iteration: int = option(16, "prompts per iteration and process, two completions each (N processes: N x "
                                         "this pairs per optimiser step)")
     max_new_tokens = retune(64, "response length limit (training samples and the judged evaluation)")
-    generation_batch_size = retune(32, "completions per generate() call on the CPU; on a CUDA GPU at "
+    prompts_per_generate = retune(32, "completions per generate() call on the CPU; on a CUDA GPU at "
                                         "least this many, all of them where free GPU memory holds their KV "
                                         "cache (rollout/core.py generation_rows)")
     # loss
@@ -64,7 +64,7 @@ class OnlineDPOConfig(LabelSmoothingArgs, SharePromptsArgs, BetaArgs, RolloutArg
         return self.judge
 
     def validate(self) -> None:
-        for k in ("iterations", "prompts_per_iteration", "max_new_tokens", "generation_batch_size", "micro_batch_size",
+        for k in ("iterations", "prompts_per_iteration", "max_new_tokens", "prompts_per_generate", "micro_batch_size",
                   "eval_samples_per_prompt"):
             check(getattr(self, k) >= 1, f"{k} ({getattr(self, k)}) must be >= 1")
         check(self.beta > 0, f"beta ({self.beta}) must be > 0")

@@ -73,7 +73,9 @@ class PromptLimitArgs:
 
 
 GENERATION_BATCH_HELP = ("prompts per generate() call on the CPU; on a CUDA GPU at least this many, all of them "
-                         "where free GPU memory holds their KV cache (rollout/core.py generation_rows)")
+                         "where free GPU memory holds their KV cache (rollout/core.py generation_rows). Formerly "
+                         "generation_batch_size, which now means TRL's (GRPO: completions per generation; "
+                         "core/trl_batch.py)")
 
 
 @dataclass
@@ -84,7 +86,7 @@ class EvalSamplingArgs:
     num_eval_prompts: int = option(48, "held-out prompts for the judged win rate over the starting model (0 = skip)")
     eval_samples_per_prompt: int = option(2, "completions per held-out prompt, before and after training")
     max_new_tokens: int = option(64, "response length limit of the evaluation samples")
-    generation_batch_size: int = option(16, GENERATION_BATCH_HELP)
+    prompts_per_generate: int = option(16, GENERATION_BATCH_HELP)
 
 
 @dataclass
@@ -97,7 +99,7 @@ class JudgedEvalArgs(EvalSamplingArgs):
     temperature: float = option(1.0, "sampling temperature of the evaluation samples")
 
     def validate(self) -> None:
-        for k in ("max_new_tokens", "eval_samples_per_prompt", "generation_batch_size"):
+        for k in ("max_new_tokens", "eval_samples_per_prompt", "prompts_per_generate"):
             check(getattr(self, k) >= 1, f"{k} ({getattr(self, k)}) must be >= 1")
         check(self.temperature > 0, f"temperature ({self.temperature}) must be > 0")
         check(self.num_eval_prompts >= 0, f"num_eval_prompts ({self.num_eval_prompts}) must be >= 0")
@@ -109,6 +111,9 @@ class OptimizerArgs:
 
     lr: float = option(1e-4, "AdamW learning rate")
     warmup_steps: int = option(4, "linear lr warm-up, in optimiser steps")
+    warmup_ratio: float = option(0.0, "linear lr warm-up as a share of the run's planned optimiser steps, rounded up "
+                                 "(transformers' warmup_ratio; a TRL warmup_steps below 1 means the same); 0 = "
+                                 "warmup_steps decides")
     lr_scheduler_type: str = option("constant", "the lr after warm-up: constant; linear = decays to 0 at the last "
                                     "planned step; cosine = half a cosine to 0 (transformers' schedules; RL runs plan "
                                     "iterations x update epochs x mini-batches steps)", LR_SCHEDULES)
@@ -119,6 +124,7 @@ class OptimizerArgs:
     def validate(self) -> None:
         check(self.lr > 0, f"lr ({self.lr}) must be > 0")
         check(self.warmup_steps >= 0, f"warmup_steps ({self.warmup_steps}) must be >= 0")
+        check(0 <= self.warmup_ratio < 1, f"warmup_ratio ({self.warmup_ratio}) must be in [0, 1)")
         check(self.weight_decay >= 0, f"weight_decay ({self.weight_decay}) must be >= 0")
         check(self.adam_eps > 0, f"adam_eps ({self.adam_eps}) must be > 0")
         check(self.max_grad_norm > 0, f"max_grad_norm ({self.max_grad_norm}) must be > 0")
@@ -359,13 +365,22 @@ def reward_options(cfg) -> MappingProxyType:
 
 
 @dataclass
-class RolloutArgs(EvalSamplingArgs):
+class EvalSplitArgs:
+    """Which split of the data is evaluated on (the online trainers, SFT, RM): data/splits.py."""
+
+    eval_split: str = option("test", "the split of the data evaluated on (a built-in or Hub split, or records whose "
+                             "`split` field has this value; TRL's dataset_test_split). Data without it is evaluated "
+                             "on its training records, and the evaluation line says so")
+
+
+@dataclass
+class RolloutArgs(EvalSplitArgs, EvalSamplingArgs):
     """The online trainers' loop (PPO, TRPO, the GRPO family, online DPO): prompts, iterations, what is written."""
 
     prompts: str = option("builtin:reviews", "prompts: builtin:reviews|stories|arithmetic|instructions|python-tasks or a "
                           "JSONL/CSV/TXT file")
-    eval_prompts: str | None = option(None, "held-out prompts for the before/after check (default: test split of "
-                                      "`prompts`)")
+    eval_prompts: str | None = option(None, "held-out prompts for the before/after check (default: the eval_split "
+                                      "of `prompts`; without one, a fixed sample of its training prompts, said so)")
     iterations: int = option(18, "iterations (rollout + update)")
     reward_weights: list[float] | None = option(None, "one weight per reward in `reward` (None: 1 each)")
     trunk_cache_mb: float = option(512.0, "with lora_layers, the layers below the adapted ones run once per rollout: "
@@ -448,11 +463,20 @@ class DataArgs:
 
 
 @dataclass
-class ExamplesArgs(DataArgs):
+class EvalDataArgs:
+    """Held-out data given apart from the training data (TRL's eval_dataset): SFT, RM, DPO, KTO."""
+
+    eval_data: str | None = option(None, "held-out pairs (default: records of eval_split; without them, the training "
+                                   "pairs, or eval_fraction of them held back)")
+
+
+@dataclass
+class ExamplesArgs(EvalSplitArgs, EvalDataArgs, DataArgs):
     """Examples read whole, with a held-out share (SFT, RM)."""
 
-    eval_data: str | None = option(None, "held-out pairs (default: records with split=test, else eval_fraction of data)")
-    eval_fraction: float = option(0.1, "share of `data` held out when it has no split field and no eval_data")
+    eval_fraction: float = option(0.0, "share of `data` held back from training for evaluation when it has no "
+                                  "eval_split and no eval_data (0: hold nothing back, as TRL does; the evaluation "
+                                  "then runs on training records and says so)")
     max_steps: int = option(0, "optimiser steps; 0 = epochs x ceil(pairs / batch_size)")
     max_length: int = option(256, "tokens per formatted prompt + response; longer texts lose their beginning")
     eval_every: int = option(0, "evaluate every N optimiser steps (0 = only before and after training)")

@@ -44,7 +44,7 @@ class ActorCriticArgs(CodeRewardArgs, PolicyGradientArgs, RolloutArgs, EnvArgs, 
                                      "draws both times)")
     # rollout
     max_new_tokens = retune(48, "response length limit")
-    generation_batch_size = retune(16, GENERATION_BATCH_HELP)
+    prompts_per_generate = retune(16, GENERATION_BATCH_HELP)
     # update (the critic's optimiser: lr, warmup_steps, ...)
     lr = retune(1e-3, "AdamW learning rate (LoRA default; use ~1e-5 for full fine-tuning)")
     value_clip_eps: float | None = option(0.2, "value clip range around the rollout values (None disables)")
@@ -73,7 +73,7 @@ class ActorCriticArgs(CodeRewardArgs, PolicyGradientArgs, RolloutArgs, EnvArgs, 
 
     def validate(self) -> None:
         check(self.iterations >= 1, f"iterations ({self.iterations}) must be >= 1")
-        for k in ("rollout_batch_size", "max_new_tokens", "generation_batch_size", "kl_horizon",
+        for k in ("rollout_batch_size", "max_new_tokens", "prompts_per_generate", "kl_horizon",
                   "eval_samples_per_prompt"):
             check(getattr(self, k) >= 1, f"{k} ({getattr(self, k)}) must be >= 1")
         check_micro_batch_size(self.micro_batch_size)

@@ -33,6 +33,7 @@ from rlhfkit.core.precision import autocast
 from rlhfkit.core.seeding import EVAL_SEED_OFFSET, sampling_seed
 from rlhfkit.data.chat import format_prompts
 from rlhfkit.data.prompts import info_columns, info_lists, load_prompts
+from rlhfkit.data.splits import eval_phrase
 from rlhfkit.data.stream import PromptStream
 from rlhfkit.errors import UserError
 from rlhfkit.estimate.memory import check_rollout_fits
@@ -71,10 +72,11 @@ class RLConfig(Protocol):
     reward_weights: list[float] | None
     prompts: str
     eval_prompts: str | None
+    eval_split: str
     num_eval_prompts: int
     eval_samples_per_prompt: int  # held-out completions per prompt
     trunk_cache_mb: float  # 0: never keep the frozen trunk's output for the update
-    generation_batch_size: int
+    prompts_per_generate: int
     max_new_tokens: int
 
 
@@ -91,7 +93,8 @@ def env_prompts(cfg: RLConfig, make_env=None) -> str:
 
 
 def prepare_data(cfg: RLConfig, make_env=None) -> tuple:
-    """(reward_fn, train records, held-out records). With `env` the environment rewards: reward_fn is None."""
+    """(reward_fn, train records, evaluation records, what they are: "held-out" or "training",
+    data/splits.eval_phrase). With `env` the environment rewards: reward_fn is None."""
     reward_fn = None if cfg.env else get_rewards(cfg.reward, cfg.reward_weights, options=reward_options(cfg))
     prompts = env_prompts(cfg, make_env)
     train = load_prompts(prompts, split="train", seed=cfg.seed)
@@ -100,15 +103,32 @@ def prepare_data(cfg: RLConfig, make_env=None) -> tuple:
     if reward_fn is not None:  # before any model loads: a signature that cannot take the call stops here
         check_reward_call(reward_fn, info_columns(train))
     held_out: list[dict] = []
+    source = "held-out"
     if cfg.num_eval_prompts > 0:
         spec = cfg.eval_prompts or prompts
         try:
-            held_out = load_prompts(spec, split="test", limit=cfg.num_eval_prompts, seed=cfg.seed)
+            held_out = load_prompts(spec, split=cfg.eval_split, limit=cfg.num_eval_prompts, seed=cfg.seed)
         except UserError:
             held_out = []
-        if not held_out:  # a user file has no split: hold out nothing, evaluate on a fixed sample
+        if held_out and not cfg.eval_prompts and not has_eval_split(spec):
+            held_out = []  # a file without split fields gives every record for any split: its training prompts
+        if not held_out:  # no evaluation split: hold out nothing, evaluate on a fixed sample, and say so
             held_out = load_prompts(spec, split="train", limit=cfg.num_eval_prompts, seed=cfg.seed + 1)
-    return reward_fn, train, held_out
+            source = "held-out" if cfg.eval_prompts else "training"
+    return reward_fn, train, held_out, source
+
+
+def has_eval_split(spec) -> bool:
+    """Whether `spec` names data with an evaluation split of its own: a built-in set or a Hub dataset
+    (their splits), or records carrying a `split` field."""
+    from rlhfkit.data.sets import builtin_name, load_split
+    from rlhfkit.data.spec import parse_spec
+
+    if isinstance(spec, str) and (builtin_name(spec) is not None or parse_spec(spec).kind == "hub"):
+        return True
+    if hasattr(spec, "keys") and hasattr(spec, "column_names"):  # a DatasetDict: its splits
+        return True
+    return any("split" in r for r in load_split(spec, None))
 
 
 def prompt_limit(cfg, tok, model, *record_sets) -> int | None:
@@ -156,10 +176,10 @@ def sample_rollout(actor, tok, records, cfg, params: SamplingParams, seed: int, 
     with autocast(cfg.dtype, device):
         if backend is None:
             torch.manual_seed(seed)
-            rollout = generate(actor.policy, tok, formatted, params, batch_size=cfg.generation_batch_size,
+            rollout = generate(actor.policy, tok, formatted, params, batch_size=cfg.prompts_per_generate,
                                share_prompts=actor.share_prompts, share_prefix=actor.share_prefix)
         else:
-            rollout = backend.generate(actor.policy, tok, formatted, params, seed, cfg.generation_batch_size,
+            rollout = backend.generate(actor.policy, tok, formatted, params, seed, cfg.prompts_per_generate,
                                        share_prompts=actor.share_prompts, share_prefix=actor.share_prefix)
     t1 = time.perf_counter()
     rollout.prompts = [str(r["prompt"]) for r in records]
@@ -179,7 +199,7 @@ def sample_episodes(actor, tok, records, cfg, params: SamplingParams, seed: int,
     t0 = time.perf_counter()
     with autocast(cfg.dtype, device):
         rollout = generate_episodes(actor.policy, tok, make_env, records, params, cfg.max_turns, cfg.max_total_tokens,
-                                    seed=seed, batch_size=cfg.generation_batch_size,
+                                    seed=seed, batch_size=cfg.prompts_per_generate,
                                     share_prompts=actor.share_prompts, share_prefix=actor.share_prefix, fmt=cfg,
                                     sample_ids=getattr(backend, "generate_ids", generate_ids),
                                     reuse_cache=getattr(backend, "name", "hf") == "hf")
@@ -200,7 +220,7 @@ def evaluate_episodes(model, tok, records, make_env, cfg: RLConfig, params: Samp
     device = next(model.parameters()).device
     with autocast(cfg.dtype, device):
         ro = generate_episodes(model, tok, make_env, records, params, cfg.max_turns, cfg.max_total_tokens, seed=seed,
-                               batch_size=cfg.generation_batch_size * k, fmt=cfg, reuse_cache=True)
+                               batch_size=cfg.prompts_per_generate * k, fmt=cfg, reuse_cache=True)
     scores = ro.scores.tolist()
     mean, std = mean_std(scores)
     return {"mean": mean, "std": std, "n": len(scores), **env_rates(ro.info),
@@ -217,7 +237,7 @@ def evaluate_reward(model, tok, records, reward_fn, cfg: RLConfig, params: Sampl
     # k x the rollout's generation batch: as many generate() calls as with one sample, whose fixed
     # per-token cost (small ops, the cache) dominates CPU decoding
     completions, scores = sample_and_score(model, tok, records, formatted, reward_fn, params, seed,
-                                           cfg.generation_batch_size * k, cfg.dtype)
+                                           cfg.prompts_per_generate * k, cfg.dtype)
     mean, std = mean_std(scores)
     return {"mean": mean, "std": std, "n": len(scores),
             "samples": [{"prompt": r["prompt"], "completion": c, "score": x}
@@ -241,9 +261,9 @@ class RLRun:
 
             actor, self.reference, self.tok = build_models(cfg)
             self.make_env = envs.make_env_factory(cfg.env, self.tok)
-            self.reward_fn, train_records, self.eval_records = prepare_data(cfg, self.make_env)
+            self.reward_fn, train_records, self.eval_records, self.eval_from = prepare_data(cfg, self.make_env)
         else:
-            self.reward_fn, train_records, self.eval_records = prepare_data(cfg)
+            self.reward_fn, train_records, self.eval_records, self.eval_from = prepare_data(cfg)
             actor, self.reference, self.tok = build_models(cfg)
         max_prompt_length = prompt_limit(cfg, self.tok, actor, train_records, self.eval_records)
         name, value, rows = rollout_rows(cfg, run.world)
@@ -369,9 +389,11 @@ class RLRun:
         run.print(line("after training: ", after))
         source = f"env={cfg.env}" if self.make_env is not None else f"reward={reward_name(self.reward_fn)}"
         source = self.eval_source or source
-        run.print(f"[eval] change: {after['mean'] - before['mean']:+.3f} on {len(self.eval_records)} held-out prompts, "
+        run.print(f"[eval] change: {after['mean'] - before['mean']:+.3f} on "
+                  f"{eval_phrase(len(self.eval_records), 'prompts', self.eval_from)}, "
                   f"{after['n']} samples ({source}, T={cfg.temperature})")
-        run.summary.update({"eval_after": after, "eval_change": after["mean"] - before["mean"]})
+        run.summary.update({"eval_after": after, "eval_change": after["mean"] - before["mean"],
+                            "eval_on": self.eval_from})
 
     def finish(self) -> dict:
         """RUN/final: the policy (adapter or full weights), value head, tokenizer; merged weights on

@@ -161,15 +161,15 @@ def make_rm_optimizer(model, cfg: RMConfig, total_steps: int | None = None):
 def train(cfg: RMConfig) -> dict:
     """Train a reward model; returns the summary (also written to RUN/summary.json)."""
     from rlhfkit.data.prefs import load_preferences
-    from rlhfkit.data.splits import subset, train_eval_split
+    from rlhfkit.data.splits import eval_phrase, split_for_eval, subset
     from rlhfkit.data.stream import PromptStream
 
     h = OfflineRun(cfg, "rm")
     run = h.run
     # Data and model are checked before the run folder exists: bad input leaves nothing behind.
     eval_spec = resolve_prefs(cfg.eval_data) if cfg.eval_data else None
-    train_pairs, eval_pairs = train_eval_split(load_preferences, resolve_prefs(cfg.data), eval_spec, cfg.eval_fraction,
-                                               cfg.seed)
+    train_pairs, eval_pairs, source = split_for_eval(load_preferences, resolve_prefs(cfg.data), eval_spec,
+                                                     cfg.eval_fraction, cfg.seed, cfg.eval_split)
     eval_pairs = subset(eval_pairs, cfg.max_eval_pairs, cfg.seed + 1)
     model, tok, info = build_reward_model(cfg)
     steps = cfg.max_steps or cfg.epochs * -(-len(train_pairs) // cfg.batch_size)
@@ -181,8 +181,9 @@ def train(cfg: RMConfig) -> dict:
         return evaluate_pairs(run.core, tok, eval_pairs, info, cfg, run.device)
 
     if eval_pairs:
+        what = eval_phrase(len(eval_pairs), "pairs", source, cfg.eval_fraction)
         h.evaluate_before(evaluate, lambda m: f"[eval] before: accuracy {m['accuracy']:.3f}, loss {m['loss']:.4f} "
-                                              f"({len(eval_pairs)} pairs)")
+                                              f"({what})")
     for step in run.steps():
         t0 = time.time()
         batch = stream.next(cfg.batch_size)[run.rank :: run.world]  # 1.

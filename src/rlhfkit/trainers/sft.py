@@ -154,18 +154,21 @@ def sft_data_and_model(cfg: SFTConfig) -> tuple:
     """(training examples (packed when asked), eval examples, eval rows, model, tokenizer, lines to print
     once the run is open)."""
     from rlhfkit.data.sft import load_sft_examples, pack_examples, tokenize_examples
-    from rlhfkit.data.splits import subset, train_eval_split
+    from rlhfkit.data.splits import eval_phrase, split_for_eval, subset
     from rlhfkit.trainers.build import build_policy
 
-    train_rows, eval_rows = train_eval_split(load_sft_examples, cfg.data, cfg.eval_data, cfg.eval_fraction, cfg.seed)
+    train_rows, eval_rows, source = split_for_eval(load_sft_examples, cfg.data, cfg.eval_data, cfg.eval_fraction,
+                                                   cfg.seed, cfg.eval_split)
     train_rows = subset(train_rows, cfg.max_train_examples, cfg.seed)
-    eval_rows = subset(eval_rows, cfg.max_eval_examples, cfg.seed + 1)
+    eval_rows = subset(eval_rows if source != "training" else train_rows, cfg.max_eval_examples, cfg.seed + 1)
     model, tok = build_policy(cfg)
     train_ex, dropped = tokenize_examples(tok, train_rows, cfg, cfg.max_length)
     eval_ex, _ = tokenize_examples(tok, eval_rows, cfg, cfg.max_length)
     if not train_ex:
         raise UserError(f"data: every example of {cfg.data} lost its response to max_length={cfg.max_length}")
     notes = [f"[sft] dropped {dropped} examples whose response did not fit in max_length={cfg.max_length}"] if dropped else []
+    if eval_ex:
+        notes.append(f"[eval] on {eval_phrase(len(eval_ex), 'examples', source, cfg.eval_fraction)}")
     if cfg.packing:
         n_examples, train_ex = len(train_ex), pack_examples(train_ex, cfg.max_length)
         notes.append(f"[sft] packed {n_examples} examples into {len(train_ex)} rows of up to {cfg.max_length} tokens")

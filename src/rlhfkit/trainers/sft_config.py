@@ -15,9 +15,8 @@ class SFTConfig(ExamplesArgs, OfflineArgs, ModelArgs, OptimizerArgs, RunArgs):
     data = retune("builtin:instructions", "training examples: builtin:instructions|arithmetic, or a JSONL/CSV/"
                        "Parquet file or saved `datasets` folder with prompt+response (or completion), chat messages, "
                        "or text (every token trained); in Python also a datasets.Dataset")
-    eval_data = retune(None, "held-out examples (default: the test split of `data`; for a file without "
-                                   "a split field, eval_fraction of it)")
-    eval_fraction = retune(0.1, "share of `data` held out for eval when it has no split field and no eval_data")
+    eval_data = retune(None, "held-out examples (default: the eval_split of `data`; for a file without "
+                                   "a split field, its training examples, or eval_fraction of them held back)")
     max_train_examples: int | None = option(None, "use a seeded random subset of this many training examples")
     max_eval_examples: int = option(64, "held-out examples used for eval/loss (a seeded subset)")
     epochs = retune(1, "passes over the training examples (ignored when max_steps > 0)")
