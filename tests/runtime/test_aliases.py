@@ -68,7 +68,6 @@ def test_two_word_flags_as_trl_scripts_write_them():
     (["group_sise=4"], "did you mean 'group_size'?"),
     (["gradient_accumulation_steps=4"], "rlhfkit derives accumulation: batch_size (RL: mini_batch_size) / "
                                         "micro_batch_size per process"),
-    (["report_to=wandb"], "use tensorboard=true"),
     (["bf16=true"], "use dtype=bf16"),
 ])
 def test_did_you_mean_knows_the_aliases(argv, hint):

@@ -3,7 +3,7 @@
 A user who types TRL's ``num_generations=8`` or ``--learning_rate 1e-5`` means rlhfkit's
 ``group_size`` and ``lr``; `canonical_key` maps such a name to the option of the command at hand
 (``data`` is ``prefs`` in `rlhfkit dpo` and ``prompts`` in `rlhfkit grpo`). Names whose meaning
-differs too much to map (``gradient_accumulation_steps``, ``report_to``) get a hint naming the
+differs too much to map (``gradient_accumulation_steps``) get a hint naming the
 right option instead (`alias_hint`); names rlhfkit knows but does not offer say why (`UNSUPPORTED`). A
 did-you-mean names only an option the typed name misspells (`is_typo`). config.yaml always records
 rlhfkit's own names.
@@ -74,8 +74,6 @@ ALIASES: dict[str, tuple[str, ...]] = {
 HINTS: dict[str, str] = {
     "gradient_accumulation_steps": "rlhfkit derives accumulation: batch_size (RL: mini_batch_size) / "
                                    "micro_batch_size per process",
-    "report_to": "use tensorboard=true (the default when installed) and/or wandb=true",
-    "logging_steps": "every iteration / optimiser step is logged",
     "bf16": "use dtype=bf16",
     "fp16": "use dtype=bf16 (fp16 is not offered)",
     "use_vllm": "use generation_backend=vllm",

@@ -189,7 +189,7 @@ class Run:
         elif self.is_main:
             save_config(cfg, self.run_dir / "config.yaml")
         self.tracker = Tracker(self.run_dir, total, cfg.quiet, self.is_main, cfg.tensorboard, cfg.wandb,
-                               config=to_dict(cfg))
+                               config=to_dict(cfg), logging_steps=cfg.logging_steps)
         for notice in self.folder.notices:  # a damaged newer checkpoint was skipped
             self.tracker.print(notice)
         self.summary.update({"run_dir": str(self.run_dir), **summary})
