@@ -86,6 +86,48 @@ def actor_saver(run: Run, model, tok) -> Callable:
     return save
 
 
+def store_adapter_base(folder: Path, model: str) -> None:
+    """folder/adapter_config.json's base_model_name_or_path as what loads from any working directory:
+    the Hub id of a Hub model (its revision in `revision`), else the base folder's absolute path (peft
+    writes the path the model was loaded from, which may be relative)."""
+    import json
+
+    from rlhfkit.models.loading import hub_reference, resolve_model_path
+
+    path = folder / "adapter_config.json"
+    if not path.is_file():
+        return
+    adapter = json.loads(path.read_text())
+    hub = hub_reference(str(model))
+    if hub is not None:
+        adapter["base_model_name_or_path"] = hub[0]
+        if hub[1]:
+            adapter["revision"] = hub[1]
+    else:
+        adapter["base_model_name_or_path"] = str(resolve_model_path(str(model)).resolve())
+    path.write_text(json.dumps(adapter, indent=2, sort_keys=True))
+
+
+def write_model_card(run_dir: Path) -> str | None:
+    """RUN/final/README.md in place of peft's blank template: base, method, data, metrics, settings and
+    the command, as `rlhfkit export` writes it (commands/export_card.py); None when written, else why not."""
+    from rlhfkit.commands.export import base_model_id, read_run
+    from rlhfkit.commands.export_card import model_card
+
+    try:
+        info = read_run(run_dir)
+    except UserError as e:
+        return str(e)
+    final = run_dir / "final"
+    config = final / "tokenizer_config.json"
+    has_template = (final / "chat_template.jinja").is_file() or (
+        config.is_file() and "chat_template" in config.read_text(encoding="utf-8", errors="replace"))
+    card = model_card(info, merged=not info.adapter, base_id=base_model_id(info.config), has_template=has_template,
+                      report=None)
+    (final / "README.md").write_text(card, encoding="utf-8")
+    return None
+
+
 def check_resume_fits(checkpoint: Path, total: int, unit: str) -> None:
     """A checkpoint after more steps than this run is set to is refused before anything is written."""
     from rlhfkit.core.run_files import checkpoint_step
@@ -339,10 +381,17 @@ class Run:
             try:
                 with out_of_space(final, self.run_dir):
                     self.summary.update(save(final, state) or {})
+                    store_adapter_base(final, self.cfg.model)
             except BaseException:
                 shutil.rmtree(final, ignore_errors=True)  # no half-written final model
                 raise
+            if self.tracker.last_row is not None:  # the last step's metrics, evaluated or not
+                self.summary.setdefault("final_metrics", dict(self.tracker.last_row))
             self.tracker.write_json("summary.json", self.summary)
+            if (final / "README.md").is_file() or (final / "adapter_config.json").is_file():
+                why = write_model_card(self.run_dir)
+                if why:
+                    self.print(f"[save] no model card in final/: {why}")
             self._clear_failure()
             from rlhfkit.diagnostics.console import closing_line
 

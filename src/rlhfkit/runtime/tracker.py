@@ -56,6 +56,7 @@ class Tracker:
         self.monitor = None
         self.sinks: list = []
         self.logged = 0  # metric rows this process logged
+        self.last_row: dict | None = None  # the newest metrics row (summary.json's final_metrics)
         if not is_main:
             return
         try:
@@ -106,6 +107,7 @@ class Tracker:
         row = {"iteration": iteration, **{k: _clean(v) for k, v in metrics.items()}}
         append_text(self.run_dir / "metrics.jsonl", json.dumps(row) + "\n", self.run_dir)
         self.logged += 1
+        self.last_row = row
         findings = self.monitor.observe(iteration, metrics) if self.monitor is not None else []
         if not logging_due(iteration, self.logging_steps, self.total) and not findings:
             if self.console is not None:
