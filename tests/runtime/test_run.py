@@ -140,6 +140,7 @@ def test_final_adapter_names_its_base_absolutely_with_a_filled_card_and_final_me
     base = json.loads((final / "adapter_config.json").read_text())["base_model_name_or_path"]
     assert base == str((tmp_path / "base").resolve())
     card = (final / "README.md").read_text()
-    assert "A policy trained with **sft**" in card and "Model Card for Model ID" not in card
+    assert "Trained with `rlhfkit sft`" in card and "Model Card for Model ID" not in card
+    assert f"adapter base: `{base}`" in card and "| data | `sft.jsonl` |" in card and "`loss/sft`" in card
     last = json.loads((tmp_path / "runs" / "s" / "metrics.jsonl").read_text().splitlines()[-1])
     assert summary["final_metrics"] == last and "loss/sft" in last

@@ -108,24 +108,15 @@ def store_adapter_base(folder: Path, model: str) -> None:
     path.write_text(json.dumps(adapter, indent=2, sort_keys=True))
 
 
-def write_model_card(run_dir: Path) -> str | None:
-    """RUN/final/README.md in place of peft's blank template: base, method, data, metrics, settings and
-    the command, as `rlhfkit export` writes it (commands/export_card.py); None when written, else why not."""
-    from rlhfkit.commands.export import base_model_id, read_run
-    from rlhfkit.commands.export_card import model_card
+def write_model_card(final: Path, command: str, run_name: str, config: dict, summary: dict) -> None:
+    """final/README.md: rlhfkit's card (runtime/model_card.py) in place of peft's blank template."""
+    import json
 
-    try:
-        info = read_run(run_dir)
-    except UserError as e:
-        return str(e)
-    final = run_dir / "final"
-    config = final / "tokenizer_config.json"
-    has_template = (final / "chat_template.jinja").is_file() or (
-        config.is_file() and "chat_template" in config.read_text(encoding="utf-8", errors="replace"))
-    card = model_card(info, merged=not info.adapter, base_id=base_model_id(info.config), has_template=has_template,
-                      report=None)
-    (final / "README.md").write_text(card, encoding="utf-8")
-    return None
+    from rlhfkit.runtime.model_card import final_card
+
+    adapter = (final / "adapter_config.json").is_file()
+    base = json.loads((final / "adapter_config.json").read_text()).get("base_model_name_or_path") if adapter else None
+    (final / "README.md").write_text(final_card(command, run_name, config, summary, base, adapter), encoding="utf-8")
 
 
 def check_resume_fits(checkpoint: Path, total: int, unit: str) -> None:
@@ -389,9 +380,9 @@ class Run:
                 self.summary.setdefault("final_metrics", dict(self.tracker.last_row))
             self.tracker.write_json("summary.json", self.summary)
             if (final / "README.md").is_file() or (final / "adapter_config.json").is_file():
-                why = write_model_card(self.run_dir)
-                if why:
-                    self.print(f"[save] no model card in final/: {why}")
+                from rlhfkit.core.config import to_dict
+
+                write_model_card(final, self.command, self.run_dir.name, to_dict(self.cfg), self.summary)
             self._clear_failure()
             from rlhfkit.diagnostics.console import closing_line
 
