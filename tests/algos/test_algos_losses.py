@@ -272,8 +272,8 @@ def test_ipo_golden():
 
 
 def test_dpo_validation():
-    with pytest.raises(ValueError, match=r"valid types: \['sigmoid', 'ipo'\]"):
-        dpo_loss(**LOGPS, loss_type="hinge")
+    with pytest.raises(ValueError, match=r"valid types: \['sigmoid', 'ipo', 'hinge', 'robust'\]"):
+        dpo_loss(**LOGPS, loss_type="exo_pair")
     with pytest.raises(ValueError, match="label_smoothing"):
         dpo_loss(**LOGPS, loss_type="ipo", label_smoothing=0.1)
     with pytest.raises(ValueError, match="beta"):

@@ -136,3 +136,32 @@ def test_a_reward_that_fails_on_every_sample_blames_none_of_them():
         score_batch(broken, PROMPTS, COMPLETIONS, {})
     assert str(err.value) == ("reward 'broken' failed on each of the 3 samples, alone and as a batch (not on "
                               "particular samples): KeyError: 'model_path'")
+
+
+def test_a_reward_needing_a_missing_column_names_it():
+    """A TRL-style reward that has **kwargs but needs a column the data lacks is told which column,
+    not to add **kwargs."""
+    from rlhfkit.rewards import RewardError
+    from rlhfkit.rewards.scoring import check_reward_call
+
+    def exact(completions, answer, **kwargs):
+        return [0.0 for _ in completions]
+
+    check_reward_call(exact, ["answer", "question"])  # fine
+    with pytest.raises(RewardError) as e:
+        check_reward_call(exact, ["question"], "exact")
+    assert str(e.value) == ("reward 'exact' needs the column 'answer', which the data lacks (its columns: question): "
+                            "add it to the data, map one with ?columns=answer:COLUMN on the data spec, or give the "
+                            "parameter a default")
+
+    def positional(prompts, completions, label):  # rlhfkit's positional convention, no **kwargs
+        return [0.0 for _ in completions]
+
+    with pytest.raises(RewardError, match=r"needs the column 'label'"):
+        check_reward_call(positional, [], "positional")
+
+    def strict(completions, answer):  # no **kwargs: an extra column is what is wrong
+        return [0.0 for _ in completions]
+
+    with pytest.raises(RewardError, match=r"add \*\*kwargs"):
+        check_reward_call(strict, ["answer", "question"], "strict")

@@ -47,8 +47,8 @@ def test_keyword_call_gets_prompts_and_columns_as_keywords():
 
 def test_signature_checked_against_the_columns():
     check_reward_call(trl_reward, ["bonus"])
-    with pytest.raises(RewardError, match=r"reward 'needs_solution': its signature \(completions, solution\) does "
-                                          r"not take the call with prompts, completions, answer .*add \*\*kwargs"):
+    with pytest.raises(RewardError, match=r"reward 'needs_solution' needs the column 'solution', which the data lacks "
+                                          r"\(its columns: answer\).*\(and add \*\*kwargs"):
         def needs_solution(completions, solution):
             return [0.0] * len(completions)
         check_reward_call(needs_solution, ["answer"])
@@ -61,7 +61,7 @@ def test_a_bad_signature_stops_before_the_model_loads(tmp_path):
     cfg = build_config(GRPOConfig, {"model": str(tmp_path / "no-model"), "prompts": str(tmp_path / "p.jsonl"),
                                     "reward": f"python:{tmp_path / 'bad.py'}:reward", "num_eval_prompts": 0,
                                     "output_dir": str(tmp_path / "runs")})
-    with pytest.raises(RewardError, match="missing a required argument: 'solution'"):
+    with pytest.raises(RewardError, match="needs the column 'solution', which the data lacks"):
         grpo_train(cfg)
     assert not (tmp_path / "runs").exists()
 
@@ -150,9 +150,14 @@ def test_rm_writes_a_standard_copy_that_scores_the_same(tmp_path, tiny_model_dir
         max_steps=2, batch_size=4, micro_batch_size=4, output_dir=str(tmp_path / "runs"), run_name="rm", quiet=True,
         tensorboard=False)))
     final = tmp_path / "runs" / "rm" / "final"
-    assert summary["sequence_classification"] == str(final / "sequence_classification")
+    assert summary["sequence_classification"] == str(final)
     ours = load_reward_scorer(str(final))
-    standard = get_rewards(f"model:{final / 'sequence_classification'}")
+    standard = get_rewards(f"model:{final / 'rlhfkit_rm'}")  # the rlhfkit form alone scores as final/ does
+    assert score_batch(standard, ["Review 1."], ["It was great."]) == pytest.approx(
+        score_batch(ours, ["Review 1."], ["It was great."]), rel=1e-6)
+    from rlhfkit.models.classifier_reward import load_classifier_scorer
+
+    standard = load_classifier_scorer(final)  # final/ itself as a plain sequence classifier
     prompts, comps = ["Review 1.", "Review 2 please."], ["It was great.", "Terrible, boring and long."]
     bias = ours.model.head.linear.bias.item()  # the standard `score` layer has none: a constant offset
     raw = [s - bias for s in ours.raw_scores(prompts, comps)]
@@ -164,10 +169,21 @@ def test_rm_writes_a_standard_copy_that_scores_the_same(tmp_path, tiny_model_dir
 
     out = export_run(tmp_path / "runs" / "rm", tmp_path / "exported")
     model = AutoModelForSequenceClassification.from_pretrained(out).eval()
-    scorer = standard.__wrapped__  # the ClassifierScorer behind the named reward
+    scorer = standard
     with torch.no_grad():
         plain = [model(**scorer.tok(t, return_tensors="pt", add_special_tokens=False)).logits[0, 0].item()
                  for t in scorer.texts(prompts, comps)]
     assert plain == pytest.approx(raw, rel=1e-4, abs=1e-4 * max(map(abs, raw)))
+    # RUN/final itself loads in plain transformers with its trained head (no weight missing), batched
+    from transformers import AutoTokenizer
+
+    loaded, report = AutoModelForSequenceClassification.from_pretrained(final, output_loading_info=True)
+    assert not report["missing_keys"], report
+    tok = AutoTokenizer.from_pretrained(final)
+    texts = scorer.texts(prompts, comps)
+    with torch.no_grad():
+        batched = loaded.eval()(**tok(texts, return_tensors="pt", padding=True, add_special_tokens=False)).logits[:, 0]
+    assert batched.tolist() == pytest.approx(raw, rel=1e-4, abs=1e-4 * max(map(abs, raw)))
+    assert not (out / "rlhfkit_rm").exists() and not (out / "rlhfkit_rm.json").exists()  # export: the standard form
     card = (out / "README.md").read_text()
     assert "pipeline_tag: text-classification" in card and "A reward model trained with **rm**" in card

@@ -115,3 +115,32 @@ def test_no_trainer_has_a_setup_checkpoint_or_save_sequence_of_its_own(path):
     tree = ast.parse(path.read_text())
     own = _calls(tree) & harness_only
     assert not own, f"{path.name} calls {sorted(own)}: use rlhfkit.runtime.run.Run"
+
+
+def test_final_adapter_names_its_base_absolutely_with_a_filled_card_and_final_metrics(tmp_path, tiny_model_dir,
+                                                                                      monkeypatch):
+    """A model given by a relative path: the adapter's base_model_name_or_path loads from any working
+    directory; final/README.md is rlhfkit's card, not peft's template; with evaluation off the returned
+    summary still holds the last step's metrics."""
+    import json
+    import shutil
+
+    from rlhfkit.core.config import build_config
+    from rlhfkit.trainers.sft import train
+    from rlhfkit.trainers.sft_config import SFTConfig
+
+    shutil.copytree(tiny_model_dir, tmp_path / "base")
+    rows = [{"prompt": f"Say {i}.", "response": f"I say {i}."} for i in range(4)]
+    (tmp_path / "sft.jsonl").write_text("\n".join(json.dumps(r) for r in rows))
+    monkeypatch.chdir(tmp_path)
+    summary = train(build_config(SFTConfig, dict(
+        model="base", data="sft.jsonl", dtype="fp32", tensorboard=False, quiet=True, max_steps=2, batch_size=2,
+        micro_batch_size=2, eval_fraction=0.0, rouge_examples=0, output_dir="runs", run_name="s")))
+    final = tmp_path / "runs" / "s" / "final"
+    base = json.loads((final / "adapter_config.json").read_text())["base_model_name_or_path"]
+    assert base == str((tmp_path / "base").resolve())
+    card = (final / "README.md").read_text()
+    assert "Trained with `rlhfkit sft`" in card and "Model Card for Model ID" not in card
+    assert f"adapter base: `{base}`" in card and "| data | `sft.jsonl` |" in card and "`loss/sft`" in card
+    last = json.loads((tmp_path / "runs" / "s" / "metrics.jsonl").read_text().splitlines()[-1])
+    assert summary["final_metrics"] == last and "loss/sft" in last

@@ -114,7 +114,7 @@ def test_presets_and_config_errors():
     assert (s.loss_type, s.beta, s.gamma, s.uses_reference) == ("simpo", 2.0, 1.0, False)
     assert (o.loss_type, o.beta, o.uses_reference) == ("orpo", 0.1, False)
     assert DPOConfig().uses_reference
-    with pytest.raises(ConfigError, match=r"label_smoothing \(0.1\) applies to sigmoid/cdpo, not simpo"):
+    with pytest.raises(ConfigError, match=r"label_smoothing \(0.1\) applies to sigmoid/cdpo/robust, not simpo"):
         build_config(SimPOConfig, {"label_smoothing": 0.1})
     with pytest.raises(ConfigError, match="reference_model is not used by loss_type=orpo"):
         build_config(ORPOConfig, {"reference_model": "somewhere"})

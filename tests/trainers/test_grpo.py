@@ -303,7 +303,7 @@ def test_config_errors():
 def test_defaults():
     g, r = GRPOConfig(), RLOOConfig()
     assert (g.beta, g.group_size, g.loss_agg, g.temperature, g.top_k, g.top_p) == (0.0, 8, "token-mean", 1.0, 0, 1.0)
-    assert (g.prompts, g.reward, g.advantage, g.scale_rewards) == ("builtin:arithmetic", "arithmetic", "group", True)
+    assert (g.prompts, g.reward, g.advantage, g.scale_rewards) == ("builtin:arithmetic", "arithmetic", "group", "group")
     assert (r.advantage, r.update_epochs, r.optimiser_batch) == ("rloo", 1, r.rollout_batch_size)
 
 

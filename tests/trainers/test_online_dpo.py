@@ -83,7 +83,7 @@ def test_stop_and_resume_equals_an_uninterrupted_run(tmp_path, tiny_model_dir, m
 
 
 def test_config_errors_and_help(capsys):
-    with pytest.raises(ConfigError, match=r"label_smoothing \(0.1\) applies to sigmoid/cdpo, not ipo"):
+    with pytest.raises(ConfigError, match=r"label_smoothing \(0.1\) applies to sigmoid/cdpo/robust, not ipo"):
         build_config(OnlineDPOConfig, {"loss_type": "ipo", "label_smoothing": 0.1})
     with pytest.raises(ConfigError, match=r"temperature \(0.0\) must be > 0 for sampled pairs"):
         build_config(OnlineDPOConfig, {"temperature": 0.0})

@@ -145,7 +145,10 @@ def test_lora_reward_model_saves_adapter_and_reloads(tmp_path, tiny_model_dir):
         quiet=True, tensorboard=False, normalize="standardize"))
     summary = train(cfg)
     final = tmp_path / "runs" / "rm" / "final"
-    assert (final / "adapter_config.json").is_file() and not (final / "config.json").exists()
+    # final/ is the standard sequence classifier; the adapter + head lie in final/rlhfkit_rm
+    assert (final / "config.json").is_file() and not (final / "adapter_config.json").exists()
+    assert (final / "rlhfkit_rm" / "adapter_config.json").is_file()
+    assert not (final / "rlhfkit_rm" / "config.json").exists()
     scorer = load_reward_scorer(str(final))
     eval_rows = [json.loads(line) for line in (tmp_path / "prefs.jsonl").read_text().splitlines()][-6:]
     raw = scorer.raw_scores([r["prompt"] for r in eval_rows], [r["chosen"] for r in eval_rows])

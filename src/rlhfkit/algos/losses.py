@@ -208,7 +208,7 @@ def entropy_loss(
     return aggregate_loss(entropy, mask, agg_mode, num_tokens, num_seqs, constant)
 
 
-DPO_LOSS_TYPES = ("sigmoid", "ipo")
+DPO_LOSS_TYPES = ("sigmoid", "ipo", "hinge", "robust")
 
 
 def dpo_loss(
@@ -229,6 +229,10 @@ def dpo_loss(
       -(1 - e) log sigma(beta h) - e log sigma(-beta h), for labels flipped with prob. e.
     - ``"ipo"``: IPO, Azar et al. 2023, eq. 17: (h - 1 / (2 beta))^2. Azar et al. use
       *length-averaged* log-probs here; pass those if you want the paper's form.
+    - ``"hinge"``: SLiC's hinge loss, relu(1 - beta h) (TRL's ``hinge``).
+    - ``"robust"``: rDPO, Chowdhury et al. 2024, eq. 8: ((1 - e)(-log sigma(beta h)) - e(-log sigma(-beta h)))
+      / (1 - 2e), an unbiased estimate of the clean loss under flips with prob. e (TRL's ``robust``; cDPO
+      above is the original conservative DPO, which adds the two terms instead).
 
     Returns ``(losses (B,), metrics)``; reduce with ``.mean()``. Metrics: ``rewards/chosen``
     and ``rewards/rejected`` means of the implicit rewards beta * (log pi - log pi_ref);
@@ -248,6 +252,11 @@ def dpo_loss(
         if label_smoothing != 0.0:
             raise ValueError("label_smoothing applies to loss_type='sigmoid' (cDPO) only, not 'ipo'")
         losses = (h - 1.0 / (2.0 * beta)) ** 2
+    elif loss_type == "hinge":  # SLiC (Zhao et al. 2023) as TRL writes it: relu(1 - beta h)
+        losses = torch.relu(1.0 - beta * h)
+    elif loss_type == "robust":  # rDPO (Chowdhury et al. 2024): unbiased under label flips with prob. e
+        e = label_smoothing
+        losses = (-(1.0 - e) * F.logsigmoid(beta * h) + e * F.logsigmoid(-beta * h)) / (1.0 - 2.0 * e)
     else:
         raise ValueError(f"unknown DPO loss_type {loss_type!r}; valid types: {list(DPO_LOSS_TYPES)}")
     with torch.no_grad():

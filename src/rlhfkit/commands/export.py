@@ -57,8 +57,10 @@ def read_run(run_dir: Path) -> RunInfo:
     if not final.is_dir():
         raise UserError(f"{run_dir}: no final/ folder (the run has not finished; a stopped run continues with "
                         f"--resume {run_dir})")
+    from rlhfkit.models.classifier_reward import is_classifier_folder
+
     reward_model = (final / "rlhfkit_rm.json").is_file()
-    if reward_model:
+    if reward_model and not is_classifier_folder(final):  # runs before 2026-12-06 kept it in final/STANDARD_DIR
         final = final / STANDARD_DIR
         if not final.is_dir():
             raise UserError(f"{run_dir}: a reward model without a {STANDARD_DIR}/ copy in final/ (an encoder "
@@ -101,7 +103,8 @@ def write_export(info: RunInfo, out: Path, merged: bool) -> None:
 
     tok = AutoTokenizer.from_pretrained(info.final)
     if info.reward_model:  # already a plain transformers folder
-        shutil.copytree(info.final, out, dirs_exist_ok=True)
+        shutil.copytree(info.final, out, dirs_exist_ok=True,  # not the rlhfkit form beside it
+                        ignore=shutil.ignore_patterns("rlhfkit_rm", "rlhfkit_rm.json", STANDARD_DIR))
         card = model_card(info, merged=True, base_id=base_model_id(info.config),
                           has_template=bool(getattr(tok, "chat_template", None)), report=write_report(info, out))
         (out / "README.md").write_text(card, encoding="utf-8")

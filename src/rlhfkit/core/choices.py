@@ -12,6 +12,8 @@ from __future__ import annotations
 
 DTYPES = ("auto", "fp32", "bf16")  # compute dtype; auto resolves to bf16 or fp32 (models/loading.resolve_dtype)
 LR_SCHEDULES = ("constant", "linear", "cosine")  # lr after warm-up (runtime/optim.py)
+OPTIMIZERS = ("adamw_torch", "adamw_torch_fused", "sgd", "adafactor")  # transformers' `optim` names (runtime/optim.py)
+REWARD_SCALINGS = ("group", "batch", "none")  # GRPO's division of the centred rewards by a std (TRL's scale_rewards)
 PROMPT_OVERFLOW_MODES = ("truncate_left", "error")  # a prompt longer than max_prompt_length
 CODE_REWARDS = ("fraction", "all")  # reward=code's score (rewards/code.py)
 CODE_ISOLATIONS = ("auto", "bwrap", "rlimits")  # reward=code's sandbox (rewards/sandbox.py)

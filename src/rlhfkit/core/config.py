@@ -21,6 +21,7 @@ import yaml
 from rlhfkit.core.aliases import alias_hint, aliases_of, canonical_key
 from rlhfkit.core.bounds import check_count
 from rlhfkit.core.trl_batch import kept_names, trainer_kind, trl_batch_values
+from rlhfkit.core.trl_values import VALUE_KEYS as TRL_VALUE_KEYS
 from rlhfkit.errors import ConfigError
 
 C = TypeVar("C")
@@ -213,8 +214,14 @@ def build_config(cls: type[C], values: dict[str, Any], source: str = "",
     already, e.g. unknown keys of a command line): each key's type, then each class's first failed
     check (a check that names a key with a type problem is left out: it saw the default instead).
     """
+    from rlhfkit.core.trl_values import translate
+
     fields = _fields(cls)
     hints = typing.get_type_hints(cls)
+    values, translated = translate(values, fields)  # TRL's report_to, dtype=bfloat16, ... (core/trl_values.py)
+    for given, line in translated:
+        where = (sources or {}).get(given, source)
+        problems = [*(problems or []), f"{where}: {line}" if where else line]
     problems = list(problems or [])
     values, said = _trl_values(cls, values, problems, source)
     kwargs, bad = {}, set()
@@ -514,6 +521,10 @@ def _flag_values(cls: type, argv: list[str]) -> list[str]:
             i += 2
             continue
         key = _option_name(cls, arg[2:].replace("-", "_")) if arg.startswith("--") and "=" not in arg else None
+        if key is None and arg[2:] in TRL_VALUE_KEYS and arg.startswith("--") and takes_next:  # --report_to none
+            out.append(f"{arg[2:]}={following}")
+            i += 2
+            continue
         hints = typing.get_type_hints(cls)
         is_bool = key in hints and _base_type(hints[key])[0] is bool
         if key is not None and takes_next and (not is_bool or str(following).lower() in BOOL_WORDS):

@@ -207,11 +207,15 @@ class RunConsole:
             text += f", ETA {_duration(per_it * left)}"
         return text
 
-    def log_iteration(self, iteration: int, metrics: Mapping[str, Any]) -> None:
-        """Show the key metrics of one iteration: a compact table, or one plain line when quiet."""
+    def count_iteration(self, iteration: int) -> None:
+        """One iteration done, not shown (logging_steps): the progress bar and the time estimate move."""
         self._done += 1
         if self._progress is not None and self._iter_task is not None:
             self._progress.update(self._iter_task, completed=iteration + 1)
+
+    def log_iteration(self, iteration: int, metrics: Mapping[str, Any]) -> None:
+        """Show the key metrics of one iteration: a compact table, or one plain line when quiet."""
+        self.count_iteration(iteration)
         pairs = key_metrics(metrics)
         total = f"/{self.total_iterations}" if self.total_iterations else ""
         timing = self._timing(iteration)

@@ -195,10 +195,27 @@ def default_lora_targets(model: nn.Module) -> list[str]:
                     f"(its linear layers: {', '.join(sorted(names)) or 'none'})")
 
 
+ALL_LINEAR = "all-linear"  # lora_target_modules=all-linear: peft's and TRL's word
+
+
+def all_linear_targets(model: nn.Module) -> list[str]:
+    """The names of every linear layer but the output layer (the LM head), as peft's "all-linear" chooses."""
+    getter = getattr(model, "get_output_embeddings", None)
+    head = getter() if callable(getter) else None
+    names = {n.rsplit(".", 1)[-1] for n, m in model.named_modules()
+             if isinstance(m, _linear_types()) and m is not head}
+    if not names:
+        raise UserError("lora_target_modules=all-linear: the model has no linear layer besides its output layer")
+    return sorted(names)
+
+
 def check_lora_targets(model: nn.Module, targets: list[str] | None) -> list[str]:
-    """The LoRA target module names: `targets`, each checked against the model, or the default choice."""
+    """The LoRA target module names: `targets`, each checked against the model, ``["all-linear"]`` (every
+    linear layer but the output layer), or the default choice."""
     if not targets:
         return default_lora_targets(model)
+    if [t.lower() for t in targets] == [ALL_LINEAR]:
+        return all_linear_targets(model)
     linear = _linear_names(model)
     missing = [t for t in targets if t not in linear]
     if missing:

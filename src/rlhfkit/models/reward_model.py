@@ -8,7 +8,9 @@ is `head(h[b, last])`, where `last` is the last position whose attention mask is
 (docs/pitfalls.md#score-placement):
 never the first `token == pad_id`, because pad == eos for SmolLM2 and the text ends in eos.
 
-A saved reward model folder (`rlhfkit rm` writes RUN/final) holds
+A saved reward model folder in rlhfkit's form (`rlhfkit rm` writes RUN/final/rlhfkit_rm beside the
+standard AutoModelForSequenceClassification model in RUN/final, or RUN/final itself when the model
+has no standard form) holds
   - the backbone: a LoRA adapter (adapter_config.json + weights; its base is recorded in
     rlhfkit_rm.json) or full weights (config.json + model.safetensors), Hugging Face format
   - score_head.safetensors      the scalar head (always trained, also with LoRA:
@@ -186,6 +188,20 @@ def save_reward_model(model: RewardModel, tokenizer, out_dir: str | Path, meta: 
     return out
 
 
+def write_form_pointer(folder: Path, subfolder: str) -> None:
+    """folder/rlhfkit_rm.json saying that the rlhfkit form lies in folder/`subfolder` (folder itself is the
+    standard sequence-classification model): a copy of the form's own metadata plus ``rlhfkit_form``."""
+    meta = json.loads((folder / subfolder / META_FILE).read_text())
+    (folder / META_FILE).write_text(json.dumps({**meta, "rlhfkit_form": subfolder}, indent=2))
+
+
+def rlhfkit_form(folder: Path) -> Path:
+    """Where the rlhfkit form of a reward model folder lies: folder itself, or the subfolder its
+    rlhfkit_rm.json names (`rlhfkit rm` puts the standard model in RUN/final, write_form_pointer)."""
+    sub = read_meta(folder).get("rlhfkit_form")
+    return folder / sub if isinstance(sub, str) and sub else folder
+
+
 def read_meta(path: str | Path) -> dict:
     folder = Path(path)
     f = folder / META_FILE
@@ -207,6 +223,7 @@ def load_reward_model(path: str | Path, dtype: str | None = None):
     from rlhfkit.models.loading import hub_reference, load_tokenizer, resolve_model_path
 
     folder = resolve_model_path(str(path)) if hub_reference(str(path)) else Path(path)  # org/name[@rev]: its snapshot
+    folder = rlhfkit_form(folder)
     meta = read_meta(folder)
     dtype = dtype or meta.get("dtype", "fp32")
     if meta.get("adapter"):

@@ -125,9 +125,28 @@ def check_reward_call(fn: RewardFn, columns: Sequence[str], name: str | None = N
         else:
             sig.bind([], [], **kwargs)
     except TypeError as e:
+        missing = missing_columns(sig, columns, takes_keywords(fn))
+        if missing:
+            open_ = any(p.kind is p.VAR_KEYWORD for p in sig.parameters.values())
+            also = "" if open_ or not columns else " (and add **kwargs: every column comes as a keyword)"
+            raise RewardError(f"reward {name!r} needs the column{'s' if len(missing) > 1 else ''} "
+                              f"{', '.join(map(repr, missing))}, which the data lacks (its columns: "
+                              f"{', '.join(columns) or 'none besides prompt'}): add it to the data, map one with "
+                              f"?columns={missing[0]}:COLUMN on the data spec, or give the parameter a default"
+                              f"{also}") from None
         given = ", ".join(["prompts", "completions", *columns])
         raise RewardError(f"reward {name!r}: its signature {sig} does not take the call with {given} ({e}); "
                           "a reward receives every prompt field as a keyword: add **kwargs") from None
+
+
+def missing_columns(sig: inspect.Signature, columns: Sequence[str], keywords: bool) -> list[str]:
+    """The required parameters of a reward (no default) that neither prompts/completions (by keyword,
+    or the first two positions) nor a data column fills."""
+    params = [p for p in sig.parameters.values() if p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
+    if not keywords:
+        params = params[2:]  # called as fn(prompts, completions, **columns)
+    filled = {"prompts", "completions", *columns} if keywords else set(columns)
+    return [p.name for p in params if p.default is p.empty and p.name not in filled]
 
 
 def reward_metrics(reward_fn: Any) -> dict[str, float]:

@@ -1,5 +1,6 @@
-"""The optimiser every trainer uses: AdamW with a linear learning-rate warm-up, then a constant,
-linearly decaying or cosine learning rate (`lr_scheduler_type`, transformers' schedules)."""
+"""The optimiser every trainer uses: AdamW (or `optim`'s SGD / Adafactor) with a linear learning-rate
+warm-up, then a constant, linearly decaying or cosine learning rate (`lr_scheduler_type`,
+transformers' schedules)."""
 
 from __future__ import annotations
 
@@ -35,6 +36,7 @@ class OptimizerOptions(Protocol):
     weight_decay: float
     adam_eps: float
     lr_scheduler_type: str
+    optim: str
 
 
 def optimizer_for(params, cfg: OptimizerOptions, total_steps: int | None):
@@ -46,7 +48,24 @@ def optimizer_for(params, cfg: OptimizerOptions, total_steps: int | None):
     if warning and os.environ.get("RANK", "0").strip() in ("", "0"):  # once, from the main process
         print(f"rlhfkit: warning: {warning}", file=sys.stderr, flush=True)
     return make_optimizer(params, cfg.lr, warmup, cfg.weight_decay, cfg.adam_eps,
-                          schedule=cfg.lr_scheduler_type, total_steps=total_steps)
+                          schedule=cfg.lr_scheduler_type, total_steps=total_steps,
+                          optim=cfg.optim)
+
+
+def new_optimizer(groups: list[dict], optim: str, lr: float, weight_decay: float, eps: float):
+    """The torch optimiser transformers' `optim` name means (trainers/options.OptimizerArgs.optim)."""
+    if optim == "sgd":
+        return torch.optim.SGD(groups, lr=lr, weight_decay=weight_decay)
+    if optim == "adafactor":
+        from transformers import Adafactor
+
+        return Adafactor(groups, lr=lr, weight_decay=weight_decay, scale_parameter=False, relative_step=False)
+    if optim not in ("adamw_torch", "adamw_torch_fused"):
+        raise ValueError(f"optim must be one of adamw_torch, adamw_torch_fused, sgd, adafactor, got {optim!r}")
+    tensors = [p for g in groups for p in g["params"]]
+    fusable = all(p.dtype in (torch.float32, torch.bfloat16, torch.float16) for p in tensors)
+    fused = fusable and (single_process() or optim == "adamw_torch_fused")
+    return torch.optim.AdamW(groups, lr=lr, weight_decay=weight_decay, eps=eps, fused=fused or None)
 
 
 def warmup_steps_of(cfg: OptimizerOptions, total_steps: int | None) -> int:
@@ -56,7 +75,7 @@ def warmup_steps_of(cfg: OptimizerOptions, total_steps: int | None) -> int:
 
 
 def make_optimizer(params, lr: float, warmup_steps: int, weight_decay: float = 0.0, eps: float = 1e-8,
-                   schedule: str = "constant", total_steps: int | None = None):
+                   schedule: str = "constant", total_steps: int | None = None, optim: str = "adamw_torch"):
     """(AdamW, LambdaLR): linear warm-up over `warmup_steps` optimiser steps, then a constant lr.
     The warm-up tames the approx-KL spike of Adam's first, large updates (docs/pitfalls.md#adam-warmup).
     The constant schedule's first step already runs at lr / warmup_steps. `schedule` linear or
@@ -66,15 +85,14 @@ def make_optimizer(params, lr: float, warmup_steps: int, weight_decay: float = 0
     `params`: parameters (those without grad are dropped) or parameter groups (dicts with their own
     "lr"). Single-process runs use torch's fused AdamW (one kernel per parameter group: on CPU its
     step over 135M parameters takes 0.12 s against 0.7 s for the default multi-tensor one; the same
-    update rule). Multi-process runs keep the default, which every engine (FSDP, DeepSpeed) accepts."""
+    update rule). Multi-process runs keep the default, which every engine (FSDP, DeepSpeed) accepts,
+    unless `optim` is adamw_torch_fused; sgd and adafactor replace AdamW (`new_optimizer`)."""
     params = list(params)
     if params and isinstance(params[0], dict):
         groups = [{**g, "params": [p for p in g["params"] if p.requires_grad]} for g in params]
     else:
         groups = [{"params": [p for p in params if p.requires_grad]}]
-    tensors = [p for g in groups for p in g["params"]]
-    fused = single_process() and all(p.dtype in (torch.float32, torch.bfloat16, torch.float16) for p in tensors)
-    opt = torch.optim.AdamW(groups, lr=lr, weight_decay=weight_decay, eps=eps, fused=fused or None)
+    opt = new_optimizer(groups, optim, lr, weight_decay, eps)
     if schedule == "constant":
         sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda step: min(1.0, (step + 1) / max(1, warmup_steps)))
         return opt, sched

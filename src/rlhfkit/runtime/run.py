@@ -86,6 +86,39 @@ def actor_saver(run: Run, model, tok) -> Callable:
     return save
 
 
+def store_adapter_base(folder: Path, model: str) -> None:
+    """folder/adapter_config.json's base_model_name_or_path as what loads from any working directory:
+    the Hub id of a Hub model (its revision in `revision`), else the base folder's absolute path (peft
+    writes the path the model was loaded from, which may be relative)."""
+    import json
+
+    from rlhfkit.models.loading import hub_reference, resolve_model_path
+
+    path = folder / "adapter_config.json"
+    if not path.is_file():
+        return
+    adapter = json.loads(path.read_text())
+    hub = hub_reference(str(model))
+    if hub is not None:
+        adapter["base_model_name_or_path"] = hub[0]
+        if hub[1]:
+            adapter["revision"] = hub[1]
+    else:
+        adapter["base_model_name_or_path"] = str(resolve_model_path(str(model)).resolve())
+    path.write_text(json.dumps(adapter, indent=2, sort_keys=True))
+
+
+def write_model_card(final: Path, command: str, run_name: str, config: dict, summary: dict) -> None:
+    """final/README.md: rlhfkit's card (runtime/model_card.py) in place of peft's blank template."""
+    import json
+
+    from rlhfkit.runtime.model_card import final_card
+
+    adapter = (final / "adapter_config.json").is_file()
+    base = json.loads((final / "adapter_config.json").read_text()).get("base_model_name_or_path") if adapter else None
+    (final / "README.md").write_text(final_card(command, run_name, config, summary, base, adapter), encoding="utf-8")
+
+
 def check_resume_fits(checkpoint: Path, total: int, unit: str) -> None:
     """A checkpoint after more steps than this run is set to is refused before anything is written."""
     from rlhfkit.core.run_files import checkpoint_step
@@ -189,7 +222,7 @@ class Run:
         elif self.is_main:
             save_config(cfg, self.run_dir / "config.yaml")
         self.tracker = Tracker(self.run_dir, total, cfg.quiet, self.is_main, cfg.tensorboard, cfg.wandb,
-                               config=to_dict(cfg))
+                               config=to_dict(cfg), logging_steps=cfg.logging_steps)
         for notice in self.folder.notices:  # a damaged newer checkpoint was skipped
             self.tracker.print(notice)
         self.summary.update({"run_dir": str(self.run_dir), **summary})
@@ -339,10 +372,17 @@ class Run:
             try:
                 with out_of_space(final, self.run_dir):
                     self.summary.update(save(final, state) or {})
+                    store_adapter_base(final, self.cfg.model)
             except BaseException:
                 shutil.rmtree(final, ignore_errors=True)  # no half-written final model
                 raise
+            if self.tracker.last_row is not None:  # the last step's metrics, evaluated or not
+                self.summary.setdefault("final_metrics", dict(self.tracker.last_row))
             self.tracker.write_json("summary.json", self.summary)
+            if (final / "README.md").is_file() or (final / "adapter_config.json").is_file():
+                from rlhfkit.core.config import to_dict
+
+                write_model_card(final, self.command, self.run_dir.name, to_dict(self.cfg), self.summary)
             self._clear_failure()
             from rlhfkit.diagnostics.console import closing_line
 

@@ -35,18 +35,28 @@ def read_config(run_dir: Path) -> dict | None:
     return data if isinstance(data, dict) else None
 
 
+def logging_due(iteration: int, every: int, total: int) -> bool:
+    """Whether 0-based `iteration` of `total` is shown and sent to the sinks with logging_steps=`every`:
+    the first, every `every`-th (1-based, as transformers counts) and the last."""
+    return every <= 1 or iteration == 0 or (iteration + 1) % every == 0 or iteration + 1 >= total
+
+
 class Tracker:
     """Writes metrics/samples files, shows progress and findings, feeds optional sinks."""
 
     def __init__(self, run_dir: Path, total_iterations: int, quiet: bool = False, is_main: bool = True,
-                 tensorboard: bool | None = None, wandb: bool = False, config: dict | None = None):
+                 tensorboard: bool | None = None, wandb: bool = False, config: dict | None = None,
+                 logging_steps: int = 1):
         self.run_dir = Path(run_dir)
+        self.total = total_iterations
+        self.logging_steps = logging_steps  # console and sinks every N (metrics.jsonl: every one)
         self.is_main = is_main
         self.quiet = quiet
         self.console = None
         self.monitor = None
         self.sinks: list = []
         self.logged = 0  # metric rows this process logged
+        self.last_row: dict | None = None  # the newest metrics row (summary.json's final_metrics)
         if not is_main:
             return
         try:
@@ -97,9 +107,14 @@ class Tracker:
         row = {"iteration": iteration, **{k: _clean(v) for k, v in metrics.items()}}
         append_text(self.run_dir / "metrics.jsonl", json.dumps(row) + "\n", self.run_dir)
         self.logged += 1
+        self.last_row = row
+        findings = self.monitor.observe(iteration, metrics) if self.monitor is not None else []
+        if not logging_due(iteration, self.logging_steps, self.total) and not findings:
+            if self.console is not None:
+                self.console.count_iteration(iteration)
+            return findings
         for sink in self.sinks:
             sink.log(iteration, metrics)
-        findings = self.monitor.observe(iteration, metrics) if self.monitor is not None else []
         if self.console is not None:
             self.console.log_iteration(iteration, metrics)
             if findings:

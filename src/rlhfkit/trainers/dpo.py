@@ -119,7 +119,7 @@ def train_step(model, data: Rollout, batch: torch.Tensor, ref_table, reference, 
         rows = pair_rows(idx, n)
         logps, lengths = sequence_logps(model, data, rows, cfg, device, columns)
         ref = batch_reference(ref_table, reference, data, rows, cfg, device, columns)
-        loss, st = dpo_batch_loss(logps, ref, lengths, cfg, float(len(batch)))  # / all processes' pairs
+        loss, st = dpo_batch_loss(logps, ref, lengths, cfg, float(len(batch)), cfg.rpo_alpha)  # / all processes' pairs
         return loss, {"loss/dpo": loss.item(), **{k: v * len(idx) / len(local) for k, v in st.items()}}
 
     sums = add_up(accumulate(accelerator, model, micro_pair_chunks(local, cfg.micro_batch_size, data, device, cfg.cpu_chunk_positions), loss_fn))
@@ -138,7 +138,8 @@ def held_out_metrics(model, held: Rollout, held_ref: torch.Tensor | None, cfg: D
             rejected.append((logps[len(idx) :], lengths[len(idx) :]))
         logps = torch.cat([lp for lp, _ in chosen + rejected])
         lengths = torch.cat([ln for _, ln in chosen + rejected])
-        return dpo_batch_loss(logps, None if held_ref is None else held_ref.to(device), lengths, cfg, float(n))[1]
+        return dpo_batch_loss(logps, None if held_ref is None else held_ref.to(device), lengths, cfg, float(n),
+                              cfg.rpo_alpha)[1]
 
 
 # ----------------------------------------------------------------------------- loop

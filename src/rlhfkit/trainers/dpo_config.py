@@ -42,13 +42,18 @@ class DPOConfig(LabelSmoothingArgs, SharePromptsArgs, BetaArgs, EvalDataArgs, Of
                         "split=test are held out")
     # loss
     loss_type: str = option("sigmoid", "sigmoid = DPO; ipo = IPO on length-averaged log-probs; cdpo = sigmoid with "
-                            "label smoothing; simpo = SimPO; orpo = ORPO (both reference-free: no reference is "
+                            "label smoothing (the original conservative DPO); hinge = SLiC's relu(1 - beta h); "
+                            "robust = rDPO (TRL's robust: unbiased under label flips, label_smoothing the flip "
+                            "probability); simpo = SimPO; orpo = ORPO (both reference-free: no reference is "
                             "built)", LOSS_TYPES)
+    rpo_alpha: float | None = option(None, "RPO: add alpha x the chosen response's NLL per token to each pair's loss "
+                                     "(TRL's rpo_alpha; TRL 1.16 writes it loss_type=[sigmoid, sft] with "
+                                     "loss_weights=[1, alpha]). None: off")
     beta = retune(0.1, "inverse temperature of the implicit reward beta * log(pi / pi_ref); simpo: scale of "
                          "the length-normalised reward beta * avg log pi; orpo: weight lambda of the odds-ratio term")
     gamma: float = option(1.0, "simpo: target reward margin gamma (the other losses ignore it)")
-    label_smoothing = retune(None, "cDPO: assumed label-flip probability in [0, 0.5) "
-                                           "(None: 0.1 for cdpo, 0 for sigmoid; not used by ipo)")
+    label_smoothing = retune(None, "cDPO / rDPO: assumed label-flip probability in [0, 0.5) "
+                                           "(None: 0.1 for cdpo and robust, 0 for sigmoid; not used by the others)")
     # optimisation
     share_prompts = retune(True, "run a pair's prompt once for its chosen and rejected response (their keys/values "
                                  "are copied to both rows; equal up to float rounding), and a header all prompts share (a long system "
@@ -67,8 +72,9 @@ class DPOConfig(LabelSmoothingArgs, SharePromptsArgs, BetaArgs, EvalDataArgs, Of
               f"batch_size ({self.batch_size}) must be divisible by micro_batch_size ({self.micro_batch_size})")
         check(self.beta > 0, f"beta ({self.beta}) must be > 0")
         check(0 <= self.smoothing < 0.5, f"label_smoothing ({self.label_smoothing}) must be in [0, 0.5)")
-        check(not (self.loss_type not in ("sigmoid", "cdpo") and self.smoothing > 0),
-              f"label_smoothing ({self.label_smoothing}) applies to sigmoid/cdpo, not {self.loss_type}")
+        check(not (self.loss_type not in ("sigmoid", "cdpo", "robust") and self.smoothing > 0),
+              f"label_smoothing ({self.label_smoothing}) applies to sigmoid/cdpo/robust, not {self.loss_type}")
+        check(self.rpo_alpha is None or self.rpo_alpha >= 0, f"rpo_alpha ({self.rpo_alpha}) must be >= 0")
         check(self.gamma >= 0, f"gamma ({self.gamma}) must be >= 0")
         check(self.reference_model is None or self.uses_reference,
               f"reference_model is not used by loss_type={self.loss_type} (reference-free)")

@@ -18,6 +18,7 @@ from rlhfkit.core.choices import (
     LOSS_AGGREGATIONS,
     ON_POLICY_BACKENDS,
     REINFORCE_PP_ADVANTAGES,
+    REWARD_SCALINGS,
 )
 from rlhfkit.core.config import check, option, retune
 from rlhfkit.runtime.batch_plan import check_micro_batch_size
@@ -76,7 +77,10 @@ class GRPOConfig(AgentArgs, TeacherArgs, CodeRewardArgs, SharePromptsArgs, BetaA
                             "reinforce++ = token returns (score - reward_kl_coef x k1 KL) normalised over the "
                             "batch; reinforce++-baseline = the same after subtracting the group mean score; "
                             "remax = score minus the score of the prompt's greedy completion", ADVANTAGES)
-    scale_rewards: bool = option(True, "GRPO: divide by the group's std (false = Dr. GRPO, centred only)")
+    scale_rewards: str = option("group", "GRPO (advantage=group): divide the centred rewards by the group's std "
+                                "(group), by the std of all the rollout's rewards (batch), or not (none = Dr. "
+                                "GRPO, centred only); TRL's values. true/false mean group/none",
+                                REWARD_SCALINGS)
     drop_zero_std_groups: bool = option(True, "leave groups whose completions all got the same reward (advantage 0: "
                                         "no policy gradient, only compute) out of the teacher-forced pass and the "
                                         "update; the loss is then normalised over the remaining tokens (with "

@@ -73,6 +73,13 @@ def on_every_token(adv: torch.Tensor, mask: torch.Tensor, metrics=None) -> tuple
     return adv[:, None] * mask, {"rollout/advantage_abs_mean": adv.abs().mean().item(), **(metrics or {})}
 
 
+def batch_scaled(centred: torch.Tensor, scores: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
+    """(C,) group-centred advantages divided by the unbiased std of all `scores` (C,) of the rollout, plus
+    eps (scale_rewards=batch; TRL's: its eps is 1e-4). One score: the std is taken as 0."""
+    std = scores.std() if scores.numel() > 1 else torch.zeros((), device=scores.device)
+    return centred / (std + eps)
+
+
 def sequence_estimator(name: str) -> Callable[[AdvantageInputs], tuple[torch.Tensor, dict[str, float]]]:
     """The algos registry's sequence estimator `name` (group, rloo) on the summed shaped rewards, within
     each group of completions (rows, or agent episodes: grpo_rollout.completion_groups)."""
@@ -82,7 +89,9 @@ def sequence_estimator(name: str) -> Callable[[AdvantageInputs], tuple[torch.Ten
         ro = x.rollout
         seq = (ro.rewards * ro.response_mask).sum(1)  # (B,)
         first, group = completion_groups(ro, x.cfg.group_size)  # rows, or agent episodes (info["episode"])
-        adv = group_estimate(estimator, seq[first], group, x.cfg.group_size, x.cfg.scale_rewards)
+        adv = group_estimate(estimator, seq[first], group, x.cfg.group_size, x.cfg.scale_rewards == "group")
+        if x.cfg.scale_rewards == "batch" and name == "group":
+            adv = batch_scaled(adv, seq[first])
         return on_every_token(adv[row_completions(ro)], ro.response_mask)
 
     fn.__name__ = f"{name}_advantages"
@@ -93,7 +102,7 @@ def remax(x: AdvantageInputs) -> tuple[torch.Tensor, dict[str, float]]:
     """ReMax: each completion's reward minus its prompt's greedy completion's reward."""
     ro, greedy = x.rollout, x.greedy()
     seq = (ro.rewards * ro.response_mask).sum(1)
-    adv = ADVANTAGE_ESTIMATORS["remax"](seq, x.cfg.group_size, greedy, x.cfg.scale_rewards)
+    adv = ADVANTAGE_ESTIMATORS["remax"](seq, x.cfg.group_size, greedy, x.cfg.scale_rewards == "group")
     return on_every_token(adv, ro.response_mask, {"rollout/greedy_reward_mean": greedy.mean().item()})
 
 

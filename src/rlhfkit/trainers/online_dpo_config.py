@@ -69,8 +69,8 @@ class OnlineDPOConfig(LabelSmoothingArgs, SharePromptsArgs, BetaArgs, RolloutArg
             check(getattr(self, k) >= 1, f"{k} ({getattr(self, k)}) must be >= 1")
         check(self.beta > 0, f"beta ({self.beta}) must be > 0")
         check(0 <= self.smoothing < 0.5, f"label_smoothing ({self.label_smoothing}) must be in [0, 0.5)")
-        check(not (self.loss_type == "ipo" and self.smoothing > 0),
-              f"label_smoothing ({self.label_smoothing}) applies to sigmoid/cdpo, not ipo")
+        check(not (self.loss_type not in ("sigmoid", "cdpo", "robust") and self.smoothing > 0),
+              f"label_smoothing ({self.label_smoothing}) applies to sigmoid/cdpo/robust, not {self.loss_type}")
         check(self.temperature > 0, f"temperature ({self.temperature}) must be > 0 for sampled pairs")
         check(self.num_eval_prompts >= 0, f"num_eval_prompts ({self.num_eval_prompts}) must be >= 0")
         check(self.log_samples >= 0, f"log_samples ({self.log_samples}) must be >= 0")

@@ -27,6 +27,7 @@ from rlhfkit.core.choices import (
     GENERATION_BACKENDS,
     KL_LOSS_ESTIMATORS,
     LR_SCHEDULES,
+    OPTIMIZERS,
     PROMPT_OVERFLOW_MODES,
 )
 from rlhfkit.core.config import FrozenAfterValidation, check, option
@@ -120,6 +121,11 @@ class OptimizerArgs:
     weight_decay: float = option(0.0, "AdamW weight decay")
     adam_eps: float = option(1e-8, "AdamW epsilon")
     max_grad_norm: float = option(1.0, "gradient-norm clip threshold (params/grad_norm is logged before clipping)")
+    optim: str = option("adamw_torch", "the optimiser, by transformers' names: adamw_torch = AdamW (torch's fused "
+                        "kernel in a single process, the same update); adamw_torch_fused = AdamW, fused wherever "
+                        "torch has the kernel; sgd = plain SGD (no momentum) with weight_decay; adafactor = "
+                        "transformers' Adafactor at lr (relative_step=False, scale_parameter=False, as the "
+                        "Trainer sets it)", OPTIMIZERS)
 
     def validate(self) -> None:
         check(self.lr > 0, f"lr ({self.lr}) must be > 0")
@@ -158,7 +164,8 @@ class ModelArgs(PromptFormatArgs):
     lora_r: int = option(16, "LoRA rank")
     lora_alpha: int = option(32, "LoRA alpha (scale = alpha / r)")
     lora_dropout: float = option(0.0, "LoRA dropout; keep 0 for RL so rollouts and updates see the same policy")
-    lora_target_modules: list[str] | None = option(None, "module names to adapt; None chooses attention+MLP projections")
+    lora_target_modules: list[str] | None = option(None, "module names to adapt; all-linear = every linear layer but "
+                                                   "the output layer (peft's); None chooses attention+MLP projections")
     lora_layers: int | None = option(None, "adapt only the top N transformer layers (None: all). Backward then stops "
                                      "below the lowest adapted layer: a large CPU speed-up for a small loss in capacity")
 
@@ -261,12 +268,16 @@ class RunArgs(FrozenAfterValidation):
     max_nonfinite_steps: int = option(3, "an optimiser step whose loss or gradient norm is NaN/inf is skipped; stop "
                                       "with a diagnosis after this many in a row")
     save_merged: bool = option(False, "also save merged full weights (LoRA) in final/merged")
+    logging_steps: int = option(1, "show metrics on the console and send them to TensorBoard/W&B every N "
+                                "iterations (sft/rm/dpo/kto: optimiser steps), and at the first and last; "
+                                "metrics.jsonl keeps every one")
 
     def validate(self) -> None:
         # RunArgs is mixed into every trainer's config: checked here so no validate() repeats it.
         check(self.save_every >= 0, f"save_every ({self.save_every}) must be >= 0 (0 = only when stopped)")
         check(self.keep_checkpoints >= 1, f"keep_checkpoints ({self.keep_checkpoints}) must be >= 1")
         check(self.max_nonfinite_steps >= 1, f"max_nonfinite_steps ({self.max_nonfinite_steps}) must be >= 1")
+        check(self.logging_steps >= 1, f"logging_steps ({self.logging_steps}) must be >= 1")
         check(0 <= self.seed < 2**63, f"seed ({self.seed}) must be in [0, 2**63 - 1]")
         check_environment()  # what the run reads from the environment is checked like its options
 
@@ -435,13 +446,14 @@ class SharePromptsArgs:
 class LabelSmoothingArgs:
     """cDPO's label smoothing (DPO, online DPO)."""
 
-    label_smoothing: float | None = option(None, "cDPO label-flip probability (None: 0.1 for cdpo, else 0)")
+    label_smoothing: float | None = option(None, "cDPO / rDPO label-flip probability (None: 0.1 for cdpo and robust, "
+                                           "else 0)")
 
     @property
     def smoothing(self) -> float:
         if self.label_smoothing is not None:
             return self.label_smoothing
-        return 0.1 if self.loss_type == "cdpo" else 0.0
+        return 0.1 if self.loss_type in ("cdpo", "robust") else 0.0
 
 
 @dataclass
@@ -470,20 +482,32 @@ class EvalDataArgs:
                                    "pairs, or eval_fraction of them held back)")
 
 
+class MaxLengthArgs:
+    """TRL's max_length, tokens of prompt + response together (SFT and RM: their one limit; DPO and KTO:
+    a cap beside max_prompt_length and max_response_length)."""
+
+    max_length: int | None = option(None, "prompt + response tokens kept (TRL's max_length): after the prompt keeps "
+                                    "its last max_prompt_length tokens, the response keeps its first max_length "
+                                    "minus the prompt's tokens (at least 1), and at most max_response_length. "
+                                    "None: no limit beyond those two")
+
+
 @dataclass
-class ExamplesArgs(EvalSplitArgs, EvalDataArgs, DataArgs):
+class ExamplesArgs(EvalSplitArgs, EvalDataArgs, MaxLengthArgs, DataArgs):
     """Examples read whole, with a held-out share (SFT, RM)."""
 
     eval_fraction: float = option(0.0, "share of `data` held back from training for evaluation when it has no "
                                   "eval_split and no eval_data (0: hold nothing back, as TRL does; the evaluation "
                                   "then runs on training records and says so)")
     max_steps: int = option(0, "optimiser steps; 0 = epochs x ceil(pairs / batch_size)")
-    max_length: int = option(256, "tokens per formatted prompt + response; longer texts lose their beginning")
     eval_every: int = option(0, "evaluate every N optimiser steps (0 = only before and after training)")
+
+    def validate(self) -> None:
+        check(self.max_length is not None, "max_length must be a number of tokens here (None: dpo and kto only)")
 
 
 @dataclass
-class PairArgs:
+class PairArgs(MaxLengthArgs):
     """Prompt + completion rows against a reference (DPO, KTO): lengths, the reference, the step cap."""
 
     max_prompt_length: int = option(192, "prompt tokens kept (the end of longer prompts)")
@@ -496,6 +520,9 @@ class PairArgs:
     precompute_ref_logps: bool | None = option(None, "compute reference log-probs once before training (None: when "
                                                "the run sees every pair at least once, i.e. when it is cheaper)")
     max_steps: int | None = option(None, "stop after this many optimiser steps (None: epochs decide)")
+
+    def validate(self) -> None:
+        check(self.max_length is None or self.max_length >= 2, f"max_length ({self.max_length}) must be >= 2")
 
 
 @dataclass

@@ -43,6 +43,20 @@ def ipo_loss(logps, ref_logps, lengths, cfg):
     return dpo_loss(*halves(logps / lengths), *halves(ref_logps / lengths), cfg.beta, "ipo", cfg.smoothing)
 
 
+def hinge_loss(logps, ref_logps, lengths, cfg):
+    """SLiC's hinge on the DPO log-ratio difference h: relu(1 - beta h) (TRL's loss_type=hinge)."""
+    from rlhfkit.algos import dpo_loss
+
+    return dpo_loss(*halves(logps), *halves(ref_logps), cfg.beta, "hinge")
+
+
+def robust_loss(logps, ref_logps, lengths, cfg):
+    """rDPO (Chowdhury et al. 2024; TRL's loss_type=robust) with flip probability cfg.smoothing."""
+    from rlhfkit.algos import dpo_loss
+
+    return dpo_loss(*halves(logps), *halves(ref_logps), cfg.beta, "robust", cfg.smoothing)
+
+
 def simpo_loss(logps, ref_logps, lengths, cfg):
     """SimPO (Meng et al. 2024): length-normalised, with the margin cfg.gamma; no reference."""
     from rlhfkit.algos import simpo_loss as loss
@@ -61,6 +75,8 @@ PAIR_LOSSES: dict[str, PairLoss] = {  # loss_type -> loss; the order is the choi
     "sigmoid": PairLoss(sigmoid_loss, needs_reference=True),
     "ipo": PairLoss(ipo_loss, needs_reference=True),
     "cdpo": PairLoss(sigmoid_loss, needs_reference=True),  # sigmoid with label smoothing (default 0.1)
+    "hinge": PairLoss(hinge_loss, needs_reference=True),
+    "robust": PairLoss(robust_loss, needs_reference=True),  # rDPO, label smoothing as flip probability
     "simpo": PairLoss(simpo_loss, needs_reference=False),
     "orpo": PairLoss(orpo_loss, needs_reference=False),
 }
@@ -69,10 +85,15 @@ REFERENCE_LOSS_TYPES = tuple(name for name, loss in PAIR_LOSSES.items() if loss.
 REFERENCE_FREE = tuple(name for name, loss in PAIR_LOSSES.items() if not loss.needs_reference)
 
 
-def pair_batch_loss(policy_logps, ref_logps, lengths, cfg, n_pairs: float):
+def pair_batch_loss(policy_logps, ref_logps, lengths, cfg, n_pairs: float, rpo_alpha: float | None = None):
     """(loss of k pairs divided by the number of pairs in the whole optimiser batch, metrics): the
-    micro-batch losses add up to the batch's mean. Inputs as the losses above take them."""
+    micro-batch losses add up to the batch's mean. Inputs as the losses above take them. `rpo_alpha`
+    (DPO's option): each pair's loss gains alpha x its chosen response's NLL per token (RPO)."""
     from rlhfkit.algos.registry import choose  # torch: deferred with the losses (module docstring)
 
     losses, metrics = choose(PAIR_LOSSES, cfg.loss_type, "loss type").fn(policy_logps, ref_logps, lengths, cfg)
+    if rpo_alpha:  # RPO (Pang et al. 2024): + alpha x the chosen response's NLL per token
+        chosen_nll = -halves(policy_logps)[0] / halves(lengths)[0].clamp(min=1)
+        losses = losses + rpo_alpha * chosen_nll
+        metrics = {**metrics, "loss/chosen_nll": chosen_nll.mean().item()}
     return losses.sum() / n_pairs, metrics

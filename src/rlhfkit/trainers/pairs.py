@@ -27,10 +27,19 @@ def encode_pairs(tok, pairs: list[dict], cfg) -> Rollout:
                        "a chosen or rejected response")
 
 
+def response_budget(prompt_tokens: int, cfg) -> int:
+    """Response tokens a row keeps: max_response_length, and with max_length (TRL's) at most what is
+    left of it after the prompt's `prompt_tokens`, at least 1."""
+    total = cfg.max_length
+    if total is None:
+        return cfg.max_response_length
+    return max(1, min(cfg.max_response_length, total - prompt_tokens))
+
+
 def encode_rows(tok, records: list[dict], responses: list[str], cfg, what: str = "a response") -> Rollout:
     """One row per (record's prompt, response). Each response ends with the end-of-turn token, so the
     model also learns where to stop. Prompts keep their last max_prompt_length tokens, responses their
-    first max_response_length."""
+    first max_response_length (and with max_length, at most max_length minus the prompt's, `response_budget`)."""
     from rlhfkit.data.chat import end_of_turn, tokenize_sft_example
 
     texts = format_prompts(tok, [r.get("messages") or r["prompt"] for r in records], cfg)
@@ -39,7 +48,7 @@ def encode_rows(tok, records: list[dict], responses: list[str], cfg, what: str =
         ex = tokenize_sft_example(tok, text, text + response + end_of_turn(tok))
         n = sum(1 for label in ex["labels"] if label == -100)
         queries.append(ex["input_ids"][:n][-cfg.max_prompt_length:])
-        encoded.append(ex["input_ids"][n:][: cfg.max_response_length])
+        encoded.append(ex["input_ids"][n:][: response_budget(len(queries[-1]), cfg)])
     if any(not r for r in encoded):
         raise DataError(f"{what} tokenises to nothing")
     P, R, pad = max(map(len, queries)), max(map(len, encoded)), tok.pad_token_id

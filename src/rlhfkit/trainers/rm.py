@@ -8,10 +8,11 @@ One optimiser step, as numbered steps in `train`:
                the whole mini-batch, so micro-batching gives the same gradient
   4. step      clip, AdamW (LoRA adapters AND the score head: docs/pitfalls.md#lora-reference), warm-up schedule
   5. evaluate  before training, every `eval_every` steps and at the end, on held-out pairs
-  6. log/save  metrics.jsonl; RUN/final = backbone (adapter or full) + score head + tokenizer +
+  6. log/save  metrics.jsonl; RUN/final = the model as a transformers AutoModelForSequenceClassification
+               (causal backbones read at the last token; models/classifier_reward.py) and
+               RUN/final/rlhfkit_rm = backbone (adapter or full) + score head + tokenizer +
                rlhfkit_rm.json with the score mean/std on the training responses (for centring);
-               RUN/final/sequence_classification: the same model as a transformers
-               AutoModelForSequenceClassification (causal backbones; models/classifier_reward.py)
+               a model with no standard form (an encoder, mean pooling) is the rlhfkit form in RUN/final
 """
 
 from __future__ import annotations
@@ -213,17 +214,27 @@ def score_stats(model, tok, train_pairs: list[dict], info: dict, cfg: RMConfig) 
     return {"mean": mean, "std": std, "n": len(raw)}
 
 
+RLHFKIT_FORM = "rlhfkit_rm"  # RUN/final/<this>: the rlhfkit form beside the standard one in RUN/final
+
+
 def rm_saver(run, tok, info: dict, cfg: RMConfig):
-    """`save(folder, state)`: the reward model (rlhfkit format) and, unsharded, its sequence-classification twin."""
-    from rlhfkit.models.classifier_reward import STANDARD_DIR, save_classifier
-    from rlhfkit.models.reward_model import save_reward_model
+    """`save(folder, state)`: unsharded, with a standard form (a causal backbone read at its last token),
+    `folder` is the transformers AutoModelForSequenceClassification model and the rlhfkit form (backbone
+    or adapter + score head, read by `load_reward_model` through folder/rlhfkit_rm.json) lies in
+    folder/rlhfkit_rm/; otherwise `folder` is the rlhfkit form alone."""
+    from rlhfkit.models.classifier_reward import save_classifier
+    from rlhfkit.models.reward_model import save_reward_model, write_form_pointer
 
     def save(folder, state):
-        save_reward_model(run.core, tok, folder, info, merge=cfg.save_merged, state_dict=state)
-        standard = save_classifier(run.core, tok, folder / STANDARD_DIR) if state is None else None
+        standard = save_classifier(run.core, tok, folder) if state is None else None
+        rlhfkit_form = folder / RLHFKIT_FORM if standard else folder
+        save_reward_model(run.core, tok, rlhfkit_form, info, merge=cfg.save_merged, state_dict=state)
+        if standard:
+            write_form_pointer(folder, RLHFKIT_FORM)
         return {"final": str(folder), **({"sequence_classification": str(standard)} if standard else {})}
 
     return save
+
 
 
 def main(argv: list[str]) -> int:

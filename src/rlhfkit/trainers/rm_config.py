@@ -14,6 +14,7 @@ class RMConfig(ExamplesArgs, OfflineArgs, ModelArgs, OptimizerArgs, RunArgs):
     """Reward model: backbone + scalar head trained with the Bradley-Terry loss on preference pairs."""
 
     max_eval_pairs: int = option(256, "held-out pairs used for evaluation (a seeded subset)")
+    max_length = retune(256, "tokens per formatted prompt + response; longer texts lose their beginning")
     epochs = retune(2, "passes over the training pairs (ignored when max_steps > 0)")
     batch_size = retune(16, "pairs per optimiser step (all processes together)")
     micro_batch_size = retune(8, "pairs per forward/backward (each pair = 2 sequences)")
