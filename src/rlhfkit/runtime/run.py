@@ -105,9 +105,11 @@ class Run:
         from rlhfkit.core.allocator import cap_kernel_caches, tune_malloc
         from rlhfkit.core.seeding import seed_everything
         from rlhfkit.models.loading import resolve_dtype
+        from rlhfkit.runtime.distributed import refuse_deepspeed
         from rlhfkit.runtime.fsdp2 import requested_plan
         from rlhfkit.runtime.run_folder import check_run_folder
 
+        refuse_deepspeed()  # a DeepSpeed launch stops here, before anything is set up (docs/scale.md)
         cap_kernel_caches()  # before any matmul: each new shape's kernels stay cached (core/allocator.py)
         self.cfg, self.command = cfg, command
         # One scheduler step per optimiser step (runtime/faults.guarded_step steps it): accelerate's default
