@@ -112,8 +112,11 @@ def test_fsdp2_by_hand_full_fine_tuning_in_bf16_and_fp32_and_lora():
     assert est["reference"] == reference / 8  # sharded like the policy
     # sampling gathers the whole policy: layers in bf16 (the bf16 run's mixed precision), the root fp32
     assert est["generation gather"] == (P - root) * 2 + root * 4
-    # training: the root's fp32 weights and its whole fp32 gradient, two bf16 layers
-    assert est["training gather"] == root * 4 + root * 4 + 2 * (P - root) / 32 * 2
+    # training: the root's fp32 weights and its whole fp32 gradient, two bf16 layers, and (4 rows a
+    # micro-batch, 16 a rollout: the step accumulates) every trainable parameter's whole fp32 gradient
+    assert est["training gather"] == root * 4 + root * 4 + 2 * (P - root) / 32 * 2 + P * 4
+    whole = estimate(build_config(MemoryArgs, {**base, "micro_batch_size": 16, "rollout_batch_size": 16}))
+    assert whole["training gather"] == root * 4 + root * 4 + 2 * (P - root) / 32 * 2  # one micro-batch a step
     # the whole frozen copy moves onto each GPU before it is sharded, beside the policy's shards (the
     # policy is sharded onto the device from CPU memory); on the CPU both are whole in the process
     assert est["loading phase"] == P * 4 / 8 + reference + est["value head"]
@@ -130,7 +133,7 @@ def test_fsdp2_by_hand_full_fine_tuning_in_bf16_and_fp32_and_lora():
     lora = estimate(build_config(MemoryArgs, {**base, "lora": True}))
     assert lora["policy weights"] == (P * 2 + T * 4) / 8 and lora["reference"] == 0
     assert lora["generation gather"] == (P - root + T) * 2 + root * 2  # a bf16 base; adapters gathered in bf16
-    assert lora["training gather"] == root * 2 + 2 * (P - root + T) / 32 * 2  # a frozen root: no gradient
+    assert lora["training gather"] == root * 2 + 2 * (P - root + T) / 32 * 2 + T * 4  # a frozen root: no gradient
     for other in ("none", "zero2", "zero3"):
         assert estimate(build_config(MemoryArgs, {**base, "sharding": other}))["loading phase"] == 0
 

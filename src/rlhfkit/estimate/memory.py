@@ -255,14 +255,20 @@ def fsdp2_gather(args: MemoryArgs, s: ModelShape, trainable: int) -> dict[str, f
     weights, a LoRA run's fp32 base), and the root (embeddings, untied output layer, final norm) in its
     stored dtype (no policy on the root: fp32 for full fine-tuning, b_c for a LoRA base). "training":
     the root's weights, kept from its forward to its backward, its whole fp32 gradient before the
-    reduce-scatter (full fine-tuning), and two layers gathered at once (one running, the next
-    prefetched)."""
+    reduce-scatter (full fine-tuning), two layers gathered at once (one running, the next
+    prefetched), and, when a step accumulates micro-batches, the whole fp32 gradient of every
+    trainable parameter: the micro-batches before the last one keep their gradients unsharded
+    (runtime/distributed.py `no_sync`: `set_requires_gradient_sync(False)`). The RL methods accumulate
+    when micro_batch_size < the mini-batch (or rollout); the others are counted as accumulating."""
     root = s.vocab * s.hidden * (1 if s.tied else 2) + s.hidden
     layers = s.param_count() - root + (trainable if args.lora else 0)  # with the adapters
     gathered = 2 if args.dtype == "bf16" else 4
     stored = 4 if not args.lora else (2 if args.dtype == "bf16" else 4)
+    rl = args.method in ("ppo", "trpo", "grpo", "distill")
+    accumulating = not rl or args.micro_batch_size < (args.mini_batch_size or args.rollout_batch_size)
     return {"policy": layers * gathered + root * stored,
-            "training": root * stored + (0 if args.lora else root * 4) + 2 * layers / s.layers * gathered}
+            "training": (root * stored + (0 if args.lora else root * 4) + 2 * layers / s.layers * gathered
+                         + (trainable * 4 if accumulating else 0))}
 
 
 def teacher_bytes(args: MemoryArgs, bytes_per_value: int) -> float:
