@@ -7,8 +7,10 @@ Each run below goes through the CLI twice on the same two processes: sharded, as
 (FSDP2, OUT_DIR/fsdp2/NAME), and unsharded (ACCELERATE_USE_FSDP=false for that run: plain data
 parallelism, OUT_DIR/ddp/NAME), with the same seeds and the same prompts per process. Sampling, the
 log-prob pass, the reference, the update and the final save then see the same weights either way.
-The bf16 runs use the fsdp2-lora preset's mixed precision (layers gathered in bf16) and are only
-run sharded: their step-0 exactness checks need no unsharded twin. PPO runs 2 iterations straight
+PPO with full fine-tuning and dtype=bf16 runs on the fsdp2.yaml preset as it is (mixed_precision
+'no'): rlhfkit gathers the layers in bf16 for a bf16 run; it runs sharded and unsharded. The LoRA bf16
+run uses the fsdp2-lora preset's mixed precision and runs sharded only (its step-0 exactness checks
+need no twin). PPO runs 2 iterations straight
 and 1 + a checkpoint + a resume (ppo-2, ppo-resumed). GRPO with one_step_off_policy must stop with
 exit code 2 (its sampler needs whole weights).
 """
@@ -30,6 +32,10 @@ RUNS = {  # name -> (command, arguments); full fine-tuning keeps a frozen refere
     "sft": ("sft", ["lora=false", "max_steps=1", "batch_size=4", "micro_batch_size=2", "max_eval_examples=2",
                     "max_length=64", "rouge_max_new_tokens=6", "lr=1e-3"]),
 }
+# dtype=bf16 with the fsdp2.yaml preset (mixed_precision 'no'): rlhfkit gathers the layers in bf16
+# (runtime/fsdp2.py for_compute_dtype); run sharded and unsharded
+BF16_FULL = ("ppo", ["lora=false", "dtype=bf16", "rollout_batch_size=4", "mini_batch_size=4", "micro_batch_size=2",
+                     "max_new_tokens=6", "num_eval_prompts=0", "iterations=1", "reward=length:3", "lr=1e-3"])
 BF16_RUNS = {
     "ppo-bf16": ("ppo", ["dtype=bf16", "rollout_batch_size=4", "mini_batch_size=4", "micro_batch_size=2",
                          "max_new_tokens=6", "num_eval_prompts=0", "iterations=1", "reward=length:3"]),
@@ -61,6 +67,11 @@ def main(model_dir: str, out: Path) -> None:
                                                 f"resume={out / 'fsdp2' / 'ppo-resumed'}"], model_dir)
     command, args = RUNS["grpo"]  # the off-policy sampler needs whole weights: refused with one line
     run(out / "fsdp2", "grpo-off-policy", command, [*args, "one_step_off_policy=true"], model_dir, expect=2)
+    command, args = BF16_FULL
+    run(out / "fsdp2", "ppo-bf16-full", command, args, model_dir)
+    os.environ["ACCELERATE_USE_FSDP"] = "false"
+    run(out / "ddp", "ppo-bf16-full", command, args, model_dir)
+    os.environ["ACCELERATE_USE_FSDP"] = "true"
     os.environ["ACCELERATE_MIXED_PRECISION"] = "bf16"  # read by rlhfkit's plan; accelerate keeps its own 'no'
     for name, (command, args) in BF16_RUNS.items():
         run(out / "fsdp2", name, command, args, model_dir)

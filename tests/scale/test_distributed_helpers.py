@@ -10,11 +10,14 @@ import pytest
 import torch
 
 from rlhfkit.algos import masked_mean, masked_var
+from rlhfkit.errors import ConfigError
 from rlhfkit.runtime.distributed import (
+    DEEPSPEED_REFUSED,
     accumulate_backward,
     configure_deepspeed,
     global_mean_var,
     mean_over_processes,
+    refuse_deepspeed,
     sum_over_processes,
 )
 
@@ -118,3 +121,29 @@ def test_grpo_constant_normaliser_counts_every_process():
     one, _ = micro_batch_loss(actor, mb, cfg, 24.0, 4.0, torch.device("cpu"))
     two, _ = micro_batch_loss(actor, mb, cfg, 48.0, 8.0, torch.device("cpu"), num_processes=2)
     assert float(one) != 0 and float(two) == pytest.approx(float(one) / 2, rel=1e-6)
+
+
+def test_a_deepspeed_launch_is_refused_in_one_line():
+    refuse_deepspeed({})  # DDP, FSDP2, torchrun: nothing to refuse
+    refuse_deepspeed({"ACCELERATE_USE_DEEPSPEED": "false"})
+    for flag in ("true", "True", "1"):
+        with pytest.raises(ConfigError) as err:
+            refuse_deepspeed({"ACCELERATE_USE_DEEPSPEED": flag, "ACCELERATE_DEEPSPEED_ZERO_STAGE": "3"})
+        assert str(err.value) == DEEPSPEED_REFUSED and "\n" not in DEEPSPEED_REFUSED
+
+
+@pytest.mark.parametrize("command", ["ppo", "sft"])
+def test_every_trainer_under_a_deepspeed_launch_stops_with_the_line_and_writes_nothing(
+        command, tiny_model_dir, tmp_path, monkeypatch, capsys):
+    """What `accelerate launch --config_file configs/accelerate/deepspeed-zero3.yaml` puts in the
+    environment (one process: the check comes before any process group or model)."""
+    from rlhfkit.cli import main
+
+    for key, value in {"ACCELERATE_USE_DEEPSPEED": "true", "ACCELERATE_DEEPSPEED_ZERO_STAGE": "3",
+                       "ACCELERATE_MIXED_PRECISION": "bf16"}.items():
+        monkeypatch.setenv(key, value)
+    out = tmp_path / "runs"
+    assert main([command, f"model={tiny_model_dir}", f"output_dir={out}", "quiet=true"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and DEEPSPEED_REFUSED in err[0], err
+    assert not out.exists()

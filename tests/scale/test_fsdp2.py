@@ -34,6 +34,8 @@ NAMES = ("ppo", "grpo", "dpo", "sft")
 # near-cancelled sum of size ~eps moves by an amount its rounding sets). The bounds leave a margin
 # of about 10; a wrong gradient (one process's half batch, an unreduced shard) is off by O(1).
 METRIC_REL, WEIGHT_REL = 1e-4, 2e-4
+# bf16 rounding (8 bits of mantissa) of weights, activations and the norms' weights: 2^-8 ~ 4e-3 per value.
+BF16_REL = 3e-2
 
 
 @pytest.fixture(scope="module")
@@ -157,3 +159,19 @@ def test_a_run_resumed_from_a_sharded_checkpoint_continues_as_if_never_stopped(o
     for key, value in second.items():
         if isinstance(value, float) and not key.startswith(("timing/", "throughput/")):
             assert rows[1][key] == value, key
+
+
+def test_a_bf16_run_gathers_its_layers_in_bf16_on_the_fp32_preset_and_stays_exact_at_step_zero(out):
+    """fsdp2.yaml (mixed_precision 'no') with dtype=bf16 and full fine-tuning: the plan says bf16 (layers
+    gathered and run in bf16, gradients reduced in fp32), the frozen reference copy is sharded with the
+    same policy, so the KL is exactly 0 and the first update micro-batch repeats the log-prob pass.
+    Against the same run unsharded (fp32 weights under bf16 autocast; the norms' weights there stay
+    fp32): the same sampled completions and metrics within bf16 rounding."""
+    run_dir = out / "fsdp2" / "ppo-bf16-full"
+    plan = json.loads((run_dir / "summary.json").read_text())["fsdp2"]
+    assert plan["mixed_precision"] == "bf16" and plan["reference"] == "sharded"
+    row, twin = first_row(run_dir), first_row(out / "ddp" / "ppo-bf16-full")
+    assert row["rollout/kl"] == 0.0 and row["params/ratio_first_microbatch_maxdev"] == 0.0
+    for key, value in twin.items():
+        if isinstance(value, float) and not key.startswith(("timing/", "throughput/")):
+            assert abs(row[key] - value) <= BF16_REL * max(abs(value), 1e-2), f"{key}: {row[key]} against {value}"

@@ -99,6 +99,45 @@ def test_sharding_reference_offload_and_checkpointing():
     assert estimate(build_config(MemoryArgs, {**base, "method": "sft"}))["reference"] == 0
 
 
+def test_fsdp2_by_hand_full_fine_tuning_in_bf16_and_fp32_and_lora():
+    """sharding=fsdp2: what runtime/fsdp2.py holds. Llama-2-7B, untied: the root is the embedding, the
+    output layer and the final norm (2 x 32000 x 4096 + 4096), the rest is 32 layers."""
+    base = dict(model="llama-2-7b", lora=False, dtype="bf16", num_devices=8, micro_batch_size=4, prompt_length=512,
+                max_new_tokens=512, sharding="fsdp2")
+    P, root = 6_738_415_616, 2 * 32000 * 4096 + 4096
+    kept = 2 * 32000 * 4096 + 65 * 4096
+    est = estimate(build_config(MemoryArgs, base))
+    assert (est["policy weights"], est["gradients"], est["optimiser"]) == (P * 4 / 8, P * 4 / 8, P * 8 / 8)
+    reference = (P - kept) * 2 + kept * 4  # 13.04 GiB whole: linear layers bf16, embeddings/head/norms fp32
+    assert est["reference"] == reference / 8  # sharded like the policy
+    # sampling gathers the whole policy: layers in bf16 (the bf16 run's mixed precision), the root fp32
+    assert est["generation gather"] == (P - root) * 2 + root * 4
+    # training: the root's fp32 weights and its whole fp32 gradient, two bf16 layers, and (4 rows a
+    # micro-batch, 16 a rollout: the step accumulates) every trainable parameter's whole fp32 gradient
+    assert est["training gather"] == root * 4 + root * 4 + 2 * (P - root) / 32 * 2 + P * 4
+    whole = estimate(build_config(MemoryArgs, {**base, "micro_batch_size": 16, "rollout_batch_size": 16}))
+    assert whole["training gather"] == root * 4 + root * 4 + 2 * (P - root) / 32 * 2  # one micro-batch a step
+    # the whole frozen copy moves onto each GPU before it is sharded, beside the policy's shards (the
+    # policy is sharded onto the device from CPU memory); on the CPU both are whole in the process
+    assert est["loading phase"] == P * 4 / 8 + reference + est["value head"]
+    cpu = estimate(build_config(MemoryArgs, {**base, "device": "cpu"}))
+    assert cpu["loading phase"] == cpu["process baseline"] + P * 4 + reference + cpu["value head"]
+    assert est["peak"] == max(est["generation phase"], est["training phase"], est["loading phase"])
+    assert est["training phase"] == (est["policy weights"] + est["optimiser"] + est["reference"] + est["value head"]
+                                     + est["gradients"] + est["training gather"] + est["activations"] + est["logits"])
+    fp32 = estimate(build_config(MemoryArgs, {**base, "dtype": "fp32"}))
+    assert fp32["generation gather"] == P * 4  # no mixed precision: the layers gather in fp32
+    off = estimate(build_config(MemoryArgs, {**base, "offload_reference": True}))
+    assert off["reference"] == 0 and off["loading phase"] == P * 4 / 8 + off["value head"]
+    T = PRESETS["llama-2-7b"].lora_count(16)
+    lora = estimate(build_config(MemoryArgs, {**base, "lora": True}))
+    assert lora["policy weights"] == (P * 2 + T * 4) / 8 and lora["reference"] == 0
+    assert lora["generation gather"] == (P - root + T) * 2 + root * 2  # a bf16 base; adapters gathered in bf16
+    assert lora["training gather"] == root * 2 + 2 * (P - root + T) / 32 * 2 + T * 4  # a frozen root: no gradient
+    for other in ("none", "zero2", "zero3"):
+        assert estimate(build_config(MemoryArgs, {**base, "sharding": other}))["loading phase"] == 0
+
+
 def test_cli_prints_a_table_for_a_model_folder(tiny_model_dir, capsys):
     assert main([f"model={tiny_model_dir}", "method=grpo"]) == 0
     out = capsys.readouterr().out

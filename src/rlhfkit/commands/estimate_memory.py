@@ -35,10 +35,11 @@ def render(args: MemoryArgs, est: dict[str, float]) -> str:
             f"{args.num_devices} {args.device} device(s), sharding={args.sharding})")
     rows = [f"| {k} | {est[k] / GIB:.3f} | {est[k] / 1e9:.3f} |"
             for k in ("process baseline", "policy weights", "gradients", "optimiser", "reference", "teacher",
-                      "value head", "KV cache", "generation gather", "merged LoRA", "activations", "logits",
-                      "teacher logits", "heap retention", "old logits", "Fisher graphs", "Fisher product",
-                      "generation phase", "training phase", "peak")
-            if est[k] or k not in ("old logits", "Fisher graphs", "Fisher product", "teacher", "teacher logits")]
+                      "value head", "KV cache", "generation gather", "training gather", "merged LoRA", "activations",
+                      "logits", "teacher logits", "heap retention", "old logits", "Fisher graphs", "Fisher product",
+                      "loading phase", "generation phase", "training phase", "peak")
+            if est[k] or k not in ("old logits", "Fisher graphs", "Fisher product", "teacher", "teacher logits",
+                                   "training gather", "loading phase")]
     return "\n".join([head, "", "| component | GiB per device | GB |", "| --- | ---: | ---: |", *rows])
 
 
@@ -55,13 +56,13 @@ WORKED = [  # LoRA rows on every layer (lora_layers=null; PPO's own default is t
      "max_new_tokens=512 prompts_per_generate=32 gradient_checkpointing=true"),
     ("7B, full, bf16, 8 GPUs DDP", "model=llama-2-7b lora=false num_devices=8 micro_batch_size=4 prompt_length=512 "
      "max_new_tokens=512 prompts_per_generate=32"),
-    ("7B, full, bf16, 8 GPUs ZeRO-3, checkpointing", "model=llama-2-7b lora=false num_devices=8 sharding=zero3 "
+    ("7B, full, bf16, 8 GPUs FSDP2, checkpointing", "model=llama-2-7b lora=false num_devices=8 sharding=fsdp2 "
      "micro_batch_size=4 prompt_length=512 max_new_tokens=512 prompts_per_generate=32 gradient_checkpointing=true"),
-    ("... and offload_reference", "model=llama-2-7b lora=false num_devices=8 sharding=zero3 micro_batch_size=4 "
+    ("... and offload_reference", "model=llama-2-7b lora=false num_devices=8 sharding=fsdp2 micro_batch_size=4 "
      "prompt_length=512 max_new_tokens=512 prompts_per_generate=32 gradient_checkpointing=true offload_reference=true"),
 ]
 WORKED_COLUMNS = ("process baseline", "policy weights", "gradients", "optimiser", "reference", "KV cache", "generation gather",
-                  "merged LoRA", "activations", "logits", "heap retention", "peak")
+                  "training gather", "merged LoRA", "activations", "logits", "heap retention", "loading phase", "peak")
 
 
 def worked_table() -> str:

@@ -127,7 +127,12 @@ class MemoryArgs:
                          "and long micro-batches run in row chunks", ("gpu", "cpu"))
     num_devices: int = option(1, "data-parallel devices (GPUs, or processes)")
     sharding: str = option("none", "none = DDP (full copy per device); zero2 = gradients+optimiser sharded; "
-                           "zero3 = also weights (DeepSpeed ZeRO-3 or FSDP full shard)", ("none", "zero2", "zero3"))
+                           "zero3 = also weights (textbook ZeRO-3; rlhfkit refuses DeepSpeed); fsdp2 = what rlhfkit's "
+                           "FSDP2 runs (configs/accelerate/fsdp2*.yaml): weights, gradients, optimiser and full "
+                           "fine-tuning's frozen reference sharded, the whole model on every device while it loads, "
+                           "the whole policy gathered while sampling (its layers in bf16 when dtype=bf16), the root "
+                           "(embeddings, output layer) and two layers gathered while training",
+                           ("none", "zero2", "zero3", "fsdp2"))
     offload_reference: bool = option(False, "frozen reference kept in CPU memory between scoring passes")
     teacher: str | None = option(None, "method=distill, or grpo with a distillation term: the teacher (a preset, "
                                  "folder or Hub id, its config.json only), counted frozen (linear layers in the "
@@ -181,9 +186,11 @@ def estimate(args: MemoryArgs, shape: ModelShape | None = None) -> dict[str, flo
     T = s.lora_count(args.lora_r, args.lora_layers) if args.lora else P
     weights = P * bc + T * 4 if args.lora else P * 4
     grads, optim = T * 4, T * 8
-    if args.sharding in ("zero2", "zero3"):
+    fsdp2 = args.sharding == "fsdp2"
+    whole_weights = weights
+    if args.sharding in ("zero2", "zero3", "fsdp2"):
         grads, optim = grads / N, optim / N
-    if args.sharding == "zero3":
+    if args.sharding in ("zero3", "fsdp2"):
         weights = weights / N
     trpo = args.method == "trpo"
     if trpo:  # no AdamW moments: the natural-gradient step's flat vectors
@@ -199,15 +206,18 @@ def estimate(args: MemoryArgs, shape: ModelShape | None = None) -> dict[str, flo
     layer_acts = positions * s.hidden * per_position
     bw_layers = min(args.lora_layers, s.layers) if (args.lora and args.lora_layers) else s.layers
     acts = (bw_layers * positions * s.hidden * bc + layer_acts) if args.gradient_checkpointing else bw_layers * layer_acts
+    # the frozen copy keeps its linear layers in b_c, embeddings, norms and head in fp32 (models/policy.py)
+    reference = ((P - s.kept_fp32_in_reference()) * bc + s.kept_fp32_in_reference() * 4) if has_ref else 0
     out = {
         "policy weights": weights,
         "gradients": grads,
         "optimiser": optim,
-        # the frozen copy keeps its linear layers in b_c, embeddings, norms and head in fp32 (models/policy.py)
-        "reference": ((P - s.kept_fp32_in_reference()) * bc + s.kept_fp32_in_reference() * 4) if has_ref else 0,
+        "reference": reference / N if fsdp2 else reference,  # FSDP2 shards full fine-tuning's frozen copy
         "value head": (s.hidden + 1) * 16 if args.method in ("ppo", "trpo") else 0,
         "KV cache": kv_cache_bytes(s.layers, s.kv_heads, s.d, args.prompts_per_generate * S, bc) if sampling else 0,
-        "generation gather": P * bc if sampling and args.sharding == "zero3" else 0,
+        "generation gather": (P * bc if args.sharding == "zero3" else fsdp2_gather(args, s, T)["policy"] if fsdp2
+                              else 0) if sampling else 0,
+        "training gather": fsdp2_gather(args, s, T)["training"] if fsdp2 else 0,
         "merged LoRA": s.adapted_count(args.lora_layers) * bc if merged_sampling else 0,
         "activations": acts,
         # response positions only: the fused head's two float32 buffers; TRPO's full logits four
@@ -226,10 +236,39 @@ def estimate(args: MemoryArgs, shape: ModelShape | None = None) -> dict[str, flo
     transient = out["activations"] + out["logits"] + out["teacher logits"] + out["heap retention"]
     if trpo:  # the gradient pass, or the Fisher graphs with one product running through them
         transient = max(transient, out["Fisher graphs"] + (1 + retain) * out["Fisher product"])
-    out["training phase"] = persistent + out["gradients"] + out["old logits"] + transient
-    out["peak"] = max(out["generation phase"], out["training phase"])
+    out["training phase"] = persistent + out["gradients"] + out["old logits"] + out["training gather"] + transient
+    # FSDP2: every process loads the whole policy into CPU memory and shards it onto the device one unit
+    # at a time (Run.prepare), and moves the whole frozen copy onto the device before sharding it
+    # (trainers/rl.py, trainers/offline.py: Reference.to, then Run.shard_reference). On the CPU both are
+    # whole in the process at once; on a GPU the whole copy beside the policy's shards.
+    out["loading phase"] = ((whole_weights if cpu else weights) + reference + out["value head"] + out["teacher"]
+                            + out["process baseline"]) if fsdp2 else 0
+    out["peak"] = max(out["generation phase"], out["training phase"], out["loading phase"])
     out["parameters"], out["trainable"] = P, T
     return out
+
+
+def fsdp2_gather(args: MemoryArgs, s: ModelShape, trainable: int) -> dict[str, float]:
+    """Bytes FSDP2 (runtime/fsdp2.py) holds gathered beside the shards. "policy": the whole policy while
+    it samples (`full_weights`): the decoder layers (with their adapters) in bf16 when the run computes
+    in bf16 (the layers' MixedPrecisionPolicy), else in their stored dtype (fp32: full fine-tuning's
+    weights, a LoRA run's fp32 base), and the root (embeddings, untied output layer, final norm) in its
+    stored dtype (no policy on the root: fp32 for full fine-tuning, b_c for a LoRA base). "training":
+    the root's weights, kept from its forward to its backward, its whole fp32 gradient before the
+    reduce-scatter (full fine-tuning), two layers gathered at once (one running, the next
+    prefetched), and, when a step accumulates micro-batches, the whole fp32 gradient of every
+    trainable parameter: the micro-batches before the last one keep their gradients unsharded
+    (runtime/distributed.py `no_sync`: `set_requires_gradient_sync(False)`). The RL methods accumulate
+    when micro_batch_size < the mini-batch (or rollout); the others are counted as accumulating."""
+    root = s.vocab * s.hidden * (1 if s.tied else 2) + s.hidden
+    layers = s.param_count() - root + (trainable if args.lora else 0)  # with the adapters
+    gathered = 2 if args.dtype == "bf16" else 4
+    stored = 4 if not args.lora else (2 if args.dtype == "bf16" else 4)
+    rl = args.method in ("ppo", "trpo", "grpo", "distill")
+    accumulating = not rl or args.micro_batch_size < (args.mini_batch_size or args.rollout_batch_size)
+    return {"policy": layers * gathered + root * stored,
+            "training": (root * stored + (0 if args.lora else root * 4) + 2 * layers / s.layers * gathered
+                         + (trainable * 4 if accumulating else 0))}
 
 
 def teacher_bytes(args: MemoryArgs, bytes_per_value: int) -> float:

@@ -121,9 +121,7 @@ class ActorCritic(nn.Module):
         gradient through a shared prompt's cache reaches the keys and values without passing that
         output and would read the freed weights. The reference follows (`Reference`), so step 0
         stays exact; sampling, without gradients, still shares."""
-        from torch.distributed.fsdp import FSDPModule
-
-        if isinstance(self, FSDPModule):
+        if _sharded(self):
             return False, False
         return self.share_prompts, self.share_prefix
 
@@ -185,6 +183,8 @@ class ActorCritic(nn.Module):
         lm = _unwrap(self.policy)
         logp, ent = head_logprobs(hidden, lm.get_output_embeddings(), response_ids, response_mask,
                                   temperature, with_entropy, entropy_grad, final_softcap(lm))
+        if _sharded(self):  # outputs of an FSDP2 root that own their memory (`own_memory`)
+            return own_memory(logp), own_memory(values), own_memory(ent)
         return logp, values, ent
 
     def logits(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, num_response: int,
@@ -289,14 +289,29 @@ class Reference:
                                       share_prompts, share_prefix=share_prefix)
 
 
+def _sharded(model: nn.Module) -> bool:
+    """`model` is an FSDP2 unit (runtime/fsdp2.py shards the trainers' model)."""
+    from torch.distributed.fsdp import FSDPModule
+
+    return isinstance(model, FSDPModule)
+
+
+def own_memory(t: torch.Tensor | None) -> torch.Tensor | None:
+    """`t`, or a copy of it when it is a view of another tensor. The log-probs and values of
+    `ActorCritic.forward` are reshapes of the fused head's flat output and the value head's
+    (B, R, 1) (views); an FSDP2 root that returns a view warns that an in-place op on it would skip
+    the root's gradient hook ("can produce wrong gradients"). No trainer changes them in place
+    (tests/scale/test_fsdp2_gradients.py: the gradients equal the unsharded model's); a (B, R) copy
+    of each keeps the hook on a tensor of its own, and the warning out."""
+    return t.clone() if t is not None and t._is_view() else t
+
+
 @contextlib.contextmanager
 def _root_weights(model: nn.Module):
     """The root's own weights (embeddings, final norm, output layer) gathered for the block when FSDP2
     shards `model` (runtime/fsdp2.py `shard_frozen`): the reference runs its decoder and output layer
     itself, not through the root's forward; the layers gather their own weights in their forwards."""
-    from torch.distributed.fsdp import FSDPModule
-
-    if not isinstance(model, FSDPModule):
+    if not _sharded(model):
         yield
         return
     model.unshard()

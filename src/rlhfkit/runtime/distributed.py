@@ -179,3 +179,23 @@ def decided_on_main(accelerator, decide):
     if kind == "error":
         raise UserError(value)
     return value
+
+
+DEEPSPEED_REFUSED = (
+    "distributed_type: DEEPSPEED is refused: rlhfkit's DeepSpeed path has never run a test (no checkpoints or resume "
+    "under it, no check against one process), and on CPU processes accelerate silently runs plain data parallelism "
+    "instead; shard with configs/accelerate/fsdp2.yaml (weights, gradients and optimiser, as ZeRO-3; "
+    "fsdp_reshard_after_forward: false is ZeRO-2-like), docs/scale.md 'DeepSpeed'")
+
+
+def refuse_deepspeed(env=None) -> None:
+    """A ConfigError (DEEPSPEED_REFUSED) when the launch asks for DeepSpeed: accelerate's launcher puts
+    ACCELERATE_USE_DEEPSPEED=true in the environment for a `distributed_type: DEEPSPEED` config.
+    Checked before the Accelerator exists, so nothing is set up or written."""
+    import os
+
+    from rlhfkit.errors import ConfigError
+
+    env = os.environ if env is None else env
+    if env.get("ACCELERATE_USE_DEEPSPEED", "false").strip().lower() in ("true", "1", "yes"):
+        raise ConfigError(DEEPSPEED_REFUSED)

@@ -18,6 +18,7 @@ gathers every unit once for the whole generation (as ZeRO-3's `generation_weight
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -66,6 +67,15 @@ def requested_plan(env: Mapping[str, str] | None = None) -> Fsdp2Plan | None:
         raise ConfigError(f"mixed_precision: FSDP2 in rlhfkit takes 'no' or 'bf16', got {precision!r}")
     classes = tuple(c.strip() for c in env.get("FSDP_TRANSFORMER_CLS_TO_WRAP", "").split(",") if c.strip())
     return Fsdp2Plan(_flag(env, "FSDP_RESHARD_AFTER_FORWARD", "true"), classes, precision)
+
+
+def for_compute_dtype(plan: Fsdp2Plan, dtype: str) -> Fsdp2Plan:
+    """The plan a run computing in `dtype` ("bf16" or "fp32") shards by. A bf16 run gathers and runs its
+    decoder layers in bf16 and reduces their gradients in fp32 (mixed_precision "bf16") whatever the
+    preset says: its matmuls take bf16 weights under autocast anyway, so gathering fp32 weights would
+    only double the gathered memory (the whole policy while it samples) and the traffic. An fp32 run
+    keeps the preset's choice ("no" in fsdp2.yaml: fp32 throughout, as one process computes it)."""
+    return dataclasses.replace(plan, mixed_precision="bf16") if dtype == "bf16" else plan
 
 
 def is_sharded(model: nn.Module | None) -> bool:

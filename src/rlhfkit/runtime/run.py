@@ -138,9 +138,11 @@ class Run:
         from rlhfkit.core.allocator import cap_kernel_caches, tune_malloc
         from rlhfkit.core.seeding import seed_everything
         from rlhfkit.models.loading import resolve_dtype
-        from rlhfkit.runtime.fsdp2 import requested_plan
+        from rlhfkit.runtime.distributed import refuse_deepspeed
+        from rlhfkit.runtime.fsdp2 import for_compute_dtype, requested_plan
         from rlhfkit.runtime.run_folder import check_run_folder
 
+        refuse_deepspeed()  # a DeepSpeed launch stops here, before anything is set up (docs/scale.md)
         cap_kernel_caches()  # before any matmul: each new shape's kernels stay cached (core/allocator.py)
         self.cfg, self.command = cfg, command
         # One scheduler step per optimiser step (runtime/faults.guarded_step steps it): accelerate's default
@@ -156,6 +158,8 @@ class Run:
         # 'auto' -> bf16 where bf16 matmuls are fast: a validated config has it resolved already
         # (ModelArgs.derived, so config.yaml records it); the run keeps it for one built directly
         self.dtype = resolve_dtype(cfg.dtype)
+        if self.fsdp2 is not None:  # a bf16 run gathers its layers in bf16 whatever the preset says
+            self.fsdp2 = for_compute_dtype(self.fsdp2, self.dtype)
 
         self.run_dir: Path | None = None
         self.tracker: Any = None
