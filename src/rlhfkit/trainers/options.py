@@ -482,6 +482,7 @@ class EvalDataArgs:
                                    "pairs, or eval_fraction of them held back)")
 
 
+@dataclass
 class MaxLengthArgs:
     """TRL's max_length, tokens of prompt + response together (SFT and RM: their one limit; DPO and KTO:
     a cap beside max_prompt_length and max_response_length)."""
