@@ -120,8 +120,8 @@ def test_no_trainer_has_a_setup_checkpoint_or_save_sequence_of_its_own(path):
 def test_final_adapter_names_its_base_absolutely_with_a_filled_card_and_final_metrics(tmp_path, tiny_model_dir,
                                                                                       monkeypatch):
     """A model given by a relative path: the adapter's base_model_name_or_path loads from any working
-    directory; final/README.md is rlhfkit's card, not peft's template; with evaluation off the returned
-    summary still holds the last step's metrics."""
+    directory; final/README.md is rlhfkit's card, not peft's template, and says what was evaluated; the
+    returned summary holds the last step's metrics."""
     import json
     import shutil
 
@@ -141,6 +141,9 @@ def test_final_adapter_names_its_base_absolutely_with_a_filled_card_and_final_me
     assert base == str((tmp_path / "base").resolve())
     card = (final / "README.md").read_text()
     assert "Trained with `rlhfkit sft`" in card and "Model Card for Model ID" not in card
-    assert f"adapter base: `{base}`" in card and "| data | `sft.jsonl` |" in card and "`loss/sft`" in card
+    assert f"adapter base: `{base}`" in card and "| data | `sft.jsonl` |" in card
+    # no held-out split and eval_fraction 0: the evaluation ran on training records, and the card says so
+    assert "## Metrics (evaluation on training records (the data has no held-out split) after training)" in card
+    assert "| `loss` |" in card
     last = json.loads((tmp_path / "runs" / "s" / "metrics.jsonl").read_text().splitlines()[-1])
     assert summary["final_metrics"] == last and "loss/sft" in last

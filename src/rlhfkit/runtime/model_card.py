@@ -19,7 +19,10 @@ def final_card(command: str, run_name: str, config: dict, summary: dict, base: s
     """README.md text. `config`: config.yaml's values; `summary`: summary.json's; `base`: what the
     adapter's base_model_name_or_path holds (None for full weights)."""
     metrics = summary.get("eval_after") or summary.get("final_metrics") or {}
-    which = "held-out evaluation after training" if summary.get("eval_after") else "the last training step"
+    on = {"held-out": "held-out evaluation", "held-back": "evaluation on records held back from training",
+          "training": "evaluation on training records (the data has no held-out split)"}
+    which = (f"{on.get(str(summary.get('eval_on')), 'evaluation')} after training" if summary.get("eval_after")
+             else "the last training step")
     lines = ["---", f"library_name: {'peft' if adapter else 'transformers'}", "tags:", "- rlhfkit", f"- {command}"]
     if adapter:
         lines.append("- lora")
