@@ -50,18 +50,18 @@ def episode_reward(reward: float | list[float]) -> float:
 def sample_agent(rl, cfg, records: list[dict], seed: int):
     """agent_rollout on the policy with the run's sampling settings (autocast in the sampler thread)."""
     limit, _ = prompt_token_limit(rl.core.policy, cfg.max_new_tokens, cfg.max_prompt_length)
-    with rl.generation_context():
+    with rl.full_weights():
         return agent_rollout(rl.core.policy, rl.tok, records, rl.params, rl.agent, limit or 2048, seed, fmt=cfg,
-                             context=lambda: autocast(cfg.dtype, rl.run.device))
+                             context=lambda: autocast(cfg.dtype, rl.device))
 
 
 def agent_episodes(rl, cfg, records: list[dict], it: int) -> tuple[Rollout, list]:
     """Iteration `it`'s episodes of `records`: (their Rollout, every episode's Outcome); the agent/*
     metrics ride in the Rollout's timings (rollout_metrics logs them)."""
     t0 = time.perf_counter()
-    with rl.run.tracker.phase("rollout", None):
+    with rl.tracker.phase("rollout", None):
         try:
-            rollout, outcomes, metrics = sample_agent(rl, cfg, records, sampling_seed(cfg.seed, rl.run.rank, it))
+            rollout, outcomes, metrics = sample_agent(rl, cfg, records, sampling_seed(cfg.seed, rl.rank, it))
         except AllEpisodesFailed as e:
             raise AllEpisodesFailed(f"iteration {it}: {e}") from None
     rollout.timings = {"timing/generate_s": time.perf_counter() - t0, "timing/reward_s": 0.0, **metrics}
