@@ -22,7 +22,6 @@ Held-out evaluation runs the agent once per held-out record: mean episode reward
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import time
 
@@ -35,6 +34,7 @@ from rlhfkit.rollout import Rollout
 from rlhfkit.rollout.agent import load_agent
 from rlhfkit.rollout.agent_rollout import AgentSettings, AllEpisodesFailed, agent_rollout
 from rlhfkit.rollout.prompt_fit import prompt_token_limit
+from rlhfkit.trainers.rollout_source import RolloutSource
 
 
 def agent_settings(cfg) -> AgentSettings:
@@ -73,7 +73,7 @@ def agent_sample(rl, cfg, records: list[dict], it: int) -> Rollout:
     return agent_episodes(rl, cfg, records, it)[0]
 
 
-class AgentSource(contextlib.AbstractContextManager):
+class AgentSource(RolloutSource):
     """The GRPO family's "agent" rollout source (trainers/grpo_sources.py; module docstring)."""
 
     @staticmethod
@@ -95,15 +95,6 @@ class AgentSource(contextlib.AbstractContextManager):
         episode = rollout.info["episode"]
         scores = torch.tensor([reward[e] for e in episode], dtype=torch.float32, device=rollout.scores.device)
         return dataclasses.replace(rollout, scores=scores), [records[e] for e in episode]
-
-    def after_update(self) -> dict[str, float]:
-        return {}
-
-    def checkpointed(self) -> dict:
-        return {}
-
-    def __exit__(self, *exc) -> None:
-        return None
 
 
 def use_agent(rl, cfg, settings: AgentSettings) -> None:

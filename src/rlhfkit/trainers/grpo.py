@@ -59,7 +59,7 @@ from rlhfkit.trainers.grpo_rollout import (
     shaped_rewards,
     varied_rows,
 )
-from rlhfkit.trainers.grpo_sources import RolloutSource, prepare_source
+from rlhfkit.trainers.grpo_sources import prepare_source
 from rlhfkit.trainers.grpo_variants import (
     ADVANTAGES,
     LOGPROBS,
@@ -74,6 +74,7 @@ from rlhfkit.trainers.grpo_variants import (
 )
 from rlhfkit.trainers.rl import RLRun
 from rlhfkit.trainers.rl_update import RatioCheckError, policy_update_metrics, rollout_metrics, shuffled_rows
+from rlhfkit.trainers.rollout_source import RolloutSource
 
 __all__ = ["RatioCheckError", "compute_advantages", "keep_rows", "micro_batch_loss", "train"]
 

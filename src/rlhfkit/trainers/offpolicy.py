@@ -43,6 +43,7 @@ from rlhfkit.rollout.logprobs import logprob_pass
 from rlhfkit.rollout.sampling import thread_generator
 from rlhfkit.rollout.score import score_rollout
 from rlhfkit.runtime.checkpointer import _sharded
+from rlhfkit.trainers.rollout_source import RolloutSource
 
 
 def sampler_copy(core: torch.nn.Module) -> torch.nn.Module:
@@ -101,7 +102,7 @@ def sample_stale(sampler, tok, records: list[dict], cfg, params, seed: int, devi
     return rollout, time.perf_counter() - t1
 
 
-class OneStepOffPolicy:
+class OneStepOffPolicy(RolloutSource):
     """The prefetching sampler of an RLRun (trainers/rl.py), a rollout source (trainers/grpo_sources.py).
     Per iteration: `draw(it)` returns the scored batch to train on and starts sampling the next one;
     `after_update()` waits for it and syncs the sampler. A context manager: leaving it waits for (and
@@ -125,7 +126,7 @@ class OneStepOffPolicy:
         self.stale = False  # the current batch came from the sampler
         self.sampler_pass_s = 0.0  # seconds of the sampler's log-prob pass over the current batch
         rl.print(f"[one_step_off_policy] sampler copy: {self.memory_bytes / 2**20:.1f} MiB of weights "
-                     f"({len(self.names)} trainable tensors synced after each update)")
+                 f"({len(self.names)} trainable tensors synced after each update)")
 
     # ---- the loop -------------------------------------------------------------------------
     def checkpointed(self) -> dict:
@@ -204,9 +205,6 @@ class OneStepOffPolicy:
         if state.get("stream_before_prefetch") is not None:
             self.rl.stream.load_state_dict(state["stream_before_prefetch"])
         self.prefetched = None
-
-    def __enter__(self) -> OneStepOffPolicy:
-        return self
 
     def __exit__(self, *exc) -> None:
         if self.future is not None:  # an exception or a stop mid-iteration: let the thread finish, drop its batch
