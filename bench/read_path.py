@@ -4,7 +4,7 @@ What it counts: `rlhfkit ppo` runs through the CLI (`rlhfkit.cli.main`) on the t
 seed 0; LoRA, one iteration of 4 rollouts of 6 tokens, no held-out evaluation) under `sys.setprofile`. Every
 Python function of rlhfkit that is *called* is recorded until the first optimiser step (the first call of a
 `step` in torch/optim, accelerate's optimiser wrapper included; not the lr schedule's). Counted are the distinct functions (file, first
-line, name; nested functions and methods included; lambdas and comprehensions left out) in the harness layers:
+line, name; nested functions and methods included; lambdas, comprehensions and class bodies left out) in the harness layers:
 
     cli.py, commands/, trainers/, runtime/, rollout/
 
@@ -23,6 +23,7 @@ Each commit is extracted with `git archive` (committed files only) and run with 
 from __future__ import annotations
 
 import argparse
+import inspect
 import json
 import os
 import re
@@ -96,7 +97,7 @@ def side(list_functions: bool) -> dict:
                 state["stack"], state["done"] = stack[::-1], True
                 return
             rel = layer_of(str(Path(code.co_filename).resolve()), package)
-            if rel is None or name.startswith("<"):
+            if rel is None or name.startswith("<") or not code.co_flags & inspect.CO_NEWLOCALS:  # a class body
                 return
             if name == "steps" and rel.startswith("runtime/run"):
                 state["iteration"] = True
