@@ -140,6 +140,7 @@ class Run(Launch):
         from rlhfkit.runtime.run_folder import RunFolder, claim_run_folder
         from rlhfkit.runtime.tracker import Tracker
 
+        # the launch's set-up, taken over (not redone): its properties (device, world, rank, is_main) read these
         self.cfg, self.accelerator, self.fsdp2, self.dtype = launch.cfg, launch.accelerator, launch.fsdp2, launch.dtype
         cfg = self.cfg
         self.command, self.total, self.unit = command, total, unit
