@@ -30,6 +30,7 @@ PHASES = [  # module, attribute (dotted under the module), label
     ("rlhfkit.trainers.rl", "RLRun.finish", "finish"),
     ("rlhfkit.trainers.rl_update", "accumulate_backward", "backward"),
     ("rlhfkit.trainers.rl_update", "guarded_step", "optim_step"),
+    ("rlhfkit.runtime.optim", "optimizer_step", "optim_step"),  # Run.optimizer_step: sft, rm, DPO family, KTO
     ("rlhfkit.rollout.core", "generate_ids", "generate"),
     ("rlhfkit.trainers.dpo", "build_models", "build"),
     ("rlhfkit.trainers.dpo", "reference_tables", "ref_tables"),
