@@ -4,7 +4,6 @@ linearly decaying or cosine learning rate (`lr_scheduler_type`, transformers' sc
 from __future__ import annotations
 
 import os
-import sys
 from typing import Protocol
 
 import torch
@@ -39,10 +38,10 @@ def optimizer_for(params, cfg: OptimizerOptions, total_steps: int | None):
     """make_optimizer with a trainer config's OptimizerArgs (lr, warmup_steps, weight_decay, adam_eps,
     lr_scheduler_type) over a run of `total_steps` optimiser steps."""
     warning = check_warmup(cfg.warmup_steps, total_steps, cfg.lr) if total_steps else None
-    if warning and os.environ.get("RANK", "0").strip() in ("", "0"):  # once, from the main process
-        print(f"rlhfkit: warning: {warning}", file=sys.stderr, flush=True)
-    return make_optimizer(params, cfg.lr, cfg.warmup_steps, cfg.weight_decay, cfg.adam_eps,
-                          schedule=cfg.lr_scheduler_type, total_steps=total_steps)
+    optimizer, scheduler = make_optimizer(params, cfg.lr, cfg.warmup_steps, cfg.weight_decay, cfg.adam_eps,
+                                          schedule=cfg.lr_scheduler_type, total_steps=total_steps)
+    scheduler.warning = warning  # printed by the run once its folder is taken (runtime/run.py), not before
+    return optimizer, scheduler
 
 
 def make_optimizer(params, lr: float, warmup_steps: int, weight_decay: float = 0.0, eps: float = 1e-8,

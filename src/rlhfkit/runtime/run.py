@@ -34,6 +34,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import signal
+import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -165,6 +166,9 @@ class Run(Launch):
                                    config=to_dict(cfg))
             for notice in self.folder.notices:  # a damaged newer checkpoint was skipped
                 self.tracker.print(notice)
+            warning = getattr(scheduler, "warning", None)  # runtime/optim.py optimizer_for: a warm-up past the end
+            if warning and self.is_main:
+                print(f"rlhfkit: warning: {warning}", file=sys.stderr, flush=True)
             self.summary.update({"run_dir": str(self.run_dir), **(summary or {})})
             self.guard = NonFiniteGuard.for_config(cfg, self.tracker.print)
             self.model, self.optimizer, self.scheduler = self._prepare(model, optimizer, scheduler, micro_batch_size)
