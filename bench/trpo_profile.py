@@ -102,14 +102,14 @@ def vs_ppo(rl, params, rollout, base: dict, variants: list[dict], repeats: int) 
     ppo_cfg = build_config(PPOConfig, {k: v for k, v in base.items() if k in PPOConfig.__dataclass_fields__})
     for r in range(repeats):
         t0 = time.perf_counter()
-        loss_fn = functools.partial(micro_batch_loss, rl.model, cfg=ppo_cfg, kl_coef=ppo_cfg.kl_coef, device=rl.run.device)
+        loss_fn = functools.partial(micro_batch_loss, rl.model, cfg=ppo_cfg, kl_coef=ppo_cfg.kl_coef, device=rl.device)
         rl.update(rollout, loss_fn, ppo_cfg.ppo_epochs, ppo_cfg.mini_batch_size, torch.arange(ppo_cfg.rollout_batch_size))
         print("PPO " + json.dumps({"round": r, "update_s": round(time.perf_counter() - t0, 2)}), flush=True)
         rl.model.load_state_dict(keep)
         for var in variants:
             cfg = build_config(TRPOConfig, {**base, **var})
             t0 = time.perf_counter()
-            m = T.policy_step(rl.model, params, rollout, cfg, rl.run.device, rl.generator)
+            m = T.policy_step(rl.model, params, rollout, cfg, rl.device, rl.generator)
             t1 = time.perf_counter()
             T.critic_update(rl, params, rollout, cfg)
             t2 = time.perf_counter()
@@ -133,7 +133,7 @@ def components(rl, params, rollout, base: dict, repeats: int) -> None:
     from rlhfkit.core.config import build_config
     from rlhfkit.trainers.trpo_config import TRPOConfig
 
-    device = rl.run.device
+    device = rl.device
     cfg = build_config(TRPOConfig, base)
     mb8 = T.micro_batches(rollout, torch.arange(8), 8)
     P = sum(p.numel() for p in params)
@@ -233,7 +233,7 @@ def main() -> None:
             step_timers = Timers()
             instrument(step_timers)
             t0 = time.perf_counter()
-            m = T.policy_step(rl.model, policy_params, rollout, vcfg, rl.run.device)
+            m = T.policy_step(rl.model, policy_params, rollout, vcfg, rl.device)
             total = time.perf_counter() - t0
             set_flat_params_(policy_params, theta_old)
             row = {"variant": var, "round": r, "policy_step_s": round(total, 2),

@@ -105,22 +105,20 @@ def test_the_option_takes_a_number_or_auto():
         parse_args(TRPOConfig, ["micro_batch_size=auto"], "rlhfkit trpo")
 
 
-def test_a_run_set_up_on_cuda_prints_and_records_the_plan(tiny_model_dir, tiny_tokenizer, monkeypatch):
+def test_a_run_set_up_on_cuda_plans_the_micro_batch_and_says_why(tiny_model_dir, tiny_tokenizer, monkeypatch):
     """runtime/batch_plan.py `micro_batch_of_run` as RLRun calls it, the device a CUDA name with a fake free figure."""
     from rlhfkit.runtime.batch_plan import micro_batch_of_run
 
     monkeypatch.setattr(devices, "free_cuda_bytes", lambda device: 2**30)
-    printed = []
-    run = types.SimpleNamespace(world=1, device=torch.device("cuda"), print=printed.append, summary={})
+    launch = types.SimpleNamespace(world=1, device=torch.device("cuda"))
     actor = types.SimpleNamespace(policy=types.SimpleNamespace(config=types.SimpleNamespace(to_dict=lambda: CONFIG)))
     records = [{"prompt": "a b c"}, {"prompt": "a b c d e f"}]
-    size = micro_batch_of_run(ppo_cfg(micro_batch_size="auto"), "ppo", actor, tiny_tokenizer, records, None, run)
-    assert printed == [f"micro-batch {size} ({run.summary['micro_batch_size']['reason']})"]
-    assert size == 32 and run.summary["micro_batch_size"]["size"] == 32  # 1 GiB holds the whole step
-    assert printed[0].startswith("micro-batch 32 (auto: 1 GiB free, estimate ")
-    run.summary.clear()
-    assert micro_batch_of_run(ppo_cfg(micro_batch_size=4), "ppo", actor, tiny_tokenizer, records, None, run) == 4
-    assert run.summary == {} and len(printed) == 1  # a number: nothing printed, nothing recorded
+    size, reason = micro_batch_of_run(ppo_cfg(micro_batch_size="auto"), "ppo", actor, tiny_tokenizer, records, None,
+                                      launch)
+    assert size == 32  # 1 GiB holds the whole step
+    assert reason.startswith("auto: 1 GiB free, estimate ")
+    assert micro_batch_of_run(ppo_cfg(micro_batch_size=4), "ppo", actor, tiny_tokenizer, records, None,
+                              launch) == (4, None)  # a number: no reason to print or record
 
 
 def test_auto_on_the_cpu_trains_exactly_as_the_number_it_stands_for(tmp_path, tiny_model_dir):

@@ -13,7 +13,7 @@ import torch
 from rlhfkit.core.config import build_config, option
 from rlhfkit.core.run_files import checkpoints
 from rlhfkit.runtime.optim import make_optimizer
-from rlhfkit.runtime.run import Run
+from rlhfkit.runtime.run import Launch, Run
 from rlhfkit.trainers.options import OptimizerArgs, RunArgs
 
 TRAINERS = Path(__file__).resolve().parents[2] / "src" / "rlhfkit" / "trainers"
@@ -31,14 +31,13 @@ class ToyConfig(OptimizerArgs, RunArgs):
 def toy_run(tmp_path, resume=None, **over) -> tuple[Run, torch.nn.Module, dict]:
     cfg = build_config(ToyConfig, dict(output_dir=str(tmp_path / "runs"), run_name="toy", quiet=True,
                                        tensorboard=False, save_every=2, keep_checkpoints=10, resume=resume, **over))
-    run = Run(cfg, "toy")
-    run.open(total=cfg.steps, unit="step", note="kept")
+    launch = Launch(cfg)
     model = torch.nn.Sequential(torch.nn.Linear(3, 3), torch.nn.Dropout(0.0)).eval()
     opt, sched = make_optimizer(model.parameters(), cfg.lr, cfg.warmup_steps)
     counter: dict = {}  # a dict gets back the keys it lacks (runtime/checkpoint.py set_state)
-    prepared = run.prepare(model, opt, sched, micro_batch_size=1, counter=counter)
+    run = Run(launch, "toy", cfg.steps, model, opt, sched, 1, unit="step", summary={"note": "kept"}, counter=counter)
     run.resume()
-    return run, prepared, counter
+    return run, run.model, counter
 
 
 def _train(run: Run, model, calls: list) -> None:
@@ -89,6 +88,87 @@ def test_a_resumed_run_starts_after_the_checkpoint_and_keeps_the_before_evaluati
     _train(again, model2, calls)
     assert calls == [4, 5]
     again.close()  # the lock and the signal handlers go back
+
+
+def test_a_run_is_complete_when_built(tmp_path):
+    """Every attribute the harness has is set by the constructor: none starts as None to be filled later."""
+    run, model, _ = toy_run(tmp_path)
+    with run:
+        unset = sorted(k for k, v in vars(run).items() if v is None and k not in ("fsdp2", "resume_from"))
+        assert unset == []  # fsdp2: no FSDP2 launch; resume_from: a new run
+        assert run.run_dir.is_dir() and (run.run_dir / "config.yaml").is_file()
+        assert model.training and run.core is model and run.start == 0
+
+
+def _lock_free(run_dir: Path, tmp_path) -> bool:
+    """Whether another run can take `run_dir` now (its lock released)."""
+    from rlhfkit.runtime.run_folder import claim_run_folder
+
+    cfg = build_config(ToyConfig, dict(output_dir=str(run_dir.parent), run_name=run_dir.name, quiet=True,
+                                       tensorboard=False, resume=str(run_dir)))
+    try:
+        folder = claim_run_folder(cfg, "toy")
+    except Exception:
+        return False
+    folder.close()
+    return True
+
+
+def test_leaving_the_block_after_an_error_removes_a_run_that_logged_nothing(tmp_path):
+    run, _, _ = toy_run(tmp_path)
+    with pytest.raises(RuntimeError, match="data went away"):
+        with run:
+            raise RuntimeError("data went away")
+    assert not run.run_dir.exists()  # created by this run, nothing logged: nothing to keep
+
+
+def test_leaving_the_block_after_an_error_marks_a_run_with_steps_failed_and_releases_it(tmp_path):
+    from rlhfkit.runtime.run_folder import FAILED
+
+    run, model, _ = toy_run(tmp_path)
+    with pytest.raises(RuntimeError, match="diverged"):
+        with run:
+            _train(run, model, [])
+            raise RuntimeError("diverged")
+    assert (run.run_dir / FAILED).is_file()
+    assert _lock_free(run.run_dir, tmp_path)
+
+
+def test_a_signal_stop_after_steps_is_not_a_failure(tmp_path):
+    from rlhfkit.runtime.faults import Interrupted
+    from rlhfkit.runtime.run_folder import FAILED
+
+    run, model, _ = toy_run(tmp_path)
+    with pytest.raises(Interrupted):
+        with run:
+            _train(run, model, [])
+            raise Interrupted("stopped by SIGTERM", 15)
+    assert not (run.run_dir / FAILED).exists() and _lock_free(run.run_dir, tmp_path)
+
+
+def test_a_failure_while_the_run_is_built_leaves_nothing_behind(tmp_path):
+    """The folder is taken before the model is prepared: a prepare that fails releases and removes it."""
+    cfg = build_config(ToyConfig, dict(output_dir=str(tmp_path / "runs"), run_name="toy", quiet=True,
+                                       tensorboard=False))
+    launch = Launch(cfg)
+
+    class Unpreparable(torch.nn.Linear):
+        def train(self, mode: bool = True):
+            raise RuntimeError("no train mode")
+
+    model = Unpreparable(3, 3)
+    opt, sched = make_optimizer(model.parameters(), cfg.lr, cfg.warmup_steps)
+    with pytest.raises(RuntimeError, match="no train mode"):
+        Run(launch, "toy", 3, model, opt, sched, 1)
+    assert not (tmp_path / "runs" / "toy").exists()
+    assert signal_handlers_are_the_defaults()
+
+
+def signal_handlers_are_the_defaults() -> bool:
+    import signal
+
+    return signal.getsignal(signal.SIGTERM) in (signal.SIG_DFL, None) and \
+        signal.getsignal(signal.SIGINT) is signal.default_int_handler
 
 
 def _calls(tree: ast.AST) -> set[str]:

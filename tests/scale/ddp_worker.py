@@ -132,8 +132,9 @@ def sft_step(model_dir: str, out: Path) -> None:
     from rlhfkit.core.config import build_config
     from rlhfkit.data.sft import tokenize_examples
     from rlhfkit.models import load_tokenizer
+    from rlhfkit.runtime.optim import optimizer_step
     from rlhfkit.trainers.build import build_policy
-    from rlhfkit.trainers.sft import ResponseNLL, SFTConfig, sft_step
+    from rlhfkit.trainers.sft import ResponseNLL, SFTConfig, sft_gradients
 
     acc = accelerator()
     cfg = build_config(SFTConfig, {"model": model_dir, "dtype": "fp32", "batch_size": 2 * B, "micro_batch_size": 2,
@@ -147,13 +148,15 @@ def sft_step(model_dir: str, out: Path) -> None:
     opt, sched = sgd(model.parameters())
     module, opt, sched = acc.prepare(module, opt, sched)
     before = snapshot(model)
-    stats = sft_step(module, opt, sched, acc, batch, tok.pad_token_id, cfg)
+    stats = sft_gradients(module, acc, batch, tok.pad_token_id, cfg)
+    stats.update(optimizer_step(module.parameters(), opt, sched, acc, cfg.max_grad_norm, stats["loss/sft"]))
     save_change(acc, "sft", before, model, stats, out)
 
 
 def rm_step(model_dir: str, out: Path) -> None:
     from rlhfkit.core.config import build_config
-    from rlhfkit.trainers.rm import RMConfig, build_reward_model, rm_step
+    from rlhfkit.runtime.optim import optimizer_step
+    from rlhfkit.trainers.rm import RMConfig, build_reward_model, rm_gradients
 
     acc = accelerator()
     cfg = build_config(RMConfig, {"model": model_dir, "data": "unused", "dtype": "fp32", "batch_size": 2 * B,
@@ -164,7 +167,8 @@ def rm_step(model_dir: str, out: Path) -> None:
     opt, sched = sgd(model.parameters())
     wrapped, opt, sched = acc.prepare(model, opt, sched)
     before = snapshot(model)
-    stats = rm_step(wrapped, opt, sched, acc, tok, batch, info, cfg, len(batch) / cfg.batch_size)
+    stats = rm_gradients(wrapped, acc, tok, batch, info, cfg, len(batch) / cfg.batch_size)
+    stats.update(optimizer_step(wrapped.parameters(), opt, sched, acc, cfg.max_grad_norm, stats["loss/rm"]))
     save_change(acc, "rm", before, model, stats, out)
 
 

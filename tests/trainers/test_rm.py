@@ -229,26 +229,12 @@ def test_builtin_prefs_reviews_is_accepted_with_its_own_splits(tmp_path, tiny_mo
     assert summary["eval_pairs"] == min(8, n_test)
 
 
-class GradientRecorder:
-    """An optimiser that keeps the gradient it is asked to step with, and changes nothing."""
-
-    def __init__(self, params):
-        self.params, self.grad = [p for p in params if p.requires_grad], None
-
-    def step(self):
-        self.grad = torch.cat([p.grad.flatten() for p in self.params if p.grad is not None])
-
-    def zero_grad(self, set_to_none=True):
-        for p in self.params:
-            p.grad = None
-
-
 def rm_step_gradient(model_dir, micro: int) -> torch.Tensor:
-    """The gradient `rm_step` steps with over a short batch (an epoch's last: 6 pairs of batch_size 8) cut
+    """The gradient `rm_gradients` accumulates over a short batch (an epoch's last: 6 pairs of batch_size 8) cut
     into micro-batches of `micro` pairs."""
     from accelerate import Accelerator
 
-    from rlhfkit.trainers.rm import build_reward_model, rm_step
+    from rlhfkit.trainers.rm import build_reward_model, rm_gradients
 
     cfg = build_config(RMConfig, {"model": str(model_dir), "data": "unused", "dtype": "fp32", "batch_size": 8,
                                   "micro_batch_size": micro, "lora_r": 4, "max_grad_norm": 1e9, "center_coef": 0.1})
@@ -256,10 +242,8 @@ def rm_step_gradient(model_dir, micro: int) -> torch.Tensor:
     model, tok, info = build_reward_model(cfg)
     pairs = [{"prompt": f"Write a review of thing number {i}.", "chosen": ["aa ee", "oo aa ee ii", "ee"][i % 3],
               "rejected": ["th strct grd", "brr", "xyz rhythm grr psst"][i % 3]} for i in range(6)]
-    opt = GradientRecorder(model.parameters())
-    sched = torch.optim.lr_scheduler.LambdaLR(torch.optim.SGD([torch.zeros(1, requires_grad=True)]), lambda s: 1.0)
-    rm_step(model, opt, sched, Accelerator(cpu=True), tok, pairs, info, cfg, len(pairs) / cfg.batch_size)
-    return opt.grad
+    rm_gradients(model, Accelerator(cpu=True), tok, pairs, info, cfg, len(pairs) / cfg.batch_size)
+    return torch.cat([p.grad.flatten() for p in model.parameters() if p.requires_grad and p.grad is not None])
 
 
 @pytest.mark.parametrize("micro", [2, 4])  # 2 + 2 + 2 pairs; 4 + 2

@@ -118,23 +118,20 @@ def longest_prompt(cfg, tok, records, limit: int | None) -> int:
     return min(longest, limit) if limit else longest
 
 
-def micro_batch_of_run(cfg, command: str, actor, tok, records, limit: int | None, run) -> int:
-    """The run's micro-batch size (RLRun's set-up): cfg.micro_batch_size, or with auto the size
-    planned from the memory estimate (the smallest of all processes' plans, so every process cuts its
-    mini-batches alike), printed once and recorded in summary.json."""
+def micro_batch_of_run(cfg, command: str, actor, tok, records, limit: int | None, launch) -> tuple[int, str | None]:
+    """(the run's micro-batch size, why: None when set by cfg.micro_batch_size) for RLRun's set-up:
+    cfg.micro_batch_size, or with auto the size planned from the memory estimate (the smallest of all
+    processes' plans, so every process cuts its mini-batches alike). `launch`: runtime/run.Launch."""
     import torch
 
     from rlhfkit.runtime.distributed import max_over_processes
 
-    planned = cfg.micro_batch_size == AUTO and torch.device(run.device).type == "cuda"
+    planned = cfg.micro_batch_size == AUTO and torch.device(launch.device).type == "cuda"
     prompt_length = longest_prompt(cfg, tok, records, limit) if planned else 0  # the CPU plan needs none
     size, reason = run_micro_batch(cfg, "ppo" if command == "ppo" else "grpo", actor.policy.config.to_dict(),
-                                   prompt_length, run.world, run.device)
-    if reason is not None and run.world > 1:
-        smallest = int(-max_over_processes(run.accelerator, -size))
-        reason += "" if smallest == size else f"; {smallest}, the smallest plan of {run.world} processes"
+                                   prompt_length, launch.world, launch.device)
+    if reason is not None and launch.world > 1:
+        smallest = int(-max_over_processes(launch.accelerator, -size))
+        reason += "" if smallest == size else f"; {smallest}, the smallest plan of {launch.world} processes"
         size = smallest
-    if reason is not None:
-        run.print(f"micro-batch {size} ({reason})")
-        run.summary["micro_batch_size"] = {"size": size, "reason": reason}
-    return size
+    return size, reason

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import math
 import os
-import sys
 from typing import Protocol
 
 import torch
@@ -45,11 +44,10 @@ def optimizer_for(params, cfg: OptimizerOptions, total_steps: int | None):
     ceil(total_steps x warmup_ratio) steps (transformers' rounding)."""
     warmup = warmup_steps_of(cfg, total_steps)
     warning = check_warmup(warmup, total_steps, cfg.lr) if total_steps else None
-    if warning and os.environ.get("RANK", "0").strip() in ("", "0"):  # once, from the main process
-        print(f"rlhfkit: warning: {warning}", file=sys.stderr, flush=True)
-    return make_optimizer(params, cfg.lr, warmup, cfg.weight_decay, cfg.adam_eps,
-                          schedule=cfg.lr_scheduler_type, total_steps=total_steps,
-                          optim=cfg.optim)
+    optimizer, scheduler = make_optimizer(params, cfg.lr, warmup, cfg.weight_decay, cfg.adam_eps,
+                                          schedule=cfg.lr_scheduler_type, total_steps=total_steps, optim=cfg.optim)
+    scheduler.warning = warning  # printed by the run once its folder is taken (runtime/run.py), not before
+    return optimizer, scheduler
 
 
 def new_optimizer(groups: list[dict], optim: str, lr: float, weight_decay: float, eps: float):

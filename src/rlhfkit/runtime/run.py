@@ -1,36 +1,41 @@
 """The run harness every trainer stands on: one place for what is not a method's maths.
 
-A trainer's `train(cfg)` reads, with `run = Run(cfg, "sft")`:
+A trainer's `train(cfg)` reads:
 
-    run = Run(cfg, COMMAND)            # accelerator, seeds, allocator, resolved dtype
+    launch = Launch(cfg)               # accelerator, seeds, allocator, resolved dtype; the run folder checked
     ... load and check data and models (bad input stops here: no run folder yet) ...
-    run.open(total=STEPS)              # run folder, config.yaml, tracker, non-finite guard
-    model = run.prepare(model, optimizer, scheduler, micro_batch_size, stream=..., ...)
-    run.resume()                       # continue from the checkpoint, when resuming
-    with run.evaluation("before"):     # (a signal during it stops the run right after it)
-        before = run.once("eval_before", evaluate)
-    for step in run.steps():           # checkpoints when due
-        ... the method's step ...
-        run.log(step, metrics)
-    return run.finish(save_final)      # final weights (gathered when sharded), summary.json
+    with Run(launch, COMMAND, STEPS, model, optimizer, scheduler, micro_batch_size, stream=...) as run:
+        run.resume()                   # continue from the checkpoint, when resuming
+        with run.evaluation("before"): # (a signal during it stops the run right after it)
+            before = run.once("eval_before", evaluate)
+        for step in run.steps():       # checkpoints when due
+            ... the method's step; run.optimizer_step(loss, step) ...
+            run.log(step, metrics)
+        return run.finish(save_final)  # final weights (gathered when sharded), summary.json
 
-From `open` to the end of `finish`, SIGINT/SIGTERM/SIGHUP let the run finish what it is doing (a
-step, an evaluation, a checkpoint write, the final save), then stop it with a checkpoint of the steps
-done and one message (runtime/checkpointer.py `interrupted`): exit 128 + signal.
+`Run(...)` is complete when it returns: the run folder taken (config.yaml, tracker, non-finite guard,
+signal handlers) and the model, optimiser and schedule prepared (DDP/FSDP/DeepSpeed), with checkpoints
+set up; a failure while building it releases what it took. Leaving the `with` block releases the run
+folder and the signal handlers however it ends: a failed run's folder is removed when the run created
+it and had logged nothing yet, else marked failed (runtime/run_folder.py); a stop by a signal
+(Interrupted) after some steps is not a failure: its checkpoint is there to resume from.
+
+From the folder's claim to the end of `finish`, SIGINT/SIGTERM/SIGHUP let the run finish what it is
+doing (a step, an evaluation, a checkpoint write, the final save), then stop it with a checkpoint of
+the steps done and one message (runtime/checkpointer.py `interrupted`): exit 128 + signal.
 
 `run.summary` is the dict written to summary.json; it is checkpointed, so a resumed run keeps
-its before-training evaluation. Modes are explicit: `prepare` puts the trained model in train
-mode (dropout stays off: models/loading.disable_dropout; gradient checkpointing needs it).
+its before-training evaluation. Modes are explicit: the trained model is put in train mode (dropout
+stays off: models/loading.disable_dropout; gradient checkpointing needs it).
 """
 
 from __future__ import annotations
 
 import contextlib
 import dataclasses
-import functools
 import signal
+import sys
 from collections.abc import Callable, Iterator
-from contextvars import ContextVar
 from pathlib import Path
 from typing import Any
 
@@ -38,33 +43,56 @@ import torch
 
 from rlhfkit.errors import UserError
 
-# The runs opened inside the current `train(cfg)` call (see `closes_its_runs`); a fresh list per call.
-_LIVE_RUNS: ContextVar[list] = ContextVar("rlhfkit_live_runs")
 
+class Launch:
+    """This process's part of a run before its folder exists: the accelerator (one scheduler step per
+    optimiser step), the FSDP2 plan a distributed launch asks for, seeds, allocator settings and the
+    resolved dtype; the run folder is checked (on the main process) before any model loads."""
 
-def closes_its_runs(train: Callable) -> Callable:
-    """Decorator of a trainer's `train(cfg)`: however the call ends, the run folders it opened are
-    released (their lock dropped); a failed run's folder is removed when the run created it and
-    had logged nothing yet, else marked failed (runtime/run_folder.py). A stop by a signal (Interrupted)
-    is not a failure: its checkpoint is there to resume from (stopped before its first step, it
-    leaves the folder as a failure then does: nothing of it to resume)."""
-    from rlhfkit.runtime.faults import Interrupted
+    def __init__(self, cfg: Any):
+        from accelerate import Accelerator
 
-    @functools.wraps(train)
-    def wrapper(cfg, *args, **kwargs):
-        token = _LIVE_RUNS.set([])
-        try:
-            return train(cfg, *args, **kwargs)
-        except BaseException as e:
-            for run in _LIVE_RUNS.get():
-                run.close(None if isinstance(e, Interrupted) and run.has_steps() else e)
-            raise
-        finally:
-            for run in _LIVE_RUNS.get():
-                run.close()
-            _LIVE_RUNS.reset(token)
+        from rlhfkit.core.allocator import cap_kernel_caches, tune_malloc
+        from rlhfkit.core.seeding import seed_everything
+        from rlhfkit.models.loading import resolve_dtype
+        from rlhfkit.runtime.distributed import refuse_deepspeed
+        from rlhfkit.runtime.fsdp2 import for_compute_dtype, requested_plan
+        from rlhfkit.runtime.run_folder import check_run_folder
 
-    return wrapper
+        refuse_deepspeed()  # a DeepSpeed launch stops here, before anything is set up (docs/scale.md)
+        cap_kernel_caches()  # before any matmul: each new shape's kernels stay cached (core/allocator.py)
+        self.cfg = cfg
+        # One scheduler step per optimiser step (runtime/faults.guarded_step steps it): accelerate's default
+        # steps it once per process, so N processes would warm up N times faster.
+        self.accelerator = Accelerator(cpu=not torch.cuda.is_available(), step_scheduler_with_optimizer=False)
+        distributed = torch.distributed.is_available() and torch.distributed.is_initialized()
+        self.fsdp2 = requested_plan() if distributed else None  # the launch asks for FSDP2: rlhfkit shards (Run)
+        if self.accelerator.is_main_process:  # before any model loads: a run without its folder stops now
+            check_run_folder(cfg)  # (the main process only: the others may see the folder it has just taken)
+        seed_everything(cfg.seed)
+        tune_malloc()  # freed CPU tensors stay in the process for reuse (runtime/allocator.py)
+        # 'auto' -> bf16 where bf16 matmuls are fast: a validated config has it resolved already
+        # (ModelArgs.derived, so config.yaml records it); the run keeps it for one built directly
+        self.dtype = resolve_dtype(cfg.dtype)
+        if self.fsdp2 is not None:  # a bf16 run gathers its layers in bf16 whatever the preset says
+            self.fsdp2 = for_compute_dtype(self.fsdp2, self.dtype)
+
+    @property
+    def device(self) -> torch.device:
+        return self.accelerator.device
+
+    @property
+    def world(self) -> int:
+        """Number of processes; per-process batch sizes times this are the global ones."""
+        return self.accelerator.num_processes
+
+    @property
+    def rank(self) -> int:
+        return self.accelerator.process_index
+
+    @property
+    def is_main(self) -> bool:
+        return self.accelerator.is_main_process
 
 
 def actor_saver(run: Run, model, tok) -> Callable:
@@ -129,158 +157,121 @@ def check_resume_fits(checkpoint: Path, total: int, unit: str) -> None:
                         f"at least {step} (iterations / max_steps)")
 
 
-class Run:
-    """One training run: process set-up, run folder, tracker, checkpoints, resume, final save."""
+class Run(Launch):
+    """One training run, complete when built: the launch's process set-up, the run folder (new, or
+    the one resumed; locked for this run: runtime/run_folder.py), config.yaml, the tracker (`total`
+    steps for its progress bar), the non-finite guard and the signal handlers; the model, optimiser
+    and schedule handed to Accelerate (DDP, DeepSpeed) or sharded with FSDP2 (runtime/fsdp2.py), the
+    model in train mode, and checkpoints of it and of `objects` (data stream, generators, ...: anything
+    with state_dict/load_state_dict, or a dict). A frozen `reference` copy still in use is sharded like
+    the policy under FSDP2. `summary` seeds summary.json. A context manager: leaving it releases the run
+    folder and the signals (see the module docstring). A resumed run writes config.yaml once `resume`
+    has restored the checkpoint (a refused resume changes nothing)."""
 
-    def __init__(self, cfg: Any, command: str):
-        from accelerate import Accelerator
+    def __init__(self, launch: Launch, command: str, total: int, model: torch.nn.Module, optimizer, scheduler,
+                 micro_batch_size: int, *, unit: str = "iteration", summary: dict | None = None, reference=None,
+                 **objects: Any):
+        from rlhfkit.core.config import save_config, to_dict
+        from rlhfkit.runtime.checkpointer import Checkpointer
+        from rlhfkit.runtime.distributed import decided_on_main
+        from rlhfkit.runtime.faults import NonFiniteGuard, StopSignals
+        from rlhfkit.runtime.run_folder import RunFolder, claim_run_folder
+        from rlhfkit.runtime.tracker import Tracker
 
-        from rlhfkit.core.allocator import cap_kernel_caches, tune_malloc
-        from rlhfkit.core.seeding import seed_everything
-        from rlhfkit.models.loading import resolve_dtype
-        from rlhfkit.runtime.distributed import refuse_deepspeed
-        from rlhfkit.runtime.fsdp2 import for_compute_dtype, requested_plan
-        from rlhfkit.runtime.run_folder import check_run_folder
-
-        refuse_deepspeed()  # a DeepSpeed launch stops here, before anything is set up (docs/scale.md)
-        cap_kernel_caches()  # before any matmul: each new shape's kernels stay cached (core/allocator.py)
-        self.cfg, self.command = cfg, command
-        # One scheduler step per optimiser step (runtime/faults.guarded_step steps it): accelerate's default
-        # steps it once per process, so N processes would warm up N times faster.
-        self.accelerator = Accelerator(cpu=not torch.cuda.is_available(), step_scheduler_with_optimizer=False)
-        distributed = torch.distributed.is_available() and torch.distributed.is_initialized()
-        self.fsdp2 = requested_plan() if distributed else None  # the launch asks for FSDP2: rlhfkit shards (prepare)
-        if self.accelerator.is_main_process:  # before any model loads: a run without its folder stops now
-            check_run_folder(cfg)  # (the main process only: the others may see the folder it has just taken)
-        self.folder: Any = None
-        seed_everything(cfg.seed)
-        tune_malloc()  # freed CPU tensors stay in the process for reuse (runtime/allocator.py)
-        # 'auto' -> bf16 where bf16 matmuls are fast: a validated config has it resolved already
-        # (ModelArgs.derived, so config.yaml records it); the run keeps it for one built directly
-        self.dtype = resolve_dtype(cfg.dtype)
-        if self.fsdp2 is not None:  # a bf16 run gathers its layers in bf16 whatever the preset says
-            self.fsdp2 = for_compute_dtype(self.fsdp2, self.dtype)
-
-        self.run_dir: Path | None = None
-        self.tracker: Any = None
-        self.guard: Any = None
-        self.checkpointer: Any = None
-        self.model: Any = None  # the prepared (DDP/FSDP/DeepSpeed-wrapped) model: training forwards
-        self.core: Any = None  # the same model unwrapped: sampling, evaluation, saving
-        self.optimizer: Any = None
-        self.scheduler: Any = None
+        # the launch's set-up, taken over (not redone): its properties (device, world, rank, is_main) read these
+        self.cfg, self.accelerator, self.fsdp2, self.dtype = launch.cfg, launch.accelerator, launch.fsdp2, launch.dtype
+        cfg = self.cfg
+        self.command, self.total, self.unit = command, total, unit
         self.summary: dict = {}
-        self.total = 0
-        self._resume_from: Path | None = None
-        self.signals: Any = None  # SIGINT/SIGTERM/SIGHUP caught from `open` to the end of `finish`
+
+        def claim() -> tuple[Path, Path | None]:
+            self.folder = claim_run_folder(cfg, command)
+            return self.folder.path, self.folder.resume_from
+
+        self.run_dir, self.resume_from = decided_on_main(self.accelerator, claim)
+        if not self.is_main:
+            self.folder = RunFolder(self.run_dir, self.resume_from)
+        self.signals = StopSignals(self._remaining)
+        self.signals.doing = "the preparation before training, then stopping"
+        self.signals.__enter__()  # released by `close`
+        try:
+            if self.resume_from is not None:
+                check_resume_fits(self.resume_from, total, unit)
+            elif self.is_main:
+                save_config(cfg, self.run_dir / "config.yaml")
+            self.tracker = Tracker(self.run_dir, total, cfg.quiet, self.is_main, cfg.tensorboard, cfg.wandb,
+                                   config=to_dict(cfg), logging_steps=cfg.logging_steps)
+            for notice in self.folder.notices:  # a damaged newer checkpoint was skipped
+                self.tracker.print(notice)
+            warning = getattr(scheduler, "warning", None)  # runtime/optim.py optimizer_for: a warm-up past the end
+            if warning and self.is_main:
+                print(f"rlhfkit: warning: {warning}", file=sys.stderr, flush=True)
+            self.summary.update({"run_dir": str(self.run_dir), **(summary or {})})
+            self.guard = NonFiniteGuard.for_config(cfg, self.tracker.print)
+            self.model, self.optimizer, self.scheduler = self._prepare(model, optimizer, scheduler, micro_batch_size)
+            self.core = self.accelerator.unwrap_model(self.model)  # unwrapped: sampling, evaluation, saving
+            self.model.train()  # explicit: gradient checkpointing only recomputes in train mode
+            self.checkpointer = Checkpointer(cfg, self.run_dir, command, self.accelerator, self.tracker,
+                                             model=self.core, optimizer=self.optimizer, scheduler=self.scheduler,
+                                             objects={**objects, "summary": self.summary}, guard=self.guard,
+                                             unit=unit, total=total, signals=self.signals)
+            self._shard_reference(reference)
+        except BaseException as e:
+            self.close(e)
+            raise
+
+    def __enter__(self) -> Run:
+        return self
+
+    def __exit__(self, kind, error, trace) -> None:
+        """However the block ends, the folder and the signals are released; after an error the folder is
+        removed or marked failed, unless a signal stopped a run with steps to resume from."""
+        from rlhfkit.runtime.faults import Interrupted
+
+        self.close(None if isinstance(error, Interrupted) and self.has_steps() else error)
 
     # ---- properties ---------------------------------------------------------------------
-    @property
-    def device(self) -> torch.device:
-        return self.accelerator.device
-
-    @property
-    def world(self) -> int:
-        """Number of processes; per-process batch sizes times this are the global ones."""
-        return self.accelerator.num_processes
-
-    @property
-    def rank(self) -> int:
-        return self.accelerator.process_index
-
-    @property
-    def is_main(self) -> bool:
-        return self.accelerator.is_main_process
-
     @property
     def start(self) -> int:
         """First step to run: 0, or the checkpoint's step after `resume`."""
         return self.checkpointer.start
 
     # ---- set-up -------------------------------------------------------------------------
-    def open(self, total: int, unit: str = "iteration", **summary: Any) -> Run:
-        """After the inputs are checked: the run folder (new, or the one resumed; locked for this
-        run: runtime/run_folder.py), config.yaml, the tracker (`total` steps for its progress bar)
-        and the non-finite guard. `summary` seeds summary.json. A resumed run writes config.yaml
-        once `resume` has restored the checkpoint (a refused resume changes nothing)."""
-        from rlhfkit.core.config import save_config, to_dict
-        from rlhfkit.runtime.distributed import decided_on_main
-        from rlhfkit.runtime.faults import NonFiniteGuard, StopSignals
-        from rlhfkit.runtime.run_folder import RunFolder, claim_run_folder
-        from rlhfkit.runtime.tracker import Tracker
-
-        cfg = self.cfg
-
-        def claim() -> tuple[Path, Path | None]:
-            self.folder = claim_run_folder(cfg, self.command)
-            live = _LIVE_RUNS.get(None)
-            if live is not None:  # inside a `closes_its_runs` train(): released however it ends
-                live.append(self)
-            return self.folder.path, self.folder.resume_from
-
-        self.run_dir, self._resume_from = decided_on_main(self.accelerator, claim)
-        if not self.is_main:
-            self.folder = RunFolder(self.run_dir, self._resume_from)
-        if self._resume_from is not None:
-            check_resume_fits(self._resume_from, total, unit)
-        elif self.is_main:
-            save_config(cfg, self.run_dir / "config.yaml")
-        self.tracker = Tracker(self.run_dir, total, cfg.quiet, self.is_main, cfg.tensorboard, cfg.wandb,
-                               config=to_dict(cfg), logging_steps=cfg.logging_steps)
-        for notice in self.folder.notices:  # a damaged newer checkpoint was skipped
-            self.tracker.print(notice)
-        self.summary.update({"run_dir": str(self.run_dir), **summary})
-        self.guard = NonFiniteGuard.for_config(cfg, self.tracker.print)
-        self.total, self._unit = total, unit
-        self.signals = StopSignals(self._remaining)
-        self.signals.doing = "the preparation before training, then stopping"
-        self.signals.__enter__()  # released by `close`
-        return self
-
     def _remaining(self) -> str:
         """What a run stopped at once leaves (the second signal's message)."""
-        if self.checkpointer is not None:
+        if hasattr(self, "checkpointer"):  # (a signal while the run is being built: none yet)
             return self.checkpointer.remaining_checkpoint()
-        return "no checkpoint was written" if self._resume_from is None else f"the checkpoint is {self._resume_from}"
+        return "no checkpoint was written" if self.resume_from is None else f"the checkpoint is {self.resume_from}"
 
     def has_steps(self) -> bool:
         """Whether this run has steps to resume from: logged ones, or a checkpoint it resumed."""
-        return self._resume_from is not None or (self.tracker is not None and self.tracker.logged > 0)
+        return self.resume_from is not None or self._logged() > 0
 
-    def prepare(self, model: torch.nn.Module, optimizer, scheduler, micro_batch_size: int,
-                **objects: Any) -> torch.nn.Module:
-        """Hand model, optimiser and schedule to Accelerate (DDP, DeepSpeed) or shard the model with
-        FSDP2 (runtime/fsdp2.py), put the model in train mode, and set up checkpoints of it and of
-        `objects` (data stream, generators, ...: anything with state_dict/load_state_dict, or a
-        dict). Returns the prepared model."""
-        from rlhfkit.runtime.checkpointer import Checkpointer
+    def _logged(self) -> int:
+        """Steps logged (none while the run is being built)."""
+        return self.tracker.logged if hasattr(self, "tracker") else 0
+
+    def _prepare(self, model: torch.nn.Module, optimizer, scheduler, micro_batch_size: int) -> tuple:
+        """(model, optimizer, scheduler) handed to Accelerate, or the model sharded with FSDP2."""
         from rlhfkit.runtime.distributed import configure_deepspeed
         from rlhfkit.runtime.fsdp2 import shard
 
         configure_deepspeed(self.accelerator, micro_batch_size, self.cfg.max_grad_norm)
         if self.fsdp2 is None:
-            self.model, self.optimizer, self.scheduler = self.accelerator.prepare(model, optimizer, scheduler)
-        else:  # accelerate's FSDP2 (GPUs) passes a sharded model through; elsewhere it would wrap it in DDP
-            model = shard(model, optimizer, self.fsdp2, self.device)
-            self.summary["fsdp2"] = {"processes": self.world, **dataclasses.asdict(self.fsdp2)}
-            self.tracker.print(f"[fsdp2] weights, gradients and optimiser state sharded over {self.world} "
-                               f"process{'es' * (self.world != 1)} "
-                               f"(reshard_after_forward={self.fsdp2.reshard_after_forward}, "
-                               f"mixed_precision={self.fsdp2.mixed_precision})")
-            if self.accelerator.is_fsdp2:
-                model, optimizer, scheduler = self.accelerator.prepare(model, optimizer, scheduler)
-            else:
-                optimizer, scheduler = self.accelerator.prepare(optimizer, scheduler)
-            self.model, self.optimizer, self.scheduler = model, optimizer, scheduler
-        self.core = self.accelerator.unwrap_model(self.model)
-        self.model.train()  # explicit: gradient checkpointing only recomputes in train mode
-        self.checkpointer = Checkpointer(self.cfg, self.run_dir, self.command, self.accelerator, self.tracker,
-                                         model=self.core, optimizer=self.optimizer, scheduler=self.scheduler,
-                                         objects={**objects, "summary": self.summary}, guard=self.guard,
-                                         unit=self._unit, total=self.total, signals=self.signals)
-        return self.model
+            return self.accelerator.prepare(model, optimizer, scheduler)
+        # accelerate's FSDP2 (GPUs) passes a sharded model through; elsewhere it would wrap it in DDP
+        model = shard(model, optimizer, self.fsdp2, self.device)
+        self.summary["fsdp2"] = {"processes": self.world, **dataclasses.asdict(self.fsdp2)}
+        self.tracker.print(f"[fsdp2] weights, gradients and optimiser state sharded over {self.world} "
+                           f"process{'es' * (self.world != 1)} "
+                           f"(reshard_after_forward={self.fsdp2.reshard_after_forward}, "
+                           f"mixed_precision={self.fsdp2.mixed_precision})")
+        if self.accelerator.is_fsdp2:
+            return self.accelerator.prepare(model, optimizer, scheduler)
+        optimizer, scheduler = self.accelerator.prepare(optimizer, scheduler)
+        return model, optimizer, scheduler
 
-    def shard_reference(self, reference) -> None:
+    def _shard_reference(self, reference) -> None:
         """Under FSDP2, shard a frozen reference copy (full fine-tuning) like the policy, so each
         process keeps 1/N of it; without one (LoRA: the adapter-disabled policy) or with one kept
         in CPU memory (`offload_reference`, moved whole for each pass) nothing changes."""
@@ -304,8 +295,8 @@ class Run:
         everything from the checkpoint and cut the logs back to it. Returns the first step."""
         from rlhfkit.core.config import save_config
 
-        start = self.checkpointer.resume(self._resume_from, **objects)
-        if self._resume_from is not None and self.is_main:
+        start = self.checkpointer.resume(self.resume_from, **objects)
+        if self.resume_from is not None and self.is_main:
             save_config(self.cfg, self.run_dir / "config.yaml")
         return start
 
@@ -325,13 +316,12 @@ class Run:
 
         then = "stopping" if when == "before" else "stopping with a checkpoint"
         done = None if when == "before" else self.total
-        if self.checkpointer is not None:  # a signal already there (e.g. during a reference pass): no evaluation
-            self.checkpointer.stop_if_asked(f"before the evaluation {when} training", done)
+        # a signal already there (e.g. during a reference pass): no evaluation
+        self.checkpointer.stop_if_asked(f"before the evaluation {when} training", done)
         self.signals.doing = f"the evaluation {when} training, then {then}"
         pause_point(f"evaluation-{when}", self.signals)
         yield
-        if self.checkpointer is not None:
-            self.checkpointer.stop_if_asked(f"during the evaluation {when} training", done)
+        self.checkpointer.stop_if_asked(f"during the evaluation {when} training", done)
 
     def steps(self) -> Iterator[int]:
         """The steps still to run. A signal before the first one stops the run; after each one: stop
@@ -348,6 +338,16 @@ class Run:
     def eval_due(self, step: int, every: int) -> bool:
         """Evaluate after step `step`: every `every` steps (0: never) and after the last one."""
         return (every > 0 and (step + 1) % every == 0) or step == self.total - 1
+
+    def optimizer_step(self, loss: float, step: int) -> dict[str, float]:
+        """One optimiser step of the run's model on its accumulated gradients (runtime/optim.py
+        `optimizer_step`): clip and step unless non-finite (runtime/faults.py), then give the step's freed
+        heap back. `loss` (the step's, for the non-finite check) and `step` name it in a warning. Returns
+        params/grad_norm, params/lr and params/skipped_steps."""
+        from rlhfkit.runtime.optim import optimizer_step
+
+        return optimizer_step(self.model.parameters(), self.optimizer, self.scheduler, self.accelerator,
+                              self.cfg.max_grad_norm, loss, self.guard, f"{self.unit} {step}")
 
     def log(self, step: int, metrics: dict[str, float]) -> None:
         self.tracker.log(step, metrics)
@@ -410,9 +410,8 @@ class Run:
     def close(self, error: BaseException | None = None) -> None:
         """Release the run folder and the signals (idempotent); after an `error`, remove or mark it
         (runtime/run_folder.py RunFolder.close)."""
-        if self.signals is not None:
-            self.signals.__exit__()
+        self.signals.__exit__()
         if self.folder is not None:
             folder, self.folder = self.folder, None
             if self.is_main:
-                folder.close(error, logged=self.tracker is not None and self.tracker.logged > 0)
+                folder.close(error, logged=self._logged() > 0)

@@ -22,7 +22,6 @@ Held-out evaluation runs the agent once per held-out record: mean episode reward
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import time
 
@@ -35,6 +34,7 @@ from rlhfkit.rollout import Rollout
 from rlhfkit.rollout.agent import load_agent
 from rlhfkit.rollout.agent_rollout import AgentSettings, AllEpisodesFailed, agent_rollout
 from rlhfkit.rollout.prompt_fit import prompt_token_limit
+from rlhfkit.trainers.rollout_source import RolloutSource
 
 
 def agent_settings(cfg) -> AgentSettings:
@@ -50,18 +50,18 @@ def episode_reward(reward: float | list[float]) -> float:
 def sample_agent(rl, cfg, records: list[dict], seed: int):
     """agent_rollout on the policy with the run's sampling settings (autocast in the sampler thread)."""
     limit, _ = prompt_token_limit(rl.core.policy, cfg.max_new_tokens, cfg.max_prompt_length)
-    with rl.generation_context():
+    with rl.full_weights():
         return agent_rollout(rl.core.policy, rl.tok, records, rl.params, rl.agent, limit or 2048, seed, fmt=cfg,
-                             context=lambda: autocast(cfg.dtype, rl.run.device))
+                             context=lambda: autocast(cfg.dtype, rl.device))
 
 
 def agent_episodes(rl, cfg, records: list[dict], it: int) -> tuple[Rollout, list]:
     """Iteration `it`'s episodes of `records`: (their Rollout, every episode's Outcome); the agent/*
     metrics ride in the Rollout's timings (rollout_metrics logs them)."""
     t0 = time.perf_counter()
-    with rl.run.tracker.phase("rollout", None):
+    with rl.tracker.phase("rollout", None):
         try:
-            rollout, outcomes, metrics = sample_agent(rl, cfg, records, sampling_seed(cfg.seed, rl.run.rank, it))
+            rollout, outcomes, metrics = sample_agent(rl, cfg, records, sampling_seed(cfg.seed, rl.rank, it))
         except AllEpisodesFailed as e:
             raise AllEpisodesFailed(f"iteration {it}: {e}") from None
     rollout.timings = {"timing/generate_s": time.perf_counter() - t0, "timing/reward_s": 0.0, **metrics}
@@ -73,7 +73,7 @@ def agent_sample(rl, cfg, records: list[dict], it: int) -> Rollout:
     return agent_episodes(rl, cfg, records, it)[0]
 
 
-class AgentSource(contextlib.AbstractContextManager):
+class AgentSource(RolloutSource):
     """The GRPO family's "agent" rollout source (trainers/grpo_sources.py; module docstring)."""
 
     @staticmethod
@@ -95,15 +95,6 @@ class AgentSource(contextlib.AbstractContextManager):
         episode = rollout.info["episode"]
         scores = torch.tensor([reward[e] for e in episode], dtype=torch.float32, device=rollout.scores.device)
         return dataclasses.replace(rollout, scores=scores), [records[e] for e in episode]
-
-    def after_update(self) -> dict[str, float]:
-        return {}
-
-    def checkpointed(self) -> dict:
-        return {}
-
-    def __exit__(self, *exc) -> None:
-        return None
 
 
 def use_agent(rl, cfg, settings: AgentSettings) -> None:

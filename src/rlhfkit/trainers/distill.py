@@ -34,7 +34,6 @@ from rlhfkit.core.precision import autocast
 from rlhfkit.errors import UserError
 from rlhfkit.rollout import Rollout, forward_logprobs
 from rlhfkit.rollout.logprobs import logprob_pass
-from rlhfkit.runtime.run import closes_its_runs
 from rlhfkit.trainers.build import build_actor
 from rlhfkit.trainers.distill_config import DistillConfig
 from rlhfkit.trainers.distill_data import dataset_rollout, teacher_rollout
@@ -144,47 +143,46 @@ def scoring_pass(rl: RLRun, cfg: DistillConfig, rollout: Rollout, order: torch.T
     micro-batch repeats this exactly."""
     t0 = time.perf_counter()
     teacher = rl.reference if cfg.loss == "reverse-kl" else None
-    with rl.run.tracker.phase("log-probs", None), autocast(cfg.dtype, rl.run.device):
+    with rl.tracker.phase("log-probs", None), autocast(cfg.dtype, rl.device):
         scored = logprob_pass(rl.core, teacher, rollout, cfg.temperature, rl.micro_batch_size, order,
                               chunk_budget=cfg.cpu_chunk_positions)
     scored.timings = {**rollout.timings, "timing/logprobs_s": time.perf_counter() - t0}
     return scored
 
 
-@closes_its_runs
 def train(cfg: DistillConfig) -> dict:
     """Run distillation (see the module docstring); returns the summary (also RUN/summary.json)."""
-    rl = RLRun(cfg, "distill", build_models)
+    with RLRun(cfg, "distill", build_models) as rl:
 
-    def loss_fn(mb: Rollout, n_tokens: float, n_seqs: float):
-        return micro_batch_loss(rl.model, rl.reference, mb, cfg, n_tokens, rl.run.device)
+        def loss_fn(mb: Rollout, n_tokens: float, n_seqs: float):
+            return micro_batch_loss(rl.model, rl.reference, mb, cfg, n_tokens, rl.device)
 
-    rl.run.resume()
-    with rl.evaluating():  # held-out reward of the student's samples before and after
-        for it in rl.run.steps():
-            t0 = time.time()
-            rollout, sampled = sequences(rl, cfg, it)  # step 1
-            mask = rollout.response_mask
-            rollout.rewards, _ = shape_rewards(rollout.scores, torch.zeros_like(mask), torch.zeros_like(mask),
-                                               mask, 0.0)  # the score on the last token: logged, not trained on
-            perm = shuffled_rows(len(rollout.scores), rl.generator)
-            rollout = scoring_pass(rl, cfg, rollout, perm)  # step 2
-            t1 = time.time()
-            m = rl.update(rollout, loss_fn, 1, cfg.optimiser_batch, perm)  # step 3
-            metrics = {**rollout_metrics(rollout), "rollout/on_policy": float(sampled),
-                       "loss/distill": m["loss/distill"], "params/grad_norm": m["grad_norm"],
-                       "params/ratio_first_microbatch_maxdev": m["ratio_first_microbatch_maxdev"],
-                       "params/skipped_steps": m["skipped_steps"]}
-            if cfg.loss == "jsd":
-                metrics["distill/jsd"] = m["jsd"]
-            if sampled and rollout.ref_logprobs is not None:  # k1 on the student's own tokens
-                metrics["distill/reverse_kl"] = masked_mean(rollout.logprobs - rollout.ref_logprobs, mask).item()
-            rl.log(it, rollout, metrics, (t0, t1, time.time()))  # step 4
-    if cfg.reward == "arithmetic" and "eval_after" in rl.run.summary:  # exact match: mean reward = accuracy
-        b, a = rl.run.summary["eval_before"], rl.run.summary["eval_after"]
-        rl.run.print(f"[eval] held-out accuracy (T={cfg.temperature}): {b['mean']:.1%} before -> "
-                     f"{a['mean']:.1%} after (n={a['n']})")
-    return rl.finish()
+        rl.resume()
+        with rl.evaluating():  # held-out reward of the student's samples before and after
+            for it in rl.steps():
+                t0 = time.time()
+                rollout, sampled = sequences(rl, cfg, it)  # step 1
+                mask = rollout.response_mask
+                rollout.rewards, _ = shape_rewards(rollout.scores, torch.zeros_like(mask), torch.zeros_like(mask),
+                                                   mask, 0.0)  # the score on the last token: logged, not trained on
+                perm = shuffled_rows(len(rollout.scores), rl.generator)
+                rollout = scoring_pass(rl, cfg, rollout, perm)  # step 2
+                t1 = time.time()
+                m = rl.update(rollout, loss_fn, 1, cfg.optimiser_batch, perm)  # step 3
+                metrics = {**rollout_metrics(rollout), "rollout/on_policy": float(sampled),
+                           "loss/distill": m["loss/distill"], "params/grad_norm": m["grad_norm"],
+                           "params/ratio_first_microbatch_maxdev": m["ratio_first_microbatch_maxdev"],
+                           "params/skipped_steps": m["skipped_steps"]}
+                if cfg.loss == "jsd":
+                    metrics["distill/jsd"] = m["jsd"]
+                if sampled and rollout.ref_logprobs is not None:  # k1 on the student's own tokens
+                    metrics["distill/reverse_kl"] = masked_mean(rollout.logprobs - rollout.ref_logprobs, mask).item()
+                rl.log_iteration(it, rollout, metrics, (t0, t1, time.time()))  # step 4
+        if cfg.reward == "arithmetic" and "eval_after" in rl.summary:  # exact match: mean reward = accuracy
+            b, a = rl.summary["eval_before"], rl.summary["eval_after"]
+            rl.print(f"[eval] held-out accuracy (T={cfg.temperature}): {b['mean']:.1%} before -> "
+                         f"{a['mean']:.1%} after (n={a['n']})")
+        return rl.finish()
 
 
 def main(argv: list[str]) -> int:

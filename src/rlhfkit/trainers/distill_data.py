@@ -25,9 +25,9 @@ def teacher_rollout(rl, cfg, records: list[dict], iteration: int) -> Rollout:
 
     teacher = ActorCritic(rl.reference.frozen, None, share_prompts=rl.core.share_prompts,
                           share_prefix=rl.core.share_prefix)
-    seed = sampling_seed(cfg.seed, rl.run.rank, iteration) + TEACHER_SEED_OFFSET
-    with rl.run.tracker.phase("rollout", None):
-        return sample_rollout(teacher, rl.tok, records, cfg, rl.params, seed, rl.reward_fn, rl.run.device)
+    seed = sampling_seed(cfg.seed, rl.rank, iteration) + TEACHER_SEED_OFFSET
+    with rl.tracker.phase("rollout", None):
+        return sample_rollout(teacher, rl.tok, records, cfg, rl.params, seed, rl.reward_fn, rl.device)
 
 
 def completion_tokens(tok, text: str, max_new_tokens: int, stop_id: int) -> list[int]:

@@ -29,11 +29,11 @@ from rlhfkit.data.prefs import load_pairs, load_preferences, resolve_prefs
 from rlhfkit.rollout import Rollout
 from rlhfkit.runtime.accumulate import accumulate, add_up
 from rlhfkit.runtime.distributed import sum_over_processes
-from rlhfkit.runtime.run import closes_its_runs
+from rlhfkit.runtime.run import Launch
 from rlhfkit.trainers.build import build_actor
 from rlhfkit.trainers.dpo_config import DPOConfig, ORPOConfig, SimPOConfig
 from rlhfkit.trainers.judged import eval_records, judged_after, judged_samples, win_rate
-from rlhfkit.trainers.offline import OfflineRun
+from rlhfkit.trainers.offline import OfflineRun, preference_models
 from rlhfkit.trainers.pair_losses import pair_batch_loss as dpo_batch_loss
 from rlhfkit.trainers.pairs import (
     all_pair_chunks,
@@ -84,13 +84,13 @@ def precompute_reference(reference, data: Rollout, batches: list[torch.Tensor], 
     return table
 
 
-def reference_tables(h: OfflineRun, reference, data: Rollout, held: Rollout | None,
-                     batches: list[torch.Tensor]) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+def reference_tables(h: OfflineRun, reference, data: Rollout, held: Rollout | None, batches: list[torch.Tensor],
+                     precompute: bool) -> tuple[torch.Tensor | None, torch.Tensor | None]:
     """Step 2: reference log-probs of the held-out pairs, and of every training pair when computing
-    them once before training is cheaper (`should_precompute`; else None: per micro-batch)."""
-    cfg, device, run = h.cfg, h.run.device, h.run
+    them once before training is cheaper (`precompute`: `should_precompute`; else None: per micro-batch)."""
+    cfg, device = h.cfg, h.device
     if reference is None:  # reference-free loss (SimPO, ORPO)
-        run.summary["precomputed_ref_logps"] = False
+        h.summary["precomputed_ref_logps"] = False
         return None, None
     held_ref = None
     if held is not None:
@@ -99,10 +99,10 @@ def reference_tables(h: OfflineRun, reference, data: Rollout, held: Rollout | No
             held_ref = reference_table(reference, held, all_pair_chunks(held, cfg, device), cfg, device,
                                        lambda idx: pair_rows(idx, n))
     ref_table = None
-    if should_precompute(cfg, data.response_ids.shape[0] // 2, len(batches)):
-        with run.tracker.phase("reference log-probs", None), reference.loaded(device):
-            ref_table = precompute_reference(reference, data, batches, cfg, device, run.world)
-    run.summary["precomputed_ref_logps"] = ref_table is not None
+    if precompute:
+        with h.tracker.phase("reference log-probs", None), reference.loaded(device):
+            ref_table = precompute_reference(reference, data, batches, cfg, device, h.world)
+    h.summary["precomputed_ref_logps"] = ref_table is not None
     return held_ref, ref_table
 
 
@@ -145,39 +145,42 @@ def held_out_metrics(model, held: Rollout, held_ref: torch.Tensor | None, cfg: D
 # ----------------------------------------------------------------------------- loop
 
 
-@closes_its_runs
 def train(cfg: DPOConfig) -> dict:
     """Run DPO; returns the summary (also written to RUN/summary.json)."""
     from rlhfkit.runtime.optim import optimizer_for
 
-    h = OfflineRun(cfg, getattr(type(cfg), "command", "dpo"))
-    device = h.run.device
+    launch = Launch(cfg)
+    device = launch.device
     # 1. data. Data, judge, model and prompt lengths are checked before the run folder exists.
     train_pairs, held_out = load_pairs(cfg.prefs)
     if cfg.eval_data:  # TRL's eval_dataset: held-out pairs given apart
         held_out = load_preferences(resolve_prefs(cfg.eval_data))
-    judge, model, reference, tok = h.preference_models(build_models)
+    judge, model, reference, tok = preference_models(launch, build_models)
     check_prompt_lengths(tok, [train_pairs, held_out], cfg)
     data, N = encode_pairs(tok, train_pairs, cfg), len(train_pairs)
     held = encode_pairs(tok, held_out, cfg) if held_out else None
-    batches = plan_batches(N, cfg, torch.Generator(device=HOST).manual_seed(cfg.seed), h.run.world,
+    batches = plan_batches(N, cfg, torch.Generator(device=HOST).manual_seed(cfg.seed), launch.world,
                            pair_lengths(data, model.share_prompts))
-    h.open(len(batches), N, train_pairs=N, held_out_pairs=len(held_out))
-    held_ref, ref_table = reference_tables(h, reference, data, held, batches)  # 2. reference
-    reference = None if ref_table is not None else reference  # the table is all training needs: a copy's memory is freed
-    wrapped = h.start(model, *optimizer_for(model.parameters(), cfg, len(batches)), reference, judged=h.judged)
-    records = eval_records(train_pairs, held_out, cfg) if cfg.num_eval_prompts > 0 else []
-    h.judge_before(model, tok, records, judge)  # 3. the starting model, judged
-    for step in h.run.steps():  # 4. train (the batches are planned from the seed: a resumed run starts further in)
-        t0 = time.time()
-        with h.reference_loaded(reference, device):
-            metrics = train_step(wrapped, data, batches[step], ref_table, reference, cfg, h.run.accelerator)
-        metrics.update(h.optimizer_step(wrapped, metrics["loss/dpo"], step))
-        h.run.log(step, h.timed(metrics, t0))
-    if held is not None:  # 5. after: held-out preference accuracy, judged win rate over the starting model
-        h.held_out(held_out_metrics(model, held, held_ref, cfg, device), lambda m: "[eval] held-out pairs: preference "
-                   f"accuracy {m['rewards/accuracy']:.1%}, reward margin {m['rewards/margin']:+.3f} (n={len(held_out)})")
-    return h.finish_judged(model, tok, records, judge, bool(held_out))
+    precompute = reference is not None and should_precompute(cfg, N, len(batches))
+    with OfflineRun(launch, getattr(type(cfg), "command", "dpo"), len(batches), model,
+                    *optimizer_for(model.parameters(), cfg, len(batches)), epoch_size=N,
+                    reference=None if precompute else reference,  # sharded like the policy when still in use
+                    summary=dict(train_pairs=N, held_out_pairs=len(held_out))) as h:
+        held_ref, ref_table = reference_tables(h, reference, data, held, batches, precompute)  # 2. reference
+        reference = None if precompute else reference  # the table is all training needs: a copy's memory is freed
+        records = eval_records(train_pairs, held_out, cfg) if cfg.num_eval_prompts > 0 else []
+        h.judge_before(model, tok, records, judge)  # 3. the starting model, judged
+        for step in h.steps():  # 4. train (the batches are planned from the seed: a resumed run starts further in)
+            t0 = time.time()
+            with h.reference_loaded(reference, device):
+                metrics = train_step(h.model, data, batches[step], ref_table, reference, cfg, h.accelerator)
+            metrics.update(h.optimizer_step(metrics["loss/dpo"], step))
+            h.log(step, h.timed(metrics, t0))
+        if held is not None:  # 5. after: held-out preference accuracy, judged win rate over the starting model
+            h.held_out(held_out_metrics(model, held, held_ref, cfg, device), lambda m: "[eval] held-out pairs: "
+                       f"preference accuracy {m['rewards/accuracy']:.1%}, reward margin {m['rewards/margin']:+.3f} "
+                       f"(n={len(held_out)})")
+        return h.finish_judged(model, tok, records, judge, bool(held_out))
 
 
 def main(argv: list[str]) -> int:

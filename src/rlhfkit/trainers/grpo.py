@@ -47,7 +47,6 @@ from rlhfkit.algos.registry import choose
 from rlhfkit.core.config import config_main
 from rlhfkit.core.precision import autocast
 from rlhfkit.rollout import Rollout, forward_logprobs
-from rlhfkit.runtime.run import closes_its_runs
 from rlhfkit.trainers.build import build_actor
 from rlhfkit.trainers.grpo_config import DAPOConfig, GRPOConfig, GSPOConfig, ReinforcePPConfig, RLOOConfig
 from rlhfkit.trainers.grpo_rollout import (
@@ -60,7 +59,7 @@ from rlhfkit.trainers.grpo_rollout import (
     shaped_rewards,
     varied_rows,
 )
-from rlhfkit.trainers.grpo_sources import RolloutSource, prepare_source
+from rlhfkit.trainers.grpo_sources import prepare_source
 from rlhfkit.trainers.grpo_variants import (
     ADVANTAGES,
     LOGPROBS,
@@ -75,6 +74,7 @@ from rlhfkit.trainers.grpo_variants import (
 )
 from rlhfkit.trainers.rl import RLRun
 from rlhfkit.trainers.rl_update import RatioCheckError, policy_update_metrics, rollout_metrics, shuffled_rows
+from rlhfkit.trainers.rollout_source import RolloutSource
 
 __all__ = ["RatioCheckError", "compute_advantages", "keep_rows", "micro_batch_loss", "train"]
 
@@ -196,14 +196,14 @@ def update_on(rl: RLRun, cfg: GRPOConfig, batch: Rollout, rows: torch.Tensor, ad
     perm = shuffled_rows(len(rows), rl.generator, shuffle_group, cfg.optimiser_batch)
     used = rl.logprob_pass(used, perm)  # 4. old (and reference) log-probs
     metrics["timing/logprobs_s"] = used.timings["timing/logprobs_s"]
-    inputs = AdvantageInputs(used, cfg, lambda: None, rl.run.accelerator)
+    inputs = AdvantageInputs(used, cfg, lambda: None, rl.accelerator)
     advantages, adv_metrics = advantages_at(LOGPROBS, advantage, inputs)  # 5. advantages that need the log-probs
     used = dataclasses.replace(used, advantages=advantages)
     metrics.update(adv_metrics)
     for add_inputs in term_inputs:  # e.g. a teacher's log-probs of the sampled tokens
         used = add_inputs(used, perm)
     t1 = time.time()
-    loss_fn = functools.partial(micro_batch_loss, rl.model, cfg=cfg, device=rl.run.device, num_processes=rl.run.world,
+    loss_fn = functools.partial(micro_batch_loss, rl.model, cfg=cfg, device=rl.device, num_processes=rl.world,
                                 terms=terms)
     m = rl.update(used, loss_fn, cfg.update_epochs, cfg.optimiser_batch, perm, shuffle_group)  # 6. update
     return used, {**metrics, **update_metrics(m, used, cfg, terms)}, t1
@@ -219,48 +219,47 @@ def accuracy_line(rl: RLRun, cfg: GRPOConfig) -> str | None:
     `exact_match`), so its mean is an accuracy; None otherwise or without an evaluation."""
     judge = rl.make_env if rl.make_env is not None else rl.reward_fn
     own_evaluator = rl.evaluator is not None  # e.g. an agent's rewards, not the reward function's
-    if own_evaluator or not getattr(judge, "exact_match", False) or "eval_after" not in rl.run.summary:
+    if own_evaluator or not getattr(judge, "exact_match", False) or "eval_after" not in rl.summary:
         return None
-    b, a = rl.run.summary["eval_before"], rl.run.summary["eval_after"]
+    b, a = rl.summary["eval_before"], rl.summary["eval_after"]
     held = "held-out" if rl.eval_from == "held-out" else "training-prompt"
     return (f"[eval] {held} accuracy (T={cfg.temperature}): {b['mean']:.1%} before -> "
             f"{a['mean']:.1%} after (n={a['n']})")
 
 
-@closes_its_runs
 def train(cfg: GRPOConfig) -> dict:
     """Run GRPO or a variant (see the module docstring); returns the summary (also RUN/summary.json)."""
     make_source = prepare_source(cfg)  # before the run folder exists: a source that cannot start stops here
-    rl = RLRun(cfg, command_name(cfg), build_policy_model)
-    advantage = choose(ADVANTAGES, cfg.advantage, "advantage")  # the variants, looked up once by name
-    terms = active_terms(cfg)
-    term_inputs = [term.inputs(rl, cfg) for term in terms.values()]
-    source = make_source(rl)
-    rl.run.resume(**source.checkpointed())  # when resuming: weights, optimiser, data position, RNG, ...
-    with rl.evaluating(), source:  # held-out reward before and after
-        for it in rl.run.steps():  # checkpoints when due; SIGINT/SIGTERM: checkpoint and stop
-            t0 = time.time()
-            batch, sampled, metrics = collect(rl, cfg, it, source, advantage)  # 1-3. sample, score, advantages
-            metrics.update(rollout_metrics(sampled))
-            rows = informative_rows(batch, cfg, advantage, rl.run.world)
-            metrics["rollout/update_fraction"] = len(rows) / len(sampled.scores)
-            t1 = time.time()
-            logged = sampled if advantage.phase == SCORES else None  # whose advantages the samples show
-            if len(rows):
-                used, update_m, t1 = update_on(rl, cfg, batch, rows, advantage, terms, term_inputs)  # 4-6. log-probs, update
-                metrics.update(update_m)
-                if logged is None and sampled is batch:  # every row, in order (no estimator of phase 5 drops)
-                    logged = used
-            t2 = time.time()
-            metrics.update(source.after_update())  # an off-policy sampler takes the updated weights
-            metrics["params/beta"] = cfg.beta
-            extra = {} if logged is None else {
-                "advantage": (logged.advantages.sum(1) / sampled.response_mask.sum(1).clamp(min=1)).tolist()}
-            rl.log(it, sampled, metrics, (t0, t1, t2), extra)  # 7. log
-    line = accuracy_line(rl, cfg)
-    if line:
-        rl.run.print(line)
-    return rl.finish()
+    with RLRun(cfg, command_name(cfg), build_policy_model) as rl:
+        advantage = choose(ADVANTAGES, cfg.advantage, "advantage")  # the variants, looked up once by name
+        terms = active_terms(cfg)
+        term_inputs = [term.inputs(rl, cfg) for term in terms.values()]
+        source = make_source(rl)
+        rl.resume(**source.checkpointed())  # when resuming: weights, optimiser, data position, RNG, ...
+        with rl.evaluating(), source:  # held-out reward before and after
+            for it in rl.steps():  # checkpoints when due; SIGINT/SIGTERM: checkpoint and stop
+                t0 = time.time()
+                batch, sampled, metrics = collect(rl, cfg, it, source, advantage)  # 1-3. sample, score, advantages
+                metrics.update(rollout_metrics(sampled))
+                rows = informative_rows(batch, cfg, advantage, rl.world)
+                metrics["rollout/update_fraction"] = len(rows) / len(sampled.scores)
+                t1 = time.time()
+                logged = sampled if advantage.phase == SCORES else None  # whose advantages the samples show
+                if len(rows):
+                    used, update_m, t1 = update_on(rl, cfg, batch, rows, advantage, terms, term_inputs)  # 4-6. log-probs, update
+                    metrics.update(update_m)
+                    if logged is None and sampled is batch:  # every row, in order (no estimator of phase 5 drops)
+                        logged = used
+                t2 = time.time()
+                metrics.update(source.after_update())  # an off-policy sampler takes the updated weights
+                metrics["params/beta"] = cfg.beta
+                extra = {} if logged is None else {
+                    "advantage": (logged.advantages.sum(1) / sampled.response_mask.sum(1).clamp(min=1)).tolist()}
+                rl.log_iteration(it, sampled, metrics, (t0, t1, t2), extra)  # 7. log
+        line = accuracy_line(rl, cfg)
+        if line:
+            rl.print(line)
+        return rl.finish()
 
 
 def main(argv: list[str]) -> int:

@@ -28,7 +28,7 @@ def teacher_inputs(rl, cfg):
     function that adds its log-probs of a Rollout's tokens in the micro-batches of `order`."""
     from rlhfkit.trainers.distill import load_teacher
 
-    teacher = load_teacher(cfg, rl.core, rl.tok).to(rl.run.device)
+    teacher = load_teacher(cfg, rl.core, rl.tok).to(rl.device)
 
     def add(rollout: Rollout, order: torch.Tensor) -> Rollout:
         lp = frozen_logprobs(teacher, rollout, cfg.temperature, rl.micro_batch_size, order, cfg.cpu_chunk_positions)

@@ -188,7 +188,7 @@ def dynamic_batch(rl, cfg, draw: Draw) -> tuple[Rollout, Rollout, dict[str, floa
     cap, everything sampled, metrics). The per-round metrics are means over equal-sized rounds, so
     their mean is the mean over everything sampled."""
     G, target = cfg.group_size, cfg.prompts_per_iteration
-    acc = rl.run.accelerator
+    acc = rl.accelerator
     kept, sampled, per_round, n = fill_groups(draw, G, target, cfg.max_sampling_rounds,
                                               lambda c: -int(max_over_processes(acc, -c)))
     everything = concat_rollouts(sampled, rl.tok.pad_token_id)
@@ -203,8 +203,8 @@ def dynamic_batch(rl, cfg, draw: Draw) -> tuple[Rollout, Rollout, dict[str, floa
 def greedy_scores(rl, cfg, records: list[dict]) -> torch.Tensor:
     """ReMax's baseline: the shaped reward of each record's greedy completion, (len(records),)."""
     params = dataclasses.replace(rl.params, temperature=0.0)  # temperature 0: greedy decoding
-    with rl.run.tracker.phase("greedy baseline", None), rl.generation_context():
-        greedy = sample_rollout(rl.core, rl.tok, records, cfg, params, 0, rl.reward_fn, rl.run.device, rl.backend,
+    with rl.tracker.phase("greedy baseline", None), rl.full_weights():
+        greedy = sample_rollout(rl.core, rl.tok, records, cfg, params, 0, rl.reward_fn, rl.device, rl.backend,
                                 rl.make_env)  # with an env: greedy episodes
     return sequence_rewards(dataclasses.replace(greedy, rewards=shaped_rewards(greedy, cfg)))
 

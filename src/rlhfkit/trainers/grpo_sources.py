@@ -14,7 +14,8 @@ sampling) and, after the update, `after_update()`.
     after_update() -> metrics (floats, averaged over processes with the iteration's others)
     checkpointed() -> {name: object with state_dict / load_state_dict} saved with each checkpoint
 
-A source class may have `prepare(cfg) -> dict`: run before the run folder exists (a user's file
+Sources derive from trainers/rollout_source.py `RolloutSource` (no-op `after_update`, `checkpointed` and
+exit unless they need them). A source class may have `prepare(cfg) -> dict`: run before the run folder exists (a user's file
 imported, so a bad one stops the run with nothing written); its keywords go to the constructor.
 An agent's episodes (the "agent" source, trainers/agents.py) may give any number of rows per
 group: rows carry `info["episode"]` and the advantage step groups by episode.
@@ -22,29 +23,16 @@ group: rows carry `info["episode"]` and the advantage step groups by episode.
 
 from __future__ import annotations
 
-import contextlib
 from collections.abc import Callable
-from typing import Protocol
 
 from rlhfkit.algos.registry import choose
 from rlhfkit.rollout import Rollout
 from rlhfkit.trainers.agents import AgentSource
 from rlhfkit.trainers.offpolicy import OneStepOffPolicy
+from rlhfkit.trainers.rollout_source import RolloutSource
 
 
-class RolloutSource(Protocol):
-    def draw(self, it: int, round: int) -> tuple[Rollout, list[dict]]: ...
-
-    def after_update(self) -> dict[str, float]: ...
-
-    def checkpointed(self) -> dict: ...
-
-    def __enter__(self) -> RolloutSource: ...
-
-    def __exit__(self, *exc) -> None: ...
-
-
-class OnPolicy(contextlib.AbstractContextManager):
+class OnPolicy(RolloutSource):
     """The policy samples each batch itself, now (HF generate, or the run's generation backend)."""
 
     def __init__(self, rl, cfg):
@@ -54,15 +42,6 @@ class OnPolicy(contextlib.AbstractContextManager):
         """The next prompts_per_iteration prompts, each G times in a row, sampled with round's seed."""
         records = [rec for rec in self.rl.stream.next(self.cfg.prompts_per_iteration) for _ in range(self.cfg.group_size)]
         return self.rl.sample(records, it, round), records
-
-    def after_update(self) -> dict[str, float]:
-        return {}
-
-    def checkpointed(self) -> dict:
-        return {}
-
-    def __exit__(self, *exc) -> None:
-        return None
 
 
 # name -> source class; `rollout_source(cfg)` names the run's

@@ -34,11 +34,11 @@ from rlhfkit.rollout import Rollout
 from rlhfkit.rollout.logprobs import micro_batch_chunks
 from rlhfkit.runtime.accumulate import accumulate, add_up
 from rlhfkit.runtime.distributed import sum_over_processes
-from rlhfkit.runtime.run import closes_its_runs
+from rlhfkit.runtime.run import Launch
 from rlhfkit.trainers.build import build_actor
 from rlhfkit.trainers.judged import eval_records
 from rlhfkit.trainers.kto_config import KTOConfig
-from rlhfkit.trainers.offline import OfflineRun
+from rlhfkit.trainers.offline import OfflineRun, preference_models
 from rlhfkit.trainers.pairs import (
     all_row_chunks,
     check_prompt_lengths,
@@ -209,46 +209,46 @@ def build_models(cfg: KTOConfig):
     return build_actor(cfg, with_reference=True, reference_model=cfg.reference_model)
 
 
-@closes_its_runs
 def train(cfg: KTOConfig) -> dict:
     """Run KTO; returns the summary (also written to RUN/summary.json)."""
     from rlhfkit.runtime.optim import optimizer_for
 
-    h = OfflineRun(cfg, "kto")
-    device = h.run.device
+    launch = Launch(cfg)
+    device = launch.device
     # 1. data. Data, judge, model and prompt lengths are checked before the run folder exists.
     examples, held_out = load_examples(cfg.data)
     if cfg.eval_data:  # TRL's eval_dataset: held-out examples given apart
         held_out = load_held_examples(cfg.eval_data)
-    judge, model, reference, tok = h.preference_models(build_models)
+    judge, model, reference, tok = preference_models(launch, build_models)
     check_prompt_lengths(tok, [examples, held_out], cfg)
     data, N = encode_examples(tok, examples, cfg, cfg.seed), len(examples)
     desirable = torch.tensor([e["label"] for e in examples], device=HOST)
     held = encode_rows(tok, held_out, [e["completion"] for e in held_out], cfg, "a completion") if held_out else None
-    batches = plan_batches(N, cfg, torch.Generator(device=HOST).manual_seed(cfg.seed), h.run.world)
-    h.open(len(batches), N, train_examples=N, held_out_examples=len(held_out))
+    batches = plan_batches(N, cfg, torch.Generator(device=HOST).manual_seed(cfg.seed), launch.world)
     precompute = should_precompute(cfg, N, len(batches))
-    with h.run.tracker.phase("reference log-probs", None), reference.loaded(device):  # 2. reference
-        table = row_reference_table(reference, data, cfg, device) if precompute else None
-        held_ref = row_reference_table(reference, held, cfg, device) if held is not None else None
-    reference = None if precompute else reference  # the tables are all training needs: a copy's memory is freed
-    ref = reference_rows(reference, data, cfg, device, table)
-    h.run.summary["precomputed_ref_logps"] = precompute
-    wrapped = h.start(model, *optimizer_for(model.parameters(), cfg, len(batches)), reference, judged=h.judged)
-    records = eval_records(examples, held_out, cfg) if cfg.num_eval_prompts > 0 else []
-    h.judge_before(model, tok, records, judge)  # 3. before
-    for step in h.run.steps():  # 4. train
-        t0 = time.time()
-        with h.reference_loaded(reference, device):
-            metrics = train_step(wrapped, data, batches[step], ref, desirable, cfg, h.run.accelerator)
-        metrics.update(h.optimizer_step(wrapped, metrics["loss/kto"], step))
-        h.run.log(step, h.timed(metrics, t0))
-    if held is not None:  # 5. after
-        labels = torch.tensor([e["label"] for e in held_out], device=HOST)
-        h.held_out(held_out_metrics(model, held, held_ref, labels, cfg, device), lambda m: "[eval] held-out examples: "
-                   f"implicit reward desirable {m['rewards/chosen']:+.3f}, undesirable {m['rewards/rejected']:+.3f} "
-                   f"(n={len(held_out)})")
-    return h.finish_judged(model, tok, records, judge, bool(held_out))
+    with OfflineRun(launch, "kto", len(batches), model, *optimizer_for(model.parameters(), cfg, len(batches)),
+                    epoch_size=N, reference=None if precompute else reference,  # sharded when still in use
+                    summary=dict(train_examples=N, held_out_examples=len(held_out))) as h:
+        with h.tracker.phase("reference log-probs", None), reference.loaded(device):  # 2. reference
+            table = row_reference_table(reference, data, cfg, device) if precompute else None
+            held_ref = row_reference_table(reference, held, cfg, device) if held is not None else None
+        reference = None if precompute else reference  # the tables are all training needs: a copy's memory is freed
+        ref = reference_rows(reference, data, cfg, device, table)
+        h.summary["precomputed_ref_logps"] = precompute
+        records = eval_records(examples, held_out, cfg) if cfg.num_eval_prompts > 0 else []
+        h.judge_before(model, tok, records, judge)  # 3. before
+        for step in h.steps():  # 4. train
+            t0 = time.time()
+            with h.reference_loaded(reference, device):
+                metrics = train_step(h.model, data, batches[step], ref, desirable, cfg, h.accelerator)
+            metrics.update(h.optimizer_step(metrics["loss/kto"], step))
+            h.log(step, h.timed(metrics, t0))
+        if held is not None:  # 5. after
+            labels = torch.tensor([e["label"] for e in held_out], device=HOST)
+            h.held_out(held_out_metrics(model, held, held_ref, labels, cfg, device), lambda m: "[eval] held-out "
+                       f"examples: implicit reward desirable {m['rewards/chosen']:+.3f}, undesirable "
+                       f"{m['rewards/rejected']:+.3f} (n={len(held_out)})")
+        return h.finish_judged(model, tok, records, judge, bool(held_out))
 
 
 def main(argv: list[str]) -> int:

@@ -2,19 +2,19 @@
 `RLRun` is for the on-policy ones: set-up, the optimiser step, the evaluations and the final save,
 written once; each trainer keeps its data, its loss and one loop over these pieces:
 
-    h = OfflineRun(cfg, "dpo")                    # Run: accelerator, seeds, the run folder checked
+    launch = Launch(cfg)                          # accelerator, seeds, the run folder checked
     ... data and models (checked before the run folder exists; preference_models for the judged ones) ...
-    h.open(steps, N, train_pairs=N)               # batch_size divisible by the processes; RUN/ opened
-    model = h.start(model, optimizer, scheduler)  # prepare, shard a frozen reference, resume
-    h.judge_before(...) | h.evaluate_before(...)  # once per run (a resumed run keeps the first)
-    for step in h.run.steps():
-        t0 = time.time()
-        metrics = <the trainer's accumulation>    # runtime/accumulate.py
-        metrics.update(h.optimizer_step(model, metrics["loss/..."], step))
-        h.run.log(step, h.timed(metrics, t0))     # (+ h.evaluate_due(...) where the trainer evaluates)
-    return h.finish(save)                         # RUN/final (h.finish_judged: judged, then the policy)
+    with OfflineRun(launch, "dpo", steps, model, optimizer, scheduler, epoch_size=N, reference=...,
+                    summary=dict(train_pairs=N)) as h:   # RUN/ opened, the model prepared, resumed
+        h.judge_before(...) | h.evaluate_before(...)  # once per run (a resumed run keeps the first)
+        for step in h.steps():
+            t0 = time.time()
+            metrics = <the trainer's accumulation>    # runtime/accumulate.py
+            metrics.update(h.optimizer_step(metrics["loss/..."], step))
+            h.log(step, h.timed(metrics, t0))         # (+ h.evaluate_due(...) where the trainer evaluates)
+        return h.finish(save)                         # RUN/final (h.finish_judged: judged, then the policy)
 
-Every trainer steps alike (runtime/optim.py `optimizer_step`): clip and step unless non-finite
+Every trainer steps alike (`optimizer_step`, runtime/run.py): clip and step unless non-finite
 (runtime/faults.py), then give the step's freed heap back (core/allocator.py): the next step's widths
 differ, so its chunks would not reuse those blocks.
 """
@@ -27,8 +27,7 @@ from collections.abc import Callable
 
 from rlhfkit.core.config import check
 from rlhfkit.core.seeding import EVAL_SEED_OFFSET
-from rlhfkit.runtime.optim import optimizer_step
-from rlhfkit.runtime.run import Run, actor_saver
+from rlhfkit.runtime.run import Launch, Run, actor_saver
 
 
 def check_offline_work(cfg, total: int) -> None:
@@ -46,50 +45,47 @@ def check_offline_work(cfg, total: int) -> None:
                        what="its batch's token tensors")
 
 
-class OfflineRun:
-    """One offline training run over a `Run` (runtime/run.py): see the module docstring for the sequence."""
+def preference_models(launch: Launch, build: Callable) -> tuple:
+    """(judge, policy, reference or None, tokenizer): the judge resolved, then `build(cfg)`'s models on the
+    device before the run is built (the reference passes and the judge's samples run first)."""
+    from rlhfkit.rewards import get_reward
 
-    def __init__(self, cfg, command: str):
-        self.cfg, self.run = cfg, Run(cfg, command)
+    judge = get_reward(launch.cfg.judge)
+    model, reference, tok = build(launch.cfg)
+    model.to(launch.device)
+    if reference is not None:
+        reference.to(launch.device)  # a frozen copy stays in CPU memory when offloaded
+    return judge, model, reference, tok
+
+
+class OfflineRun(Run):
+    """One offline training run (runtime/run.py `Run`: see the module docstring for the sequence), complete
+    when built: `batch_size` divisible by the processes and the planned work checked (check_offline_work),
+    the run folder and metrics for `total` optimiser steps opened, the model prepared, a frozen `reference`
+    still in use sharded like it under FSDP2 and, when resuming, weights, optimiser, RNG and `objects`
+    restored (with the judged scores before training). Given the `epoch_size` (examples or pairs an
+    epoch), each step logs params/epoch."""
+
+    def __init__(self, launch: Launch, command: str, total: int, model, optimizer, scheduler, *,
+                 epoch_size: int | None = None, reference=None, summary: dict | None = None, **objects):
+        cfg = launch.cfg
+        check(cfg.batch_size % launch.world == 0,
+              f"batch_size ({cfg.batch_size}) must be divisible by the {launch.world} processes")
+        check_offline_work(cfg, total)
         self.judged: dict = {}  # the starting model's judged scores ("before"), kept in checkpoints
-        self.epoch_size: int | None = None
-
-    # ---- set-up -------------------------------------------------------------------------
-    def preference_models(self, build: Callable) -> tuple:
-        """(judge, policy, reference or None, tokenizer): the judge resolved, then `build(cfg)`'s models
-        on the device before `start` (the reference passes and the judge's samples run first)."""
-        from rlhfkit.rewards import get_reward
-
-        judge = get_reward(self.cfg.judge)
-        model, reference, tok = build(self.cfg)
-        model.to(self.run.device)
-        if reference is not None:
-            reference.to(self.run.device)  # a frozen copy stays in CPU memory when offloaded
-        return judge, model, reference, tok
-
-    def open(self, total: int, epoch_size: int | None = None, **counts) -> None:
-        """The run folder, metrics and progress for `total` optimiser steps; `counts` join the summary.
-        Given the `epoch_size` (examples or pairs an epoch), each step logs params/epoch."""
         self.epoch_size = epoch_size
-        world = self.run.world
-        check(self.cfg.batch_size % world == 0, f"batch_size ({self.cfg.batch_size}) must be divisible by the {world} processes")
-        check_offline_work(self.cfg, total)
-        self.run.open(total=total, unit="step", **counts)
-
-    def start(self, model, optimizer, scheduler, reference=None, **state):
-        """The prepared model (DDP/FSDP/DeepSpeed); a frozen reference still in use sharded like it under
-        FSDP2; when resuming, weights, optimiser, RNG and `state` (e.g. judged=self.judged) restored."""
-        wrapped = self.run.prepare(model, optimizer, scheduler, self.cfg.micro_batch_size, **state)
-        self.run.shard_reference(reference)
-        self.run.resume()
-        return wrapped
+        super().__init__(launch, command, total, model, optimizer, scheduler, cfg.micro_batch_size, unit="step",
+                         summary=summary, reference=reference, judged=self.judged, **objects)
+        try:
+            self.resume()
+        except BaseException as e:
+            self.close(e)
+            raise
 
     # ---- the loop -----------------------------------------------------------------------
-    def optimizer_step(self, model, loss: float, step: int) -> dict[str, float]:
-        """`optimizer_step` with the run's optimiser, schedule and non-finite guard (+ params/epoch)."""
-        run = self.run
-        out = optimizer_step(model.parameters(), run.optimizer, run.scheduler, run.accelerator, self.cfg.max_grad_norm,
-                             loss, run.guard, f"step {step}")
+    def optimizer_step(self, loss: float, step: int) -> dict[str, float]:
+        """Run.optimizer_step (+ params/epoch)."""
+        out = super().optimizer_step(loss, step)
         if self.epoch_size:
             out["params/epoch"] = (step + 1) * self.cfg.batch_size / self.epoch_size
         return out
@@ -108,35 +104,35 @@ class OfflineRun:
     # ---- evaluation ---------------------------------------------------------------------
     def evaluate_before(self, evaluate: Callable[[], dict], line: Callable[[dict], str]) -> None:
         """`evaluate()` before training, once per run (summary eval_before), and its line."""
-        with self.run.evaluation("before"):
-            result = self.run.once("eval_before", evaluate)
-        self.run.print(line(result))
+        with self.evaluation("before"):
+            result = self.once("eval_before", evaluate)
+        self.print(line(result))
 
     def evaluate_due(self, step: int, every: int, evaluate: Callable[[], dict]) -> dict:
         """`evaluate()` after step `step` when due (summary eval_after), else {}."""
-        if not self.run.eval_due(step, every):
+        if not self.eval_due(step, every):
             return {}
-        self.run.summary["eval_after"] = evaluate()
-        return self.run.summary["eval_after"]
+        self.summary["eval_after"] = evaluate()
+        return self.summary["eval_after"]
 
     def evaluate_after(self, line: Callable[[dict], str]) -> None:
         """The last evaluation's line, when there was one."""
-        if "eval_after" in self.run.summary:
-            self.run.print(line(self.run.summary["eval_after"]))
+        if "eval_after" in self.summary:
+            self.print(line(self.summary["eval_after"]))
 
     def judge_before(self, model, tok, records: list[dict], judge) -> None:
         """The starting model's judged samples on `records` (trainers/judged.py), once per run."""
         from rlhfkit.trainers.judged import judged_samples
 
         if records and "before" not in self.judged:
-            with self.run.evaluation("before"), self.run.full_weights():
+            with self.evaluation("before"), self.full_weights():
                 self.judged["before"] = judged_samples(model, tok, records, judge, self.cfg,
                                                        self.cfg.seed + EVAL_SEED_OFFSET)[1]
 
     def held_out(self, metrics: dict[str, float], line: Callable[[dict], str]) -> None:
         """The held-out metrics after training: summary held_out, and their line."""
-        self.run.summary["held_out"] = metrics
-        self.run.print(line(metrics))
+        self.summary["held_out"] = metrics
+        self.print(line(metrics))
 
     def finish_judged(self, model, tok, records: list[dict], judge, held_out: bool) -> dict:
         """The trained model's judged samples on `records` and their win rate over the starting model's
@@ -144,11 +140,7 @@ class OfflineRun:
         from rlhfkit.trainers.judged import judged_after
 
         if records:
-            with self.run.evaluation("after"), self.run.full_weights():
-                judged_after(self.run, model, tok, records, judge, self.judged["before"],
+            with self.evaluation("after"), self.full_weights():
+                judged_after(self, model, tok, records, judge, self.judged["before"],
                              self.cfg.seed + EVAL_SEED_OFFSET, "held-out" if held_out else "training")
-        return self.finish(actor_saver(self.run, model, tok))
-
-    def finish(self, save: Callable) -> dict:
-        """RUN/final by `save(folder, state)` and summary.json (Run.finish); returns the summary."""
-        return self.run.finish(save)
+        return self.finish(actor_saver(self, model, tok))

@@ -43,6 +43,7 @@ from rlhfkit.rollout.logprobs import logprob_pass
 from rlhfkit.rollout.sampling import thread_generator
 from rlhfkit.rollout.score import score_rollout
 from rlhfkit.runtime.checkpointer import _sharded
+from rlhfkit.trainers.rollout_source import RolloutSource
 
 
 def sampler_copy(core: torch.nn.Module) -> torch.nn.Module:
@@ -101,7 +102,7 @@ def sample_stale(sampler, tok, records: list[dict], cfg, params, seed: int, devi
     return rollout, time.perf_counter() - t1
 
 
-class OneStepOffPolicy:
+class OneStepOffPolicy(RolloutSource):
     """The prefetching sampler of an RLRun (trainers/rl.py), a rollout source (trainers/grpo_sources.py).
     Per iteration: `draw(it)` returns the scored batch to train on and starts sampling the next one;
     `after_update()` waits for it and syncs the sampler. A context manager: leaving it waits for (and
@@ -110,7 +111,7 @@ class OneStepOffPolicy:
     threaded = True  # False: the sequential reference, batch n+1 sampled before update n in this thread
 
     def __init__(self, rl, cfg):
-        if _sharded(rl.run.accelerator, rl.run.model):
+        if _sharded(rl.accelerator, rl.model):
             raise UserError("one_step_off_policy: not supported under FSDP/DeepSpeed (the sampler needs whole "
                             "weights); use DDP or one process")
         self.rl, self.cfg = rl, cfg
@@ -124,8 +125,8 @@ class OneStepOffPolicy:
         self.stream_before: dict | None = None  # stream position before the prefetched batch's prompts
         self.stale = False  # the current batch came from the sampler
         self.sampler_pass_s = 0.0  # seconds of the sampler's log-prob pass over the current batch
-        rl.run.print(f"[one_step_off_policy] sampler copy: {self.memory_bytes / 2**20:.1f} MiB of weights "
-                     f"({len(self.names)} trainable tensors synced after each update)")
+        rl.print(f"[one_step_off_policy] sampler copy: {self.memory_bytes / 2**20:.1f} MiB of weights "
+                 f"({len(self.names)} trainable tensors synced after each update)")
 
     # ---- the loop -------------------------------------------------------------------------
     def checkpointed(self) -> dict:
@@ -157,7 +158,7 @@ class OneStepOffPolicy:
             score_rollout(rollout, rows, rl.reward_fn)
             rollout.timings["timing/reward_s"] = time.perf_counter() - t0
         rl.iteration = it
-        if it + 1 < rl.run.total:
+        if it + 1 < rl.total:
             self.stream_before = rl.stream.state_dict()
             self.start(records(), it + 1)
         return rollout, rows
@@ -165,13 +166,13 @@ class OneStepOffPolicy:
     def start(self, records: list[dict], it: int) -> None:
         """Sample batch `it` of `records` with the sampler: in the thread, or now (threaded = False)."""
         rl, cfg = self.rl, self.cfg
-        seed = sampling_seed(cfg.seed, rl.run.rank, it)
+        seed = sampling_seed(cfg.seed, rl.rank, it)
         lean = getattr(rl.backend, "name", "hf") == "lean"
         threads = torch.get_num_threads()
 
         def job() -> tuple[Rollout, list[dict], float]:
             torch.set_num_threads(threads)  # the same intra-op split as the main thread: the same numerics
-            rollout, pass_s = sample_stale(self.sampler, self.tok, records, cfg, rl.params, seed, rl.run.device, lean,
+            rollout, pass_s = sample_stale(self.sampler, self.tok, records, cfg, rl.params, seed, rl.device, lean,
                                            rl.micro_batch_size)
             rollout.prompts = [str(r["prompt"]) for r in records]
             rollout.info = info_lists(records)
@@ -204,9 +205,6 @@ class OneStepOffPolicy:
         if state.get("stream_before_prefetch") is not None:
             self.rl.stream.load_state_dict(state["stream_before_prefetch"])
         self.prefetched = None
-
-    def __enter__(self) -> OneStepOffPolicy:
-        return self
 
     def __exit__(self, *exc) -> None:
         if self.future is not None:  # an exception or a stop mid-iteration: let the thread finish, drop its batch

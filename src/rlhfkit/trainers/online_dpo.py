@@ -25,8 +25,6 @@ from rlhfkit.core.seeding import EVAL_SEED_OFFSET
 from rlhfkit.rollout import Rollout
 from rlhfkit.runtime.accumulate import accumulate, add_up
 from rlhfkit.runtime.distributed import sum_over_processes
-from rlhfkit.runtime.optim import optimizer_step
-from rlhfkit.runtime.run import closes_its_runs
 from rlhfkit.trainers.build import build_actor
 from rlhfkit.trainers.judged import judged_after, judged_samples
 from rlhfkit.trainers.online_dpo_config import OnlineDPOConfig
@@ -58,7 +56,7 @@ def dpo_step(rl: RLRun, cfg: OnlineDPOConfig, rollout: Rollout, chosen: torch.Te
     """Step 3: one optimiser step over every process's pairs, normalised by their global count. A
     process whose pairs all tied still runs one micro-batch at weight 0, so that every process takes
     part in the gradient all-reduce. No step (and no loss metrics) when no process has a pair."""
-    acc, device = rl.run.accelerator, rl.run.device
+    acc, device = rl.accelerator, rl.device
     k = len(chosen)
     total = sum_over_processes(acc, {"pairs": float(k)})["pairs"]
     if total == 0:
@@ -83,8 +81,7 @@ def dpo_step(rl: RLRun, cfg: OnlineDPOConfig, rollout: Rollout, chosen: torch.Te
                                                                           cfg.cpu_chunk_positions), loss_fn))
     sums = sum_over_processes(acc, sums)
     metrics = {name: v if name == "loss/dpo" else v / total for name, v in sums.items()}
-    step = optimizer_step(rl.model.parameters(), rl.run.optimizer, rl.run.scheduler, acc, cfg.max_grad_norm,
-                          metrics["loss/dpo"], rl.run.guard, f"iteration {it}")  # and trims the heap
+    step = rl.optimizer_step(metrics["loss/dpo"], it)  # and trims the heap
     metrics.update({k: step[k] for k in ("params/grad_norm", "params/skipped_steps")})  # RLRun.log logs the lr
     return metrics
 
@@ -95,31 +92,30 @@ def judge_metrics(scores: torch.Tensor, chosen: torch.Tensor, rejected: torch.Te
             "rollout/judge_margin": (scores[chosen] - scores[rejected]).mean().item() if len(chosen) else 0.0}
 
 
-@closes_its_runs
 def train(cfg: OnlineDPOConfig) -> dict:
     """Run online DPO; returns the summary (also written to RUN/summary.json)."""
-    rl = RLRun(cfg, "online-dpo", build_models)
-    judged: dict = {}  # the starting model's judged scores, kept in checkpoints
-    rl.run.resume(judged=judged)
-    records, seed = rl.eval_records, cfg.seed + EVAL_SEED_OFFSET  # same seed before and after: the same noise
-    if records and "before" not in judged:
-        with rl.run.evaluation("before"), rl.generation_context():
-            judged["before"] = judged_samples(rl.core, rl.tok, records, rl.reward_fn, cfg, seed)[1]
-    for it in rl.run.steps():
-        t0 = time.time()
-        prompts = [r for r in rl.stream.next(cfg.prompts_per_iteration) for _ in range(2)]
-        rollout = rl.sample(prompts, it)  # step 1 (and the judge's scores: step 2)
-        mask = rollout.response_mask
-        rollout.rewards, _ = shape_rewards(rollout.scores, torch.zeros_like(mask), torch.zeros_like(mask), mask, 0.0)
-        chosen, rejected = judge_pairs(rollout.scores)
-        metrics = {**judge_metrics(rollout.scores, chosen, rejected), **rollout_metrics(rollout)}
-        t1 = time.time()
-        metrics.update(dpo_step(rl, cfg, rollout, chosen, rejected, it))  # step 3
-        rl.log(it, rollout, metrics, (t0, t1, time.time()))  # step 4
-    if records:
-        with rl.run.evaluation("after"), rl.generation_context():
-            judged_after(rl.run, rl.core, rl.tok, records, rl.reward_fn, judged["before"], seed, rl.eval_from)
-    return rl.finish()
+    with RLRun(cfg, "online-dpo", build_models) as rl:
+        judged: dict = {}  # the starting model's judged scores, kept in checkpoints
+        rl.resume(judged=judged)
+        records, seed = rl.eval_records, cfg.seed + EVAL_SEED_OFFSET  # same seed before and after: the same noise
+        if records and "before" not in judged:
+            with rl.evaluation("before"), rl.full_weights():
+                judged["before"] = judged_samples(rl.core, rl.tok, records, rl.reward_fn, cfg, seed)[1]
+        for it in rl.steps():
+            t0 = time.time()
+            prompts = [r for r in rl.stream.next(cfg.prompts_per_iteration) for _ in range(2)]
+            rollout = rl.sample(prompts, it)  # step 1 (and the judge's scores: step 2)
+            mask = rollout.response_mask
+            rollout.rewards, _ = shape_rewards(rollout.scores, torch.zeros_like(mask), torch.zeros_like(mask), mask, 0.0)
+            chosen, rejected = judge_pairs(rollout.scores)
+            metrics = {**judge_metrics(rollout.scores, chosen, rejected), **rollout_metrics(rollout)}
+            t1 = time.time()
+            metrics.update(dpo_step(rl, cfg, rollout, chosen, rejected, it))  # step 3
+            rl.log_iteration(it, rollout, metrics, (t0, t1, time.time()))  # step 4
+        if records:
+            with rl.evaluation("after"), rl.full_weights():
+                judged_after(rl, rl.core, rl.tok, records, rl.reward_fn, judged["before"], seed, rl.eval_from)
+        return rl.finish()
 
 
 def main(argv: list[str]) -> int:

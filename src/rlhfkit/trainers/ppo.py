@@ -36,7 +36,6 @@ from rlhfkit.algos.registry import choose
 from rlhfkit.core.config import config_main
 from rlhfkit.core.precision import autocast
 from rlhfkit.rollout import Rollout, forward_logprobs
-from rlhfkit.runtime.run import closes_its_runs
 from rlhfkit.trainers.advantages import compute_advantages
 from rlhfkit.trainers.agents import agent_sample, agent_settings, use_agent
 from rlhfkit.trainers.build import build_actor_critic
@@ -84,38 +83,37 @@ def update_metrics(m: dict[str, float]) -> dict[str, float]:
 # ----------------------------------------------------------------------------- loop
 
 
-@closes_its_runs
 def train(cfg: PPOConfig) -> dict:
     """Run PPO; returns the summary (also written to RUN/summary.json)."""
     agent = agent_settings(cfg) if cfg.agent else None  # imported before anything is written
-    rl = RLRun(cfg, "ppo", build_actor_critic)
-    if agent is not None:  # episodes of the user's OpenAI-client agent (trainers/agents.py)
-        use_agent(rl, cfg, agent)
-    kl_ctl = (AdaptiveKLController(cfg.kl_coef, cfg.kl_target, cfg.kl_horizon) if cfg.adaptive_kl
-              else FixedKLController(cfg.kl_coef))
-    rl.run.resume(kl_ctl=kl_ctl)  # when resuming: weights, optimiser, data position, RNG, ... from the checkpoint
-    with rl.evaluating():  # held-out reward before and after
-        for it in rl.run.steps():  # checkpoints when due; SIGINT/SIGTERM: checkpoint and stop
-            t0 = time.time()
-            # 1-2. sample responses to the next prompts (or the agent's episodes) and score them
-            records = rl.stream.next(cfg.rollout_batch_size)
-            rollout = agent_sample(rl, cfg, records, it) if agent is not None else rl.sample(records, it)
-            # 3. log-probs, values, reference log-probs, in the micro-batches of the first update epoch
-            rows = rollout.response_ids.shape[0]  # an agent's episodes may give more rows than records
-            perm = torch.randperm(rows, generator=rl.generator, device=rl.generator.device)
-            rollout = rl.logprob_pass(rollout, perm)
-            # 4-5. shaped rewards, GAE, whitened advantages
-            rollout, metrics = compute_advantages(rollout, cfg, kl_ctl.value, rl.run.accelerator)
-            t1 = time.time()
-            # 6. ppo_epochs x shuffled mini-batches x micro-batches
-            loss_fn = functools.partial(micro_batch_loss, rl.model, cfg=cfg, kl_coef=kl_ctl.value, device=rl.run.device)
-            metrics.update(update_metrics(rl.update(rollout, loss_fn, cfg.ppo_epochs, cfg.mini_batch_size, perm)))
-            t2 = time.time()
-            # 7. log (averaged over processes), then adapt the KL coefficient to the logged KL
-            metrics.update({**rollout_metrics(rollout), "params/kl_coef": kl_ctl.value})
-            logged = rl.log(it, rollout, metrics, (t0, t1, t2))
-            kl_ctl.update(logged["rollout/kl"], cfg.rollout_batch_size * rl.run.world)
-    return rl.finish()
+    with RLRun(cfg, "ppo", build_actor_critic) as rl:
+        if agent is not None:  # episodes of the user's OpenAI-client agent (trainers/agents.py)
+            use_agent(rl, cfg, agent)
+        kl_ctl = (AdaptiveKLController(cfg.kl_coef, cfg.kl_target, cfg.kl_horizon) if cfg.adaptive_kl
+                  else FixedKLController(cfg.kl_coef))
+        rl.resume(kl_ctl=kl_ctl)  # when resuming: weights, optimiser, data position, RNG, ... from the checkpoint
+        with rl.evaluating():  # held-out reward before and after
+            for it in rl.steps():  # checkpoints when due; SIGINT/SIGTERM: checkpoint and stop
+                t0 = time.time()
+                # 1-2. sample responses to the next prompts (or the agent's episodes) and score them
+                records = rl.stream.next(cfg.rollout_batch_size)
+                rollout = agent_sample(rl, cfg, records, it) if agent is not None else rl.sample(records, it)
+                # 3. log-probs, values, reference log-probs, in the micro-batches of the first update epoch
+                rows = rollout.response_ids.shape[0]  # an agent's episodes may give more rows than records
+                perm = torch.randperm(rows, generator=rl.generator, device=rl.generator.device)
+                rollout = rl.logprob_pass(rollout, perm)
+                # 4-5. shaped rewards, GAE, whitened advantages
+                rollout, metrics = compute_advantages(rollout, cfg, kl_ctl.value, rl.accelerator)
+                t1 = time.time()
+                # 6. ppo_epochs x shuffled mini-batches x micro-batches
+                loss_fn = functools.partial(micro_batch_loss, rl.model, cfg=cfg, kl_coef=kl_ctl.value, device=rl.device)
+                metrics.update(update_metrics(rl.update(rollout, loss_fn, cfg.ppo_epochs, cfg.mini_batch_size, perm)))
+                t2 = time.time()
+                # 7. log (averaged over processes), then adapt the KL coefficient to the logged KL
+                metrics.update({**rollout_metrics(rollout), "params/kl_coef": kl_ctl.value})
+                logged = rl.log_iteration(it, rollout, metrics, (t0, t1, t2))
+                kl_ctl.update(logged["rollout/kl"], cfg.rollout_batch_size * rl.world)
+        return rl.finish()
 
 
 def main(argv: list[str]) -> int:

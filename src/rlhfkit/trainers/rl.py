@@ -4,15 +4,15 @@ per-iteration log and the held-out reward before and after training.
 
 A trainer's loop then reads:
 
-    rl = RLRun(cfg, "ppo", build_actor_critic)
-    rl.run.resume(kl_ctl=kl_ctl)
-    with rl.evaluating():
-        for it in rl.run.steps():
-            rollout = rl.logprob_pass(rl.sample(rl.stream.next(n), it), order)
-            rollout, metrics = ... the method's advantages ...
-            stats = rl.update(rollout, functools.partial(micro_batch_loss, ...), ...)
-            rl.log(it, rollout, metrics, times)
-    return rl.finish()
+    with RLRun(cfg, "ppo", build_actor_critic) as rl:   # a Run (runtime/run.py), complete when built
+        rl.resume(kl_ctl=kl_ctl)
+        with rl.evaluating():
+            for it in rl.steps():
+                rollout = rl.logprob_pass(rl.sample(rl.stream.next(n), it), order)
+                rollout, metrics = ... the method's advantages ...
+                stats = rl.update(rollout, functools.partial(micro_batch_loss, ...), ...)
+                rl.log_iteration(it, rollout, metrics, times)
+        return rl.finish()
 """
 
 from __future__ import annotations
@@ -51,7 +51,7 @@ from rlhfkit.rollout.texts import sample_and_score
 from rlhfkit.runtime.batch_plan import micro_batch_of_run
 from rlhfkit.runtime.distributed import mean_over_processes
 from rlhfkit.runtime.optim import optimizer_for
-from rlhfkit.runtime.run import Run, actor_saver
+from rlhfkit.runtime.run import Launch, Run, actor_saver
 from rlhfkit.trainers.options import reward_options
 from rlhfkit.trainers.rl_update import LossFn, env_rates, update_policy
 
@@ -247,18 +247,16 @@ def evaluate_reward(model, tok, records, reward_fn, cfg: RLConfig, params: Sampl
 # ----------------------------------------------------------------------------- the RL run
 
 
-class RLRun:
-    """The run harness plus the RL parts: built by `RLRun(cfg, command, build_models)` with
-    `build_models(cfg) -> (actor, reference | None, tokenizer)`."""
+class RLRun(Run):
+    """The run harness (runtime/run.py `Run`) plus the RL parts, complete when built by
+    `RLRun(cfg, command, build_models)` with `build_models(cfg) -> (actor, reference | None, tokenizer)`:
+    data, reward, models and prompt lengths checked before the run folder exists (bad input stops with
+    one line and leaves nothing behind), then the run opened and the actor prepared."""
 
     def __init__(self, cfg, command: str, build_models: Callable):
-        self.cfg, self.run = cfg, Run(cfg, command)
-        run = self.run
-        # Data, reward, models and prompt lengths are checked before the run folder exists: bad input
-        # stops with one line and leaves nothing behind.
+        launch = Launch(cfg)
         self.make_env = None
         if cfg.env:  # the env's factory takes the tokenizer (tool-call format) and names its data
-
             actor, self.reference, self.tok = build_models(cfg)
             self.make_env = envs.make_env_factory(cfg.env, self.tok)
             self.reward_fn, train_records, self.eval_records, self.eval_from = prepare_data(cfg, self.make_env)
@@ -266,21 +264,26 @@ class RLRun:
             self.reward_fn, train_records, self.eval_records, self.eval_from = prepare_data(cfg)
             actor, self.reference, self.tok = build_models(cfg)
         max_prompt_length = prompt_limit(cfg, self.tok, actor, train_records, self.eval_records)
-        name, value, rows = rollout_rows(cfg, run.world)
+        name, value, rows = rollout_rows(cfg, launch.world)
         check_rollout_fits(rows, max_prompt_length or 0, cfg.max_new_tokens, option=(name, value))
         check_stop_ids(cfg.stop_ids, actor.policy.get_input_embeddings().num_embeddings)
-        run.open(total=cfg.iterations)
-        self.micro_batch_size = micro_batch_of_run(cfg, command, actor, self.tok, train_records, max_prompt_length, run)
+        self.micro_batch_size, planned = micro_batch_of_run(cfg, command, actor, self.tok, train_records,
+                                                            max_prompt_length, launch)
         optimizer, scheduler = optimizer_for(actor.parameters(), cfg, planned_optimizer_steps(cfg))
-        self.stream = PromptStream(train_records, cfg.seed, run.rank, run.world)
+        self.stream = PromptStream(train_records, cfg.seed, launch.rank, launch.world)
         self.generator = torch.Generator(device=HOST).manual_seed(cfg.seed)  # the update's shuffles
-        self.model = run.prepare(actor, optimizer, scheduler, self.micro_batch_size, stream=self.stream,
-                                 generator=self.generator)
-        self.core = run.core
-        if self.reference is not None:
-            self.reference.to(run.device)  # the frozen copy is not prepared; offloaded: stays in CPU memory
-            run.shard_reference(self.reference)  # under FSDP2 a frozen copy is sharded like the policy
-        self.backend = make_backend(cfg, resolve_model_path(cfg.model), run.world, run.print)
+        if self.reference is not None:  # the frozen copy is not prepared; offloaded: stays in CPU memory
+            self.reference.to(launch.device)
+        plan = {} if planned is None else {"micro_batch_size": {"size": self.micro_batch_size, "reason": planned}}
+        super().__init__(launch, command, cfg.iterations, actor, optimizer, scheduler, self.micro_batch_size,
+                         summary=plan, reference=self.reference, stream=self.stream, generator=self.generator)
+        try:
+            if planned is not None:
+                self.print(f"micro-batch {self.micro_batch_size} ({planned})")
+            self.backend = make_backend(cfg, resolve_model_path(cfg.model), self.world, self.print)
+        except BaseException as e:
+            self.close(e)
+            raise
         stop_ids = tuple(cfg.stop_ids or [self.tok.eos_token_id])
         self.params = SamplingParams(cfg.max_new_tokens, cfg.temperature, cfg.top_k, cfg.top_p, stop_ids,
                                      max_prompt_length)
@@ -288,67 +291,63 @@ class RLRun:
         self.evaluator: Callable | None = None  # (records, seed) -> held-out result; replaces the reward's (agents)
         self.eval_source = ""  # what the evaluator scores with, for the change line
 
-    def generation_context(self):
-        """Context manager around sampling: full weights under FSDP2 and DeepSpeed ZeRO-3, else nothing."""
-        return self.run.full_weights()
-
     # ---- one iteration --------------------------------------------------------------------
     def sample(self, records: list[dict], iteration: int, draw: int = 0) -> Rollout:
         """Sampled responses, scored by the reward; no log-probs yet. `draw` > 0: a further draw in
         the same iteration (GRPO's dynamic sampling) with a seed of its own."""
         self.iteration = iteration
-        seed = sampling_seed(self.cfg.seed, self.run.rank, iteration) + draw * 104_729
-        with self.run.tracker.phase("rollout", None), self.generation_context():
+        seed = sampling_seed(self.cfg.seed, self.rank, iteration) + draw * 104_729
+        with self.tracker.phase("rollout", None), self.full_weights():
             if self.backend is not None:
                 self.backend.sync(self.core.policy)  # vLLM: this iteration's weights
             return sample_rollout(self.core, self.tok, records, self.cfg, self.params, seed, self.reward_fn,
-                                  self.run.device, self.backend, self.make_env)
+                                  self.device, self.backend, self.make_env)
 
     def logprob_pass(self, rollout: Rollout, order: torch.Tensor) -> Rollout:
         """One teacher-forced pass: log-probs, values, entropy and reference log-probs of the
         sampled tokens, in micro-batches grouped by `order` (the first update epoch's shuffle, so
         the update's first micro-batch repeats it exactly and its ratio is 1)."""
         t0 = time.perf_counter()
-        with self.run.tracker.phase("log-probs", None), autocast(self.cfg.dtype, self.run.device):
+        with self.tracker.phase("log-probs", None), autocast(self.cfg.dtype, self.device):
             rollout = logprob_pass(self.core, self.reference, rollout, self.cfg.temperature, self.micro_batch_size,
                                    order, keep_trunk_mb=self.cfg.trunk_cache_mb, chunk_budget=self.cfg.cpu_chunk_positions)
         return dataclasses.replace(rollout, timings={**rollout.timings, "timing/logprobs_s": time.perf_counter() - t0})
 
     def update(self, rollout: Rollout, loss_fn: LossFn, epochs: int, mini_batch_size: int,
                first_perm: torch.Tensor, group_size: int = 1) -> dict[str, float]:
-        cfg, run = self.cfg, self.run
+        cfg = self.cfg
         trim_heap()  # sampling's freed blocks: the update's shapes would not reuse them (core/allocator.py)
-        with run.tracker.phase("update", None), contextlib.ExitStack() as after:
+        with self.tracker.phase("update", None), contextlib.ExitStack() as after:
             after.callback(trim_heap)  # and the update's, before the next sampling or evaluation
-            return update_policy(self.model, run.optimizer, run.scheduler, run.accelerator, rollout, loss_fn,
+            return update_policy(self.model, self.optimizer, self.scheduler, self.accelerator, rollout, loss_fn,
                                  epochs=epochs, mini_batch_size=mini_batch_size,
                                  micro_batch_size=self.micro_batch_size, max_grad_norm=cfg.max_grad_norm,
                                  ratio_check_tol=cfg.ratio_check_tol, generator=self.generator,
-                                 first_perm=first_perm, guard=run.guard, where=f"iteration {self.iteration}, ",
+                                 first_perm=first_perm, guard=self.guard, where=f"iteration {self.iteration}, ",
                                  group_size=group_size, chunk_budget=cfg.cpu_chunk_positions)
 
-    def log(self, iteration: int, rollout: Rollout, metrics: dict[str, float], times: tuple[float, float, float],
-            extra_sample_fields: dict[str, list] | None = None) -> dict[str, float]:
+    def log_iteration(self, iteration: int, rollout: Rollout, metrics: dict[str, float],
+                      times: tuple[float, float, float],
+                      extra_sample_fields: dict[str, list] | None = None) -> dict[str, float]:
         """Add lr/timing/throughput to `metrics`, log them (averaged over processes, the one place
         they are: each process has its own rollout; throughput summed) and a few samples of the
         main process's rollout. Returns the metrics as logged."""
         t0, t1, t2 = times
-        run = self.run
-        metrics.update({"params/lr": run.scheduler.get_last_lr()[0], "params/max_grad_norm": self.cfg.max_grad_norm,
+        metrics.update({"params/lr": self.scheduler.get_last_lr()[0], "params/max_grad_norm": self.cfg.max_grad_norm,
                         "timing/rollout_s": t1 - t0, "timing/update_s": t2 - t1,
                         "throughput/tokens_per_s": rollout.response_mask.sum().item() / max(t2 - t0, 1e-9)})
         parts = rollout.reward_parts
         texts = {k: v for k, v in parts.items() if v and isinstance(v[0], str)}  # notes for samples.jsonl
         metrics.update({f"reward/{k}": sum(v) / max(len(v), 1) for k, v in parts.items() if k not in texts})
-        metrics = mean_over_processes(run.accelerator, metrics)
-        metrics["throughput/tokens_per_s"] *= run.world
-        run.log(iteration, metrics)
+        metrics = mean_over_processes(self.accelerator, metrics)
+        metrics["throughput/tokens_per_s"] *= self.world
+        self.log(iteration, metrics)
         per_seq = (rollout.rewards * rollout.response_mask).sum(1)
         extra = {**texts, **(extra_sample_fields or {})}
         rows = [{"prompt": rollout.prompts[i], "completion": rollout.completions[i],
                  "score": float(rollout.scores[i]), "reward": float(per_seq[i]), **{k: v[i] for k, v in extra.items()}}
                 for i in range(min(self.cfg.log_samples, len(rollout.completions)))]
-        run.tracker.log_samples(iteration, rows)
+        self.tracker.log_samples(iteration, rows)
         return metrics
 
     # ---- before and after -----------------------------------------------------------------
@@ -359,13 +358,13 @@ class RLRun:
         if not self.eval_records:
             yield
             return
-        cfg, run = self.cfg, self.run
+        cfg = self.cfg
         seed = cfg.seed + EVAL_SEED_OFFSET
 
         def evaluate() -> dict:
             if self.evaluator is not None:
                 return self.evaluator(self.eval_records, seed)
-            with self.generation_context():
+            with self.full_weights():
                 if self.make_env is not None:
                     return evaluate_episodes(self.core.policy, self.tok, self.eval_records, self.make_env, cfg,
                                              self.params, seed)
@@ -377,25 +376,26 @@ class RLRun:
             return f"[eval] {when} mean reward {r['mean']:.3f} (sd {r['std']:.3f}, n={r['n']}){tools}"
 
         def evaluate_shown(step: int) -> dict:  # a bar while it samples; the mean to TensorBoard / W&B
-            with run.evaluation("before" if step == 0 else "after"), run.tracker.phase("evaluation", None):
-                result = run.once("eval_before", evaluate) if step == 0 else evaluate()
-            run.tracker.log_sinks(step, {f"eval/reward_{k}": result[k] for k in ("mean", "std")})
+            with self.evaluation("before" if step == 0 else "after"), self.tracker.phase("evaluation", None):
+                result = self.once("eval_before", evaluate) if step == 0 else evaluate()
+            self.tracker.log_sinks(step, {f"eval/reward_{k}": result[k] for k in ("mean", "std")})
             return result
 
         before = evaluate_shown(0)
-        run.print(line("before training:", before))
+        self.print(line("before training:", before))
         yield
-        after = evaluate_shown(run.total)
-        run.print(line("after training: ", after))
+        after = evaluate_shown(self.total)
+        self.print(line("after training: ", after))
         source = f"env={cfg.env}" if self.make_env is not None else f"reward={reward_name(self.reward_fn)}"
         source = self.eval_source or source
-        run.print(f"[eval] change: {after['mean'] - before['mean']:+.3f} on "
-                  f"{eval_phrase(len(self.eval_records), 'prompts', self.eval_from)}, "
-                  f"{after['n']} samples ({source}, T={cfg.temperature})")
-        run.summary.update({"eval_after": after, "eval_change": after["mean"] - before["mean"],
-                            "eval_on": self.eval_from})
+        self.print(f"[eval] change: {after['mean'] - before['mean']:+.3f} on "
+                   f"{eval_phrase(len(self.eval_records), 'prompts', self.eval_from)}, "
+                   f"{after['n']} samples ({source}, T={cfg.temperature})")
+        self.summary.update({"eval_after": after, "eval_change": after["mean"] - before["mean"],
+                             "eval_on": self.eval_from})
 
-    def finish(self) -> dict:
-        """RUN/final: the policy (adapter or full weights), value head, tokenizer; merged weights on
-        request (not when sharded: the adapter merges with `peft` after training)."""
-        return self.run.finish(actor_saver(self.run, self.core, self.tok))
+    def finish(self, save: Callable | None = None) -> dict:
+        """RUN/final by `save(folder, state)` (Run.finish), by default the policy (adapter or full weights),
+        value head, tokenizer; merged weights on request (not when sharded: the adapter merges with `peft`
+        after training)."""
+        return super().finish(save or actor_saver(self, self.core, self.tok))

@@ -27,12 +27,11 @@ from rlhfkit.core.devices import HOST
 from rlhfkit.core.precision import autocast
 from rlhfkit.data.prefs import resolve_prefs
 from rlhfkit.runtime.accumulate import accumulate, add_up
-from rlhfkit.runtime.optim import optimizer_step
-from rlhfkit.runtime.run import closes_its_runs
+from rlhfkit.runtime.run import Launch
 from rlhfkit.trainers.offline import OfflineRun
 from rlhfkit.trainers.rm_config import RMConfig
 
-__all__ = ["RMConfig", "build_reward_model", "pair_loss", "evaluate_pairs", "rm_step", "train"]
+__all__ = ["RMConfig", "build_reward_model", "pair_loss", "evaluate_pairs", "rm_gradients", "train"]
 
 
 # ----------------------------------------------------------------------------- model and data
@@ -127,10 +126,10 @@ def evaluate_pairs(model, tok, pairs: list[dict], info: dict, cfg: RMConfig, dev
 # ----------------------------------------------------------------------------- loop
 
 
-def rm_step(model, optimizer, scheduler, accelerator, tok, batch: list[dict], info: dict, cfg: RMConfig,
-            share: float, *, guard=None, where: str = "") -> dict:
-    """Steps 2-4 on this process's pairs; `share` = len(batch) / global batch size. A non-finite loss
-    or gradient norm skips the optimiser step (runtime/optim.py `optimizer_step`)."""
+def rm_gradients(model, accelerator, tok, batch: list[dict], info: dict, cfg: RMConfig, share: float) -> dict:
+    """Steps 2-3 on this process's pairs: the gradients accumulated in `model`; returns the loss and pair
+    metrics over all processes. `share` = len(batch) / global batch size. The optimiser step (4) is the
+    run's (runtime/run.py `Run.optimizer_step`)."""
 
     def loss_fn(mb: list[dict]) -> tuple[torch.Tensor, dict[str, float]]:
         loss, m = pair_loss(model, tok, mb, info, cfg, accelerator.device)
@@ -141,11 +140,8 @@ def rm_step(model, optimizer, scheduler, accelerator, tok, batch: list[dict], in
 
     micros = [batch[m0 : m0 + cfg.micro_batch_size] for m0 in range(0, len(batch), cfg.micro_batch_size)]
     sums = add_up(accumulate(accelerator, model, micros, loss_fn))
-    stepped = optimizer_step(model.parameters(), optimizer, scheduler, accelerator, cfg.max_grad_norm, sums["loss/rm"],
-                             guard, where)
-    out = {k: accelerator.reduce(torch.tensor(v * share, device=accelerator.device), "sum").item()
-           for k, v in sums.items()}
-    return {**out, **stepped}
+    return {k: accelerator.reduce(torch.tensor(v * share, device=accelerator.device), "sum").item()
+            for k, v in sums.items()}
 
 
 def make_rm_optimizer(model, cfg: RMConfig, total_steps: int | None = None):
@@ -158,15 +154,13 @@ def make_rm_optimizer(model, cfg: RMConfig, total_steps: int | None = None):
     return optimizer_for(groups, cfg, total_steps)
 
 
-@closes_its_runs
 def train(cfg: RMConfig) -> dict:
     """Train a reward model; returns the summary (also written to RUN/summary.json)."""
     from rlhfkit.data.prefs import load_preferences
     from rlhfkit.data.splits import eval_phrase, split_for_eval, subset
     from rlhfkit.data.stream import PromptStream
 
-    h = OfflineRun(cfg, "rm")
-    run = h.run
+    launch = Launch(cfg)
     # Data and model are checked before the run folder exists: bad input leaves nothing behind.
     eval_spec = resolve_prefs(cfg.eval_data) if cfg.eval_data else None
     train_pairs, eval_pairs, source = split_for_eval(load_preferences, resolve_prefs(cfg.data), eval_spec,
@@ -174,29 +168,31 @@ def train(cfg: RMConfig) -> dict:
     eval_pairs = subset(eval_pairs, cfg.max_eval_pairs, cfg.seed + 1)
     model, tok, info = build_reward_model(cfg)
     steps = cfg.max_steps or cfg.epochs * -(-len(train_pairs) // cfg.batch_size)
-    h.open(steps, train_pairs=len(train_pairs), eval_pairs=len(eval_pairs), steps=steps)
     stream = PromptStream(train_pairs, cfg.seed)
-    model = h.start(model, *make_rm_optimizer(model, cfg, steps), stream=stream)
+    with OfflineRun(launch, "rm", steps, model, *make_rm_optimizer(model, cfg, steps),
+                    summary=dict(train_pairs=len(train_pairs), eval_pairs=len(eval_pairs), steps=steps, eval_on=source),
+                    stream=stream) as h:
 
-    def evaluate() -> dict:
-        return evaluate_pairs(run.core, tok, eval_pairs, info, cfg, run.device)
+        def evaluate() -> dict:
+            return evaluate_pairs(h.core, tok, eval_pairs, info, cfg, h.device)
 
-    if eval_pairs:
-        what = eval_phrase(len(eval_pairs), "pairs", source, cfg.eval_fraction)
-        h.evaluate_before(evaluate, lambda m: f"[eval] before: accuracy {m['accuracy']:.3f}, loss {m['loss']:.4f} "
-                                              f"({what})")
-    for step in run.steps():
-        t0 = time.time()
-        batch = stream.next(cfg.batch_size)[run.rank :: run.world]  # 1.
-        metrics = h.timed(rm_step(model, run.optimizer, run.scheduler, run.accelerator, tok, batch, info, cfg,
-                                  len(batch) / cfg.batch_size, guard=run.guard, where=f"step {step}"), t0)  # 2-4.
-        ev = h.evaluate_due(step, cfg.eval_every, evaluate) if eval_pairs else {}  # 5.
-        if ev:
-            metrics.update({"eval/rm_loss": ev["loss"], "eval/rm_accuracy": ev["accuracy"], "eval/rm_margin": ev["margin"]})
-        run.log(step, metrics)  # 6.
-    h.evaluate_after(lambda m: f"[eval] after:  accuracy {m['accuracy']:.3f}, loss {m['loss']:.4f}")
-    run.summary["score_stats"] = score_stats(run.core, tok, train_pairs, info, cfg)
-    return h.finish(rm_saver(run, tok, info, cfg))
+        if eval_pairs:
+            what = eval_phrase(len(eval_pairs), "pairs", source, cfg.eval_fraction)
+            h.evaluate_before(evaluate, lambda m: f"[eval] before: accuracy {m['accuracy']:.3f}, loss {m['loss']:.4f} "
+                                                  f"({what})")
+        for step in h.steps():
+            t0 = time.time()
+            batch = stream.next(cfg.batch_size)[h.rank :: h.world]  # 1.
+            metrics = rm_gradients(h.model, h.accelerator, tok, batch, info, cfg, len(batch) / cfg.batch_size)  # 2-3.
+            metrics = h.timed({**metrics, **h.optimizer_step(metrics["loss/rm"], step)}, t0)  # 4.
+            ev = h.evaluate_due(step, cfg.eval_every, evaluate) if eval_pairs else {}  # 5.
+            if ev:
+                metrics.update({"eval/rm_loss": ev["loss"], "eval/rm_accuracy": ev["accuracy"],
+                                "eval/rm_margin": ev["margin"]})
+            h.log(step, metrics)  # 6.
+        h.evaluate_after(lambda m: f"[eval] after:  accuracy {m['accuracy']:.3f}, loss {m['loss']:.4f}")
+        h.summary["score_stats"] = score_stats(h.core, tok, train_pairs, info, cfg)
+        return h.finish(rm_saver(h, tok, info, cfg))
 
 
 def score_stats(model, tok, train_pairs: list[dict], info: dict, cfg: RMConfig) -> dict:

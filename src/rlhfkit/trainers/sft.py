@@ -34,12 +34,11 @@ from rlhfkit.models.loading import save_tokenizer
 from rlhfkit.models.response_nll import ResponseNLL, mean_nll
 from rlhfkit.rollout.logprobs import chunk_positions
 from rlhfkit.runtime.accumulate import accumulate, add_up
-from rlhfkit.runtime.optim import optimizer_step
-from rlhfkit.runtime.run import closes_its_runs
+from rlhfkit.runtime.run import Launch
 from rlhfkit.trainers.offline import OfflineRun
 from rlhfkit.trainers.sft_config import SFTConfig
 
-__all__ = ["ResponseNLL", "SFTConfig", "mean_nll", "sft_step", "train"]
+__all__ = ["ResponseNLL", "SFTConfig", "mean_nll", "sft_gradients", "train"]
 
 
 # ----------------------------------------------------------------------------- loss
@@ -81,10 +80,10 @@ def example_chunks(micro: list[dict], device, budget: int) -> list[tuple[list[di
     return [(micro[int(i[0]) : int(i[-1]) + 1], width) for i in torch.arange(len(micro), device=HOST).tensor_split(max(k, 1))]
 
 
-def sft_step(module, optimizer, scheduler, accelerator, batch: list[dict], pad_id: int, cfg: SFTConfig, *,
-             guard=None, where: str = "") -> dict:
-    """Steps 2-5 for one mini-batch (this process's share); returns loss and grad norm. A non-finite
-    loss or gradient norm skips the optimiser step (runtime/optim.py `optimizer_step`)."""
+def sft_gradients(module, accelerator, batch: list[dict], pad_id: int, cfg: SFTConfig) -> dict:
+    """Steps 2-4 for one mini-batch (this process's share): the gradients accumulated in `module`;
+    returns loss/sft (summed over the processes) and the step's response tokens. The optimiser step
+    (5) is the run's (runtime/run.py `Run.optimizer_step`)."""
     device = accelerator.device
     n_tok = accelerator.reduce(torch.tensor(sum(sum(x != IGNORE_INDEX for x in e["labels"][1:]) for e in batch),
                                             device=device, dtype=torch.float32), "sum").item()
@@ -99,60 +98,58 @@ def sft_step(module, optimizer, scheduler, accelerator, batch: list[dict], pad_i
     micros = [batch[m0 : m0 + cfg.micro_batch_size] for m0 in range(0, len(batch), cfg.micro_batch_size)]
     chunks = [(c, width) for micro in micros for c, width in example_chunks(micro, device, cfg.cpu_chunk_positions)]
     loss_sum = add_up(accumulate(accelerator, module, chunks, loss_fn)).get("loss/sft", 0.0)
-    stepped = optimizer_step(module.parameters(), optimizer, scheduler, accelerator, cfg.max_grad_norm, loss_sum,
-                             guard, where)
     loss_all = accelerator.reduce(torch.tensor(loss_sum, device=device), "sum").item()
-    return {"loss/sft": loss_all, **stepped, "tokens": n_tok}
+    return {"loss/sft": loss_all, "tokens": n_tok}
 
 
-@closes_its_runs
 def train(cfg: SFTConfig) -> dict:
     """Run SFT; returns the summary (also written to RUN/summary.json)."""
     from rlhfkit.data.stream import PromptStream
     from rlhfkit.runtime.optim import optimizer_for
 
-    h = OfflineRun(cfg, "sft")
-    run = h.run
+    launch = Launch(cfg)
     # Data and model are checked before the run folder exists: bad input leaves nothing behind.
-    train_ex, eval_ex, eval_rows, model, tok, notes = sft_data_and_model(cfg)
+    train_ex, eval_ex, eval_rows, model, tok, notes, eval_on = sft_data_and_model(cfg)
     steps = cfg.max_steps or cfg.epochs * math.ceil(len(train_ex) / cfg.batch_size)
-    h.open(steps, train_examples=len(train_ex), eval_examples=len(eval_ex), steps=steps)
-    for line in notes:
-        run.print(line)
     stream = PromptStream(train_ex, cfg.seed)
-    module = h.start(ResponseNLL(model), *optimizer_for(model.parameters(), cfg, steps), stream=stream)
-    rouge_rows = [r for r in eval_rows if r["prompt"] != ""][: cfg.rouge_examples]  # text records have no reference
+    with OfflineRun(launch, "sft", steps, ResponseNLL(model), *optimizer_for(model.parameters(), cfg, steps),
+                    summary=dict(train_examples=len(train_ex), eval_examples=len(eval_ex), steps=steps, eval_on=eval_on),
+                    stream=stream) as h:
+        for line in notes:
+            h.print(line)
+        rouge_rows = [r for r in eval_rows if r["prompt"] != ""][: cfg.rouge_examples]  # text records: no reference
 
-    def evaluate(with_rouge: bool = False) -> dict:  # 6.
-        stats = eval_stats(run.core, eval_ex, tok.pad_token_id, cfg, run.device)
-        if with_rouge and rouge_rows:
-            with run.full_weights():
-                stats.update(rouge_of_responses(run.core.model, tok, rouge_rows, cfg))
-        return stats
+        def evaluate(with_rouge: bool = False) -> dict:  # 6.
+            stats = eval_stats(h.core, eval_ex, tok.pad_token_id, cfg, h.device)
+            if with_rouge and rouge_rows:
+                with h.full_weights():
+                    stats.update(rouge_of_responses(h.core.model, tok, rouge_rows, cfg))
+            return stats
 
-    if eval_ex:
-        h.evaluate_before(lambda: evaluate(with_rouge=True), lambda m: f"[eval] before: loss {m['loss']:.4f}, perplexity "
-                          f"{m['perplexity']:.2f} ({len(eval_ex)} examples){rouge_text(m)}")
-    for step in run.steps():
-        t0 = time.time()
-        batch = stream.next(cfg.batch_size)[run.rank :: run.world]  # 1. this process's share
-        metrics = h.timed(sft_step(module, run.optimizer, run.scheduler, run.accelerator, batch, tok.pad_token_id, cfg,
-                                   guard=run.guard, where=f"step {step}"), t0)  # 2-5.
-        ev = h.evaluate_due(step, cfg.eval_every, partial(evaluate, with_rouge=step == steps - 1)) if eval_ex else {}
-        metrics.update({f"eval/{k}": ev[k] for k in ("loss", "perplexity", "rouge_1", "rouge_2", "rouge_l") if k in ev})
-        run.log(step, metrics)  # 7.
-    h.evaluate_after(lambda m: f"[eval] after:  loss {m['loss']:.4f}, perplexity {m['perplexity']:.2f}{rouge_text(m)}")
+        if eval_ex:
+            h.evaluate_before(lambda: evaluate(with_rouge=True), lambda m: f"[eval] before: loss {m['loss']:.4f}, "
+                              f"perplexity {m['perplexity']:.2f} ({len(eval_ex)} examples){rouge_text(m)}")
+        for step in h.steps():
+            t0 = time.time()
+            batch = stream.next(cfg.batch_size)[h.rank :: h.world]  # 1. this process's share
+            metrics = sft_gradients(h.model, h.accelerator, batch, tok.pad_token_id, cfg)  # 2-4.
+            metrics = h.timed({**metrics, **h.optimizer_step(metrics["loss/sft"], step)}, t0)  # 5.
+            ev = h.evaluate_due(step, cfg.eval_every, partial(evaluate, with_rouge=step == steps - 1)) if eval_ex else {}
+            metrics.update({f"eval/{k}": ev[k] for k in ("loss", "perplexity", "rouge_1", "rouge_2", "rouge_l") if k in ev})
+            h.log(step, metrics)  # 7.
+        h.evaluate_after(lambda m: f"[eval] after:  loss {m['loss']:.4f}, perplexity {m['perplexity']:.2f}{rouge_text(m)}")
 
-    def save(folder, state):  # state: gathered weights of the wrapped module (FSDP / ZeRO-3)
-        state = None if state is None else {k[len("model."):]: v for k, v in state.items() if k.startswith("model.")}
-        return save_sft(run.core.model, tok, folder, cfg.save_merged and cfg.lora, state)
+        def save(folder, state):  # state: gathered weights of the wrapped module (FSDP / ZeRO-3)
+            state = None if state is None else {k[len("model."):]: v for k, v in state.items() if k.startswith("model.")}
+            return save_sft(h.core.model, tok, folder, cfg.save_merged and cfg.lora, state)
 
-    return h.finish(save)
+        return h.finish(save)
 
 
 def sft_data_and_model(cfg: SFTConfig) -> tuple:
     """(training examples (packed when asked), eval examples, eval rows, model, tokenizer, lines to print
-    once the run is open)."""
+    once the run is open, what the evaluation runs on: data/splits.py split_for_eval's held-out /
+    held-back / training)."""
     from rlhfkit.data.sft import load_sft_examples, pack_examples, tokenize_examples
     from rlhfkit.data.splits import eval_phrase, split_for_eval, subset
     from rlhfkit.trainers.build import build_policy
@@ -172,7 +169,7 @@ def sft_data_and_model(cfg: SFTConfig) -> tuple:
     if cfg.packing:
         n_examples, train_ex = len(train_ex), pack_examples(train_ex, cfg.max_length)
         notes.append(f"[sft] packed {n_examples} examples into {len(train_ex)} rows of up to {cfg.max_length} tokens")
-    return train_ex, eval_ex, eval_rows, model, tok, notes
+    return train_ex, eval_ex, eval_rows, model, tok, notes, source
 
 
 def rouge_text(stats: dict) -> str:

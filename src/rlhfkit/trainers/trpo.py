@@ -52,7 +52,6 @@ from rlhfkit.rollout import Rollout, forward_logprobs
 from rlhfkit.rollout.logprobs import micro_batch_chunks, rows_of
 from rlhfkit.runtime.accumulate import accumulate, add_up
 from rlhfkit.runtime.faults import guarded_step
-from rlhfkit.runtime.run import closes_its_runs
 from rlhfkit.trainers.advantages import compute_advantages
 from rlhfkit.trainers.build import build_actor_critic
 from rlhfkit.trainers.rl import RLRun
@@ -181,7 +180,7 @@ def frozen(params: list[torch.Tensor]):
 def value_loss(rl: RLRun, mb: Rollout, cfg: TRPOConfig, n_tok: float) -> tuple[torch.Tensor, dict]:
     """PPO's clipped value loss of micro-batch `mb` summed over its tokens / `n_tok` (the step's
     token count), and its share of the step's "loss/value" and "value_clip_frac"."""
-    device = rl.run.device
+    device = rl.device
     mask = mb.response_mask.to(device)
     with autocast(cfg.dtype, device):
         _, values, _ = forward_logprobs(rl.model, mb, cfg.temperature, with_values=True)
@@ -193,7 +192,7 @@ def value_loss(rl: RLRun, mb: Rollout, cfg: TRPOConfig, n_tok: float) -> tuple[t
 def critic_update(rl: RLRun, policy_params: list[torch.Tensor], rollout: Rollout, cfg: TRPOConfig) -> dict[str, float]:
     """Step 6: regress the values on the returns (PPO's clipped value loss, global token mean of
     each mini-batch), training the value head (and a separate critic) only."""
-    run, device = rl.run, rl.run.device
+    device = rl.device
     B = rollout.response_ids.shape[0]
     sums = {"loss/value": 0.0, "value_clip_frac": 0.0, "grad_norm": 0.0}
     n_steps = 0
@@ -204,9 +203,9 @@ def critic_update(rl: RLRun, policy_params: list[torch.Tensor], rollout: Rollout
                 mini = perm[start : start + cfg.vf_mini_batch_size]
                 n_tok = max(float(rollout.response_mask[mini].sum()), 1.0)  # the step's normaliser
                 micro = micro_batches(rollout, mini, cfg.micro_batch_size, device, cfg.cpu_chunk_positions)
-                step = add_up(accumulate(run.accelerator, rl.model, micro, partial(value_loss, rl, cfg=cfg, n_tok=n_tok)))
-                grad_norm, _ = guarded_step(rl.model.parameters(), run.optimizer, run.scheduler, run.accelerator,
-                                            cfg.max_grad_norm, loss=step["loss/value"], guard=run.guard,
+                step = add_up(accumulate(rl.accelerator, rl.model, micro, partial(value_loss, rl, cfg=cfg, n_tok=n_tok)))
+                grad_norm, _ = guarded_step(rl.model.parameters(), rl.optimizer, rl.scheduler, rl.accelerator,
+                                            cfg.max_grad_norm, loss=step["loss/value"], guard=rl.guard,
                                             where=f"iteration {rl.iteration}, critic step {n_steps + 1}")
                 sums["loss/value"] += step["loss/value"]
                 sums["value_clip_frac"] += step["value_clip_frac"]
@@ -218,36 +217,35 @@ def critic_update(rl: RLRun, policy_params: list[torch.Tensor], rollout: Rollout
 # ----------------------------------------------------------------------------- loop
 
 
-@closes_its_runs
 def train(cfg: TRPOConfig) -> dict:
     """Run TRPO; returns the summary (also written to RUN/summary.json)."""
-    rl = RLRun(cfg, "trpo", build_actor_critic)
-    if rl.run.world > 1:
-        raise UserError("trpo runs in one process: its natural-gradient step does not all-reduce over processes")
-    policy_params = [p for p in rl.core.policy.parameters() if p.requires_grad]
-    kl_ctl = (AdaptiveKLController(cfg.kl_coef, cfg.kl_target, cfg.kl_horizon) if cfg.adaptive_kl
-              else FixedKLController(cfg.kl_coef))
-    rl.run.resume(kl_ctl=kl_ctl)  # when resuming: weights, optimiser, data position, RNG, ... from the checkpoint
-    with rl.evaluating():  # held-out reward before and after
-        for it in rl.run.steps():
-            t0 = time.time()
-            records = rl.stream.next(cfg.rollout_batch_size)
-            rollout = rl.logprob_pass(rl.sample(records, it), torch.arange(cfg.rollout_batch_size, device=HOST))  # steps 1-3
-            rollout, metrics = compute_advantages(rollout, cfg, kl_ctl.value)  # step 4
-            t1 = time.time()
-            with rl.run.tracker.phase("update", None):
-                step = policy_step(rl.model, policy_params, rollout, cfg, rl.run.device, rl.generator)  # step 5
-                critic = critic_update(rl, policy_params, rollout, cfg)  # step 6
-            t2 = time.time()
-            metrics.update({k: v for k, v in step.items() if k.startswith(("trpo/", "loss/"))})
-            metrics.update({"loss/value": critic["loss/value"], "params/value_clip_frac": critic["value_clip_frac"],
-                            "params/grad_norm": critic["grad_norm"], "params/approx_kl": step["trpo/kl_after_step"],
-                            "params/ratio_first_microbatch_maxdev": step["ratio_first_microbatch_maxdev"],
-                            "params/kl_coef": kl_ctl.value})
-            metrics.update(rollout_metrics(rollout))
-            logged = rl.log(it, rollout, metrics, (t0, t1, t2))  # step 7
-            kl_ctl.update(logged["rollout/kl"], cfg.rollout_batch_size)
-    return rl.finish()
+    with RLRun(cfg, "trpo", build_actor_critic) as rl:
+        if rl.world > 1:
+            raise UserError("trpo runs in one process: its natural-gradient step does not all-reduce over processes")
+        policy_params = [p for p in rl.core.policy.parameters() if p.requires_grad]
+        kl_ctl = (AdaptiveKLController(cfg.kl_coef, cfg.kl_target, cfg.kl_horizon) if cfg.adaptive_kl
+                  else FixedKLController(cfg.kl_coef))
+        rl.resume(kl_ctl=kl_ctl)  # when resuming: weights, optimiser, data position, RNG, ... from the checkpoint
+        with rl.evaluating():  # held-out reward before and after
+            for it in rl.steps():
+                t0 = time.time()
+                records = rl.stream.next(cfg.rollout_batch_size)
+                rollout = rl.logprob_pass(rl.sample(records, it), torch.arange(cfg.rollout_batch_size, device=HOST))  # steps 1-3
+                rollout, metrics = compute_advantages(rollout, cfg, kl_ctl.value)  # step 4
+                t1 = time.time()
+                with rl.tracker.phase("update", None):
+                    step = policy_step(rl.model, policy_params, rollout, cfg, rl.device, rl.generator)  # step 5
+                    critic = critic_update(rl, policy_params, rollout, cfg)  # step 6
+                t2 = time.time()
+                metrics.update({k: v for k, v in step.items() if k.startswith(("trpo/", "loss/"))})
+                metrics.update({"loss/value": critic["loss/value"], "params/value_clip_frac": critic["value_clip_frac"],
+                                "params/grad_norm": critic["grad_norm"], "params/approx_kl": step["trpo/kl_after_step"],
+                                "params/ratio_first_microbatch_maxdev": step["ratio_first_microbatch_maxdev"],
+                                "params/kl_coef": kl_ctl.value})
+                metrics.update(rollout_metrics(rollout))
+                logged = rl.log_iteration(it, rollout, metrics, (t0, t1, t2))  # step 7
+                kl_ctl.update(logged["rollout/kl"], cfg.rollout_batch_size)
+        return rl.finish()
 
 
 def main(argv: list[str]) -> int:
