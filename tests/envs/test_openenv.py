@@ -292,3 +292,35 @@ def test_grpo_trains_through_the_adapter(env_server, tmp_path, tiny_model_dir):
     steps = [m for _, m in srv.received if m["type"] == "step"]
     assert closes == {sid for sid, _ in resets} and srv.active == 0  # every session ended with its episode
     assert steps and all(set(m["data"]) == {"answer"} for m in steps)
+
+
+def test_the_documented_example_on_openenvs_own_server(tmp_path, monkeypatch):
+    """docs/environments.md's arith_env.py served by openenv-core itself (where it is installed)."""
+    pytest.importorskip("openenv")
+    import importlib
+    import pathlib
+
+    import uvicorn
+
+    page = (pathlib.Path(__file__).resolve().parents[2] / "docs" / "environments.md").read_text()
+    (code,) = [b for b in re.findall(r"```python\n(.*?)```", page, re.S) if b.startswith('"""arith_env.py')]
+    (tmp_path / "arith_env.py").write_text(code)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    app = importlib.import_module("arith_env").app
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=free_port(), log_level="warning"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    try:
+        for _ in range(200):  # up to 20 s for the server to start
+            if server.started:
+                break
+            thread.join(0.1)
+        make_env = make_env_factory(f"openenv:http://127.0.0.1:{server.config.port}")
+        question, right = sum_for(3)
+        episode = make_env()
+        assert episode.reset({"prompt": "p", "seed": 3})[0]["content"] == question + " Answer with just the number."
+        assert episode.step([], "0").observation[0]["content"] == "Not quite. Try again with just the number."
+        assert tuple(episode.step([], str(right))) == (None, 1.0, True)
+    finally:
+        server.should_exit = True
+        thread.join(timeout=10)

@@ -161,7 +161,7 @@ def _is_json(value: Any) -> bool:
 
 def parse_reply(text: Any, server: Server, what: str) -> dict:
     """The ``data`` of an ``observation`` reply, checked: ``observation`` a dict, ``reward`` a
-    finite number or null, ``done`` a bool. An ``error`` reply with an action code becomes
+    finite number, a bool (OpenEnv allows one: 1 or 0) or null, ``done`` a bool. An ``error`` reply with an action code becomes
     ActionRejected; any other error and any malformed reply a UserError naming the server."""
     try:
         message = json.loads(text)
@@ -182,8 +182,7 @@ def parse_reply(text: Any, server: Server, what: str) -> dict:
         raise UserError(f"env {server.spec!r}: the server's reply to {what} is not an observation "
                         f'(expected {{"type": "observation", "data": {{"observation": {{...}}, ...}}}}): {str(text)[:80]!r}')
     reward, done = data.get("reward"), data.get("done", False)
-    if reward is not None and (isinstance(reward, bool) or not isinstance(reward, numbers.Real)
-                               or not math.isfinite(reward)):
+    if reward is not None and (not isinstance(reward, numbers.Real) or not math.isfinite(reward)):  # a bool is 1 or 0
         raise UserError(f"env {server.spec!r}: the server's reward after {what} is {reward!r}, not a finite number or null")
     if not isinstance(done, bool):
         raise UserError(f"env {server.spec!r}: the server's done after {what} is {done!r}, not true or false")
