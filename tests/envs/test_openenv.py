@@ -22,6 +22,7 @@ from rlhfkit.envs.openenv import (
     base_url,
     connect,
     observation_text,
+    parse_reply,
     reset_data,
     text_field,
 )
@@ -173,6 +174,24 @@ def test_reset_data_is_the_record_with_one_seed_per_record():
     assert 0 <= a["seed"] < 2**31 and a["prompt"] == "p"
     assert reset_data({"prompt": "p", "seed": 5}) == {"prompt": "p", "seed": 5}  # the record's own seed
     assert "bad" not in reset_data({"prompt": "p", "bad": {1, 2}}) and "nan" not in reset_data({"nan": float("nan")})
+
+
+def test_replies_are_checked():
+    server = Server("openenv:http://h:1", "http://h:1", "answer", ("answer",))
+
+    def reply(data, kind="observation"):
+        return json.dumps({"type": kind, "data": data})
+
+    ok = {"observation": {"text": "t"}, "reward": True, "done": False}  # OpenEnv allows a bool reward: 1 or 0
+    assert parse_reply(reply(ok), server, "step") == ok
+    for data, match in [({"observation": {}, "reward": float("inf")}, "reward after step is inf"),
+                        ({"observation": {}, "reward": "1"}, "reward after step is '1'"),
+                        ({"observation": {}, "done": "yes"}, "done after step is 'yes'"),
+                        ({"reward": 1.0}, "is not an observation")]:
+        with pytest.raises(UserError, match=match):
+            parse_reply(reply(data), server, "step")
+    with pytest.raises(UserError, match=r"refused reset: EXECUTION_ERROR: boom$"):
+        parse_reply(reply({"message": "boom", "code": "EXECUTION_ERROR"}, "error"), server, "reset")
 
 
 @pytest.mark.parametrize("spec", ["openenv:", "openenv:127.0.0.1:8000", "openenv:ftp://h:1", "openenv:http://"])
