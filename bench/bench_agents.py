@@ -14,7 +14,7 @@ episode, and context tokens run through the model per episode (prefill). The tin
 (default) measures the machinery, not the answers: it almost never calls the tool, so its episodes
 are mostly one turn. --model smollm2-135m-instruct measures the real one (slow on 2 cores).
 
-    python bench/bench_agents.py [--model tiny] [--episodes 64] [--concurrency 1,8,64] [--no-write]
+    python bench/bench_agents.py [--model tiny] [--episodes 64] [--concurrency 1,8,64] [--agents-only] [--no-write]
 """
 
 from __future__ import annotations
@@ -67,25 +67,27 @@ def agent_run(model, tok, records, params, concurrency: int) -> dict:
             "turns": metrics["agent/calls_per_episode"]}
 
 
-def run(model_name: str, episodes: int, concurrency: list[int], max_new_tokens: int) -> str:
+def run(model_name: str, episodes: int, concurrency: list[int], max_new_tokens: int, agents_only: bool = False) -> str:
     model, tok = load(model_name)
     torch.manual_seed(0)
     records = load_prompts("builtin:arithmetic", split="train", limit=episodes, seed=0)
     params = SamplingParams(max_new_tokens=max_new_tokens, temperature=1.0)
-    rows = [("env=arithmetic-tool, history re-encoded", len(records), env_run(model, tok, records, params, False)),
-            ("env=arithmetic-tool, KV reuse", len(records), env_run(model, tok, records, params, True))]
+    rows = [] if agents_only else [
+        ("env=arithmetic-tool, history re-encoded", len(records), env_run(model, tok, records, params, False)),
+        ("env=arithmetic-tool, KV reuse", len(records), env_run(model, tok, records, params, True))]
     for c in concurrency:
         subset = records[: max(c, min(len(records), 8))] if c == 1 else records
         rows.append((f"agent, {c} concurrent", len(subset), agent_run(model, tok, subset, params, c)))
         print(rows[-1])
-    base = rows[0][2]["per_min"]
+    base = None if agents_only else rows[0][2]["per_min"]
     lines = [f"Model: {model_name}; {episodes} problems of builtin:arithmetic, T=1, up to 4 turns of "
              f"{max_new_tokens} tokens; torch threads {torch.get_num_threads()}; 1-min load average "
              f"{__import__('os').getloadavg()[0]:.1f} (a shared machine: ratios, not absolute times).", "",
              "| rollout | episodes | seconds | episodes/min | vs re-encoding env | model calls per episode | "
              "context tokens run per episode |", "|---|---|---|---|---|---|---|"]
     for name, n, r in rows:
-        lines.append(f"| {name} | {n} | {r['s']:.1f} | {r['per_min']:.1f} | {r['per_min'] / base:.2f}x | "
+        ratio = "-" if base is None else f"{r['per_min'] / base:.2f}x"
+        lines.append(f"| {name} | {n} | {r['s']:.1f} | {r['per_min']:.1f} | {ratio} | "
                      f"{r['turns']:.2f} | {r['prefill']:.0f} |")
     return "\n".join(lines)
 
@@ -96,12 +98,15 @@ def main() -> None:
     ap.add_argument("--episodes", type=int, default=64)
     ap.add_argument("--concurrency", default="1,8,64")
     ap.add_argument("--max-new-tokens", type=int, default=24)
+    ap.add_argument("--agents-only", action="store_true",
+                    help="only the agent rows (the env rows of the real model take long on a CPU); its own block")
     ap.add_argument("--no-write", action="store_true", help="print only; leave docs/benchmarks.md alone")
     a = ap.parse_args()
-    table = run(a.model, a.episodes, [int(c) for c in a.concurrency.split(",")], a.max_new_tokens)
+    table = run(a.model, a.episodes, [int(c) for c in a.concurrency.split(",")], a.max_new_tokens, a.agents_only)
     print(table)
     if not a.no_write:
         block = "bench_agents" if a.model == "tiny" else "bench_agents_real"  # one block per model kind
+        block += "_agents_only" if a.agents_only else ""
         benchdoc.write_block(block, "Agent episodes through the OpenAI-compatible server (bench/bench_agents.py)",
                              table)
 

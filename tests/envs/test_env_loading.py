@@ -134,7 +134,7 @@ def test_builtin_picks_json_and_the_tool_role_for_a_tool_template(tiny_tokenizer
     "spec, match",
     [
         ("arithmetic", r"^unknown env 'arithmetic' \(did you mean 'arithmetic-tool'\?\); expected one of: "
-                       r"arithmetic-tool, self-correct, python:MODULE:CLASS, python:FILE.py:CLASS, FILE.py:CLASS$"),
+                       r"arithmetic-tool, self-correct, python:MODULE:CLASS, python:FILE.py:CLASS, FILE.py:CLASS, openenv:http://HOST:PORT$"),
         ("self_correct", r"did you mean 'self-correct'\?"),
         ("my_envs:Echo", r"did you mean 'python:my_envs:Echo'\?"),
         ("zzz", r"^unknown env 'zzz'; expected one of"),

@@ -265,3 +265,23 @@ def test_an_async_agent_gets_an_async_client_and_its_timeout(lm):
     rollout, outcomes, _ = run(lm, solve, records, timeout_s=3.0)
     assert [o.reason for o in outcomes] == ["ok", "timeout", "ok"]
     assert rollout.info["episode"] == [0, 2]
+
+
+def test_a_reply_to_a_client_that_left_ends_the_connection_quietly():
+    """A timed-out episode's client is closed while its request is served: writing the reply then
+    fails, which must end that connection, not print a traceback per request into the run's log."""
+    import io
+    import types
+
+    from rlhfkit.rollout.openai_server import _Handler
+
+    class Gone(io.RawIOBase):
+        def write(self, b):
+            raise BrokenPipeError(32, "Broken pipe")
+
+    handler = object.__new__(_Handler)
+    handler.wfile, handler.request_version, handler.command = Gone(), "HTTP/1.1", "POST"
+    handler.requestline, handler.client_address = "POST /v1/chat/completions HTTP/1.1", ("127.0.0.1", 1)
+    handler.server, handler.close_connection = types.SimpleNamespace(verbose=False), False
+    handler._reply(200, {"ok": True})
+    assert handler.close_connection

@@ -273,6 +273,27 @@ def test_max_turns_and_max_total_tokens_end_episodes(tiny):
     assert ro.response_ids.shape[1] <= 30
 
 
+def test_every_env_is_closed_once_when_its_episode_ends(tiny):
+    """An environment's optional close() (a server session it holds) runs once per episode, however
+    the episode ended: done, max_turns or max_total_tokens."""
+    model, tok = tiny
+    made = []
+
+    class ClosingEnv(ScriptedEnv):
+        closed = 0
+
+        def close(self):
+            self.closed += 1
+
+    def make():
+        made.append(ClosingEnv([1, 9, 9, 9][len(made)]))
+        return made[-1]
+
+    generate_episodes(model, tok, make, RECORDS, SamplingParams(max_new_tokens=4), max_turns=3, max_total_tokens=200,
+                      seed=0)
+    assert [e.closed for e in made] == [1, 1, 1, 1] and [len(e.seen) for e in made] == [1, 3, 3, 3]
+
+
 @pytest.mark.parametrize("loop", ["hf", "lean"])
 def test_one_turn_env_reproduces_the_single_turn_rollout(tiny, loop):
     """Sampled (T = 1): the episode's one turn draws the same tokens as single-turn sampling with the

@@ -187,3 +187,17 @@ def test_agent_advantages_are_taken_over_each_groups_episodes(advantage):
     assert ro.advantages[:, 0].tolist() == pytest.approx([a, a, -a, 0.0, 0.0, 0.0], rel=1e-6)
     assert metrics["rollout/zero_std_group_fraction"] == pytest.approx(2 / 3)  # groups 1 (one episode) and 2
     assert informative_rows(ro, cfg, ADVANTAGES[advantage]).tolist() == [0, 1, 2]
+
+
+@pytest.mark.parametrize("advantage", ["group", "rloo"])
+def test_a_batch_left_with_part_of_one_group_trains(advantage):
+    """G = 4 and only episodes 0 and 1 gave rows (the others timed out): their group is partial, so its
+    baseline is over those two episodes; two completions in group 0 once passed for full groups in
+    order, and the estimator refused a batch of 2 with group_size 4."""
+    from rlhfkit.trainers.grpo import compute_advantages
+
+    cfg = build_config(GRPOConfig, {"advantage": advantage, "rollout_batch_size": 8, "group_size": 4,
+                                    "mini_batch_size": 8, "micro_batch_size": 8})
+    ro, _ = compute_advantages(episode_rollout([0, 1], [1.0, 0.0]), cfg)
+    a = 0.5 / (0.5 ** 0.5 + 1e-6) if advantage == "group" else 1.0  # as in the test above
+    assert ro.advantages[:, 0].tolist() == pytest.approx([a, -a], rel=1e-6)

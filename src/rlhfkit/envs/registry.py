@@ -1,7 +1,8 @@
 """Turn an ``env=`` spec into an environment factory (docs/environments.md).
 
-Specs: ``arithmetic-tool``, ``self-correct``, ``python:MODULE:CLASS``, ``python:FILE.py:CLASS``
-and ``FILE.py:CLASS``; user code is imported as for ``reward=python:...``.
+Specs: ``arithmetic-tool``, ``self-correct``, ``python:MODULE:CLASS``, ``python:FILE.py:CLASS``,
+``FILE.py:CLASS`` and ``openenv:URL`` (an OpenEnv environment server, envs/openenv.py); user code
+is imported as for ``reward=python:...``.
 """
 
 from __future__ import annotations
@@ -15,11 +16,12 @@ from typing import Any
 from rlhfkit.core.imports import first_line, get_attribute, is_file_source, load_source, split_target
 from rlhfkit.envs.base import Environment
 from rlhfkit.envs.builtin import ArithmeticToolEnv, SelfCorrectEnv
+from rlhfkit.envs.openenv import OpenEnvEpisode, connect, is_openenv_spec
 from rlhfkit.envs.tools import TAG, observation_role, tool_format
 from rlhfkit.errors import UserError
 
 BUILTINS: dict[str, type] = {"arithmetic-tool": ArithmeticToolEnv, "self-correct": SelfCorrectEnv}
-SPEC_FORMS = (*BUILTINS, "python:MODULE:CLASS", "python:FILE.py:CLASS", "FILE.py:CLASS")
+SPEC_FORMS = (*BUILTINS, "python:MODULE:CLASS", "python:FILE.py:CLASS", "FILE.py:CLASS", "openenv:http://HOST:PORT")
 
 
 def make_env_factory(spec: str, tokenizer: Any = None) -> Callable[[], Environment]:
@@ -39,6 +41,10 @@ an accuracy). Raises UserError for unknown specs, failed imports and classes
         raise UserError(f"env spec must be a non-empty string, got {spec!r}; expected one of: {', '.join(SPEC_FORMS)}")
     spec = spec.strip()
     label = f"env {spec!r}"
+    if is_openenv_spec(spec):  # the server is checked now; each episode opens its own session
+        make_env = _checked_factory(functools.partial(OpenEnvEpisode, connect(spec)), "a session", label)
+        make_env.env_spec, make_env.prompts, make_env.exact_match = spec, None, False  # type: ignore[attr-defined]
+        return make_env
     if spec in BUILTINS:
         cls, what = BUILTINS[spec], spec
     else:
@@ -80,7 +86,7 @@ def _user_class(spec: str, label: str) -> type:
 def _hint(spec: str, parts: tuple[str, str] | None) -> str:
     if parts is not None:  # MODULE:CLASS without the python: prefix
         return f" (did you mean 'python:{spec}'?)"
-    close = difflib.get_close_matches(spec, [*BUILTINS, "python"], n=1)
+    close = difflib.get_close_matches(spec, [*BUILTINS, "python", "openenv"], n=1)
     return f" (did you mean {close[0]!r}?)" if close else ""
 
 

@@ -205,6 +205,9 @@ def generate_episodes(
             take_turn(episodes[i], row[:r], r < params.max_new_tokens, stop_ids, tokenizer, max_turns,
                       max_total_tokens, fmt)
         active = [i for i in active if not episodes[i].done]
+    for env in envs:  # an environment's optional close(): a server session it holds ends with its episode
+        if callable(getattr(env, "close", None)):
+            env.close()
     rollout = episodes_to_rollout(episodes, enc, pad)
     rollout.info["prefill_tokens"] = prefilled
     return rollout

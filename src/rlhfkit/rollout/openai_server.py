@@ -193,11 +193,14 @@ class _Handler(BaseHTTPRequestHandler):
 
     def _reply(self, status: int, body: dict) -> None:
         data = json.dumps(body).encode()
-        self.send_response(status)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(data)))
-        self.end_headers()
-        self.wfile.write(data)
+        try:
+            self.send_response(status)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+        except (BrokenPipeError, ConnectionResetError):  # the client left first (a timed-out episode's): no one to tell
+            self.close_connection = True
 
     def _key(self) -> str | None:
         auth = self.headers.get("Authorization", "")

@@ -90,8 +90,9 @@ def row_completions(rollout: Rollout) -> torch.Tensor:
 
 
 def consecutive(group: torch.Tensor, group_size: int) -> bool:
-    """Whether completion c's group is c // G for every c (full groups in order)."""
-    return torch.equal(group, torch.arange(group.numel(), device=group.device) // group_size)
+    """Whether completion c's group is c // G for every c and every group is full (full groups in order)."""
+    return group.numel() % group_size == 0 and torch.equal(group, torch.arange(group.numel(), device=group.device)
+                                                           // group_size)
 
 
 def group_estimate(estimator: Callable, seq: torch.Tensor, group: torch.Tensor, group_size: int,
