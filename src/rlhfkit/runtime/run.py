@@ -135,6 +135,7 @@ class Run:
         self.summary: dict = {}
         self.total = 0
         self._resume_from: Path | None = None
+        self.shared: list[bool] = [True]  # per process: whether it sees the main process's run folder
         self.signals: Any = None  # SIGINT/SIGTERM/SIGHUP caught from `open` to the end of `finish`
 
     # ---- properties ---------------------------------------------------------------------
@@ -166,8 +167,8 @@ class Run:
         run: runtime/run_folder.py), config.yaml, the tracker (`total` steps for its progress bar)
         and the non-finite guard. `summary` seeds summary.json. A resumed run writes config.yaml
         once `resume` has restored the checkpoint (a refused resume changes nothing)."""
-        from rlhfkit.core.config import save_config, to_dict
-        from rlhfkit.runtime.distributed import decided_on_main
+        from rlhfkit.core.config import to_dict
+        from rlhfkit.runtime.distributed import decided_on_main, sees_main_folder
         from rlhfkit.runtime.faults import NonFiniteGuard, StopSignals
         from rlhfkit.runtime.run_folder import RunFolder, claim_run_folder
         from rlhfkit.runtime.tracker import Tracker
@@ -184,21 +185,53 @@ class Run:
         self.run_dir, self._resume_from = decided_on_main(self.accelerator, claim)
         if not self.is_main:
             self.folder = RunFolder(self.run_dir, self._resume_from)
+        self.shared = sees_main_folder(self.accelerator, self.run_dir)
         if self._resume_from is not None:
             check_resume_fits(self._resume_from, total, unit)
-        elif self.is_main:
-            save_config(cfg, self.run_dir / "config.yaml")
+        else:
+            self._save_config()
         self.tracker = Tracker(self.run_dir, total, cfg.quiet, self.is_main, cfg.tensorboard, cfg.wandb,
                                config=to_dict(cfg))
         for notice in self.folder.notices:  # a damaged newer checkpoint was skipped
             self.tracker.print(notice)
-        self.summary.update({"run_dir": str(self.run_dir), **summary})
+        self.summary.update({"run_dir": str(self.run_dir), **self._processes(), **summary})
         self.guard = NonFiniteGuard.for_config(cfg, self.tracker.print)
         self.total, self._unit = total, unit
         self.signals = StopSignals(self._remaining)
         self.signals.doing = "the preparation before training, then stopping"
         self.signals.__enter__()  # released by `close`
         return self
+
+    def _processes(self) -> dict:
+        """{"processes", "machines", "sharding"} of this launch (summary.json), printed once at start."""
+        import os
+
+        from rlhfkit.runtime.distributed import LAUNCHER_ENV, deepspeed_plugin, processes_line, sharding_name
+
+        plugin = deepspeed_plugin(self.accelerator)
+        engine = getattr(self.accelerator.distributed_type, "value", str(self.accelerator.distributed_type))
+        sharding = sharding_name(self.world, self.fsdp2 is not None, engine,
+                                 plugin.zero_stage if plugin is not None else None)
+        per_machine = int(os.environ.get("LOCAL_WORLD_SIZE") or self.world)
+        machines = max(1, self.world // max(1, per_machine))
+        line = processes_line(self.world, machines, sharding, any(k in os.environ for k in LAUNCHER_ENV))
+        if line:
+            self.tracker.print(line)
+        return {"processes": self.world, "machines": machines, "sharding": sharding}
+
+    def _save_config(self) -> None:
+        """RUN/config.yaml, by the main process; on a machine whose processes do not see the main
+        process's run folder (node-local disks) also by its first process into the folder of that
+        name on its own disk, so `--resume RUN` there reads the same configuration (the checkpoints
+        and final/ are on the main process's disk: runtime/checkpoint.py)."""
+        from rlhfkit.core.config import save_config
+
+        if self.is_main:
+            save_config(self.cfg, self.run_dir / "config.yaml")
+        elif not self.shared[self.rank] and self.accelerator.local_process_index == 0:
+            with contextlib.suppress(OSError):  # a copy for convenience: the run goes on without it
+                self.run_dir.mkdir(parents=True, exist_ok=True)
+                save_config(self.cfg, self.run_dir / "config.yaml")
 
     def _remaining(self) -> str:
         """What a run stopped at once leaves (the second signal's message)."""
@@ -240,7 +273,8 @@ class Run:
         self.checkpointer = Checkpointer(self.cfg, self.run_dir, self.command, self.accelerator, self.tracker,
                                          model=self.core, optimizer=self.optimizer, scheduler=self.scheduler,
                                          objects={**objects, "summary": self.summary}, guard=self.guard,
-                                         unit=self._unit, total=self.total, signals=self.signals)
+                                         unit=self._unit, total=self.total, signals=self.signals,
+                                         shared=self.shared)
         return self.model
 
     def shard_reference(self, reference) -> None:
@@ -265,11 +299,9 @@ class Run:
     def resume(self, **objects: Any) -> int:
         """Register more state to checkpoint (e.g. kl_ctl=...), then, when resuming, restore
         everything from the checkpoint and cut the logs back to it. Returns the first step."""
-        from rlhfkit.core.config import save_config
-
         start = self.checkpointer.resume(self._resume_from, **objects)
-        if self._resume_from is not None and self.is_main:
-            save_config(self.cfg, self.run_dir / "config.yaml")
+        if self._resume_from is not None:
+            self._save_config()
         return start
 
     # ---- the loop -----------------------------------------------------------------------
