@@ -253,3 +253,37 @@ def processes_line(processes: int, machines: int, sharding: str, launched: bool)
         line += (" (the launcher started one process; `accelerate launch --cpu` starts one whatever "
                  "--num_processes says: use ACCELERATE_USE_CPU=1 with --multi_gpu, docs/scale.md)")
     return line
+
+
+# Where a process that stops on an error of its own leaves its one line for the others: the launcher's
+# key-value store (torchrun and accelerate keep it in the launcher of machine 0, so it outlives the process).
+FAILURE_KEY = "rlhfkit/failed/{rank}"
+
+
+def _store():
+    """The default process group's store, or None (no process group)."""
+    if not (torch.distributed.is_available() and torch.distributed.is_initialized()):
+        return None
+    from torch.distributed.distributed_c10d import _get_default_store
+
+    return _get_default_store()
+
+
+def report_failure(rank: int, text: str) -> None:
+    """Leave `text` (why process `rank` stops) for the other processes; nothing when it cannot."""
+    with contextlib.suppress(Exception):  # no store, or the store is gone: the launcher's report remains
+        store = _store()
+        if store is not None:
+            store.set(FAILURE_KEY.format(rank=rank), text)
+
+
+def reported_failures(processes: int, me: int) -> dict[int, str]:
+    """rank -> the line a process other than `me` left with `report_failure` (none: not listed)."""
+    out: dict[int, str] = {}
+    with contextlib.suppress(Exception):
+        store = _store()
+        for rank in range(processes) if store is not None else ():
+            key = FAILURE_KEY.format(rank=rank)
+            if rank != me and store.check([key]):
+                out[rank] = store.get(key).decode(errors="replace")
+    return out

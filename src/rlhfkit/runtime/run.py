@@ -56,8 +56,11 @@ def closes_its_runs(train: Callable) -> Callable:
         try:
             return train(cfg, *args, **kwargs)
         except BaseException as e:
+            error = next((run.failure(e) for run in _LIVE_RUNS.get() if run.world > 1), e)
             for run in _LIVE_RUNS.get():
-                run.close(None if isinstance(e, Interrupted) and run.has_steps() else e)
+                run.close(None if isinstance(e, Interrupted) and run.has_steps() else error)
+            if error is not e:
+                raise error from None
             raise
         finally:
             for run in _LIVE_RUNS.get():
@@ -133,9 +136,10 @@ class Run:
         self.optimizer: Any = None
         self.scheduler: Any = None
         self.summary: dict = {}
-        self.total = 0
+        self.total, self._unit = 0, "iteration"
         self._resume_from: Path | None = None
         self.shared: list[bool] = [True]  # per process: whether it sees the main process's run folder
+        self.peers: list[tuple[str, int, int]] = []  # per process: (host, process id, start time)
         self.signals: Any = None  # SIGINT/SIGTERM/SIGHUP caught from `open` to the end of `finish`
 
     # ---- properties ---------------------------------------------------------------------
@@ -168,8 +172,8 @@ class Run:
         and the non-finite guard. `summary` seeds summary.json. A resumed run writes config.yaml
         once `resume` has restored the checkpoint (a refused resume changes nothing)."""
         from rlhfkit.core.config import to_dict
-        from rlhfkit.runtime.distributed import decided_on_main, sees_main_folder
-        from rlhfkit.runtime.faults import NonFiniteGuard, StopSignals
+        from rlhfkit.runtime.distributed import decided_on_main, gathered, sees_main_folder
+        from rlhfkit.runtime.faults import NonFiniteGuard, StopSignals, peer_states, process_identity
         from rlhfkit.runtime.run_folder import RunFolder, claim_run_folder
         from rlhfkit.runtime.tracker import Tracker
 
@@ -177,15 +181,15 @@ class Run:
 
         def claim() -> tuple[Path, Path | None]:
             self.folder = claim_run_folder(cfg, self.command)
-            live = _LIVE_RUNS.get(None)
-            if live is not None:  # inside a `closes_its_runs` train(): released however it ends
-                live.append(self)
+            self._register()
             return self.folder.path, self.folder.resume_from
 
         self.run_dir, self._resume_from = decided_on_main(self.accelerator, claim)
         if not self.is_main:
             self.folder = RunFolder(self.run_dir, self._resume_from)
+            self._register()
         self.shared = sees_main_folder(self.accelerator, self.run_dir)
+        self.peers = gathered(self.accelerator, process_identity())
         if self._resume_from is not None:
             check_resume_fits(self._resume_from, total, unit)
         else:
@@ -198,6 +202,9 @@ class Run:
         self.guard = NonFiniteGuard.for_config(cfg, self.tracker.print)
         self.total, self._unit = total, unit
         self.signals = StopSignals(self._remaining)
+        if self.world > 1:  # the main process says it, once; a launcher stopping the run after a process died says nothing
+            self.signals.announce = self.is_main
+            self.signals.peer_gone = lambda: bool(peer_states(self.peers, self.rank))
         self.signals.doing = "the preparation before training, then stopping"
         self.signals.__enter__()  # released by `close`
         return self
@@ -238,6 +245,50 @@ class Run:
         if self.checkpointer is not None:
             return self.checkpointer.remaining_checkpoint()
         return "no checkpoint was written" if self._resume_from is None else f"the checkpoint is {self._resume_from}"
+
+    def _register(self) -> None:
+        """Inside a `closes_its_runs` train(): this run is released however the call ends."""
+        live = _LIVE_RUNS.get(None)
+        if live is not None:
+            live.append(self)
+
+    def failure(self, error: BaseException) -> BaseException:
+        """What this process reports for `error` in a multi-process run: a collective call that failed
+        because another process is gone becomes one line (PeerFailure) naming that process and what is
+        known of why (its own line, or how it died when it ran on this machine), the newest checkpoint
+        and the command that continues; an error of this process's own is left for the others (the
+        launcher's store) and returned as it is."""
+        from rlhfkit.errors import one_line
+        from rlhfkit.runtime.distributed import report_failure, reported_failures
+        from rlhfkit.runtime.faults import (
+            COLLECTIVE_FAILURE_TEXT,
+            Interrupted,
+            PeerFailure,
+            is_collective_failure,
+            peer_states,
+        )
+
+        if not is_collective_failure(error):
+            if not isinstance(error, (KeyboardInterrupt, SystemExit, Interrupted)):
+                report_failure(self.rank, f"{one_line(error)[:300]}" if isinstance(error, UserError)
+                               else f"{type(error).__name__}: {one_line(error)[:300]}")
+            return error
+        gone = peer_states(self.peers, self.rank) if self.peers else {}
+        main_seen = bool(self.peers) and self.peers[0][0] == self.peers[self.rank][0] and 0 not in gone
+        printed = self.is_main or (not main_seen and self.accelerator.local_process_index == 0)
+        # the store lives with machine 0's launcher: only its main process asks (elsewhere it may be gone too)
+        said = reported_failures(self.world, self.rank) if self.is_main else {}
+        who = [f"rank {r} stopped ({said[r]})" for r in sorted(said)]
+        who += [f"rank {r} {gone[r]}" for r in sorted(gone) if r not in said]
+        if not who:
+            where = "on another machine: its launcher's log says why" if self._machines_apart() else "its cause unknown"
+            who = [f"another process stopped ({where})"]
+        seen = next((t for t in COLLECTIVE_FAILURE_TEXT if t in str(error)), type(error).__name__)
+        message = f"{', '.join(who)}, so the run stopped (this process: {seen}); {self._remaining()}"
+        return PeerFailure(message, printed)
+
+    def _machines_apart(self) -> bool:
+        return len({host for host, _, _ in self.peers}) > 1
 
     def has_steps(self) -> bool:
         """Whether this run has steps to resume from: logged ones, or a checkpoint it resumed."""
@@ -398,8 +449,12 @@ class Run:
     def close(self, error: BaseException | None = None) -> None:
         """Release the run folder and the signals (idempotent); after an `error`, remove or mark it
         (runtime/run_folder.py RunFolder.close)."""
+        from rlhfkit.runtime.faults import PeerFailure, ignore_launcher_stop
+
         if self.signals is not None:
             self.signals.__exit__()
+        if isinstance(error, PeerFailure):
+            ignore_launcher_stop()
         if self.folder is not None:
             folder, self.folder = self.folder, None
             if self.is_main:
