@@ -53,7 +53,8 @@ def run_guarded(func: Callable[[], int], debug: bool = False) -> int:
     except UserError as e:
         if debug:
             traceback.print_exc()
-        print(f"rlhfkit: {e.label}: {one_line(e)}", file=sys.stderr)
+        if printed_here(e):
+            print(f"rlhfkit: {e.label}: {one_line(e)}", file=sys.stderr)
         return e.exit_code
     except KeyboardInterrupt:
         print("rlhfkit: interrupted", file=sys.stderr)
@@ -63,6 +64,17 @@ def run_guarded(func: Callable[[], int], debug: bool = False) -> int:
             raise
         print(f"rlhfkit: error: {out_of_memory_message(e)}", file=sys.stderr)
         return 2
+
+
+def printed_here(e: UserError, env: dict | None = None) -> bool:
+    """Whether this process prints `e`. Under a launcher (torchrun, accelerate launch) every process
+    of a machine meets the same bad input: its first process (LOCAL_RANK 0) prints it, once. An error
+    saying itself who prints it (`printed`: runtime/faults.py PeerFailure) decides alone."""
+    printed = getattr(e, "printed", None)
+    if printed is not None:
+        return bool(printed)
+    env = os.environ if env is None else env
+    return env.get("LOCAL_RANK", "0") in ("", "0")
 
 
 OOM_KNOBS = ("lower micro_batch_size (and prompts_per_generate), max_new_tokens or rollout_batch_size / "

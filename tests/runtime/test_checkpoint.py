@@ -180,7 +180,7 @@ def _old_format(path):
 
 def test_files_of_two_checkpoints_mixed_or_unreadable_are_one_line(tmp_path):
     from rlhfkit.core.run_files import STATE
-    from rlhfkit.runtime.checkpointer import load_checked
+    from rlhfkit.runtime.checkpointer import read_checked
 
     model = _model()
     three, four = _write(tmp_path, 3, model), _write(tmp_path, 4, model)
@@ -188,11 +188,11 @@ def test_files_of_two_checkpoints_mixed_or_unreadable_are_one_line(tmp_path):
     (four / STATE).write_bytes((three / STATE).read_bytes())  # step-3's state.pt copied into step-4
     with pytest.raises(UserError, match="state.pt is from step 3, but the checkpoint is step-4: its files come "
                                         "from different checkpoints"):
-        load_checked(four, model)
+        read_checked(four)
     _old_format(three)
     _damage(three, "truncated")
     with pytest.raises(UserError, match=rf"resume: cannot read {three / WEIGHTS} \(.*\); delete that checkpoint"):
-        load_checked(three, model)
+        read_checked(three)
 
 
 # ----------------------------------------------------------------------------- structure, old checkpoints

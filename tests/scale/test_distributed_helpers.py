@@ -147,3 +147,35 @@ def test_every_trainer_under_a_deepspeed_launch_stops_with_the_line_and_writes_n
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and DEEPSPEED_REFUSED in err[0], err
     assert not out.exists()
+
+
+# ----------------------------------------------------------------------------- processes and sharding
+
+
+@pytest.mark.parametrize("processes, fsdp2, engine, stage, name", [
+    (1, False, "NO", None, "none"), (2, False, "MULTI_CPU", None, "ddp"), (8, False, "MULTI_GPU", None, "ddp"),
+    (2, True, "MULTI_CPU", None, "fsdp2"), (1, True, "NO", None, "fsdp2"), (8, False, "DEEPSPEED", 3, "deepspeed-zero3"),
+    (8, False, "FSDP", None, "fsdp"),
+])
+def test_sharding_names_what_the_launch_shards(processes, fsdp2, engine, stage, name):
+    from rlhfkit.runtime.distributed import sharding_name
+
+    assert sharding_name(processes, fsdp2, engine, stage) == name
+
+
+def test_the_processes_line_shows_the_one_process_trap():
+    from rlhfkit.runtime.distributed import processes_line
+
+    assert processes_line(1, 1, "none", launched=False) is None  # a plain `rlhfkit ppo`: nothing to say
+    assert processes_line(16, 2, "fsdp2", launched=True) == "[processes] 16 (2 machines), sharding: fsdp2"
+    assert processes_line(2, 1, "ddp", launched=True) == "[processes] 2, sharding: ddp"
+    trap = processes_line(1, 1, "none", launched=True)
+    assert trap.startswith("[processes] 1, sharding: none (the launcher started one process;") and "--cpu" in trap
+
+
+def test_the_report_shows_processes_from_the_summary():
+    from rlhfkit.diagnostics.report import processes_text
+
+    assert processes_text({"processes": 16, "machines": 2, "sharding": "fsdp2"}) == "16 on 2 machines, fsdp2"
+    assert processes_text({"processes": 1, "machines": 1, "sharding": "none"}) == "1, none"
+    assert processes_text(None) == processes_text({"run_dir": "x"}) == "?"  # running, or an older summary

@@ -157,9 +157,20 @@ def _runs_section(runs: Sequence[RunData], labels: list[str], findings: list[lis
         status = "finished" if run.finished else "running or stopped (no summary.json)"
         notes = "<br>".join(e(n) for n in run.notes)
         rows.append(f"<tr><td>{e(label)}</td><td><code>{e(run.path)}</code></td><td>{e(span)}</td>"
+                    f"<td>{e(processes_text(run.summary))}</td>"
                     f"<td>{e(status)}</td><td>{health}</td><td class='muted'>{notes}</td></tr>")
-    return ("<h2 id='runs'>Runs</h2><table><tr><th>run</th><th>folder</th><th>iterations</th>"
+    return ("<h2 id='runs'>Runs</h2><table><tr><th>run</th><th>folder</th><th>iterations</th><th>processes</th>"
             "<th>status</th><th>findings</th><th>notes</th></tr>" + "".join(rows) + "</table>")
+
+
+def processes_text(summary: dict | None) -> str:
+    """How many processes ran a run and how it was sharded, from its summary.json ("2 on 2 machines,
+    ddp"); "?" without one (still running, or written before summary.json recorded it)."""
+    if not summary or not isinstance(summary.get("processes"), int):
+        return "?"
+    machines = summary.get("machines")
+    where = f" on {machines} machines" if isinstance(machines, int) and machines > 1 else ""
+    return f"{summary['processes']}{where}, {summary.get('sharding', '?')}"
 
 
 def _findings_section(runs: Sequence[RunData], labels: list[str], findings: list[list[Finding]]) -> str:

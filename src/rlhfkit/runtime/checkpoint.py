@@ -9,7 +9,9 @@ Layout of one checkpoint, RUN/checkpoints/step-N (N = iterations or optimiser st
   state.pt               optimiser (under FSDP2 its whole state keyed by parameter name:
                          `optimizer_format`), lr scheduler, data position, torch.Generator states,
                          KL controller, counters, the before-training evaluation
-  rng-rank{R}.pt         python, numpy, torch CPU (and CUDA) RNG states of process R
+  rng-rank{R}.pt         python, numpy, torch CPU (and CUDA) RNG states of process R (gathered from
+                         every process and written by process 0, like every other file: the
+                         checkpoint is whole on process 0's disk, shared storage or not)
   config.yaml            the configuration at save time
   meta.json              written last; a folder without it is not a checkpoint. It records the step,
                          and the size and sha256 of every other file
@@ -111,12 +113,15 @@ def clean_leftovers(root: Path) -> None:
 def write_checkpoint(run_dir: Path, step: int, *, model: torch.nn.Module, state: dict, config_text: str,
                      rank: int = 0, world_size: int = 1, keep: int = 2,
                      barrier: Callable[[], None] = lambda: None, meta: dict | None = None,
-                     weights: dict[str, torch.Tensor] | None = None) -> Path:
+                     weights: dict[str, torch.Tensor] | None = None,
+                     rng_states: list[dict] | None = None) -> Path:
     """Write RUN/checkpoints/step-`step` atomically and keep the newest `keep` checkpoints.
 
-    Called on every process: process 0 writes the weights and state, every process its RNG file;
-    `barrier` (e.g. accelerator.wait_for_everyone) orders the steps across processes. `weights`:
-    the trainable weights when `model`'s are sharded (runtime/fsdp2.py `trainable_weights`).
+    Called on every process; process 0 writes every file (no other process touches the folder, so
+    it may be on process 0's own disk): the weights, the state and the RNG state of each process,
+    `rng_states` in rank order (runtime/distributed.py `gathered`; None: this process's own, for
+    one process). `barrier` (e.g. accelerator.wait_for_everyone) orders the steps across processes.
+    `weights`: the trainable weights when `model`'s are sharded (runtime/fsdp2.py `trainable_weights`).
     """
     from rlhfkit.core.disk import out_of_space
 
@@ -125,7 +130,8 @@ def write_checkpoint(run_dir: Path, step: int, *, model: torch.nn.Module, state:
     try:
         with out_of_space(tmp, Path(run_dir)):
             return _write_checkpoint(run_dir, step, model=model, state=state, config_text=config_text, rank=rank,
-                                     world_size=world_size, keep=keep, barrier=barrier, meta=meta, weights=weights)
+                                     world_size=world_size, keep=keep, barrier=barrier, meta=meta, weights=weights,
+                                     rng_states=rng_states)
     except BaseException:
         if rank == 0:  # a full disk, a signal, ...: no half-written folder stays behind
             shutil.rmtree(tmp, ignore_errors=True)
@@ -134,7 +140,7 @@ def write_checkpoint(run_dir: Path, step: int, *, model: torch.nn.Module, state:
 
 def _write_checkpoint(run_dir: Path, step: int, *, model: torch.nn.Module, state: dict, config_text: str,
                       rank: int, world_size: int, keep: int, barrier: Callable[[], None], meta: dict | None,
-                      weights: dict[str, torch.Tensor] | None) -> Path:
+                      weights: dict[str, torch.Tensor] | None, rng_states: list[dict] | None) -> Path:
     from rlhfkit.core.seeding import rng_state
 
     root = Path(run_dir) / CHECKPOINTS
@@ -144,10 +150,12 @@ def _write_checkpoint(run_dir: Path, step: int, *, model: torch.nn.Module, state
             shutil.rmtree(tmp)
         tmp.mkdir(parents=True)
     barrier()
-    torch.save(_plain_rng(rng_state()), tmp / rng_file(rank))
-    _fsync_file(tmp / rng_file(rank))
     if rank == 0:
         from safetensors.torch import save_file
+
+        for r, rng in enumerate(rng_states if rng_states is not None else [rng_state()]):
+            torch.save(_plain_rng(rng), tmp / rng_file(r))
+            _fsync_file(tmp / rng_file(r))
 
         save_file(trainable_tensors(model) if weights is None else weights, str(tmp / WEIGHTS),
                   metadata={"step": str(step)})
@@ -157,7 +165,8 @@ def _write_checkpoint(run_dir: Path, step: int, *, model: torch.nn.Module, state
             _fsync_file(tmp / name)
     barrier()
     if rank == 0:
-        files = [WEIGHTS, STATE, CONFIG] + [rng_file(r) for r in range(world_size)]
+        rngs = 1 if rng_states is None else len(rng_states)
+        files = [WEIGHTS, STATE, CONFIG] + [rng_file(r) for r in range(rngs)]
         info = {"step": step, "world_size": world_size, "files": files, "time": time.time(), **(meta or {}),
                 "sizes": {f: (tmp / f).stat().st_size for f in files},
                 "sha256": {f: file_digest(tmp / f) for f in files}}
@@ -178,11 +187,16 @@ def _write_checkpoint(run_dir: Path, step: int, *, model: torch.nn.Module, state
 # ----------------------------------------------------------------------------- reading
 
 
-def load_trainable(model: torch.nn.Module, path: Path) -> None:
-    """Copy the saved trainable parameters into `model`; a mismatch is a one-line UserError."""
+def read_trainable(path: Path) -> dict[str, torch.Tensor]:
     from safetensors.torch import load_file
 
-    saved = load_file(str(path / WEIGHTS))
+    return load_file(str(path / WEIGHTS))
+
+
+def load_trainable(model: torch.nn.Module, path: Path, saved: dict[str, torch.Tensor] | None = None) -> None:
+    """Copy the saved trainable parameters (`saved`: the weights already read from checkpoint
+    `path`, else read now) into `model`; a mismatch is a one-line UserError."""
+    saved = read_trainable(path) if saved is None else saved
     params = {n: p for n, p in model.named_parameters() if p.requires_grad}
     missing, unexpected = sorted(set(params) - set(saved)), sorted(set(saved) - set(params))
     if missing or unexpected:

@@ -19,6 +19,7 @@ from rlhfkit.runtime.checkpoint import (
     load_rng,
     load_state,
     load_trainable,
+    read_trainable,
     rng_file,
     set_state,
     truncate_logs,
@@ -38,10 +39,10 @@ def read_file(path: Path, read):
                         "checkpoint folder to resume from the one before") from None
 
 
-def load_checked(path: Path, model) -> dict:
-    """Load a checkpoint's weights into `model` and return its state, after checking that the step
-    in state.pt is the checkpoint's own (files of two checkpoints mixed are refused)."""
-    read_file(path / WEIGHTS, lambda: load_trainable(model, path))
+def read_checked(path: Path) -> tuple[dict, dict]:
+    """A checkpoint's (trainable weights, state), after checking that the step in state.pt is the
+    checkpoint's own (files of two checkpoints mixed are refused)."""
+    saved = read_file(path / WEIGHTS, lambda: read_trainable(path))
     state = read_file(path / STATE, lambda: load_state(path))
     step = checkpoint_step(path)
     if isinstance(state, dict) and state.get("step") != step:
@@ -51,7 +52,28 @@ def load_checked(path: Path, model) -> dict:
     if problem:
         raise UserError(f"resume: {path / STATE} {problem}; delete that checkpoint folder to resume from the one "
                         "before")
-    return state
+    return saved, state
+
+
+def read_for_processes(accelerator, path: Path, shared: list[bool] | None) -> tuple[dict, dict, dict | None]:
+    """(trainable weights, state, this process's RNG state or None) of checkpoint `path`. Where
+    every process sees the run folder (`shared`: per process, runtime/distributed.py
+    `sees_main_folder`; None: all) each reads the files itself; otherwise the main process reads
+    them and sends them to every process (a collective call; a UserError is raised on all alike)."""
+    from rlhfkit.runtime.distributed import decided_on_main
+
+    rank = accelerator.process_index
+    if shared is None or all(shared):
+        saved, state = read_checked(path)
+        return saved, state, read_file(path / rng_file(rank), lambda: load_rng(path, rank))
+
+    def read_all() -> tuple[dict, dict, list]:
+        saved, state = read_checked(path)
+        rngs = [read_file(path / rng_file(r), lambda r=r: load_rng(path, r)) for r in range(accelerator.num_processes)]
+        return saved, state, rngs
+
+    saved, state, rngs = decided_on_main(accelerator, read_all)
+    return saved, state, rngs[rank]
 
 
 def _restore(path: Path, restore) -> None:
@@ -122,7 +144,7 @@ class Checkpointer:
 
     def __init__(self, cfg, run_dir: Path, command: str, accelerator, tracker, *, model, optimizer, scheduler,
                  objects: dict[str, Any] | None = None, guard=None, unit: str = "iteration", total: int | None = None,
-                 signals=None):
+                 signals=None, shared: list[bool] | None = None):
         from rlhfkit.runtime.faults import StopSignals
 
         self.cfg, self.run_dir, self.command = cfg, Path(run_dir), command
@@ -133,6 +155,7 @@ class Checkpointer:
         if guard is not None:
             self.objects["nonfinite"] = guard
         self.unit, self.total = unit, total
+        self.shared = shared  # per process: whether it sees the main process's run folder (None: all do)
         self.every, self.keep = cfg.save_every, cfg.keep_checkpoints
         self.start = 0
         self.saved_step: int | None = None
@@ -154,14 +177,13 @@ class Checkpointer:
             return self.start
         if self.sharded:
             raise UserError("resume: not supported under DeepSpeed; resume with plain DDP, FSDP2 or one process")
-        state = load_checked(path, self.model)
+        saved, state, rng = read_for_processes(self.accelerator, path, self.shared)
+        load_trainable(self.model, path, saved)
         fmt, mine = state.get("optimizer_format", "torch"), self._optimizer_format()
         if fmt != mine:
             raise UserError(f"resume: {path} was written {'under' if fmt == 'fsdp2' else 'without'} FSDP2; "
                             f"resume it {'under' if fmt == 'fsdp2' else 'without'} FSDP2 too (the accelerate config)")
         _restore(path, lambda: self._restore_state(state))
-        rng = read_file(path / rng_file(self.accelerator.process_index),
-                        lambda: load_rng(path, self.accelerator.process_index))
         if rng is None:
             self.tracker.print(f"[resume] {path} has no RNG state for process {self.accelerator.process_index} "
                                "(another number of processes?): the continuation is not bit-exact")
@@ -251,12 +273,16 @@ class Checkpointer:
         self.check_finite(step)
         if acc.is_main_process:
             clean_leftovers(self.run_dir / CHECKPOINTS)
+        from rlhfkit.core.seeding import rng_state
+        from rlhfkit.runtime.distributed import gathered
+
         weights = fsdp2.trainable_weights(self.model) if self.on_fsdp2 else None  # every process takes part
+        rngs = gathered(acc, rng_state())  # process 0 writes every process's RNG state
         path = write_checkpoint(self.run_dir, step, model=self.model, state=self.state(step),
                                 config_text=yaml.safe_dump(to_dict(self.cfg), sort_keys=False),
                                 rank=acc.process_index, world_size=acc.num_processes, keep=self.keep,
                                 barrier=acc.wait_for_everyone, meta={"command": self.command, "unit": self.unit},
-                                weights=weights)
+                                weights=weights, rng_states=rngs)
         self.saved_step = step
         return path
 

@@ -199,3 +199,111 @@ def refuse_deepspeed(env=None) -> None:
     env = os.environ if env is None else env
     if env.get("ACCELERATE_USE_DEEPSPEED", "false").strip().lower() in ("true", "1", "yes"):
         raise ConfigError(DEEPSPEED_REFUSED)
+
+
+def gathered(accelerator, value) -> list:
+    """`value` of every process, in rank order, on every process (a collective call; any picklable
+    value, e.g. RNG states or a flag); [value] with one process."""
+    if accelerator.num_processes == 1:
+        return [value]
+    out: list = [None] * accelerator.num_processes
+    torch.distributed.all_gather_object(out, value)
+    return out
+
+
+# Written by the main process into its run folder and looked for by every process: which processes
+# see that folder (shared storage) and which see a folder of the same name on their own disk.
+STORAGE_MARKER = ".storage-check"
+
+
+def sees_main_folder(accelerator, folder) -> list[bool]:
+    """Per process, in rank order: whether it sees the main process's run folder `folder` itself
+    (shared storage: a network file system, or the same machine) rather than a folder of that name
+    on its machine's own disk (or none). The main process writes a random token into the folder,
+    every process reads it back from its `folder`, the main process removes it. A collective call."""
+    import secrets
+    from pathlib import Path
+
+    if accelerator.num_processes == 1:
+        return [True]
+    marker = Path(folder) / STORAGE_MARKER
+
+    def write() -> str:
+        token = secrets.token_hex(16)
+        marker.write_text(token)
+        return token
+
+    token = decided_on_main(accelerator, write)
+    try:
+        seen = marker.read_text() == token
+    except OSError:
+        seen = False
+    everyone = gathered(accelerator, seen)  # every process has looked before the marker goes
+    if accelerator.is_main_process:
+        marker.unlink(missing_ok=True)
+    return everyone
+
+
+def sharding_name(processes: int, fsdp2: bool, engine: str, zero_stage: int | None = None) -> str:
+    """What the launch shards, in one word: "none" (one process, nothing sharded), "ddp" (data
+    parallel: every process holds everything), "fsdp2" (rlhfkit's FSDP2, runtime/fsdp2.py), "fsdp"
+    (accelerate's own), "deepspeed-zero{stage}". `engine`: accelerate's DistributedType value."""
+    if fsdp2:
+        return "fsdp2"
+    if engine == "DEEPSPEED":
+        return f"deepspeed-zero{zero_stage}" if zero_stage is not None else "deepspeed"
+    if engine == "FSDP":
+        return "fsdp"
+    return "ddp" if processes > 1 else "none"
+
+
+# Set in a process started by torchrun or accelerate launch (whatever number of processes it started).
+LAUNCHER_ENV = ("TORCHELASTIC_RUN_ID", "WORLD_SIZE", "ACCELERATE_MIXED_PRECISION")
+
+
+def processes_line(processes: int, machines: int, sharding: str, launched: bool) -> str | None:
+    """The line a run prints at start: how many processes run it, on how many machines, sharded how.
+    None for one process started without a launcher (nothing to say). One process under a launcher
+    says why it may be one (the documented trap: `accelerate launch --cpu` starts one)."""
+    if processes == 1 and not launched:
+        return None
+    where = f" ({machines} machines)" if machines > 1 else ""
+    line = f"[processes] {processes}{where}, sharding: {sharding}"
+    if processes == 1:
+        line += (" (the launcher started one process; `accelerate launch --cpu` starts one whatever "
+                 "--num_processes says: use ACCELERATE_USE_CPU=1 with --multi_gpu, docs/scale.md)")
+    return line
+
+
+# Where a process that stops on an error of its own leaves its one line for the others: the launcher's
+# key-value store (torchrun and accelerate keep it in the launcher of machine 0, so it outlives the process).
+FAILURE_KEY = "rlhfkit/failed/{rank}"
+
+
+def _store():
+    """The default process group's store, or None (no process group)."""
+    if not (torch.distributed.is_available() and torch.distributed.is_initialized()):
+        return None
+    from torch.distributed.distributed_c10d import _get_default_store
+
+    return _get_default_store()
+
+
+def report_failure(rank: int, text: str) -> None:
+    """Leave `text` (why process `rank` stops) for the other processes; nothing when it cannot."""
+    with contextlib.suppress(Exception):  # no store, or the store is gone: the launcher's report remains
+        store = _store()
+        if store is not None:
+            store.set(FAILURE_KEY.format(rank=rank), text)
+
+
+def reported_failures(processes: int, me: int) -> dict[int, str]:
+    """rank -> the line a process other than `me` left with `report_failure` (none: not listed)."""
+    out: dict[int, str] = {}
+    with contextlib.suppress(Exception):
+        store = _store()
+        for rank in range(processes) if store is not None else ():
+            key = FAILURE_KEY.format(rank=rank)
+            if rank != me and store.check([key]):
+                out[rank] = store.get(key).decode(errors="replace")
+    return out

@@ -53,6 +53,10 @@ class StopSignals:
         self.signum: int | None = None
         self.remaining = remaining
         self.doing = "this step, then writing a checkpoint"  # what a first signal lets finish (the run sets it)
+        self.announce = True  # print the first signal's notice (several processes: the main one only)
+        # Several processes: whether another one is gone, so the signal is its launcher stopping the
+        # rest (the run reports that once its next collective call fails; no notice promising a checkpoint).
+        self.peer_gone = lambda: False
         self._previous: dict = {}
 
     def __enter__(self) -> StopSignals:
@@ -75,6 +79,8 @@ class StopSignals:
                 raise KeyboardInterrupt
             raise SystemExit(128 + signum)
         self.signum = signum
+        if not self.announce or self.peer_gone():
+            return
         # os.write, not print: a handler may run in the middle of another print
         os.write(2, f"\nrlhfkit: {name}: finishing {self.doing} (send {name} again to stop at once)\n".encode())
 
@@ -158,3 +164,88 @@ def guarded_step(params, optimizer, scheduler, accelerator, max_grad_norm: float
     if guard is not None:
         guard.record(bad, where, f"loss ({loss:.4g}) or gradient norm ({grad_norm:.4g})")
     return grad_norm, bad
+
+
+# ----------------------------------------------------------------------------- another process stopped
+# What a collective call raises when another process of the run is gone (gloo: the peer's socket
+# closed; NCCL: its error or watchdog), by type (torch.distributed.DistError and its subclasses) or text.
+COLLECTIVE_FAILURE_TEXT = ("Connection closed by peer", "Connection reset by peer", "Broken pipe", "gloo/transport",
+                           "NCCL error", "ProcessGroupNCCL", "Socket Timeout")
+
+
+class PeerFailure(UserError):
+    """Another process of a multi-process run stopped, so this one cannot go on: one line naming it
+    (runtime/run.py `Run.__exit__`), exit code 1. `printed`: whether this process prints it
+    (the main process; another only when the main process is gone or on another machine)."""
+
+    exit_code = 1
+
+    def __init__(self, message: str, printed: bool = True):
+        super().__init__(message)
+        self.printed = printed
+
+
+def is_collective_failure(e: BaseException) -> bool:
+    """Whether `e` is a collective call failing because another process is gone."""
+    names = {c.__name__ for c in type(e).__mro__}
+    if names & {"DistError", "DistBackendError", "DistNetworkError", "DistStoreError"}:
+        return True
+    return isinstance(e, RuntimeError) and any(t in str(e) for t in COLLECTIVE_FAILURE_TEXT)
+
+
+def process_identity(pid: int | None = None) -> tuple[str, int, int]:
+    """(host name, process id, start time in clock ticks since boot: 0 where /proc has none) of
+    process `pid` (default: this one); the start time tells a reused process id from the original."""
+    import socket
+
+    pid = os.getpid() if pid is None else pid
+    return socket.gethostname(), pid, _stat(pid)[1] if _stat(pid) else 0
+
+
+def _stat(pid: int) -> tuple[str, int, int | None] | None:
+    """(state letter, start time, exit status as wait(2) reports it or None) from /proc/PID/stat,
+    or None when there is no such process (or no /proc)."""
+    try:
+        text = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    fields = text[text.rindex(")") + 2:].split()  # after "pid (comm) ": field 3 on
+    exit_status = int(fields[49]) if len(fields) > 49 else None  # field 52: exit_code (Linux >= 3.5)
+    return fields[0], int(fields[19]), exit_status
+
+
+def exit_cause(status: int | None) -> str:
+    """A wait(2) status in words: "SIGKILL", "exit code 1"; "" when unknown."""
+    if status is None:
+        return ""
+    if status & 0x7F:
+        try:
+            return signal.Signals(status & 0x7F).name
+        except ValueError:
+            return f"signal {status & 0x7F}"
+    return f"exit code {(status >> 8) & 0xFF}"
+
+
+def peer_states(peers: list[tuple[str, int, int]], me: int) -> dict[int, str]:
+    """rank -> what became of that process, for the processes of `peers` (process_identity of every
+    rank) on this machine that are gone: "died (SIGKILL)" while its launcher has not collected it
+    yet, else "is gone". Processes on other machines cannot be seen from here: not listed."""
+    host = peers[me][0]
+    out: dict[int, str] = {}
+    for rank, (their_host, pid, started) in enumerate(peers):
+        if rank == me or their_host != host:
+            continue
+        stat = _stat(pid)
+        if stat is None or (started and stat[1] != started):
+            out[rank] = "is gone"
+        elif stat[0] in ("Z", "X"):
+            cause = exit_cause(stat[2])
+            out[rank] = f"died ({cause})" if cause else "died"
+    return out
+
+
+def ignore_launcher_stop() -> None:
+    """After a PeerFailure: the SIGTERM the launcher sends the processes left (torchrun, accelerate)
+    would end this one before it writes failed.json and says why; it does both and exits at once."""
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)

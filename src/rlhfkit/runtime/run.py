@@ -171,10 +171,10 @@ class Run(Launch):
     def __init__(self, launch: Launch, command: str, total: int, model: torch.nn.Module, optimizer, scheduler,
                  micro_batch_size: int, *, unit: str = "iteration", summary: dict | None = None, reference=None,
                  **objects: Any):
-        from rlhfkit.core.config import save_config, to_dict
+        from rlhfkit.core.config import to_dict
         from rlhfkit.runtime.checkpointer import Checkpointer
-        from rlhfkit.runtime.distributed import decided_on_main
-        from rlhfkit.runtime.faults import NonFiniteGuard, StopSignals
+        from rlhfkit.runtime.distributed import decided_on_main, gathered, sees_main_folder
+        from rlhfkit.runtime.faults import NonFiniteGuard, StopSignals, peer_states, process_identity
         from rlhfkit.runtime.run_folder import RunFolder, claim_run_folder
         from rlhfkit.runtime.tracker import Tracker
 
@@ -191,14 +191,21 @@ class Run(Launch):
         self.run_dir, self.resume_from = decided_on_main(self.accelerator, claim)
         if not self.is_main:
             self.folder = RunFolder(self.run_dir, self.resume_from)
+        self.shared: list[bool] = [True]  # per process: whether it sees the main process's run folder
+        self.peers: list[tuple[str, int, int]] = []  # per process: (host, process id, start time)
         self.signals = StopSignals(self._remaining)
+        if self.world > 1:  # the main process says it, once; a launcher stopping the run after a process died says nothing
+            self.signals.announce = self.is_main
+            self.signals.peer_gone = lambda: bool(peer_states(self.peers, self.rank))
         self.signals.doing = "the preparation before training, then stopping"
         self.signals.__enter__()  # released by `close`
         try:
+            self.shared = sees_main_folder(self.accelerator, self.run_dir)
+            self.peers = gathered(self.accelerator, process_identity())
             if self.resume_from is not None:
                 check_resume_fits(self.resume_from, total, unit)
-            elif self.is_main:
-                save_config(cfg, self.run_dir / "config.yaml")
+            else:
+                self._save_config()
             self.tracker = Tracker(self.run_dir, total, cfg.quiet, self.is_main, cfg.tensorboard, cfg.wandb,
                                    config=to_dict(cfg), logging_steps=cfg.logging_steps)
             for notice in self.folder.notices:  # a damaged newer checkpoint was skipped
@@ -206,7 +213,7 @@ class Run(Launch):
             warning = getattr(scheduler, "warning", None)  # runtime/optim.py optimizer_for: a warm-up past the end
             if warning and self.is_main:
                 print(f"rlhfkit: warning: {warning}", file=sys.stderr, flush=True)
-            self.summary.update({"run_dir": str(self.run_dir), **(summary or {})})
+            self.summary.update({"run_dir": str(self.run_dir), **self._processes(), **(summary or {})})
             self.guard = NonFiniteGuard.for_config(cfg, self.tracker.print)
             self.model, self.optimizer, self.scheduler = self._prepare(model, optimizer, scheduler, micro_batch_size)
             self.core = self.accelerator.unwrap_model(self.model)  # unwrapped: sampling, evaluation, saving
@@ -214,7 +221,7 @@ class Run(Launch):
             self.checkpointer = Checkpointer(cfg, self.run_dir, command, self.accelerator, self.tracker,
                                              model=self.core, optimizer=self.optimizer, scheduler=self.scheduler,
                                              objects={**objects, "summary": self.summary}, guard=self.guard,
-                                             unit=unit, total=total, signals=self.signals)
+                                             unit=unit, total=total, signals=self.signals, shared=self.shared)
             self._shard_reference(reference)
         except BaseException as e:
             self.close(e)
@@ -225,13 +232,16 @@ class Run(Launch):
 
     def __exit__(self, kind, error, trace) -> None:
         """However the block ends, the folder and the signals are released; after an error the folder is
-        removed or marked failed, unless a signal stopped a run with steps to resume from."""
+        removed or marked failed, unless a signal stopped a run with steps to resume from. In a run of
+        several processes an error is reported as `failure` words it (one line naming the process that
+        stopped), and raised in its place."""
         from rlhfkit.runtime.faults import Interrupted
 
-        self.close(None if isinstance(error, Interrupted) and self.has_steps() else error)
+        reported = self.failure(error) if error is not None and self.world > 1 else error
+        self.close(None if isinstance(error, Interrupted) and self.has_steps() else reported)
+        if reported is not error:
+            raise reported from None
 
-    # ---- properties ---------------------------------------------------------------------
-    @property
     def start(self) -> int:
         """First step to run: 0, or the checkpoint's step after `resume`."""
         return self.checkpointer.start
@@ -242,6 +252,75 @@ class Run(Launch):
         if hasattr(self, "checkpointer"):  # (a signal while the run is being built: none yet)
             return self.checkpointer.remaining_checkpoint()
         return "no checkpoint was written" if self.resume_from is None else f"the checkpoint is {self.resume_from}"
+
+    def _processes(self) -> dict:
+        """{"processes", "machines", "sharding"} of this launch (summary.json), printed once at start."""
+        import os
+
+        from rlhfkit.runtime.distributed import LAUNCHER_ENV, deepspeed_plugin, processes_line, sharding_name
+
+        plugin = deepspeed_plugin(self.accelerator)
+        engine = getattr(self.accelerator.distributed_type, "value", str(self.accelerator.distributed_type))
+        sharding = sharding_name(self.world, self.fsdp2 is not None, engine,
+                                 plugin.zero_stage if plugin is not None else None)
+        per_machine = int(os.environ.get("LOCAL_WORLD_SIZE") or self.world)
+        machines = max(1, self.world // max(1, per_machine))
+        line = processes_line(self.world, machines, sharding, any(k in os.environ for k in LAUNCHER_ENV))
+        if line:
+            self.tracker.print(line)
+        return {"processes": self.world, "machines": machines, "sharding": sharding}
+
+    def _save_config(self) -> None:
+        """RUN/config.yaml, by the main process; on a machine whose processes do not see the main
+        process's run folder (node-local disks) also by its first process into the folder of that
+        name on its own disk, so `--resume RUN` there reads the same configuration (the checkpoints
+        and final/ are on the main process's disk: runtime/checkpoint.py)."""
+        from rlhfkit.core.config import save_config
+
+        if self.is_main:
+            save_config(self.cfg, self.run_dir / "config.yaml")
+        elif not self.shared[self.rank] and self.accelerator.local_process_index == 0:
+            with contextlib.suppress(OSError):  # a copy for convenience: the run goes on without it
+                self.run_dir.mkdir(parents=True, exist_ok=True)
+                save_config(self.cfg, self.run_dir / "config.yaml")
+
+    def failure(self, error: BaseException) -> BaseException:
+        """What this process reports for `error` in a multi-process run: a collective call that failed
+        because another process is gone becomes one line (PeerFailure) naming that process and what is
+        known of why (its own line, or how it died when it ran on this machine), the newest checkpoint
+        and the command that continues; an error of this process's own is left for the others (the
+        launcher's store) and returned as it is."""
+        from rlhfkit.errors import one_line
+        from rlhfkit.runtime.distributed import report_failure, reported_failures
+        from rlhfkit.runtime.faults import (
+            COLLECTIVE_FAILURE_TEXT,
+            Interrupted,
+            PeerFailure,
+            is_collective_failure,
+            peer_states,
+        )
+
+        if not is_collective_failure(error):
+            if not isinstance(error, (KeyboardInterrupt, SystemExit, Interrupted)):
+                report_failure(self.rank, f"{one_line(error)[:300]}" if isinstance(error, UserError)
+                               else f"{type(error).__name__}: {one_line(error)[:300]}")
+            return error
+        gone = peer_states(self.peers, self.rank) if self.peers else {}
+        main_seen = bool(self.peers) and self.peers[0][0] == self.peers[self.rank][0] and 0 not in gone
+        printed = self.is_main or (not main_seen and self.accelerator.local_process_index == 0)
+        # the store lives with machine 0's launcher: only its main process asks (elsewhere it may be gone too)
+        said = reported_failures(self.world, self.rank) if self.is_main else {}
+        who = [f"rank {r} stopped ({said[r]})" for r in sorted(said)]
+        who += [f"rank {r} {gone[r]}" for r in sorted(gone) if r not in said]
+        if not who:
+            where = "on another machine: its launcher's log says why" if self._machines_apart() else "its cause unknown"
+            who = [f"another process stopped ({where})"]
+        seen = next((t for t in COLLECTIVE_FAILURE_TEXT if t in str(error)), type(error).__name__)
+        message = f"{', '.join(who)}, so the run stopped (this process: {seen}); {self._remaining()}"
+        return PeerFailure(message, printed)
+
+    def _machines_apart(self) -> bool:
+        return len({host for host, _, _ in self.peers}) > 1
 
     def has_steps(self) -> bool:
         """Whether this run has steps to resume from: logged ones, or a checkpoint it resumed."""
@@ -293,11 +372,9 @@ class Run(Launch):
     def resume(self, **objects: Any) -> int:
         """Register more state to checkpoint (e.g. kl_ctl=...), then, when resuming, restore
         everything from the checkpoint and cut the logs back to it. Returns the first step."""
-        from rlhfkit.core.config import save_config
-
         start = self.checkpointer.resume(self.resume_from, **objects)
-        if self.resume_from is not None and self.is_main:
-            save_config(self.cfg, self.run_dir / "config.yaml")
+        if self.resume_from is not None:
+            self._save_config()
         return start
 
     # ---- the loop -----------------------------------------------------------------------
@@ -410,7 +487,11 @@ class Run(Launch):
     def close(self, error: BaseException | None = None) -> None:
         """Release the run folder and the signals (idempotent); after an `error`, remove or mark it
         (runtime/run_folder.py RunFolder.close)."""
+        from rlhfkit.runtime.faults import PeerFailure, ignore_launcher_stop
+
         self.signals.__exit__()
+        if isinstance(error, PeerFailure):
+            ignore_launcher_stop()
         if self.folder is not None:
             folder, self.folder = self.folder, None
             if self.is_main:
