@@ -35,6 +35,7 @@ import contextlib
 import dataclasses
 import signal
 import sys
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -306,6 +307,11 @@ class Run(Launch):
                                else f"{type(error).__name__}: {one_line(error)[:300]}")
             return error
         gone = peer_states(self.peers, self.rank) if self.peers else {}
+        for _ in range(30):  # a killed peer's sockets close before /proc shows it dead: give it up to 3 s
+            if gone or not self.peers:
+                break
+            time.sleep(0.1)
+            gone = peer_states(self.peers, self.rank)
         main_seen = bool(self.peers) and self.peers[0][0] == self.peers[self.rank][0] and 0 not in gone
         printed = self.is_main or (not main_seen and self.accelerator.local_process_index == 0)
         # the store lives with machine 0's launcher: only its main process asks (elsewhere it may be gone too)
