@@ -36,7 +36,7 @@ def test_every_extra_is_used_by_the_code():
     src = Path(__file__).resolve().parents[2] / "src" / "rlhfkit"
     code = "\n".join(p.read_text() for p in src.rglob("*.py"))
     modules = {"data": "datasets", "tensorboard": "torch.utils.tensorboard", "wandb": "wandb", "plots": "matplotlib",
-               "vllm": "vllm", "judge": "openai"}
+               "vllm": "vllm", "judge": "openai", "openenv": "websockets"}
     extras = set(PYPROJECT["project"]["optional-dependencies"]) - {"dev", "bench"}
     assert extras == set(modules), "a new extra needs an entry here"
     for extra, module in modules.items():

@@ -129,7 +129,9 @@ def test_every_trainer_cli_runs_one_iteration_on_two_processes(outputs, command)
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert [r["iteration"] for r in rows] == list(range(ITERATIONS.get(command, 1)))  # once, by the main process
     assert (run_dir / "config.yaml").is_file() and (run_dir / "summary.json").is_file()
-    assert (run_dir / "final" / "adapter_config.json").is_file()
+    # rm's final/ is the standard sequence-classification model; its adapter form is in final/rlhfkit_rm
+    adapter = run_dir / "final" / ("rlhfkit_rm" if command == "rm" else "") / "adapter_config.json"
+    assert adapter.is_file()
     if command in ONE_STEP:  # the warm-up counts optimiser steps, not processes: lr x min(1, 2 / warmup_steps) after one
         cfg = yaml.safe_load((run_dir / "config.yaml").read_text())
         assert cfg["warmup_steps"] > 2  # else the schedule is flat at step 1 and this checks nothing

@@ -271,7 +271,7 @@ def test_separate_reference_model(tmp_path, tiny_model_dir):
 def test_config_errors():
     with pytest.raises(ConfigError, match=r"batch_size \(10\) must be divisible by micro_batch_size \(8\)"):
         build_config(DPOConfig, {"batch_size": 10})
-    with pytest.raises(ConfigError, match="applies to sigmoid/cdpo, not ipo"):
+    with pytest.raises(ConfigError, match="applies to sigmoid/cdpo/robust, not ipo"):
         build_config(DPOConfig, {"loss_type": "ipo", "label_smoothing": 0.1})
     with pytest.raises(ConfigError, match=r"label_smoothing \(0.5\) must be in \[0, 0.5\)"):
         build_config(DPOConfig, {"loss_type": "cdpo", "label_smoothing": 0.5})

@@ -48,7 +48,7 @@ def sft_argv(tmp_path, tiny_model_dir, run_name: str, **over) -> list[str]:
     data.write_text("".join(json.dumps({"prompt": f"Write a short review of thing {i}.",
                                         "response": "It was great, lovely coffee." if i % 2 else "Boring."}) + "\n"
                             for i in range(12)))
-    kw = dict(model=tiny_model_dir, data=data, eval_fraction=0, batch_size=2, micro_batch_size=2, max_length=64,
+    kw = dict(model=tiny_model_dir, data=data, max_eval_examples=0, batch_size=2, micro_batch_size=2, max_length=64,
               lr=1e-2, dtype="fp32", output_dir=tmp_path / "runs", run_name=run_name, quiet="true",
               tensorboard="false", max_steps=4)
     kw.update(over)

@@ -40,9 +40,9 @@ def test_loss_choices_are_the_registry_keys():
     from rlhfkit.trainers.online_dpo_config import LOSS_TYPES as ONLINE_LOSS_TYPES
     from rlhfkit.trainers.pair_losses import PAIR_LOSSES
 
-    assert LOSS_TYPES == tuple(PAIR_LOSSES) == ("sigmoid", "ipo", "cdpo", "simpo", "orpo")
+    assert LOSS_TYPES == tuple(PAIR_LOSSES) == ("sigmoid", "ipo", "cdpo", "hinge", "robust", "simpo", "orpo")
     assert REFERENCE_FREE == ("simpo", "orpo")
-    assert ONLINE_LOSS_TYPES == ("sigmoid", "ipo", "cdpo")
+    assert ONLINE_LOSS_TYPES == ("sigmoid", "ipo", "cdpo", "hinge", "robust")
 
 
 def test_evaluate_and_sft_do_not_import_each_other():

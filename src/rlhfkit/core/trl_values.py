@@ -71,7 +71,7 @@ def eval_strategy(raw: Any, fields: set[str], values: dict) -> tuple[dict[str, A
     steps: every eval_steps (eval_every); epoch: not offered."""
     text = str(raw).strip().lower()
     if text == "no":
-        return {k: 0 for k in ("eval_every", "num_eval_prompts") if k in fields}, []
+        return {k: 0 for k in ("eval_every", "num_eval_prompts", "max_eval_examples") if k in fields}, []
     if text == "steps":
         if "eval_every" not in fields:
             return {}, ["eval_strategy=steps: this command evaluates before and after training only "

@@ -144,7 +144,9 @@ METRICS: dict[str, str] = {
     "rewards/margin": "DPO: mean of rewards/chosen - rewards/rejected.",
     "logps/chosen": "DPO: mean summed log-prob of the chosen answers under the policy (nats).",
     "logps/rejected": "DPO: mean summed log-prob of the rejected answers under the policy (nats).",
-    "loss/dpo": "DPO loss (sigmoid, IPO or cDPO by loss_type), mean over the optimiser step's pairs.",
+    "loss/dpo": "DPO loss (sigmoid, IPO, cDPO, hinge or robust by loss_type), mean over the optimiser step's pairs.",
+    "loss/chosen_nll": "rpo_alpha > 0: the chosen responses' negative log-likelihood per token, the term added to the "
+                       "pair loss with weight rpo_alpha (RPO); it should fall as the policy learns the chosen texts.",
     "loss/kto": "KTO loss lambda_y - v(x, y), with v = lambda_D sigmoid(beta (r - z_0)) for desirable answers and "
     "lambda_U sigmoid(beta (z_0 - r)) for undesirable ones, r = log pi - log pi_ref; mean over the step's examples.",
     "data/desirable_fraction": "KTO: fraction of the optimiser step's examples labelled desirable.",

@@ -18,7 +18,8 @@ class SFTConfig(ExamplesArgs, OfflineArgs, ModelArgs, OptimizerArgs, RunArgs):
     eval_data = retune(None, "held-out examples (default: the eval_split of `data`; for a file without "
                                    "a split field, its training examples, or eval_fraction of them held back)")
     max_train_examples: int | None = option(None, "use a seeded random subset of this many training examples")
-    max_eval_examples: int = option(64, "held-out examples used for eval/loss (a seeded subset)")
+    max_eval_examples: int = option(64, "examples evaluated before and after training (a seeded subset; 0: no "
+                                   "evaluation)")
     epochs = retune(1, "passes over the training examples (ignored when max_steps > 0)")
     max_steps = retune(0, "optimiser steps; 0 = epochs x ceil(examples / batch_size)")
     batch_size = retune(8, "examples per optimiser step (all processes together)")
@@ -39,7 +40,8 @@ class SFTConfig(ExamplesArgs, OfflineArgs, ModelArgs, OptimizerArgs, RunArgs):
     lora_dropout = retune(0.05, "LoRA dropout (SFT only; RL trainers keep 0)")
 
     def validate(self) -> None:
-        for k in ("batch_size", "micro_batch_size", "max_length", "epochs", "max_eval_examples"):
+        check(self.max_eval_examples >= 0, f"max_eval_examples ({self.max_eval_examples}) must be >= 0 (0: no evaluation)")
+        for k in ("batch_size", "micro_batch_size", "max_length", "epochs"):
             check(getattr(self, k) >= 1, f"{k} ({getattr(self, k)}) must be >= 1")
         check(self.batch_size % self.micro_batch_size == 0,
               f"batch_size ({self.batch_size}) must be divisible by micro_batch_size ({self.micro_batch_size})")
