@@ -277,8 +277,8 @@ def test_config_errors():
         build_config(DPOConfig, {"loss_type": "cdpo", "label_smoothing": 0.5})
     with pytest.raises(ConfigError, match=r"beta \(0.0\) must be > 0"):
         parse_args(DPOConfig, ["beta=0"], "rlhfkit dpo")
-    with pytest.raises(ConfigError, match="loss_type='hinge': expected one of sigmoid, ipo, cdpo"):
-        parse_args(DPOConfig, ["loss_type=hinge"], "rlhfkit dpo")
+    with pytest.raises(ConfigError, match="loss_type='exo': expected one of sigmoid, ipo, cdpo, hinge, robust"):
+        parse_args(DPOConfig, ["loss_type=exo"], "rlhfkit dpo")
 
 
 def test_help_lists_every_field(capsys):

@@ -243,6 +243,8 @@ class Run(Launch):
         if reported is not error:
             raise reported from None
 
+    # ---- properties ---------------------------------------------------------------------
+    @property
     def start(self) -> int:
         """First step to run: 0, or the checkpoint's step after `resume`."""
         return self.checkpointer.start
