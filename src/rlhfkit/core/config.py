@@ -58,7 +58,7 @@ def retune(default: Any = dataclasses.MISSING, help: str | None = None) -> Any:
 def _retuned_fields(name: str, bases: tuple[type, ...], namespace: dict) -> None:
     """Turn each `retune()` in a class body into the inherited field with the new default/help."""
     inherited: dict[str, dataclasses.Field] = {}
-    for base in reversed([k for b in bases for k in reversed(b.__mro__)]):
+    for base in reversed(bases):  # as the dataclass resolves it: the first base that has the option, as it has it
         inherited.update(getattr(base, "__dataclass_fields__", {}))
     declared_types = namespace.setdefault("__annotations__", {})
     for key, value in list(namespace.items()):
