@@ -19,7 +19,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from rlhfkit.core.config import check, config_main, option, retune
+from rlhfkit.core.command_line import config_main
+from rlhfkit.core.config import check, option, retune
 from rlhfkit.rewards.rouge import rouge_scores
 from rlhfkit.trainers.options import OutDirArgs, PromptSplitArgs, SampleCommandArgs
 

@@ -19,7 +19,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from rlhfkit.core.config import check, option, parse_args, retune
+from rlhfkit.core.command_line import parse_args
+from rlhfkit.core.config import check, option, retune
 from rlhfkit.errors import UserError
 from rlhfkit.trainers.options import SampleCommandArgs, TopPArgs
 

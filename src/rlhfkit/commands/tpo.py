@@ -28,7 +28,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from rlhfkit.core.config import check, config_main, option, retune
+from rlhfkit.core.command_line import config_main
+from rlhfkit.core.config import check, option, retune
 from rlhfkit.errors import ConfigError
 from rlhfkit.trainers.options import OutDirArgs, PromptSplitArgs, SampleCommandArgs
 

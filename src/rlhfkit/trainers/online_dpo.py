@@ -20,7 +20,7 @@ import time
 import torch
 
 from rlhfkit.algos import shape_rewards
-from rlhfkit.core.config import config_main
+from rlhfkit.core.command_line import config_main
 from rlhfkit.rollout import Rollout
 from rlhfkit.runtime.accumulate import accumulate, add_up
 from rlhfkit.runtime.distributed import sum_over_processes
