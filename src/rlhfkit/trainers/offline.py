@@ -26,7 +26,8 @@ import time
 from collections.abc import Callable
 
 from rlhfkit.core.config import check
-from rlhfkit.runtime.run import Launch, Run, actor_saver
+from rlhfkit.runtime.final_folder import actor_saver
+from rlhfkit.runtime.run import Launch, Run
 
 
 def check_offline_work(cfg, total: int) -> None:
