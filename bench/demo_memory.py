@@ -131,7 +131,7 @@ def peak_phase(phases: list[tuple[str, float, float]]) -> str:
 
 def estimate_gb(name: str) -> float:
     from rlhfkit.commands.estimate_memory import PROG, for_method
-    from rlhfkit.core.config import parse_values
+    from rlhfkit.core.command_line import parse_values
     from rlhfkit.estimate.memory import MemoryArgs, estimate
 
     shapes = ESTIMATES[name] if isinstance(ESTIMATES[name], list) else [ESTIMATES[name]]

@@ -89,7 +89,7 @@ def launch(mode: str, model: str, out: Path) -> list[int]:
 def estimated(mode: str) -> dict[str, float]:
     sys.path.insert(0, str(REPO / "src"))
     from rlhfkit.commands.estimate_memory import PROG, for_method
-    from rlhfkit.core.config import parse_values
+    from rlhfkit.core.command_line import parse_values
     from rlhfkit.estimate.memory import MemoryArgs, estimate
 
     return estimate(for_method(parse_values(MemoryArgs, [*ESTIMATE, SHARDING[mode]], PROG)[0]))

@@ -187,13 +187,8 @@ def main() -> None:
     ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="base TRPOConfig override")
     a = ap.parse_args()
 
-    import torch
-
-    import rlhfkit.trainers.trpo as T
-    from rlhfkit.algos.trpo import flat_params, set_flat_params_
     from rlhfkit.core.config import build_config
     from rlhfkit.trainers.build import build_actor_critic
-    from rlhfkit.trainers.ppo import compute_advantages
     from rlhfkit.trainers.rl import RLRun
     from rlhfkit.trainers.trpo_config import TRPOConfig
 
@@ -203,6 +198,20 @@ def main() -> None:
     timers = Timers()
     with timers("build"):
         rl = RLRun(cfg, "trpo", build_actor_critic)
+    with rl:  # the run folder, its lock and the signal handlers released however the profile ends
+        profile(a, rl, cfg, base, timers)
+
+
+def profile(a: argparse.Namespace, rl, cfg, base: dict, timers: Timers) -> None:
+    """The profile of `main`'s options on the built run `rl`."""
+    import torch
+
+    import rlhfkit.trainers.trpo as T
+    from rlhfkit.algos.trpo import flat_params, set_flat_params_
+    from rlhfkit.core.config import build_config
+    from rlhfkit.trainers.ppo import compute_advantages
+    from rlhfkit.trainers.trpo_config import TRPOConfig
+
     policy_params = [p for p in rl.core.policy.parameters() if p.requires_grad]
     records = rl.stream.next(cfg.rollout_batch_size)
     with timers("rollout (generate + reward)"):

@@ -323,7 +323,7 @@ def test_context_window_and_prompt_limit():
 # --------------------------------------------------------------------------- config details
 
 def test_config_values_keep_their_text_and_name_their_yaml_file(tmp_path):
-    from rlhfkit.core.config import parse_args
+    from rlhfkit.core.command_line import parse_args
     from rlhfkit.errors import ConfigError
     from rlhfkit.trainers.ppo_config import PPOConfig
 

@@ -10,7 +10,7 @@ import pytest
 
 from rlhfkit.commands import COMMANDS, load
 from rlhfkit.core.argv import flag_argv, pair_argv, parse_command_line
-from rlhfkit.core.config import parse_values
+from rlhfkit.core.command_line import parse_values
 from rlhfkit.errors import ConfigError
 
 # argparse commands: (arguments the parser requires, an option, a value, the attribute it sets)

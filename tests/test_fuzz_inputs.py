@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 
 from rlhfkit.commands.evaluate import EvalConfig
 from rlhfkit.commands.prefs import PrefsConfig
-from rlhfkit.core.config import parse_args
+from rlhfkit.core.command_line import parse_args
 from rlhfkit.data.prefs import load_preferences
 from rlhfkit.data.prompts import load_prompts
 from rlhfkit.data.sft import load_sft_examples

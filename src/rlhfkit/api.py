@@ -42,7 +42,7 @@ def train(cfg: Any) -> dict:
     if name is None or not dataclasses.is_dataclass(cfg):
         raise TypeError(f"train() takes an rlhfkit config ({', '.join(CONFIGS)}), got {type(cfg).__name__}")
     if cfg.resume not in (None, "", "auto"):  # another command's run: the CLI's message
-        from rlhfkit.core.config import check_resumed_command
+        from rlhfkit.core.command_line import check_resumed_command
 
         command = next(c for c, k in COMMAND_CONFIGS.items() if k == name)
         check_resumed_command(str(cfg.resume), command)

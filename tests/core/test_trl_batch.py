@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import pytest
 
-from rlhfkit.core.config import build_config, help_text, parse_args
+from rlhfkit.core.command_line import help_text, parse_args
+from rlhfkit.core.config import build_config
 from rlhfkit.errors import ConfigError
 from rlhfkit.trainers.dpo_config import DPOConfig
 from rlhfkit.trainers.grpo_config import GRPOConfig

@@ -7,7 +7,8 @@ import json
 
 import pytest
 
-from rlhfkit.core.config import build_config, parse_args
+from rlhfkit.core.command_line import parse_args
+from rlhfkit.core.config import build_config
 from rlhfkit.data.sets import load_split
 from rlhfkit.errors import ConfigError
 from rlhfkit.trainers.dpo_config import DPOConfig

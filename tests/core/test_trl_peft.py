@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from peft import LoraConfig
 
-from rlhfkit.core.config import parse_args
+from rlhfkit.core.command_line import parse_args
 from rlhfkit.errors import ConfigError
 from rlhfkit.trainers.dpo_config import DPOConfig
 from rlhfkit.trainers.grpo_config import GRPOConfig

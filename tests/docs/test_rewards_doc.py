@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 
 from rlhfkit.commands import COMMANDS, load
-from rlhfkit.core.config import build_config, parse_values
+from rlhfkit.core.command_line import parse_values
+from rlhfkit.core.config import build_config
 from rlhfkit.rewards import get_reward, score_batch
 from rlhfkit.rewards.registry import BUILTINS, KINDS, _as_specs
 

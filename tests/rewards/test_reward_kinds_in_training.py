@@ -117,7 +117,7 @@ def test_bad_reward_input_is_one_line_exit_2_and_writes_nothing(case, command, w
 
 def test_help_describes_every_reward_kind(capsys):
     for cls in (GRPOConfig, PPOConfig):
-        from rlhfkit.core.config import help_text
+        from rlhfkit.core.command_line import help_text
 
         text = " ".join(help_text(cls, "rlhfkit x").split())
         for kind in ("sentiment", "arithmetic", "length[:N]", "model:PATH", "python:module:function",

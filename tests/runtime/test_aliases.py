@@ -9,7 +9,8 @@ import pytest
 
 from rlhfkit.cli import main as rlhfkit_main
 from rlhfkit.commands.evaluate import EvalConfig
-from rlhfkit.core.config import build_config, parse_args, parse_values
+from rlhfkit.core.command_line import parse_args, parse_values
+from rlhfkit.core.config import build_config
 from rlhfkit.errors import ConfigError
 from rlhfkit.trainers.dpo_config import DPOConfig
 from rlhfkit.trainers.grpo_config import GRPOConfig
@@ -102,7 +103,7 @@ def test_listing_into_a_closed_pipe_ends_quietly():
 
 
 def test_help_names_the_aliases():
-    from rlhfkit.core.config import help_text
+    from rlhfkit.core.command_line import help_text
 
     text = help_text(GRPOConfig, "rlhfkit grpo")
     assert "  group_size (int, default 8) (also: num_generations, rloo_k)" in text

@@ -10,7 +10,8 @@ import pytest
 import torch
 
 from rlhfkit.core import devices
-from rlhfkit.core.config import build_config, parse_args
+from rlhfkit.core.command_line import parse_args
+from rlhfkit.core.config import build_config
 from rlhfkit.errors import ConfigError
 from rlhfkit.estimate.memory import MemoryArgs, estimate
 from rlhfkit.estimate.shape import ModelShape

@@ -8,7 +8,8 @@ import dataclasses
 import pytest
 
 from rlhfkit.api import CONFIGS, config_class
-from rlhfkit.core.config import build_config, parse_args
+from rlhfkit.core.command_line import parse_args
+from rlhfkit.core.config import build_config
 from rlhfkit.errors import ConfigError
 from rlhfkit.trainers.grpo_config import OFF_POLICY_TIS_CAP, GRPOConfig
 

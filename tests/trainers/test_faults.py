@@ -14,7 +14,8 @@ import pytest
 import torch
 from test_resume import TRAINERS, comparable, make_cfg, read_jsonl, stop_after
 
-from rlhfkit.core.config import build_config, parse_args
+from rlhfkit.core.command_line import parse_args
+from rlhfkit.core.config import build_config
 from rlhfkit.core.run_files import CHECKPOINTS, latest_checkpoint
 from rlhfkit.errors import run_guarded
 from rlhfkit.rewards import RewardError

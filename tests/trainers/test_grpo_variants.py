@@ -12,7 +12,8 @@ import pytest
 import torch
 
 import rlhfkit.trainers.grpo as grpo_mod
-from rlhfkit.core.config import build_config, parse_args
+from rlhfkit.core.command_line import parse_args
+from rlhfkit.core.config import build_config
 from rlhfkit.errors import ConfigError
 from rlhfkit.models.policy import ActorCritic
 from rlhfkit.rollout import Rollout, SamplingParams, generate, logprob_pass

@@ -8,8 +8,8 @@ from types import SimpleNamespace
 import torch
 
 import rlhfkit.runtime.optim as optim
+from rlhfkit.runtime.final_folder import actor_saver
 from rlhfkit.runtime.optim import optimizer_step
-from rlhfkit.runtime.run import actor_saver
 
 
 class Acc:  # one process on the CPU

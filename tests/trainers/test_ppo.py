@@ -10,7 +10,8 @@ import torch
 from transformers import LogitsProcessorList
 
 from rlhfkit.algos import logprobs_from_logits, shape_rewards
-from rlhfkit.core.config import build_config, parse_args
+from rlhfkit.core.command_line import parse_args
+from rlhfkit.core.config import build_config
 from rlhfkit.errors import ConfigError
 from rlhfkit.models.lora import add_lora
 from rlhfkit.models.policy import ActorCritic, Reference, ValueHead

@@ -15,7 +15,8 @@ import signal
 import pytest
 import torch
 
-from rlhfkit.core.config import build_config, parse_args
+from rlhfkit.core.command_line import parse_args
+from rlhfkit.core.config import build_config
 from rlhfkit.core.run_files import latest_checkpoint
 from rlhfkit.runtime import tracker as tracker_mod
 from rlhfkit.runtime.faults import Interrupted

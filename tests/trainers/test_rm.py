@@ -8,7 +8,8 @@ import json
 import pytest
 import torch
 
-from rlhfkit.core.config import build_config, parse_args
+from rlhfkit.core.command_line import parse_args
+from rlhfkit.core.config import build_config
 from rlhfkit.errors import ConfigError, UserError
 from rlhfkit.models.reward_model import (
     RewardModel,

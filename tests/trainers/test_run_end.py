@@ -13,7 +13,7 @@ import pytest
 from test_faults import cli, sft_argv, wait_for
 from test_resume import TRAINERS, make_cfg, read_jsonl
 
-from rlhfkit.core.config import parse_args
+from rlhfkit.core.command_line import parse_args
 from rlhfkit.core.run_files import CHECKPOINTS, latest_checkpoint
 from rlhfkit.runtime import tracker as tracker_mod
 from rlhfkit.runtime.faults import PAUSE_ENV

@@ -11,7 +11,7 @@ import pytest
 from test_faults import _nan_forward_at, cli, sft_argv, wait_for
 from test_resume import make_cfg, read_jsonl
 
-from rlhfkit.core.config import parse_args
+from rlhfkit.core.command_line import parse_args
 from rlhfkit.core.run_files import latest_checkpoint
 from rlhfkit.errors import UserError
 

@@ -10,7 +10,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from rlhfkit.core.config import build_config, parse_args
+from rlhfkit.core.command_line import parse_args
+from rlhfkit.core.config import build_config
 from rlhfkit.data.chat import IGNORE_INDEX, format_example
 from rlhfkit.data.sft import collate, tokenize_examples
 from rlhfkit.errors import ConfigError

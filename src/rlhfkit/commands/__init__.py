@@ -16,7 +16,7 @@ from typing import Any
 class Command:
     """One command: `main` ("module:function", takes argv and returns an exit code), its one-line
     `summary` for `rlhfkit --help`, the "module:Class" of the `config` its options parse into (the
-    config-driven commands: key=value and --key value alike, core/config.py), the "module:function"
+    config-driven commands: key=value and --key value alike, core/command_line.py), the "module:function"
     that `run`s such a config in-process, and for an argparse command the "module:function" that
     builds its `parser` (read through core/argv.py `parse_command_line`, which takes both styles too)."""
 

@@ -8,7 +8,8 @@ from __future__ import annotations
 import dataclasses
 
 from rlhfkit.commands import COMMANDS, load
-from rlhfkit.core.config import build_config, parse_values
+from rlhfkit.core.command_line import parse_values
+from rlhfkit.core.config import build_config
 from rlhfkit.estimate.memory import (
     ESTIMATED_METHODS,
     FIT_METHODS,

@@ -19,46 +19,30 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from rlhfkit.core.config import check, config_main, option
+from rlhfkit.core.command_line import config_main
+from rlhfkit.core.config import check, option, retune
 from rlhfkit.rewards.rouge import rouge_scores
+from rlhfkit.trainers.options import OutDirArgs, PromptSplitArgs, SampleCommandArgs
 
 
 @dataclass
-class EvalConfig:
+class EvalConfig(OutDirArgs, PromptSplitArgs, SampleCommandArgs):
     """Evaluate a model on prompts: rewards, win rate vs a reference model, task accuracy, perplexity, ROUGE."""
 
-    model: str = option("smollm2-135m-instruct", "model to evaluate (a folder, a run's final/, or the default)")
+    model = retune(help="model to evaluate (a folder, a run's final/, or the default)")
+    num_prompts = retune(64)
+    temperature = retune(0.0, "0 = greedy; > 0 samples with this temperature")
+    batch_size = retune(help="prompts per generate() call")
     ref_model: str | None = option(None, "reference model for win rates (e.g. the SFT model); None = no comparison")
-    prompts: str = option("builtin:reviews", "prompts: builtin:NAME or a JSONL/CSV/TXT/Parquet file")
-    split: str = option("test", "split of `prompts` (files without a split field are used whole)", ("train", "test"))
-    num_prompts: int | None = option(64, "a seeded random subset of this many prompts (None = all)")
     rewards: list[str] = option(["sentiment"], "rewards to report, each SPEC or NAME=SPEC: sentiment | arithmetic | "
                            "length[:N] | model:PATH | python:module:function")
-    temperature: float = option(0.0, "0 = greedy; > 0 samples with this temperature")
-    max_new_tokens: int = option(48, "completion length limit")
-    batch_size: int = option(16, "prompts per generate() call")
-    dtype: str = option("auto", "model weights/compute dtype; auto = bf16 where it is fast (GPU, CPU with AVX-512 "
-                        "BF16/AMX), else fp32", ("auto", "fp32", "bf16"))
-    chat_template: bool | None = option(None, "format prompts with the tokenizer's chat template (None: when it "
-                                        "has one; true: required; false: the plain 'User: ...' format)")
-    system_prompt: str | None = option(None, "optional system message")
-    max_prompt_length: int | None = option(None, "prompt tokens (after formatting) kept for generation (None: the "
-                                           "model's context window minus max_new_tokens)")
-    prompt_overflow: str = option("truncate_left", "a longer prompt: truncate_left keeps its last max_prompt_length "
-                                  "tokens (one warning says how many were cut); error stops before sampling",
-                                  ("truncate_left", "error"))
     perplexity: bool = option(True, "perplexity of reference responses (prompt records with a 'response' field)")
     rouge: bool = option(True, "ROUGE-1, ROUGE-2 and ROUGE-L F1 of completions against reference responses "
                          "(rouge-score package, stemmed)")
-    out_dir: str = option("runs/eval", "folder for report.json and samples.jsonl")
-    seed: int = option(0, "seed for the prompt subset and sampling")
 
     def validate(self) -> None:
         check(self.temperature >= 0, f"temperature ({self.temperature}) must be >= 0")
         check(self.max_new_tokens >= 1 and self.batch_size >= 1, "max_new_tokens and batch_size must be >= 1")
-        check(self.num_prompts is None or self.num_prompts >= 1, f"num_prompts ({self.num_prompts}) must be >= 1")
-        check(self.max_prompt_length is None or self.max_prompt_length >= 1,
-              f"max_prompt_length ({self.max_prompt_length}) must be >= 1")
         parse_rewards(self.rewards)
 
 
@@ -173,11 +157,9 @@ def evaluate(cfg: EvalConfig) -> dict:
     from rlhfkit.core.seeding import seed_everything
     from rlhfkit.data.prompts import info_lists, load_prompts
     from rlhfkit.errors import UserError
-    from rlhfkit.models.loading import resolve_dtype
     from rlhfkit.rewards import get_reward, score_batch
 
     t0 = time.time()
-    cfg.dtype = resolve_dtype(cfg.dtype)
     seed_everything(cfg.seed)
     records = load_prompts(cfg.prompts, split=cfg.split, limit=cfg.num_prompts, seed=cfg.seed)  # 1.
     if not records:

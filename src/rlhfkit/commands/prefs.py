@@ -19,44 +19,39 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from rlhfkit.core.config import check, option, parse_args
+from rlhfkit.core.command_line import parse_args
+from rlhfkit.core.config import check, option, retune
 from rlhfkit.errors import UserError
-from rlhfkit.trainers.options import PromptFormatArgs, PromptLimitArgs
+from rlhfkit.trainers.options import SampleCommandArgs, TopPArgs
 
 PAIR_MODES = ("best-worst", "all")
 
 
 @dataclass
-class PrefsConfig(PromptFormatArgs, PromptLimitArgs):
+class PrefsConfig(TopPArgs, SampleCommandArgs):
     """Sample k completions per prompt, rank them with a scorer, write chosen/rejected pairs (JSONL)."""
 
+    model = retune(help="model that writes the completions (a folder, a run's final/, or the default)")
+    prompts = retune(help="prompts: builtin:reviews|stories|arithmetic|instructions or a JSONL/CSV/TXT file")
+    num_prompts = retune(help="prompts per split, a seeded random subset (None = all)")
+    temperature = retune(help="sampling temperature (> 0: the k samples must differ)")
+    top_p = retune(help="nucleus sampling threshold")
+    batch_size = retune(32)
     out: str = option("prefs.jsonl", "output JSONL file")
     overwrite: bool = option(False, "replace `out` if it exists")
-    model: str = option("smollm2-135m-instruct", "model that writes the completions (a folder, a run's final/, or the default)")
-    prompts: str = option("builtin:reviews", "prompts: builtin:reviews|stories|arithmetic|instructions or a JSONL/CSV/TXT file")
     splits: list[str] = option(["train", "test"], "prompt splits to use; files without a split field count as 'train'")
-    num_prompts: int | None = option(None, "prompts per split, a seeded random subset (None = all)")
     k: int = option(4, "completions sampled per prompt")
     pairs: str = option("best-worst", "best-worst: one pair per prompt (highest vs lowest score); all: every pair "
                         "of distinct completions whose scores differ by more than min_gap", PAIR_MODES)
     min_gap: float = option(0.0, "keep a pair only if score(chosen) - score(rejected) > min_gap")
     scorer: str = option("sentiment", "ranks the completions: sentiment | arithmetic | length[:N] | model:PATH | "
                          "python:module:function")
-    max_new_tokens: int = option(48, "completion length limit")
-    temperature: float = option(1.0, "sampling temperature (> 0: the k samples must differ)")
-    top_p: float = option(1.0, "nucleus sampling threshold")
-    batch_size: int = option(32, "sequences per generate() call")
-    dtype: str = option("auto", "model weights/compute dtype; auto = bf16 where it is fast (GPU, CPU with AVX-512 "
-                        "BF16/AMX), else fp32", ("auto", "fp32", "bf16"))
-    seed: int = option(0, "seed for the prompt subset and sampling")
 
     def validate(self) -> None:
         check(self.k >= 2, f"k ({self.k}) must be >= 2: a pair needs two completions")
         check(self.temperature > 0, f"temperature ({self.temperature}) must be > 0 so the k samples differ")
-        check(0 < self.top_p <= 1, f"top_p ({self.top_p}) must be in (0, 1]")
         check(self.max_new_tokens >= 1 and self.batch_size >= 1, "max_new_tokens and batch_size must be >= 1")
         check(self.min_gap >= 0, f"min_gap ({self.min_gap}) must be >= 0")
-        check(self.num_prompts is None or self.num_prompts >= 1, f"num_prompts ({self.num_prompts}) must be >= 1")
         check(bool(self.splits) and all(s in ("train", "test") for s in self.splits),
               f"splits ({self.splits}) must be a non-empty list of train, test")
 
@@ -151,13 +146,11 @@ def make_preferences(cfg: PrefsConfig) -> dict:
     from rlhfkit.core.seeding import seed_everything
     from rlhfkit.data.chat import format_example
     from rlhfkit.data.prompts import info_lists
-    from rlhfkit.models.loading import resolve_dtype
     from rlhfkit.rewards import get_reward, score_batch
     from rlhfkit.rollout import SamplingParams
     from rlhfkit.rollout.prompt_fit import enforce_prompt_limit, prompt_token_limit
     from rlhfkit.rollout.texts import generate_texts, load_for_inference
 
-    cfg.dtype = resolve_dtype(cfg.dtype)
     out = Path(cfg.out)
     if out.exists() and not cfg.overwrite:
         raise UserError(f"out: {out} already exists (pass overwrite=true to replace it)")

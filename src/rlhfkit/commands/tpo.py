@@ -28,8 +28,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from rlhfkit.core.config import check, config_main, option
+from rlhfkit.core.command_line import config_main
+from rlhfkit.core.config import check, option, retune
 from rlhfkit.errors import ConfigError
+from rlhfkit.trainers.options import OutDirArgs, PromptSplitArgs, SampleCommandArgs
 
 LOSS_PROMPT = ("Here is a request and two answers to it.\n\nRequest: {query}\n\nAnswer A: {chosen}\n\n"
                "Answer B: {rejected}\n\nAnswer A was rated better than answer B. In two sentences, explain what "
@@ -51,20 +53,21 @@ Format = Callable[[str], str]  # a user message -> the text the model sees
 
 
 @dataclass
-class TPOConfig:
+class TPOConfig(OutDirArgs, PromptSplitArgs, SampleCommandArgs):
     """Test-time preference optimisation: refine answers with the policy's own textual feedback, no training."""
 
-    model: str = option("smollm2-135m-instruct", "policy (a folder, a run's final/, or the default)")
-    prompts: str = option("builtin:reviews", "prompts: builtin:NAME or a JSONL/CSV/TXT/Parquet file")
-    split: str = option("test", "split of `prompts` (files without a split field are used whole)", ("train", "test"))
-    num_prompts: int | None = option(16, "a seeded random subset of this many prompts (None = all)")
+    model = retune(help="policy (a folder, a run's final/, or the default)")
+    num_prompts = retune(16)
+    temperature = retune(0.7, "sampling temperature of answers and rewrites")
+    max_new_tokens = retune(help="length limit of an answer")
+    max_prompt_length = retune(help="prompt tokens kept for generation (None: the model's context window minus the "
+                               "length limit); longer critique and rewrite prompts keep their end")
+    out_dir = retune("runs/tpo", "folder for results.jsonl and summary.json")
     reward: str = option("sentiment", "the score: sentiment | arithmetic | length[:N] | model:PATH | "
                          "python:module:function")
     num_candidates: int = option(4, "N, the search width: answers sampled in round 0 and rewrites per round")
     rounds: int = option(2, "K, the search depth: rounds of critique -> suggestions -> rewrites (0: best-of-N only)")
-    temperature: float = option(0.7, "sampling temperature of answers and rewrites")
     feedback_temperature: float = option(0.7, "sampling temperature of critiques and suggestions (0 = greedy)")
-    max_new_tokens: int = option(48, "length limit of an answer")
     feedback_max_new_tokens: int = option(64, "length limit of a critique and of suggestions")
     loss_prompt: str = option(LOSS_PROMPT, "textual loss (asks for a critique); fields {query} {chosen} {rejected}")
     gradient_prompt: str = option(GRADIENT_PROMPT, "textual gradient (asks for suggestions); fields {query} "
@@ -72,18 +75,6 @@ class TPOConfig:
     update_prompt: str = option(UPDATE_PROMPT, "textual update (asks for a rewrite); fields {query} {chosen} "
                                 "{suggestions}")
     baselines: bool = option(True, "also run best-of-N at TPO's generated tokens per prompt")
-    batch_size: int = option(16, "sequences per generate() call")
-    dtype: str = option("auto", "compute dtype; auto = bf16 where it is fast, else fp32", ("auto", "fp32", "bf16"))
-    chat_template: bool | None = option(None, "format prompts with the tokenizer's chat template (None: when it "
-                                        "has one; true: required; false: the plain 'User: ...' format)")
-    system_prompt: str | None = option(None, "optional system message")
-    max_prompt_length: int | None = option(None, "prompt tokens kept for generation (None: the model's context "
-                                           "window minus the length limit); longer critique and rewrite "
-                                           "prompts keep their end")
-    prompt_overflow: str = option("truncate_left", "a longer prompt of the data: truncate_left keeps its last "
-                                  "tokens (one warning); error stops before sampling", ("truncate_left", "error"))
-    out_dir: str = option("runs/tpo", "folder for results.jsonl and summary.json")
-    seed: int = option(0, "seed for the prompt subset and sampling")
 
     def validate(self) -> None:
         check(self.num_candidates >= 2, f"num_candidates ({self.num_candidates}) must be >= 2: the critique "
@@ -94,7 +85,6 @@ class TPOConfig:
         check(self.feedback_temperature >= 0, f"feedback_temperature ({self.feedback_temperature}) must be >= 0")
         check(min(self.max_new_tokens, self.feedback_max_new_tokens, self.batch_size) >= 1,
               "max_new_tokens, feedback_max_new_tokens and batch_size must be >= 1")
-        check(self.num_prompts is None or self.num_prompts >= 1, f"num_prompts ({self.num_prompts}) must be >= 1")
         for name in TEMPLATE_FIELDS:
             check_template(name, getattr(self, name))
 
@@ -284,13 +274,11 @@ def run(cfg: TPOConfig) -> dict:
     from rlhfkit.data.chat import format_prompts
     from rlhfkit.data.prompts import info_lists, load_prompts
     from rlhfkit.errors import UserError
-    from rlhfkit.models.loading import resolve_dtype
     from rlhfkit.rewards import get_reward, score_batch
     from rlhfkit.rollout.prompt_fit import enforce_prompt_limit, prompt_token_limit
     from rlhfkit.rollout.texts import load_for_inference
 
     t0 = time.time()
-    cfg.dtype = resolve_dtype(cfg.dtype)
     seed_everything(cfg.seed)
     records = load_prompts(cfg.prompts, split=cfg.split, limit=cfg.num_prompts, seed=cfg.seed)
     if not records:

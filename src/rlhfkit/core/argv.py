@@ -1,7 +1,7 @@
 """One command grammar: every command takes its options as ``key=value`` or ``--key value`` alike.
 
 The config-driven commands (the trainers, eval, tpo, prefs make, estimate-memory) read both in
-core/config.py (`parse_values`). The argparse commands (generate, export, selfcheck, label, doctor,
+core/command_line.py (`parse_values`). The argparse commands (generate, export, selfcheck, label, doctor,
 report) call `parse_command_line`, which first spells ``key=value`` as ``--key value`` (`flag_argv`);
 the pipeline, whose keys are ``key`` and ``stage.key``, spells ``--key value`` as ``key=value``
 (`pair_argv`). Their --help lists one option a line with its default (`OptionsHelpFormatter`).

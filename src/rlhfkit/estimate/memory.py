@@ -66,7 +66,7 @@ import dataclasses
 import math
 from dataclasses import dataclass
 
-from rlhfkit.core.config import check, option
+from rlhfkit.core.config import FrozenAfterValidation, check, option
 from rlhfkit.estimate.shape import PRESETS, ModelShape, resolve_shape
 
 GIB = 2**30
@@ -108,7 +108,7 @@ FIT_METHODS = ("ppo", "grpo")
 
 
 @dataclass
-class MemoryArgs:
+class MemoryArgs(FrozenAfterValidation):
     """Estimate the memory each device needs for an rlhfkit run (docs/scale.md has the formulas)."""
 
     model: str = option("smollm2-135m", f"a preset ({', '.join(PRESETS)}), a local model folder (config.json) "

@@ -43,6 +43,7 @@ from typing import Any
 import torch
 
 from rlhfkit.errors import UserError
+from rlhfkit.runtime.final_folder import store_adapter_base, write_model_card
 
 
 class Launch:
@@ -73,7 +74,7 @@ class Launch:
         seed_everything(cfg.seed)
         tune_malloc()  # freed CPU tensors stay in the process for reuse (runtime/allocator.py)
         # 'auto' -> bf16 where bf16 matmuls are fast: a validated config has it resolved already
-        # (ModelArgs.derived, so config.yaml records it); the run keeps it for one built directly
+        # (DtypeArgs.derived, so config.yaml records it); the run keeps it for one built directly
         self.dtype = resolve_dtype(cfg.dtype)
         if self.fsdp2 is not None:  # a bf16 run gathers its layers in bf16 whatever the preset says
             self.fsdp2 = for_compute_dtype(self.fsdp2, self.dtype)
@@ -94,58 +95,6 @@ class Launch:
     @property
     def is_main(self) -> bool:
         return self.accelerator.is_main_process
-
-
-def actor_saver(run: Run, model, tok) -> Callable:
-    """`save(folder, state)` for Run.finish: the policy (adapter or full weights, value head) and tokenizer;
-    the merged weights in final/merged on request, skipped with a warning when the weights are sharded
-    (the adapter in final/ merges with `peft` after training)."""
-    from rlhfkit.models.policy import save_actor
-
-    cfg = run.cfg
-
-    def save(folder, state):
-        save_actor(model, tok, folder, state_dict=state)
-        if cfg.save_merged and cfg.lora and state is None:
-            save_actor(model, tok, folder / "merged", merge=True)
-        elif cfg.save_merged and cfg.lora:
-            run.print("[save] save_merged skipped: the weights are sharded (FSDP/ZeRO-3); the adapter "
-                      "in final/ merges with `peft` after training")
-
-    return save
-
-
-def store_adapter_base(folder: Path, model: str) -> None:
-    """folder/adapter_config.json's base_model_name_or_path as what loads from any working directory:
-    the Hub id of a Hub model (its revision in `revision`), else the base folder's absolute path (peft
-    writes the path the model was loaded from, which may be relative)."""
-    import json
-
-    from rlhfkit.models.loading import hub_reference, resolve_model_path
-
-    path = folder / "adapter_config.json"
-    if not path.is_file():
-        return
-    adapter = json.loads(path.read_text())
-    hub = hub_reference(str(model))
-    if hub is not None:
-        adapter["base_model_name_or_path"] = hub[0]
-        if hub[1]:
-            adapter["revision"] = hub[1]
-    else:
-        adapter["base_model_name_or_path"] = str(resolve_model_path(str(model)).resolve())
-    path.write_text(json.dumps(adapter, indent=2, sort_keys=True))
-
-
-def write_model_card(final: Path, command: str, run_name: str, config: dict, summary: dict) -> None:
-    """final/README.md: rlhfkit's card (runtime/model_card.py) in place of peft's blank template."""
-    import json
-
-    from rlhfkit.runtime.model_card import final_card
-
-    adapter = (final / "adapter_config.json").is_file()
-    base = json.loads((final / "adapter_config.json").read_text()).get("base_model_name_or_path") if adapter else None
-    (final / "README.md").write_text(final_card(command, run_name, config, summary, base, adapter), encoding="utf-8")
 
 
 def check_resume_fits(checkpoint: Path, total: int, unit: str) -> None:

@@ -29,7 +29,7 @@ import time
 import torch
 
 from rlhfkit.algos import jsd_loss, masked_mean, reverse_kl_loss, shape_rewards, teacher_topk
-from rlhfkit.core.config import config_main
+from rlhfkit.core.command_line import config_main
 from rlhfkit.core.precision import autocast
 from rlhfkit.errors import UserError
 from rlhfkit.rollout import Rollout, forward_logprobs

@@ -23,7 +23,7 @@ import time
 
 import torch
 
-from rlhfkit.core.config import config_main
+from rlhfkit.core.command_line import config_main
 from rlhfkit.core.devices import HOST
 from rlhfkit.data.prefs import load_pairs, load_preferences, resolve_prefs
 from rlhfkit.rollout import Rollout

@@ -44,7 +44,7 @@ import torch
 
 from rlhfkit.algos import masked_mean
 from rlhfkit.algos.registry import choose
-from rlhfkit.core.config import config_main
+from rlhfkit.core.command_line import config_main
 from rlhfkit.core.precision import autocast
 from rlhfkit.rollout import Rollout, forward_logprobs
 from rlhfkit.trainers.build import build_actor

@@ -4,6 +4,7 @@ of the starting and the trained model on the same prompts with the same seed, sc
 
 from __future__ import annotations
 
+from rlhfkit.core.seeding import EVAL_SEED_OFFSET
 from rlhfkit.data.chat import format_prompts
 from rlhfkit.rollout import SamplingParams
 from rlhfkit.runtime.run import Run
@@ -46,20 +47,30 @@ def win_rate(after: list[float], before: list[float]) -> dict[str, float]:
     return {"win_rate": (wins + 0.5 * ties) / n, "wins": wins, "ties": ties, "losses": len(after) - wins - ties}
 
 
-def judged_after(run: Run, model, tok, records: list[dict], judge, before: list[float], seed: int,
-                 which: str) -> None:
-    """The trained model's judged samples on `records`, their win rate over the starting model's
-    (`before`, same seed), into the summary and samples.jsonl, as iteration `run.total` (after the
+def judge_before(run: Run, model, tok, records: list[dict], judge, judged: dict) -> None:
+    """The starting model's judged scores on `records` into ``judged["before"]``, once per run (a resumed
+    run has them from its checkpoint); seed cfg.seed + EVAL_SEED_OFFSET, as `judged_after`'s."""
+    if records and "before" not in judged:
+        with run.evaluation("before"), run.full_weights():
+            judged["before"] = judged_samples(model, tok, records, judge, run.cfg, run.cfg.seed + EVAL_SEED_OFFSET)[1]
+
+
+def judged_after(run: Run, model, tok, records: list[dict], judge, before: list[float], which: str) -> None:
+    """The trained model's judged samples on `records` (none: nothing), their win rate over the starting
+    model's (`before`, same seed), into the summary and samples.jsonl, as iteration `run.total` (after the
     last step: a resumed run cuts them with the steps it repeats, and logs them once again)."""
+    if not records:
+        return
     cfg = run.cfg
-    completions, after = judged_samples(model, tok, records, judge, cfg, seed)
-    wr = win_rate(after, before)
-    mb, ma = sum(before) / len(before), sum(after) / len(after)
-    run.print(f"[eval] judge {cfg.judge}: mean score {mb:.3f} before -> {ma:.3f} after "
-              f"({len(after)} samples on {len(records)} {which} prompts)")
-    run.print(f"[eval] judged win rate over the starting model: {wr['win_rate']:.1%} "
-              f"(wins {wr['wins']}, ties {wr['ties']}, losses {wr['losses']})")
-    run.summary.update({"judge": cfg.judge, "eval_before": mb, "eval_after": ma, **wr})
-    recs = [r for r in records for _ in range(cfg.eval_samples_per_prompt)]
-    run.tracker.log_samples(run.total, [{"prompt": str(r["prompt"]), "completion": c, "score": a, "score_before": b}
-                                        for r, c, a, b in zip(recs, completions, after, before)])
+    with run.evaluation("after"), run.full_weights():  # a signal meanwhile stops the run after the logs below
+        completions, after = judged_samples(model, tok, records, judge, cfg, cfg.seed + EVAL_SEED_OFFSET)
+        wr = win_rate(after, before)
+        mb, ma = sum(before) / len(before), sum(after) / len(after)
+        run.print(f"[eval] judge {cfg.judge}: mean score {mb:.3f} before -> {ma:.3f} after "
+                  f"({len(after)} samples on {len(records)} {which} prompts)")
+        run.print(f"[eval] judged win rate over the starting model: {wr['win_rate']:.1%} "
+                  f"(wins {wr['wins']}, ties {wr['ties']}, losses {wr['losses']})")
+        run.summary.update({"judge": cfg.judge, "eval_before": mb, "eval_after": ma, **wr})
+        recs = [r for r in records for _ in range(cfg.eval_samples_per_prompt)]
+        run.tracker.log_samples(run.total, [{"prompt": str(r["prompt"]), "completion": c, "score": a,
+                                             "score_before": b} for r, c, a, b in zip(recs, completions, after, before)])

@@ -26,7 +26,7 @@ from collections.abc import Callable
 import torch
 
 from rlhfkit.algos import kto_loss, kto_reference_point
-from rlhfkit.core.config import config_main
+from rlhfkit.core.command_line import config_main
 from rlhfkit.core.devices import HOST
 from rlhfkit.data.prefs import load_pairs, resolve_prefs
 from rlhfkit.errors import DataError

@@ -26,8 +26,8 @@ import time
 from collections.abc import Callable
 
 from rlhfkit.core.config import check
-from rlhfkit.core.seeding import EVAL_SEED_OFFSET
-from rlhfkit.runtime.run import Launch, Run, actor_saver
+from rlhfkit.runtime.final_folder import actor_saver
+from rlhfkit.runtime.run import Launch, Run
 
 
 def check_offline_work(cfg, total: int) -> None:
@@ -122,12 +122,9 @@ class OfflineRun(Run):
 
     def judge_before(self, model, tok, records: list[dict], judge) -> None:
         """The starting model's judged samples on `records` (trainers/judged.py), once per run."""
-        from rlhfkit.trainers.judged import judged_samples
+        from rlhfkit.trainers.judged import judge_before
 
-        if records and "before" not in self.judged:
-            with self.evaluation("before"), self.full_weights():
-                self.judged["before"] = judged_samples(model, tok, records, judge, self.cfg,
-                                                       self.cfg.seed + EVAL_SEED_OFFSET)[1]
+        judge_before(self, model, tok, records, judge, self.judged)
 
     def held_out(self, metrics: dict[str, float], line: Callable[[dict], str]) -> None:
         """The held-out metrics after training: summary held_out, and their line."""
@@ -139,8 +136,5 @@ class OfflineRun(Run):
         (same seed, trainers/judged.py), then the policy saved (`actor_saver`); returns the summary."""
         from rlhfkit.trainers.judged import judged_after
 
-        if records:
-            with self.evaluation("after"), self.full_weights():
-                judged_after(self, model, tok, records, judge, self.judged["before"],
-                             self.cfg.seed + EVAL_SEED_OFFSET, "held-out" if held_out else "training")
+        judged_after(self, model, tok, records, judge, self.judged.get("before"), "held-out" if held_out else "training")
         return self.finish(actor_saver(self, model, tok))

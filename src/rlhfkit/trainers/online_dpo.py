@@ -20,13 +20,12 @@ import time
 import torch
 
 from rlhfkit.algos import shape_rewards
-from rlhfkit.core.config import config_main
-from rlhfkit.core.seeding import EVAL_SEED_OFFSET
+from rlhfkit.core.command_line import config_main
 from rlhfkit.rollout import Rollout
 from rlhfkit.runtime.accumulate import accumulate, add_up
 from rlhfkit.runtime.distributed import sum_over_processes
 from rlhfkit.trainers.build import build_actor
-from rlhfkit.trainers.judged import judged_after, judged_samples
+from rlhfkit.trainers.judged import judge_before, judged_after
 from rlhfkit.trainers.online_dpo_config import OnlineDPOConfig
 from rlhfkit.trainers.pair_losses import pair_batch_loss
 from rlhfkit.trainers.pairs import micro_pair_chunks, pair_rows, reference_logps, sequence_logps
@@ -97,10 +96,7 @@ def train(cfg: OnlineDPOConfig) -> dict:
     with RLRun(cfg, "online-dpo", build_models) as rl:
         judged: dict = {}  # the starting model's judged scores, kept in checkpoints
         rl.resume(judged=judged)
-        records, seed = rl.eval_records, cfg.seed + EVAL_SEED_OFFSET  # same seed before and after: the same noise
-        if records and "before" not in judged:
-            with rl.evaluation("before"), rl.full_weights():
-                judged["before"] = judged_samples(rl.core, rl.tok, records, rl.reward_fn, cfg, seed)[1]
+        judge_before(rl, rl.core, rl.tok, rl.eval_records, rl.reward_fn, judged)  # same seed as after: the same noise
         for it in rl.steps():
             t0 = time.time()
             prompts = [r for r in rl.stream.next(cfg.prompts_per_iteration) for _ in range(2)]
@@ -112,9 +108,7 @@ def train(cfg: OnlineDPOConfig) -> dict:
             t1 = time.time()
             metrics.update(dpo_step(rl, cfg, rollout, chosen, rejected, it))  # step 3
             rl.log_iteration(it, rollout, metrics, (t0, t1, time.time()))  # step 4
-        if records:
-            with rl.evaluation("after"), rl.full_weights():
-                judged_after(rl, rl.core, rl.tok, records, rl.reward_fn, judged["before"], seed, rl.eval_from)
+        judged_after(rl, rl.core, rl.tok, rl.eval_records, rl.reward_fn, judged.get("before"), rl.eval_from)
         return rl.finish()
 
 

@@ -1,4 +1,5 @@
-"""The option groups trainer configs are made of (each field's help text is its --help line).
+"""The option groups trainer configs (and the configs of eval, tpo and prefs) are made of (each
+field's help text is its --help line).
 
 Each option is declared once, in one group (a dataclass mixin here) or, when only one command has it,
 in that command's config. A command's config mixes in the groups it needs and adds its own fields;
@@ -30,7 +31,7 @@ from rlhfkit.core.choices import (
     OPTIMIZERS,
     PROMPT_OVERFLOW_MODES,
 )
-from rlhfkit.core.config import FrozenAfterValidation, check, option
+from rlhfkit.core.config import FrozenAfterValidation, check, option, retune
 from rlhfkit.core.environment import check_environment
 
 OVERFLOW_MODES = PROMPT_OVERFLOW_MODES
@@ -46,6 +47,56 @@ REWARD_SPECS_HELP = ("code[:fraction|all] (the completion's program against the 
                      "summed with reward_weights, each logged as reward/NAME. docs/rewards.md has an example of each. "
                      "In Python: a callable or a list")
 
+
+
+@dataclass
+class ModelNameArgs:
+    """The model a command loads (the trainers' policy; the model eval, tpo and prefs sample from)."""
+
+    model: str = option("smollm2-135m-instruct", "policy: 'smollm2-135m-instruct' (built in), a local HF model folder, "
+                        "or a Hub id org/name[@revision] (downloaded once into the HF_HOME cache)")
+
+
+@dataclass
+class DtypeArgs:
+    """The compute dtype of a loaded model; `auto` is resolved when the config is built."""
+
+    dtype: str = option("auto", "compute dtype. bf16: frozen base weights in bf16 and bf16 autocast (fast on GPUs and "
+                        "CPUs with AVX-512 BF16, slow on CPUs without: docs/benchmarks.md); trainable weights and "
+                        "optimiser state stay fp32. auto: bf16 where it is fast, else fp32", DTYPES)
+
+    def derived(self) -> dict:
+        """dtype auto becomes bf16 where bf16 matmuls are fast, else fp32 (config.yaml records it)."""
+        from rlhfkit.models.loading import resolve_dtype
+
+        return {"dtype": resolve_dtype(self.dtype)}
+
+
+@dataclass
+class SeedArgs:
+    seed: int = option(0, "seed for initialisation and data order; sampling uses seed + rank * prime + iteration")
+
+    def validate(self) -> None:
+        check(0 <= self.seed < 2**63, f"seed ({self.seed}) must be in [0, 2**63 - 1]")
+
+
+@dataclass
+class PromptsArgs:
+    prompts: str = option("builtin:reviews", "prompts: builtin:reviews|stories|arithmetic|instructions|python-tasks or a "
+                          "JSONL/CSV/TXT file")
+
+
+@dataclass
+class MaxNewTokensArgs:
+    max_new_tokens: int = option(64, "response length limit of the evaluation samples")
+
+
+@dataclass
+class TopPArgs:
+    top_p: float = option(1.0, "1.0 = no nucleus truncation (recommended)")
+
+    def validate(self) -> None:
+        check(0 < self.top_p <= 1, f"top_p ({self.top_p}) must be in (0, 1]")
 
 
 @dataclass
@@ -73,6 +124,40 @@ class PromptLimitArgs:
               f"max_prompt_length ({self.max_prompt_length}) must be >= 1")
 
 
+@dataclass
+class SampleCommandArgs(PromptLimitArgs, PromptFormatArgs, DtypeArgs, SeedArgs, MaxNewTokensArgs, PromptsArgs,
+                        ModelNameArgs, FrozenAfterValidation):
+    """The commands that sample from a model without training it (eval, tpo, prefs): which model, which
+    prompts, how many, how they are formatted and sampled. Validated and frozen however built."""
+
+    model = retune(help="the model that samples (a folder, a run's final/, or the default)")
+    prompts = retune(help="prompts: builtin:NAME or a JSONL/CSV/TXT/Parquet file")
+    max_new_tokens = retune(48, "completion length limit")
+    dtype = retune(help="model weights/compute dtype; auto = bf16 where it is fast (GPU, CPU with AVX-512 BF16/AMX), "
+                   "else fp32")
+    seed = retune(help="seed for the prompt subset and sampling")
+    num_prompts: int | None = option(None, "a seeded random subset of this many prompts (None = all)")
+    temperature: float = option(1.0, "sampling temperature")
+    batch_size: int = option(16, "sequences per generate() call")
+
+    def validate(self) -> None:
+        check(self.num_prompts is None or self.num_prompts >= 1, f"num_prompts ({self.num_prompts}) must be >= 1")
+
+
+@dataclass
+class PromptSplitArgs:
+    """One split of `prompts` (eval, tpo)."""
+
+    split: str = option("test", "split of `prompts` (files without a split field are used whole)", ("train", "test"))
+
+
+@dataclass
+class OutDirArgs:
+    """The folder a command that writes no run folder writes its results to (eval, tpo)."""
+
+    out_dir: str = option("runs/eval", "folder for report.json and samples.jsonl")
+
+
 GENERATION_BATCH_HELP = ("prompts per generate() call on the CPU; on a CUDA GPU at least this many, all of them "
                          "where free GPU memory holds their KV cache (rollout/core.py generation_rows). Formerly "
                          "generation_batch_size, which now means TRL's (GRPO: completions per generation; "
@@ -80,13 +165,12 @@ GENERATION_BATCH_HELP = ("prompts per generate() call on the CPU; on a CUDA GPU 
 
 
 @dataclass
-class EvalSamplingArgs:
+class EvalSamplingArgs(MaxNewTokensArgs):
     """Samples on held-out prompts before and after training, and how they are drawn: the offline
     preference trainers' judged evaluation and the online trainers' before/after check."""
 
     num_eval_prompts: int = option(48, "held-out prompts for the judged win rate over the starting model (0 = skip)")
     eval_samples_per_prompt: int = option(2, "completions per held-out prompt, before and after training")
-    max_new_tokens: int = option(64, "response length limit of the evaluation samples")
     prompts_per_generate: int = option(16, GENERATION_BATCH_HELP)
 
 
@@ -150,16 +234,11 @@ class OptimizerArgs:
 
 
 @dataclass
-class ModelArgs(PromptFormatArgs):
-    model: str = option("smollm2-135m-instruct", "policy: 'smollm2-135m-instruct' (built in), a local HF model folder, "
-                        "or a Hub id org/name[@revision] (downloaded once into the HF_HOME cache)")
+class ModelArgs(DtypeArgs, ModelNameArgs, PromptFormatArgs):
     model_revision: str | None = option(None, "Hub revision (branch, tag or commit) of `model` when it is a Hub id")
     chat_template_path: str | None = option(None, "a Jinja chat template file, or a model/tokenizer folder whose "
                                             "template to use, replacing the tokenizer's own (saved with the trained "
                                             "model's tokenizer)")
-    dtype: str = option("auto", "compute dtype. bf16: frozen base weights in bf16 and bf16 autocast (fast on GPUs and "
-                        "CPUs with AVX-512 BF16, slow on CPUs without: docs/benchmarks.md); trainable weights and "
-                        "optimiser state stay fp32. auto: bf16 where it is fast, else fp32", DTYPES)
     lora: bool = option(True, "train LoRA adapters (the reference is then the adapter-disabled base); false = full fine-tuning")
     lora_r: int = option(16, "LoRA rank")
     lora_alpha: int = option(32, "LoRA alpha (scale = alpha / r)")
@@ -183,12 +262,9 @@ class ModelArgs(PromptFormatArgs):
               "lora_target_modules ([]) must name at least one module, or be None to choose them")
 
     def derived(self) -> dict:
-        """Every loader reads `org/name@revision` (idempotent for a saved config); dtype auto becomes
-        bf16 where bf16 matmuls are fast, else fp32 (config.yaml records the resolved dtype)."""
-        from rlhfkit.models.loading import resolve_dtype
-
+        """Every loader reads `org/name@revision` (idempotent for a saved config); DtypeArgs resolves dtype."""
         model = f"{self.model.partition('@')[0]}@{self.model_revision}" if self.model_revision else self.model
-        return {"model": model, "dtype": resolve_dtype(self.dtype)}
+        return {"model": model}
 
     gradient_checkpointing: bool = option(False, "recompute each transformer layer's activations in the backward pass "
                                           "instead of storing them: training activation memory drops from ~all "
@@ -201,15 +277,13 @@ class ModelArgs(PromptFormatArgs):
 
 
 @dataclass
-class SamplingArgs(PromptLimitArgs):
+class SamplingArgs(TopPArgs, PromptLimitArgs):
     temperature: float = option(1.0, "sampling temperature; log-probs, reference and entropy use the same T")
     top_k: int = option(0, "0 = no top-k truncation (recommended: truncation biases the stored log-probs)")
-    top_p: float = option(1.0, "1.0 = no nucleus truncation (recommended)")
     stop_ids: list[int] | None = option(None, "token ids that end a response (default: the tokenizer's eos)")
 
     def validate(self) -> None:
         check(self.top_k >= 0, f"top_k ({self.top_k}) must be >= 0 (0 = no top-k truncation)")
-        check(0 < self.top_p <= 1, f"top_p ({self.top_p}) must be in (0, 1]")
         check(self.stop_ids is None or all(i >= 0 for i in self.stop_ids),
               f"stop_ids ({self.stop_ids}) must be token ids >= 0")
 
@@ -247,12 +321,11 @@ class GenerationArgs:
 
 
 @dataclass
-class RunArgs(FrozenAfterValidation):
+class RunArgs(SeedArgs, FrozenAfterValidation):
     output_dir: str = option("runs", "parent folder of run folders")
     run_name: str | None = option(None, "run folder name inside output_dir (default: COMMAND-DATE-TIME). An existing "
                                   "folder is refused unless resumed or overwrite=true; the live run locks it "
                                   "(docs/run-folders.md)")
-    seed: int = option(0, "seed for initialisation and data order; sampling uses seed + rank * prime + iteration")
     quiet: bool = option(False, "plain one-line logs instead of progress bars (for log files)")
     tensorboard: bool | None = option(None, "log to TensorBoard (None: when installed)")
     wandb: bool = option(False, "log to Weights & Biases (when installed)")
@@ -278,7 +351,6 @@ class RunArgs(FrozenAfterValidation):
         check(self.keep_checkpoints >= 1, f"keep_checkpoints ({self.keep_checkpoints}) must be >= 1")
         check(self.max_nonfinite_steps >= 1, f"max_nonfinite_steps ({self.max_nonfinite_steps}) must be >= 1")
         check(self.logging_steps >= 1, f"logging_steps ({self.logging_steps}) must be >= 1")
-        check(0 <= self.seed < 2**63, f"seed ({self.seed}) must be in [0, 2**63 - 1]")
         check_environment()  # what the run reads from the environment is checked like its options
 
 
@@ -385,11 +457,9 @@ class EvalSplitArgs:
 
 
 @dataclass
-class RolloutArgs(EvalSplitArgs, EvalSamplingArgs):
+class RolloutArgs(PromptsArgs, EvalSplitArgs, EvalSamplingArgs):
     """The online trainers' loop (PPO, TRPO, the GRPO family, online DPO): prompts, iterations, what is written."""
 
-    prompts: str = option("builtin:reviews", "prompts: builtin:reviews|stories|arithmetic|instructions|python-tasks or a "
-                          "JSONL/CSV/TXT file")
     eval_prompts: str | None = option(None, "held-out prompts for the before/after check (default: the eval_split "
                                       "of `prompts`; without one, a fixed sample of its training prompts, said so)")
     iterations: int = option(18, "iterations (rollout + update)")

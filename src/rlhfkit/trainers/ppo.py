@@ -33,7 +33,7 @@ from rlhfkit.algos import (
     ppo_value_loss,
 )
 from rlhfkit.algos.registry import choose
-from rlhfkit.core.config import config_main
+from rlhfkit.core.command_line import config_main
 from rlhfkit.core.precision import autocast
 from rlhfkit.rollout import Rollout, forward_logprobs
 from rlhfkit.trainers.advantages import compute_advantages

@@ -50,8 +50,9 @@ from rlhfkit.rollout.score import score_rollout
 from rlhfkit.rollout.texts import sample_and_score
 from rlhfkit.runtime.batch_plan import micro_batch_of_run
 from rlhfkit.runtime.distributed import mean_over_processes
+from rlhfkit.runtime.final_folder import actor_saver
 from rlhfkit.runtime.optim import optimizer_for
-from rlhfkit.runtime.run import Launch, Run, actor_saver
+from rlhfkit.runtime.run import Launch, Run
 from rlhfkit.trainers.options import reward_options
 from rlhfkit.trainers.rl_update import LossFn, env_rates, update_policy
 

@@ -22,7 +22,7 @@ import time
 import torch
 
 from rlhfkit.algos import bradley_terry_loss
-from rlhfkit.core.config import config_main
+from rlhfkit.core.command_line import config_main
 from rlhfkit.core.devices import HOST
 from rlhfkit.core.precision import autocast
 from rlhfkit.data.prefs import resolve_prefs

@@ -24,7 +24,7 @@ from functools import partial
 import torch
 
 from rlhfkit.algos import aggregate_loss
-from rlhfkit.core.config import config_main
+from rlhfkit.core.command_line import config_main
 from rlhfkit.core.devices import HOST
 from rlhfkit.core.precision import autocast
 from rlhfkit.data.chat import IGNORE_INDEX

@@ -44,7 +44,7 @@ from rlhfkit.algos.trpo import (
     token_kl,
     trpo_step,
 )
-from rlhfkit.core.config import config_main
+from rlhfkit.core.command_line import config_main
 from rlhfkit.core.devices import HOST
 from rlhfkit.core.precision import autocast
 from rlhfkit.errors import UserError

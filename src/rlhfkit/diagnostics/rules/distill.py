@@ -7,9 +7,9 @@ rollout/entropy distillation logs too.
 from __future__ import annotations
 
 from rlhfkit.diagnostics.findings import Finding
-from rlhfkit.diagnostics.history import History, fmt, iterations, mean, values
+from rlhfkit.diagnostics.history import History, fmt, mean
 from rlhfkit.diagnostics.rules.common import lr_hint
-from rlhfkit.diagnostics.rules.generation import baseline_and_recent, span
+from rlhfkit.diagnostics.rules.generation import baseline_and_recent, shift_evidence, span
 from rlhfkit.diagnostics.rules.registry import finding, rule
 from rlhfkit.diagnostics.thresholds import Thresholds
 
@@ -34,9 +34,7 @@ def teacher_divergence_rising(h: History, t: Thresholds) -> list[Finding]:
         "teacher_divergence_rising", "warning", h,
         f"{key} rose from {fmt(b)} (iterations {span(base)}) to {fmt(r)} nats/token "
         f"(iterations {span(recent)}): the student is moving away from its teacher",
-        {"metric": key, "iterations": iterations(base) + iterations(recent),
-         "values": values(base) + values(recent), "baseline": b, "recent": r,
-         "threshold": t.teacher_kl_rise_factor},
+        shift_evidence(key, base, recent, threshold=t.teacher_kl_rise_factor),
         "Distillation should bring the student closer: lower the learning rate" + lr_hint(h) + ", check "
         "that the teacher shares the student's tokenizer and chat template and samples at the same "
         "temperature, and read samples.jsonl for degenerate answers.",

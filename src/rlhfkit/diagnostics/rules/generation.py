@@ -26,6 +26,13 @@ def baseline_and_recent(h: History, key: str, t: Thresholds) -> tuple[list[Point
     return h.head(key, t.baseline_iterations), h.tail(key, t.recent_iterations)
 
 
+def shift_evidence(key: str, base: list[Point], recent: list[Point], **more) -> dict:
+    """A baseline-vs-recent finding's evidence: the metric, the points of both windows, the mean of
+    each (baseline, recent), then `more` (its ratio, threshold, ...)."""
+    return {"metric": key, "iterations": iterations(base) + iterations(recent),
+            "values": values(base) + values(recent), "baseline": mean(base), "recent": mean(recent), **more}
+
+
 def span(points: list[Point]) -> str:
     return f"{points[0][0]}-{points[-1][0]}" if len(points) > 1 else str(points[0][0])
 
@@ -112,9 +119,8 @@ def entropy_collapse(h: History, t: Thresholds) -> list[Finding]:
         f"token entropy fell from {fmt(b)} (iterations {span(base)}) to {fmt(r)} nats "
         f"(iterations {span(recent)}), {fmt(100 * frac)}% of its start: the policy is collapsing "
         "onto a few answers",
-        {"metric": ENTROPY, "iterations": iterations(base) + iterations(recent),
-         "values": values(base) + values(recent), "baseline": b, "recent": r, "fraction": frac,
-         "threshold": t.entropy_critical_frac if severity == "critical" else t.entropy_collapse_frac},
+        shift_evidence(ENTROPY, base, recent, fraction=frac,
+                       threshold=t.entropy_critical_frac if severity == "critical" else t.entropy_collapse_frac),
         "Read the samples: identical answers mean mode collapse or reward hacking. Raise kl_coef "
         "(GRPO: beta) or the entropy bonus ent_coef, lower the learning rate" + lr_hint(h) + ", and "
         "check that the rollout temperature and the entropy use the same temperature-scaled logits.",
@@ -184,10 +190,9 @@ def length_explosion(h: History, t: Thresholds) -> list[Finding]:
         "length_explosion", "warning", h,
         f"mean response length grew from {fmt(b)} (iterations {span(base)}) to {fmt(r)} tokens "
         f"(iterations {span(recent)}){ctx}",
-        {"metric": LENGTH, "iterations": iterations(base) + iterations(recent),
-         "values": values(base) + values(recent), "baseline": b, "recent": r, "ratio": r / b,
-         "reward_baseline": rw[0] if rw else None, "reward_recent": rw[1] if rw else None,
-         "threshold": t.length_explode_factor},
+        shift_evidence(LENGTH, base, recent, ratio=r / b,
+                       reward_baseline=rw[0] if rw else None, reward_recent=rw[1] if rw else None,
+                       threshold=t.length_explode_factor),
         "Read the samples. If the reward rewards length, normalise it by length or add a length "
         "penalty; if answers no longer stop, check rollout/stop_fraction, stop_ids and "
         "no_stop_penalty; raise kl_coef to stay near the reference.",
@@ -213,10 +218,8 @@ def length_collapse(h: History, t: Thresholds) -> list[Finding]:
         "length_collapse", severity, h,
         f"mean response length fell from {fmt(b)} (iterations {span(base)}) to {fmt(r)} tokens "
         f"(iterations {span(recent)})" + (": answers are (nearly) empty" if empty else ""),
-        {"metric": LENGTH, "iterations": iterations(base) + iterations(recent),
-         "values": values(base) + values(recent), "baseline": b, "recent": r,
-         "ratio": r / b if b > 0 else None,
-         "threshold": t.length_min_tokens if empty else t.length_collapse_factor},
+        shift_evidence(LENGTH, base, recent, ratio=r / b if b > 0 else None,
+                       threshold=t.length_min_tokens if empty else t.length_collapse_factor),
         "Read the samples: a reward that favours short answers (or penalises every token via the "
         "KL) teaches the policy to stop at once. Check the EOS handling (pad == eos: response "
         "masks must come from the generated tokens, not token == pad), that the stop token is "
@@ -243,9 +246,8 @@ def stop_fraction_falling(h: History, t: Thresholds) -> list[Finding]:
         "stop_fraction_falling", severity, h,
         f"fraction of responses ending with a stop token fell from {fmt(b)} (iterations "
         f"{span(base)}) to {fmt(r)} (iterations {span(recent)})",
-        {"metric": STOP, "iterations": iterations(base) + iterations(recent),
-         "values": values(base) + values(recent), "baseline": b, "recent": r, "drop": drop,
-         "threshold": t.stop_drop_critical if severity == "critical" else t.stop_drop_warn},
+        shift_evidence(STOP, base, recent, drop=drop,
+                       threshold=t.stop_drop_critical if severity == "critical" else t.stop_drop_warn),
         "Truncated answers get a score for half an answer: penalise responses that never stop "
         "(no_stop_penalty), check the configured stop_ids, raise max_new_tokens if answers "
         "legitimately grew, and look for rambling (length hacking) in the samples.",

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from rlhfkit.diagnostics.findings import Finding
 from rlhfkit.diagnostics.history import History, fmt, iterations, mean, values
-from rlhfkit.diagnostics.rules.generation import baseline_and_recent, span
+from rlhfkit.diagnostics.rules.generation import baseline_and_recent, shift_evidence, span
 from rlhfkit.diagnostics.rules.registry import finding, rule
 from rlhfkit.diagnostics.thresholds import Thresholds
 
@@ -27,9 +27,7 @@ def group_reward_std_collapse(h: History, t: Thresholds) -> list[Finding]:
         "group_reward_std_collapse", "warning", h,
         f"within-group reward std fell from {fmt(b)} (iterations {span(base)}) to {fmt(r)} "
         f"(iterations {span(recent)}): group-relative advantages are ~0, little is learned",
-        {"metric": GROUP_STD, "iterations": iterations(base) + iterations(recent),
-         "values": values(base) + values(recent), "baseline": b, "recent": r,
-         "threshold": t.group_std_collapse_frac},
+        shift_evidence(GROUP_STD, base, recent, threshold=t.group_std_collapse_frac),
         "Every completion of a prompt gets the same reward: sample more completions per prompt "
         "(group_size) or at a higher temperature, use a graded (not only 0/1) reward, drop prompts "
         "that are always or never solved, and check rollout/entropy for collapse.",

@@ -5,7 +5,7 @@ from __future__ import annotations
 from rlhfkit.diagnostics.findings import Finding
 from rlhfkit.diagnostics.history import History, fmt, iterations, mean, values
 from rlhfkit.diagnostics.rules.common import lr_hint
-from rlhfkit.diagnostics.rules.generation import baseline_and_recent, span
+from rlhfkit.diagnostics.rules.generation import baseline_and_recent, shift_evidence, span
 from rlhfkit.diagnostics.rules.registry import finding, rule
 from rlhfkit.diagnostics.thresholds import Thresholds
 
@@ -36,9 +36,8 @@ def dpo_chosen_logps_falling(h: History, t: Thresholds) -> list[Finding]:
         "dpo_chosen_logps_falling", "warning", h,
         f"log-prob of the chosen answers fell {fmt(drop)} nats, {fmt(b)} -> {fmt(r)} (iterations "
         f"{span(base)} -> {span(recent)}){rej_txt}: the margin grows by pushing both answers down",
-        {"metric": CHOSEN, "iterations": iterations(base) + iterations(recent),
-         "values": values(base) + values(recent), "baseline": b, "recent": r, "drop": drop,
-         "rejected_drop": rej_drop, "threshold": t.dpo_logp_drop},
+        shift_evidence(CHOSEN, base, recent, drop=drop,
+                       rejected_drop=rej_drop, threshold=t.dpo_logp_drop),
         "Likelihood displacement: add an NLL (SFT) term on the chosen answers (RPO / DPOP), raise "
         "beta, lower the learning rate" + lr_hint(h) + " or train fewer epochs; check generations, "
         "since probability mass leaving both answers can go to unrelated text.",
