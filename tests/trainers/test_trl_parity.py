@@ -384,3 +384,109 @@ def test_reward_model_loss_and_gradient_match_trls_reward_trainer(with_margin):
 
     theirs = me.compute_loss(trl_model, inputs)
     _close(ours, theirs, [p for p in model.parameters() if p.requires_grad])
+
+
+# ----------------------------------------------------------------------------- SFT, completion-only (TRL: SFTTrainer)
+
+
+SFT_ROWS = [{"prompt": "Say hi", "response": "hello there"}, {"prompt": "Add 2 and 2", "response": "4"},
+            {"prompt": "Name a colour", "response": "Blue sky"}]
+
+
+def _trl_sft_dataset(tok, tmp_path, texts):
+    """TRL 1.16's own SFT data preparation (SFTTrainer._prepare_dataset: tokenize prompt and prompt +
+    completion, completion_mask from their common prefix, labels -100 off the completion) of these
+    (prompt text, full text) pairs as prompt-completion records."""
+    from datasets import Dataset
+    from trl import SFTConfig as TRLSFTConfig
+    from trl import SFTTrainer
+
+    args = TRLSFTConfig(output_dir=str(tmp_path), max_length=None, completion_only_loss=True, report_to=[],
+                        bf16=False, use_cpu=True)
+    me = _standin(SFTTrainer, completion_only_loss=True, chat_template=None, _tokenizer=tok)
+    ds = Dataset.from_list([{"prompt": p, "completion": full[len(p):]} for p, full in texts])
+    return list(SFTTrainer._prepare_dataset(me, ds, tok, args, False, None, "train"))
+
+
+def test_sft_completion_only_loss_masks_and_gradient_match_trl(tmp_path):
+    """TRL's SFT on prompt-completion records (completion_only_loss, its default there): the same token ids
+    and trained tokens as rlhfkit's tokenize_examples, and TRL's SFTTrainer.compute_loss (its fused LM head:
+    sum of -log p over the labelled tokens / their count) gives rlhfkit's loss (ResponseNLL + the token mean,
+    trainers/sft.py) and the same gradient on every weight of the tiny model."""
+    import copy
+
+    from trl import SFTTrainer
+    from trl.trainer.sft_trainer import DataCollatorForLanguageModeling
+    from trl.trainer.utils import add_fused_lm_head
+
+    from rlhfkit.algos import aggregate_loss
+    from rlhfkit.core.config import build_config
+    from rlhfkit.data.chat import format_example
+    from rlhfkit.data.sft import collate, tokenize_examples
+    from rlhfkit.models.response_nll import ResponseNLL
+    from rlhfkit.trainers.sft_config import SFTConfig
+
+    from tiny_lm import build_tiny_model, build_tokenizer
+
+    tok = build_tokenizer()
+    cfg = build_config(SFTConfig, {"model": "unused", "data": "d.jsonl", "dtype": "fp32", "chat_template": False})
+    ours_ex, dropped = tokenize_examples(tok, SFT_ROWS, cfg, 512)
+    texts = [format_example(tok, r["prompt"], r["response"], False, None) for r in SFT_ROWS]
+    theirs_ex = _trl_sft_dataset(tok, tmp_path, texts)
+    assert dropped == 0 and len(theirs_ex) == len(ours_ex) == 3
+    for o, t in zip(ours_ex, theirs_ex):
+        assert o["input_ids"] == t["input_ids"] and o["labels"] == t["labels"]
+        assert 0 < sum(x != -100 for x in o["labels"]) < len(o["labels"])  # the prompt is masked
+
+    model = build_tiny_model(len(tok), seed=3).train()
+    theirs_model = copy.deepcopy(model)
+    add_fused_lm_head(theirs_model, outputs=("log_probs", "entropy", "is_top1"))
+    me = _standin(SFTTrainer, model=theirs_model, aux_loss_enabled=False, compute_loss_func=None,
+                  label_smoother=None, accelerator=_accelerator(parallelism_config=None),
+                  args=SimpleNamespace(loss_type="nll", average_tokens_across_devices=False),
+                  _metrics=_metrics(), _total_train_tokens=0, _tp_size=1)
+    batch = DataCollatorForLanguageModeling(pad_token_id=tok.pad_token_id)(
+        [{"input_ids": t["input_ids"], "labels": t["labels"]} for t in theirs_ex])
+    theirs = me.compute_loss(theirs_model, batch)
+
+    b = collate(ours_ex, tok.pad_token_id)
+    nll, mask = ResponseNLL(model)(**b)
+    ours = aggregate_loss(nll, mask, num_tokens=float(mask.sum()))
+    assert ours.item() == pytest.approx(theirs.item(), rel=1e-5)
+    theirs.backward()
+    ours.backward()
+    grads = {n: p.grad for n, p in theirs_model.named_parameters()}
+    scale = max(g.abs().max().item() for g in grads.values())
+    assert scale > 0
+    for n, p in model.named_parameters():
+        torch.testing.assert_close(p.grad, grads[n], rtol=1e-4, atol=1e-5 * scale)
+
+
+def test_known_difference_sft_tokens_merged_across_the_prompt_boundary(tmp_path):
+    """When the prompt text ends in a space and the response's first word merges with it ("Assistant: " +
+    "a deep blue" -> the token " a"), TRL keeps the whole text's tokens and starts the completion where the
+    prompt's tokens diverge (the prompt's last token is left out); rlhfkit tokenises prompt and response apart
+    (data/chat.py tokenize_sft_example), so the prompt tokens are those seen at generation. Both train on
+    the response text; the token sequences differ."""
+    from rlhfkit.core.config import build_config
+    from rlhfkit.data.chat import format_example
+    from rlhfkit.data.sft import tokenize_examples
+    from rlhfkit.trainers.sft_config import SFTConfig
+
+    from tiny_lm import build_tokenizer
+
+    tok = build_tokenizer()
+    row = {"prompt": "Name a colour", "response": "a deep blue"}
+    cfg = build_config(SFTConfig, {"model": "unused", "data": "d.jsonl", "dtype": "fp32", "chat_template": False})
+    (ours,), _ = tokenize_examples(tok, [row], cfg, 512)
+    prompt, full = format_example(tok, row["prompt"], row["response"], False, None)
+    (theirs,) = _trl_sft_dataset(tok, tmp_path, [(prompt, full)])
+
+    def encode(text):
+        return tok(text, add_special_tokens=False)["input_ids"]
+
+    assert theirs["input_ids"] == encode(full)  # TRL: the whole text's tokens
+    assert ours["input_ids"] == encode(prompt) + encode(full[len(prompt):])  # rlhfkit: prompt, then response
+    assert theirs["input_ids"] != ours["input_ids"]
+    trained = [tok.decode([i for i, x in zip(e["input_ids"], e["labels"]) if x != -100]) for e in (ours, theirs)]
+    assert trained[0] == "a deep blue<|im_end|>" and trained[1].strip() == "a deep blue<|im_end|>"
