@@ -1,11 +1,13 @@
-"""Parity with TRL 1.16 (the `dev` extra installs trl==1.16.0): TRL's own loss code and rlhfkit's on the
-same tensors, loss and gradients to float32 round-off; each known difference is a named test.
+"""Parity with TRL 1.16 (the `dev` extra installs trl==1.16.0) for the preference, reward-model and SFT
+losses: TRL's own loss code and rlhfkit's on the same tensors, loss and gradients to round-off; each known
+difference is a named test.
 
-TRL's DPO loss lives inside DPOTrainer._compute_loss, which runs the model: it is called here on a
-stand-in trainer (the attributes it reads) and a stand-in model whose output carries the given
-per-token log-probs, so both sides differentiate the same leaf tensor. PPO's parity needs trl 1.12
-(1.16 removed PPOTrainer), which cannot be installed beside 1.16: bench/bench_ppo.py runs it in its
-own environment (the `bench` extra).
+TRL keeps its losses inside trainer methods that run the model (DPOTrainer._compute_loss,
+CPOTrainer/ORPOTrainer.get_batch_loss_metrics, KTOTrainer._compute_loss, RewardTrainer.compute_loss,
+SFTTrainer.compute_loss): each is called on a stand-in trainer (the attributes it reads) and a stand-in
+model whose output carries the given log-probs or logits (a tiny model for SFT), so both sides
+differentiate the same leaf tensor. The RL losses are in test_trl_parity_rl.py; PPO, which needs trl 1.12
+(1.16 removed PPOTrainer), in test_trl_parity_ppo.py. docs/algorithms.md lists what is compared.
 """
 
 from __future__ import annotations
