@@ -109,7 +109,7 @@ class Thresholds:
     explains ~90% of the return variance: flat is then fine (a critic's loss should settle at a
     low level)."""
     explained_variance_warn: float = -0.1
-    """rollout/explained_variance below -0.1 (the mean of the recent iterations, from
+    """rollout/explained_variance below -0.1 (the median of the recent iterations, from
     value_min_iterations on): the critic's values predict the returns worse than their mean
     does, by more than the noise of a small batch, so A = R - V varies more than R itself and
     the critic adds noise instead of removing it. A zero-initialised value head reads 0."""
