@@ -265,6 +265,25 @@ def test_a_flat_value_loss_while_the_policy_moves_is_a_warning_even_if_the_rewar
     assert moved and "KL to the reference went" in moved[0].message
 
 
+def test_a_flat_value_loss_of_a_baseline_critic_is_info():
+    """Mean value within 0.25 reward std (0.4) of the mean return and explained variance about 0: the
+    critic learned the returns' mean, so the flat loss is info. Gap 0.09 < 0.1 = 0.25 x 0.4; a gap of
+    0.11, an explained variance with median -0.2, or no such metrics keep the warning."""
+    def baseline(gap, ev):
+        rows = _flat_critic()
+        for r in rows:
+            r.update({"rollout/value_mean": 0.5 + gap, "rollout/return_mean": 0.5, "rollout/explained_variance": ev})
+        return [f for f in diagnose(rows, strict=True) if f.rule == "value_loss_not_learning"]
+
+    found = baseline(0.09, 0.0)
+    assert found and {f.severity for f in found} == {"info"} and found[0].iteration == 5
+    assert abs(found[0].evidence["value_mean_gap"] - 0.09) <= 1e-9 and found[0].evidence["explained_variance_median"] == 0
+    assert "the critic is a baseline" in found[0].message
+    assert {f.severity for f in baseline(0.11, 0.0)} == {"warning"}
+    assert {f.severity for f in baseline(0.0, -0.2)} == {"warning"}
+    assert {f.severity for f in diagnose(_flat_critic(), strict=True) if f.rule == "value_loss_not_learning"} == {"warning"}
+
+
 def test_a_flat_value_loss_is_fine_when_nothing_moves_or_the_critic_has_learned():
     still = _flat_critic(approx_kl=1e-5)  # a frozen policy and a flat reward: nothing new to learn
     assert [f for f in diagnose(still, strict=True) if f.rule == "value_loss_not_learning"] == []

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import json
 
 import torch
@@ -13,7 +12,6 @@ from rlhfkit.models.policy import ActorCritic, ValueHead
 from rlhfkit.runtime.checkpointer import regroup
 from rlhfkit.runtime.optim import make_optimizer
 from rlhfkit.trainers.ppo_config import PPOConfig
-from rlhfkit.trainers.rl import parameter_groups
 from tests.trainers.test_resume import make_cfg, read_jsonl
 
 
@@ -24,27 +22,29 @@ class _LM(nn.Module):
         self.b = nn.Linear(n, 2)
 
 
-def _actor(critic: bool) -> ActorCritic:
+def _actor(critic: bool, value_head_lr: float | None = None) -> ActorCritic:
     actor = ActorCritic.__new__(ActorCritic)
     nn.Module.__init__(actor)
     actor.policy, actor.value_head = _LM(3), ValueHead(3)
     actor.critic = _LM(4) if critic else None
+    actor.value_head_lr = value_head_lr
     return actor
 
 
-def _cfg(value_head_lr):
-    return dataclasses.make_dataclass("C", [("value_head_lr", object, value_head_lr)])()
+def parameter_groups(actor: ActorCritic, value_head_lr: float | None) -> list[dict]:
+    actor.value_head_lr = value_head_lr
+    return actor.parameter_groups()
 
 
 def test_groups_keep_the_parameters_order_and_give_the_head_its_lr():
     for critic in (False, True):
         actor = _actor(critic)
-        groups = parameter_groups(actor, _cfg(1e-4))
+        groups = parameter_groups(actor, 1e-4)
         assert [p for g in groups for p in g["params"]] == list(actor.parameters())
         head = {id(p) for p in actor.value_head.parameters()}
         assert [g.get("lr") for g in groups] == [None, 1e-4] + ([None] if critic else [])
         assert all((id(p) in head) == (g.get("lr") == 1e-4) for g in groups for p in g["params"])
-        assert parameter_groups(actor, _cfg(None)) == [{"params": list(actor.parameters())}]
+        assert parameter_groups(actor, None) == [{"params": list(actor.parameters())}]
 
 
 def test_the_head_steps_at_its_own_lr():
@@ -54,7 +54,7 @@ def test_the_head_steps_at_its_own_lr():
     torch.manual_seed(0)
     actor = _actor(False).double()
     nn.init.normal_(actor.value_head.summary.weight)
-    opt, _ = make_optimizer(parameter_groups(actor, _cfg(1e-5)), lr=1e-3, warmup_steps=1, eps=1e-12)
+    opt, _ = make_optimizer(parameter_groups(actor, 1e-5), lr=1e-3, warmup_steps=1, eps=1e-12)
     before = [p.detach().clone() for p in actor.parameters()]
     x = torch.randn(5, 3, dtype=torch.float64)
     (actor.policy.b(actor.policy.a(x)).square().sum() + actor.value_head(actor.policy.a(x)[None]).sum()).backward()
@@ -68,12 +68,12 @@ def test_the_head_steps_at_its_own_lr():
 
 def test_regroup_splits_a_one_group_state_in_order_and_leaves_others_alone():
     actor = _actor(True)
-    one, _ = make_optimizer(parameter_groups(actor, _cfg(None)), lr=1e-3, warmup_steps=1)
+    one, _ = make_optimizer(parameter_groups(actor, None), lr=1e-3, warmup_steps=1)
     for p in actor.parameters():
         p.grad = torch.randn_like(p)
     one.step()
     saved = one.state_dict()
-    three, _ = make_optimizer(parameter_groups(actor, _cfg(1e-4)), lr=1e-3, warmup_steps=1)
+    three, _ = make_optimizer(parameter_groups(actor, 1e-4), lr=1e-3, warmup_steps=1)
     three.load_state_dict(regroup(saved, three))
     for p in actor.parameters():  # each parameter got its own moments back
         assert torch.equal(three.state[p]["exp_avg"], one.state[p]["exp_avg"])

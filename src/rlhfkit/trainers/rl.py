@@ -247,27 +247,6 @@ def evaluate_reward(model, tok, records, reward_fn, cfg: RLConfig, params: Sampl
 # ----------------------------------------------------------------------------- the RL run
 
 
-def parameter_groups(actor, cfg) -> list[dict]:
-    """The optimiser's parameter groups: all of `actor.parameters()` at cfg.lr, or, when
-    cfg.value_head_lr is set and `actor` has a value head, its runs of consecutive parameters split
-    where the value head's begin and end (policy, head at value_head_lr, a separate critic's after
-    it), so the groups hold the parameters in their order (`runtime/checkpointer.py` reads a
-    one-group checkpoint into them)."""
-    params = list(actor.parameters())
-    head_lr = getattr(cfg, "value_head_lr", None)
-    head = getattr(actor, "value_head", None)
-    if head_lr is None or head is None:
-        return [{"params": params}]
-    in_head = {id(p) for p in head.parameters()}
-    groups: list[dict] = []
-    for p in params:
-        lr = {"lr": head_lr} if id(p) in in_head else {}
-        if not groups or ("lr" in groups[-1]) != bool(lr):
-            groups.append({"params": [], **lr})
-        groups[-1]["params"].append(p)
-    return groups
-
-
 class RLRun(Run):
     """The run harness (runtime/run.py `Run`) plus the RL parts, complete when built by
     `RLRun(cfg, command, build_models)` with `build_models(cfg) -> (actor, reference | None, tokenizer)`:
@@ -290,7 +269,7 @@ class RLRun(Run):
         check_stop_ids(cfg.stop_ids, actor.policy.get_input_embeddings().num_embeddings)
         self.micro_batch_size, planned = micro_batch_of_run(cfg, command, actor, self.tok, train_records,
                                                             max_prompt_length, launch)
-        optimizer, scheduler = optimizer_for(parameter_groups(actor, cfg), cfg, planned_optimizer_steps(cfg))
+        optimizer, scheduler = optimizer_for(actor.parameter_groups(), cfg, planned_optimizer_steps(cfg))
         self.stream = PromptStream(train_records, cfg.seed, launch.rank, launch.world)
         self.generator = torch.Generator(device=HOST).manual_seed(cfg.seed)  # the update's shuffles
         if self.reference is not None:  # the frozen copy is not prepared; offloaded: stays in CPU memory
