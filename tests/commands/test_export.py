@@ -101,7 +101,7 @@ def test_model_card_states_base_data_method_settings_and_evaluation(ppo_run, tmp
     # prompts.txt has no held-out split: the card says the evaluation ran on training prompts
     assert f"| mean training-prompt reward (reward=length:3) | {before['mean']:.4g} | {after['mean']:.4g} |" in card
     assert f"| samples | {before['n']} | {after['n']} |" in card and f"| eval_change | {summary['eval_change']:.4g} |" in card
-    assert "`rlhfkit ppo`, LoRA r=16, alpha=32" in card and "| `kl_coef` | 0.03 |" in card
+    assert "`rlhfkit ppo`, LoRA r=16, alpha=32" in card and "| `kl_coef` | 0.06 |" in card
     assert f"| prompts | `{ppo_run.parent.parent / 'prompts.txt'}` |" in card and "| reward | `length:3` |" in card
     assert "[report/report.html](report/report.html)" in card and (out / "report" / "report.html").is_file()
     # the card's own loading code runs on the folder

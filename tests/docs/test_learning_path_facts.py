@@ -61,7 +61,8 @@ def test_the_zero_head_claim_is_limited_to_the_first_step():
     assert "A zero head gives the backbone no gradient at the first step only" in text
 
 
-def test_the_kl_coef_comment_gives_entry_19s_range():
+def test_the_kl_coef_comment_gives_entry_21s_figures():
     src = (ROOT / "src" / "rlhfkit" / "trainers" / "ppo_config.py").read_text(encoding="utf-8")
-    assert "moves 6-14 nats from the reference" in src and "7-13 nats" not in src
-    assert "keeps the policy 6-14 nats from the reference" in _text(LEARN / "21-defaults-and-beyond.md")
+    assert "0.05 touched 10.6 at one seed, 0.07 stayed at 4-5" in src
+    page = _text(LEARN / "21-defaults-and-beyond.md")
+    assert "0.05 reached 10.6 at seed 0" in page and "0.07 stayed at 4-5" in page

@@ -57,7 +57,7 @@ OVERLAYS = (
             "fitted to (return = advantage + value, learning path entry 11). The value head starts at zero, so "
             "value starts at 0; a healthy critic closes the gap within a few iterations and then follows the "
             "return. A gap that stays open means every advantage carries the critic's error (entry 8): look at "
-            "loss/value, vf_coef and the learning rate."),
+            "loss/value and value_head_lr (the value head's own learning rate)."),
     Overlay("approx_kl vs clip fraction", ("params/approx_kl", "params/policy_clip_frac"), True,
             "Two measures of how far one update moved the policy from the one that sampled the rollout: "
             "approx_kl in nats per token (k2), the clip fraction as the share of tokens whose ratio left "

@@ -97,6 +97,11 @@ class Thresholds:
     """Rewards "move" when the mean reward changed by at least 0.25 per-sample reward
     standard deviations (rollout/reward_std) across the window: the return targets changed,
     so a learning critic's loss should change too."""
+    value_baseline_gap: float = 0.25
+    """A critic whose mean value (rollout/value_mean) lies within 0.25 per-sample reward standard
+    deviations of the mean return (rollout/return_mean) over the window, with an explained
+    variance of about 0 (median not below explained_variance_warn), has learned the returns' mean:
+    a flat value loss is then reported as info, not as a critic that does not learn."""
     value_policy_kl: float = 1e-3
     """The policy "moves" when params/approx_kl averages at least 1e-3 nats/token per update
     over the window (~0.05 nats per 48-token response per update; a frozen policy gives
@@ -109,7 +114,7 @@ class Thresholds:
     explains ~90% of the return variance: flat is then fine (a critic's loss should settle at a
     low level)."""
     explained_variance_warn: float = -0.1
-    """rollout/explained_variance below -0.1 (the mean of the recent iterations, from
+    """rollout/explained_variance below -0.1 (the median of the recent iterations, from
     value_min_iterations on): the critic's values predict the returns worse than their mean
     does, by more than the noise of a small batch, so A = R - V varies more than R itself and
     the critic adds noise instead of removing it. A zero-initialised value head reads 0."""

@@ -99,11 +99,12 @@ class ActorCritic(nn.Module):
     """
 
     def __init__(self, policy: nn.Module, value_head: ValueHead | None, critic: nn.Module | None = None,
-                 share_prompts: bool = False, share_prefix: bool = False):
+                 share_prompts: bool = False, share_prefix: bool = False, value_head_lr: float | None = None):
         super().__init__()
         self.policy = policy
         self.value_head = value_head
         self.critic = critic
+        self.value_head_lr = value_head_lr  # the value head's own learning rate (None: the optimiser's)
         self.share_prompts = share_prompts  # run a prompt shared by several rows once (shared_prompts.py)
         self.share_prefix = share_prefix  # run the prompt prefix all rows share once (shared_prompts.py)
         # Frozen bottom layers shared by the policy and the adapter-off reference and reused by
@@ -113,6 +114,24 @@ class ActorCritic(nn.Module):
     @property
     def config(self):
         return _unwrap(self.policy).config
+
+    def parameter_groups(self) -> list[dict]:
+        """The optimiser's parameter groups: every parameter in one group, or, when value_head_lr is
+        set and there is a value head, the runs of consecutive parameters split where the head's
+        begin and end (policy; head at value_head_lr; a separate critic's after it), so the groups
+        hold the parameters in their order (`runtime/checkpointer.regroup` reads a one-group
+        checkpoint into them)."""
+        params = list(self.parameters())
+        if self.value_head_lr is None or self.value_head is None:
+            return [{"params": params}]
+        in_head = {id(p) for p in self.value_head.parameters()}
+        groups: list[dict] = []
+        for p in params:
+            lr = {"lr": self.value_head_lr} if id(p) in in_head else {}
+            if not groups or ("lr" in groups[-1]) != bool(lr):
+                groups.append({"params": [], **lr})
+            groups[-1]["params"].append(p)
+        return groups
 
     def scoring_shares(self) -> tuple[bool, bool]:
         """(share_prompts, share_prefix) of the scoring and training forwards: both off when FSDP2 shards

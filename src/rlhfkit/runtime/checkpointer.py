@@ -101,6 +101,23 @@ def optimizer_settings(optimizer, scheduler) -> tuple[list[dict], list[float]]:
     return groups, list(_schedule(scheduler).base_lrs)
 
 
+def regroup(saved: dict, optimizer) -> dict:
+    """An optimiser state dict saved with one parameter group, split into `optimizer`'s groups when
+    they hold the same parameters in the same order (a checkpoint from before the run's config gave
+    part of the model its own lr, e.g. PPO's value_head_lr); any other state is returned unchanged
+    for torch to load or refuse. Each new group takes the saved group's settings; this run's own are
+    put back afterwards (`apply_optimizer_settings`)."""
+    groups = saved.get("param_groups", [])
+    sizes = [len(g["params"]) for g in optimizer.param_groups]
+    if len(groups) != 1 or len(sizes) == 1 or len(groups[0]["params"]) != sum(sizes):
+        return saved
+    ids, split, start = groups[0]["params"], [], 0
+    for size in sizes:
+        split.append({**groups[0], "params": ids[start:start + size]})
+        start += size
+    return {**saved, "param_groups": split}
+
+
 def apply_optimizer_settings(optimizer, scheduler, settings: tuple[list[dict], list[float]]) -> None:
     """Put configured settings back after a checkpoint's optimiser and schedule state were loaded
     (`rlhfkit sft --resume RUN lr=1e-5` trains at 1e-5). A changed base lr also changes the lr in
@@ -203,7 +220,7 @@ class Checkpointer:
         if self.on_fsdp2:
             fsdp2.load_optimizer_state(self.model, self.optimizer, state["optimizer"])
         else:
-            self.optimizer.load_state_dict(state["optimizer"])
+            self.optimizer.load_state_dict(regroup(state["optimizer"], self.optimizer))
         self.scheduler.load_state_dict(state["scheduler"])
         apply_optimizer_settings(self.optimizer, self.scheduler, configured)
         for name, obj in self.objects.items():

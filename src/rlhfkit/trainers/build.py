@@ -60,7 +60,7 @@ def build_actor_critic(cfg):
         if cfg.gradient_checkpointing:
             set_gradient_checkpointing(critic)
     actor = ActorCritic(policy, ValueHead(hidden), critic,
-                        share_prefix=cfg.share_prefix and not cfg.gradient_checkpointing)
+                        share_prefix=cfg.share_prefix and not cfg.gradient_checkpointing, value_head_lr=cfg.value_head_lr)
     reference = make_reference(actor, cfg) if cfg.kl_coef > 0 else None
     return actor, reference, tok
 

@@ -270,7 +270,7 @@ class RLRun(Run):
         check_stop_ids(cfg.stop_ids, actor.policy.get_input_embeddings().num_embeddings)
         self.micro_batch_size, planned = micro_batch_of_run(cfg, command, actor, self.tok, train_records,
                                                             max_prompt_length, launch)
-        optimizer, scheduler = optimizer_for(actor.parameters(), cfg, planned_optimizer_steps(cfg))
+        optimizer, scheduler = optimizer_for(actor.parameter_groups(), cfg, planned_optimizer_steps(cfg))
         self.stream = PromptStream(train_records, cfg.seed, launch.rank, launch.world)
         self.generator = torch.Generator(device=HOST).manual_seed(cfg.seed)  # the update's shuffles
         if self.reference is not None:  # the frozen copy is not prepared; offloaded: stays in CPU memory

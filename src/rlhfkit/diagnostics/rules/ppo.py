@@ -9,7 +9,7 @@ keys, so the policy rules apply to it too.
 from __future__ import annotations
 
 from rlhfkit.diagnostics.findings import Finding
-from rlhfkit.diagnostics.history import History, fmt, iterations, mean, rel_change, values
+from rlhfkit.diagnostics.history import History, fmt, iterations, mean, median, rel_change, values
 from rlhfkit.diagnostics.rules.common import lr_hint
 from rlhfkit.diagnostics.rules.registry import finding, rule
 from rlhfkit.diagnostics.thresholds import Thresholds
@@ -23,6 +23,8 @@ REWARD = "rollout/reward_mean"
 REWARD_STD = "rollout/reward_std"
 KL = "rollout/kl"
 EXPLAINED_VAR = "rollout/explained_variance"
+VALUE_MEAN = "rollout/value_mean"
+RETURN_MEAN = "rollout/return_mean"
 
 
 @rule("policy_clip_frac", metrics=(CLIP,), trainers=("ppo", "grpo"),
@@ -154,7 +156,26 @@ def _what_moves(h: History, its: list[int], k: int, t: Thresholds, std: float | 
     return moves
 
 
-@rule("value_loss_not_learning", metrics=(VALUE_LOSS, REWARD, REWARD_STD, APPROX_KL, KL), trainers=("ppo",),
+def _baseline_only(h: History, its: list[int], t: Thresholds, std: float | None) -> dict | None:
+    """Evidence that the critic over iterations ``its`` is a learned baseline: its mean value
+    within value_baseline_gap reward standard deviations of the mean return, and the median of
+    its explained variance not below explained_variance_warn (it does not add variance); None
+    otherwise, or when the run does not log these metrics."""
+    within = set(its)
+    ev = [p for p in h.series(EXPLAINED_VAR) if p[0] in within]
+    vm = [v for i, v in h.series(VALUE_MEAN) if i in within]
+    rm = [v for i, v in h.series(RETURN_MEAN) if i in within]
+    if not (std and ev and vm and rm):
+        return None
+    gap = abs(sum(vm) / len(vm) - sum(rm) / len(rm))
+    level = median(ev)
+    if gap > t.value_baseline_gap * std or level < t.explained_variance_warn:
+        return None
+    return {"value_mean_gap": gap, "explained_variance_median": level}
+
+
+@rule("value_loss_not_learning", metrics=(VALUE_LOSS, REWARD, REWARD_STD, APPROX_KL, KL, EXPLAINED_VAR, VALUE_MEAN,
+                                          RETURN_MEAN), trainers=("ppo",),
       summary="value loss flat or rising while the policy or the rewards move")
 def value_loss_not_learning(h: History, t: Thresholds) -> list[Finding]:
     """Over the last value_window iterations the policy moved (approx_kl, rollout/kl) or the mean
@@ -162,7 +183,9 @@ def value_loss_not_learning(h: History, t: Thresholds) -> list[Finding]:
     full window is judged as it is; a shorter one (from value_min_iterations on) only when the
     loss also stayed within value_flat_band of its mean, since a few noisy iterations can look
     like a rise. Silent when the value loss is already below value_learned_frac times the reward
-    variance, or starts at 0."""
+    variance, or starts at 0. A flat loss of a critic that is a learned baseline (`_baseline_only`:
+    its mean value follows the mean return, its explained variance is about 0) is reported as info:
+    it learned what the returns share and cannot yet tell one answer's from another's."""
     if h.current(VALUE_LOSS) is None:
         return []
     vl = h.tail(VALUE_LOSS, t.value_window)
@@ -187,6 +210,22 @@ def value_loss_not_learning(h: History, t: Thresholds) -> list[Finding]:
     moves = _what_moves(h, its, k, t, std)
     if not moves:
         return []
+    baseline = _baseline_only(h, its, t, std) if change < t.value_flat_rel else None
+    if baseline is not None:
+        return finding(
+            "value_loss_not_learning", "info", h,
+            f"value loss stayed flat ({fmt(vl_first)} -> {fmt(vl_last)}) over iterations {its[0]}-{its[-1]} "
+            f"while {' and '.join(moves)}, but the critic is a baseline: its mean value is within "
+            f"{fmt(baseline['value_mean_gap'])} of the mean return (reward std {fmt(std)}) and its explained "
+            f"variance has a median of {fmt(baseline['explained_variance_median'])}",
+            {"metric": VALUE_LOSS, "iterations": its, "values": values(vl), "value_loss_first": vl_first,
+             "value_loss_last": vl_last, "relative_change": change, "reward_std": std, "moves": moves,
+             **baseline},
+            "The advantages are then the returns less their mean, as without a critic: nothing is broken. "
+            "Values that tell answers apart need returns the prefix predicts (a reward on the whole text "
+            "is decided late), more answers per iteration (rollout_batch_size) or more iterations.",
+            score=0.5,
+        )
     if change < t.value_flat_rel:
         trend = "stayed flat"
     else:
@@ -199,8 +238,8 @@ def value_loss_not_learning(h: History, t: Thresholds) -> list[Finding]:
          "value_loss_first": vl_first, "value_loss_last": vl_last, "relative_change": change,
          "reward_std": std, "moves": moves},
         "A critic that does not learn gives noisy advantages: check the value loss and GAE "
-        "(returns = advantages + values computed before whitening, masked positions), raise vf_coef "
-        "(the value head shares lr with the policy: rlhfkit has no separate critic learning rate), "
+        "(returns = advantages + values computed before whitening, masked positions), raise "
+        "value_head_lr (the value head's own Adam step size; vf_coef only weighs the shared layers' share), "
         "and make sure value clipping is not freezing it (params/value_clip_frac, value_clip_eps).",
         score=1.0 + max(change, 0.0),
     )
@@ -209,23 +248,28 @@ def value_loss_not_learning(h: History, t: Thresholds) -> list[Finding]:
 @rule("explained_variance_low", metrics=(EXPLAINED_VAR,), trainers=("ppo",),
       summary="the critic predicts the returns worse than their mean")
 def explained_variance_low(h: History, t: Thresholds) -> list[Finding]:
-    """Recent mean of rollout/explained_variance (1 - Var(R - V) / Var(R)) below
-    explained_variance_warn, judged from value_min_iterations logged values on."""
+    """Recent median of rollout/explained_variance (1 - Var(R - V) / Var(R)) below
+    explained_variance_warn, judged from value_min_iterations logged values on. The median, not the
+    mean: one iteration's figure from 16 answers swings by +-0.4 (measured on the default demo), and
+    one such swing must not decide."""
     if h.current(EXPLAINED_VAR) is None or len(h.series(EXPLAINED_VAR)) < t.value_min_iterations:
         return []
     recent = h.tail(EXPLAINED_VAR, t.recent_iterations)
-    level = mean(recent)
+    level = median(recent)
     if level >= t.explained_variance_warn:
         return []
     return finding(
         "explained_variance_low", "warning", h,
-        f"explained variance of the value head averages {fmt(level)} over iterations {recent[0][0]}-{recent[-1][0]} "
+        f"explained variance of the value head has a median of {fmt(level)} over iterations "
+        f"{recent[0][0]}-{recent[-1][0]} "
         f"(below {fmt(t.explained_variance_warn)}): its values predict the returns worse than the returns' mean, so "
         "the advantages A = R - V are noisier than the returns themselves",
-        {"metric": EXPLAINED_VAR, "iterations": iterations(recent), "values": values(recent), "mean": level,
-         "threshold": t.explained_variance_warn},
-        "The critic lags the policy: raise vf_coef (the value head shares lr with the policy), make the policy's "
-        "updates smaller (fewer ppo_epochs, larger mini_batch_size, a lower lr) so the returns move less per "
-        "iteration, and check that value clipping is not freezing the critic (params/value_clip_frac).",
+        {"metric": EXPLAINED_VAR, "iterations": iterations(recent), "values": values(recent), "median": level,
+         "mean": mean(recent), "threshold": t.explained_variance_warn},
+        "Values that jump between rollouts (a value loss that falls while this stays below 0) come from a "
+        "value head stepping too far: lower value_head_lr (Adam moves each head weight by about that much per "
+        "step, whatever vf_coef is). A critic that lags the policy (a flat value loss) needs a larger "
+        "value_head_lr or smaller policy updates (fewer ppo_epochs, larger mini_batch_size, a lower lr); check "
+        "that value clipping is not freezing it (params/value_clip_frac).",
         score=1.0 + (t.explained_variance_warn - level),
     )
