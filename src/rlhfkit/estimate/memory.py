@@ -129,7 +129,8 @@ class MemoryArgs:
     device: str = option("gpu", "where the run computes: on the CPU the process's own memory counts (imports) "
                          "and long micro-batches run in row chunks", ("gpu", "cpu"))
     num_devices: int = option(1, "data-parallel devices (GPUs, or processes)")
-    sharding: str = option("none", "none = DDP (full copy per device); zero2 = gradients+optimiser sharded; "
+    sharding: str = option("none", "none = DDP (full copy per device; on N > 1 devices also DDP's flat copy of the "
+                           "gradients it all-reduces); zero2 = gradients+optimiser sharded; "
                            "zero3 = also weights (textbook ZeRO-3; rlhfkit refuses DeepSpeed); fsdp2 = what rlhfkit's "
                            "FSDP2 runs (configs/accelerate/fsdp2*.yaml): weights, gradients, optimiser and full "
                            "fine-tuning's frozen reference sharded, the whole model on every device while it loads, "
