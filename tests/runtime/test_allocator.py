@@ -53,6 +53,53 @@ def test_tuning_applies_the_settings_once(monkeypatch):
     assert tune_malloc() == first and len(calls) == 2  # once per process
 
 
+@pytest.mark.skipif(not GLIBC, reason="glibc only")
+def test_a_process_of_an_fsdp2_run_maps_blocks_from_8_mib(monkeypatch):
+    monkeypatch.setattr(allocator, "_applied", None)
+    monkeypatch.delenv("RLHFKIT_TUNE_MALLOC", raising=False)
+    for k in ("MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_", "GLIBC_TUNABLES", "LD_PRELOAD"):
+        monkeypatch.delenv(k, raising=False)
+    try:
+        assert tune_malloc(sharded=True) == {"M_MMAP_THRESHOLD": 8 * 2**20, "M_TRIM_THRESHOLD": 2**30}
+    finally:
+        allocator.ctypes.CDLL(allocator.ctypes.util.find_library("c")).mallopt(
+            allocator.ctypes.c_int(allocator.M_MMAP_THRESHOLD), allocator.ctypes.c_int(allocator.MMAP_THRESHOLD))
+
+
+_MAPPED_SCRIPT = """
+import ctypes, sys
+import torch
+from rlhfkit.core.allocator import tune_malloc
+class MallInfo2(ctypes.Structure):
+    _fields_ = [(n, ctypes.c_size_t) for n in 'arena ordblks smblks hblks hblkhd usmblks fsmblks uordblks fordblks keepcost'.split()]
+libc = ctypes.CDLL('libc.so.6'); libc.mallinfo2.restype = MallInfo2
+if tune_malloc(sharded=sys.argv[1] == 'sharded') is None:
+    print('skip'); raise SystemExit
+before = libc.mallinfo2().hblkhd
+layer = torch.empty(3_540_096)  # a SmolLM2-135M decoder layer gathered in fp32: 14.2 MB
+print(libc.mallinfo2().hblkhd - before)
+"""
+
+
+def test_fsdp2s_gathered_layer_is_mapped_on_its_own_in_a_sharded_process(tmp_path):
+    """A buffer of one gathered SmolLM2-135M layer (576 x (2 x 576 + 2 x 192 + 3 x 1536) + 2 x 576
+    fp32 values = 14,160,384 bytes) is mapped on its own in a process of an FSDP2 run, so freeing it
+    hands it back to the kernel; elsewhere it is a heap block (core/allocator.py). Fresh processes:
+    the tuning is once per process."""
+    import subprocess
+    import sys
+
+    assert 576 * (2 * 576 + 2 * 192 + 3 * 1536) + 2 * 576 == 3_540_096
+    script = tmp_path / "mapped.py"
+    script.write_text(_MAPPED_SCRIPT)
+    env = {k: v for k, v in __import__("os").environ.items() if k != "RLHFKIT_TUNE_MALLOC"}
+    mapped = {mode: subprocess.run([sys.executable, str(script), mode], capture_output=True, text=True, check=True,
+                                   env=env).stdout.split()[-1] for mode in ("sharded", "unsharded")}
+    if "skip" in mapped.values() or not GLIBC:
+        pytest.skip("glibc's malloc not tuned here")
+    assert int(mapped["sharded"]) >= 3_540_096 * 4 and int(mapped["unsharded"]) == 0, mapped
+
+
 def test_opting_out_changes_nothing(monkeypatch):
     monkeypatch.setattr(allocator, "_applied", None)
     monkeypatch.setenv("RLHFKIT_TUNE_MALLOC", "0")

@@ -99,6 +99,23 @@ def test_sharding_reference_offload_and_checkpointing():
     assert estimate(build_config(MemoryArgs, {**base, "method": "sft"}))["reference"] == 0
 
 
+def test_ddp_counts_its_flat_copy_of_the_gradients():
+    """Unsharded on N > 1 devices, torch DDP keeps its buckets: a flat copy of every trainable
+    parameter's gradient, fp32, from the wrap on (gradient_as_bucket_view=False), in every phase."""
+    base = dict(model="smollm2-135m", lora=False, dtype="fp32", device="cpu", num_devices=2, micro_batch_size=2,
+                prompt_length=54, max_new_tokens=16, prompts_per_generate=4, rollout_batch_size=4)
+    P, T = 134_515_008, 4_884_480
+    ddp = estimate(build_config(MemoryArgs, base))
+    assert ddp["DDP buckets"] == P * 4 == 538_060_032
+    assert ddp["generation phase"] == (ddp["process baseline"] + P * 4 + P * 4 + P * 8 + ddp["reference"]
+                                       + ddp["value head"] + ddp["KV cache"])
+    assert ddp["training phase"] == (ddp["process baseline"] + P * 4 + P * 4 + P * 4 + P * 8 + ddp["reference"]
+                                     + ddp["value head"] + ddp["activations"] + ddp["logits"] + ddp["heap retention"])
+    assert estimate(build_config(MemoryArgs, {**base, "lora": True}))["DDP buckets"] == T * 4  # adapters only
+    for other in ({"num_devices": 1}, {"sharding": "zero2"}, {"sharding": "zero3"}, {"sharding": "fsdp2"}):
+        assert estimate(build_config(MemoryArgs, {**base, **other}))["DDP buckets"] == 0
+
+
 def test_fsdp2_by_hand_full_fine_tuning_in_bf16_and_fp32_and_lora():
     """sharding=fsdp2: what runtime/fsdp2.py holds. Llama-2-7B, untied: the root is the embedding, the
     output layer and the final norm (2 x 32000 x 4096 + 4096), the rest is 32 layers."""

@@ -63,12 +63,29 @@ def launch(script: Path, tools: Path, folders: tuple[Path, Path], args: list[str
     try:
         for proc in procs:
             outputs.append(proc.communicate(timeout=TIMEOUT_S)[0])
+    except subprocess.TimeoutExpired:
+        # whether the other machine had ended, how, and what both printed: a launcher left waiting in
+        # torchrun's exit barrier means the other machine's agent never reached it
+        ended = [proc.poll() for proc in procs]
+        for proc in procs:
+            proc.kill()
+        tails = [f"machine {node} ({'still running' if code is None else f'exited {code}'}):\n{printed(proc)[-3000:]}"
+                 for node, (proc, code) in enumerate(zip(procs, ended))]
+        raise AssertionError(f"a launch did not end within {TIMEOUT_S} s\n" + "\n".join(tails)) from None
     finally:
         for proc in procs:
             proc.kill()
     for node, (proc, out) in enumerate(zip(procs, outputs)):
         assert proc.returncode == 0, f"machine {node} exited with {proc.returncode}:\n{out[-4000:]}"
     return outputs
+
+
+def printed(proc: subprocess.Popen) -> str:
+    """What a killed launch printed, read for 10 s at most (its workers may still hold the pipe)."""
+    try:
+        return proc.communicate(timeout=10)[0] or ""
+    except subprocess.TimeoutExpired as e:
+        return e.output.decode(errors="replace") if isinstance(e.output, bytes) else e.output or ""
 
 
 @pytest.fixture(scope="module")
@@ -81,7 +98,7 @@ def runs(tiny_model_dir, tmp_path_factory):
     failure fails the test."""
     try:
         return scenario(tiny_model_dir, tmp_path_factory.mktemp("multinode"))
-    except (subprocess.TimeoutExpired, AssertionError) as first:  # a bug of the run fails the second time too
+    except AssertionError as first:  # an exit status other than 0, or a launch past TIMEOUT_S (`launch`)  # a bug of the run fails the second time too
         print(f"[multinode] a launch did not end cleanly; again in fresh folders:\n{first}")
         return scenario(tiny_model_dir, tmp_path_factory.mktemp("multinode-again"))
 

@@ -35,12 +35,12 @@ def render(args: MemoryArgs, est: dict[str, float]) -> str:
             f"({'LoRA r=' + str(args.lora_r) if args.lora else 'full fine-tuning'}, {args.dtype}, {args.method}, "
             f"{args.num_devices} {args.device} device(s), sharding={args.sharding})")
     rows = [f"| {k} | {est[k] / GIB:.3f} | {est[k] / 1e9:.3f} |"
-            for k in ("process baseline", "policy weights", "gradients", "optimiser", "reference", "teacher",
+            for k in ("process baseline", "policy weights", "gradients", "DDP buckets", "optimiser", "reference", "teacher",
                       "value head", "KV cache", "generation gather", "training gather", "merged LoRA", "activations",
                       "logits", "teacher logits", "heap retention", "old logits", "Fisher graphs", "Fisher product",
                       "loading phase", "generation phase", "training phase", "peak")
             if est[k] or k not in ("old logits", "Fisher graphs", "Fisher product", "teacher", "teacher logits",
-                                   "training gather", "loading phase")]
+                                   "training gather", "loading phase", "DDP buckets")]
     return "\n".join([head, "", "| component | GiB per device | GB |", "| --- | ---: | ---: |", *rows])
 
 
@@ -62,7 +62,7 @@ WORKED = [  # LoRA rows on every layer (lora_layers=null; PPO's own default is t
     ("... and offload_reference", "model=llama-2-7b lora=false num_devices=8 sharding=fsdp2 micro_batch_size=4 "
      "prompt_length=512 max_new_tokens=512 prompts_per_generate=32 gradient_checkpointing=true offload_reference=true"),
 ]
-WORKED_COLUMNS = ("process baseline", "policy weights", "gradients", "optimiser", "reference", "KV cache", "generation gather",
+WORKED_COLUMNS = ("process baseline", "policy weights", "gradients", "DDP buckets", "optimiser", "reference", "KV cache", "generation gather",
                   "training gather", "merged LoRA", "activations", "logits", "heap retention", "loading phase", "peak")
 
 

@@ -7,6 +7,9 @@ b_c = bytes of the compute dtype (2 for bf16, 4 for fp32), N devices.
 
   policy weights   LoRA: P * b_c + T * 4      full: P * 4 (trainable weights stay fp32)
   gradients        T * 4
+  DDP buckets      sharding=none on N > 1 devices: T * 4, torch DDP's flat copy of the gradients it
+                   all-reduces (allocated when the model is wrapped, kept for the run: DDP's default
+                   gradient_as_bucket_view=False, as accelerate leaves it)
   optimiser        T * 8 (AdamW: two fp32 moments)
   reference        LoRA: 0 (the adapter-disabled policy)   full: linear layers * b_c + the rest * 4
                    (embeddings, norms, head stay fp32)   offloaded: 0 (CPU memory)
@@ -126,7 +129,8 @@ class MemoryArgs(FrozenAfterValidation):
     device: str = option("gpu", "where the run computes: on the CPU the process's own memory counts (imports) "
                          "and long micro-batches run in row chunks", ("gpu", "cpu"))
     num_devices: int = option(1, "data-parallel devices (GPUs, or processes)")
-    sharding: str = option("none", "none = DDP (full copy per device); zero2 = gradients+optimiser sharded; "
+    sharding: str = option("none", "none = DDP (full copy per device; on N > 1 devices also DDP's flat copy of the "
+                           "gradients it all-reduces); zero2 = gradients+optimiser sharded; "
                            "zero3 = also weights (textbook ZeRO-3; rlhfkit refuses DeepSpeed); fsdp2 = what rlhfkit's "
                            "FSDP2 runs (configs/accelerate/fsdp2*.yaml): weights, gradients, optimiser and full "
                            "fine-tuning's frozen reference sharded, the whole model on every device while it loads, "
@@ -211,6 +215,7 @@ def estimate(args: MemoryArgs, shape: ModelShape | None = None) -> dict[str, flo
     out = {
         "policy weights": weights,
         "gradients": grads,
+        "DDP buckets": T * 4 if args.sharding == "none" and N > 1 else 0,
         "optimiser": optim,
         "reference": reference / N if fsdp2 else reference,  # FSDP2 shards full fine-tuning's frozen copy
         "value head": (s.hidden + 1) * 16 if args.method in ("ppo", "trpo") else 0,
@@ -230,7 +235,7 @@ def estimate(args: MemoryArgs, shape: ModelShape | None = None) -> dict[str, flo
     }
     retain = CPU_HEAP_RETENTION if cpu else 0.0
     out["heap retention"] = retain * (acts + out["logits"])
-    persistent = (out["policy weights"] + out["optimiser"] + out["reference"] + out["value head"]
+    persistent = (out["policy weights"] + out["DDP buckets"] + out["optimiser"] + out["reference"] + out["value head"]
                   + out["teacher"] + out["process baseline"])
     out["generation phase"] = persistent + out["KV cache"] + out["generation gather"] + out["merged LoRA"]
     transient = out["activations"] + out["logits"] + out["teacher logits"] + out["heap retention"]

@@ -72,7 +72,8 @@ class Launch:
         if self.accelerator.is_main_process:  # before any model loads: a run without its folder stops now
             check_run_folder(cfg)  # (the main process only: the others may see the folder it has just taken)
         seed_everything(cfg.seed)
-        tune_malloc()  # freed CPU tensors stay in the process for reuse (runtime/allocator.py)
+        # freed CPU tensors stay in the process for reuse; FSDP2's per-layer buffers are mapped (core/allocator.py)
+        tune_malloc(sharded=self.fsdp2 is not None)
         # 'auto' -> bf16 where bf16 matmuls are fast: a validated config has it resolved already
         # (DtypeArgs.derived, so config.yaml records it); the run keeps it for one built directly
         self.dtype = resolve_dtype(cfg.dtype)
