@@ -10,11 +10,13 @@ task at temperature 1, up to 4 model turns of at most --max-new-tokens tokens.
                              arrive within the window share one decoding loop
 
 Printed: episodes per minute, its ratio to env=arithmetic-tool (same process), model calls per
-episode, and context tokens run through the model per episode (prefill). The tiny random model
+episode, context tokens run through the model per episode (prefill), and for the agent rows how
+many episodes ended with the right answer (reward 1). The tiny random model
 (default) measures the machinery, not the answers: it almost never calls the tool, so its episodes
 are mostly one turn. --model smollm2-135m-instruct measures the real one (slow on 2 cores).
 
-    python bench/bench_agents.py [--model tiny] [--episodes 64] [--concurrency 1,8,64] [--agents-only] [--no-write]
+    python bench/bench_agents.py [--model tiny] [--episodes 64] [--concurrency 1,8,64] [--agents-only] [--one-round]
+                                 [--no-write]
 """
 
 from __future__ import annotations
@@ -63,11 +65,13 @@ def agent_run(model, tok, records, params, concurrency: int) -> dict:
     bad = [o for o in outcomes if o.reason != "ok"]
     if bad:
         print(f"  ({len(bad)} episodes failed; first: {bad[0].reason}: {bad[0].detail})")
+    right = sum(o.reward == 1.0 for o in outcomes if o.reason == "ok")
     return {"s": s, "per_min": 60 * n / s, "prefill": metrics["agent/prompt_tokens_per_episode"],
-            "turns": metrics["agent/calls_per_episode"]}
+            "turns": metrics["agent/calls_per_episode"], "right": f"{right}/{n}"}
 
 
-def run(model_name: str, episodes: int, concurrency: list[int], max_new_tokens: int, agents_only: bool = False) -> str:
+def run(model_name: str, episodes: int, concurrency: list[int], max_new_tokens: int, agents_only: bool = False,
+        full_rows: bool = True) -> str:
     model, tok = load(model_name)
     torch.manual_seed(0)
     records = load_prompts("builtin:arithmetic", split="train", limit=episodes, seed=0)
@@ -76,7 +80,7 @@ def run(model_name: str, episodes: int, concurrency: list[int], max_new_tokens: 
         ("env=arithmetic-tool, history re-encoded", len(records), env_run(model, tok, records, params, False)),
         ("env=arithmetic-tool, KV reuse", len(records), env_run(model, tok, records, params, True))]
     for c in concurrency:
-        subset = records[: max(c, min(len(records), 8))] if c == 1 else records
+        subset = records[: max(c, min(len(records), 8))] if c == 1 or not full_rows else records
         rows.append((f"agent, {c} concurrent", len(subset), agent_run(model, tok, subset, params, c)))
         print(rows[-1])
     base = None if agents_only else rows[0][2]["per_min"]
@@ -84,11 +88,11 @@ def run(model_name: str, episodes: int, concurrency: list[int], max_new_tokens: 
              f"{max_new_tokens} tokens; torch threads {torch.get_num_threads()}; 1-min load average "
              f"{__import__('os').getloadavg()[0]:.1f} (a shared machine: ratios, not absolute times).", "",
              "| rollout | episodes | seconds | episodes/min | vs re-encoding env | model calls per episode | "
-             "context tokens run per episode |", "|---|---|---|---|---|---|---|"]
+             "context tokens run per episode | answers right |", "|---|---|---|---|---|---|---|---|"]
     for name, n, r in rows:
         ratio = "-" if base is None else f"{r['per_min'] / base:.2f}x"
         lines.append(f"| {name} | {n} | {r['s']:.1f} | {r['per_min']:.1f} | {ratio} | "
-                     f"{r['turns']:.2f} | {r['prefill']:.0f} |")
+                     f"{r['turns']:.2f} | {r['prefill']:.0f} | {r.get('right', '-')} |")
     return "\n".join(lines)
 
 
@@ -100,9 +104,13 @@ def main() -> None:
     ap.add_argument("--max-new-tokens", type=int, default=24)
     ap.add_argument("--agents-only", action="store_true",
                     help="only the agent rows (the env rows of the real model take long on a CPU); its own block")
+    ap.add_argument("--one-round", action="store_true",
+                    help="a row at C concurrent agents runs max(C, 8) episodes (one round), not all --episodes "
+                         "(the real model on a loaded CPU)")
     ap.add_argument("--no-write", action="store_true", help="print only; leave docs/benchmarks.md alone")
     a = ap.parse_args()
-    table = run(a.model, a.episodes, [int(c) for c in a.concurrency.split(",")], a.max_new_tokens, a.agents_only)
+    table = run(a.model, a.episodes, [int(c) for c in a.concurrency.split(",")], a.max_new_tokens, a.agents_only,
+                not a.one_round)
     print(table)
     if not a.no_write:
         block = "bench_agents" if a.model == "tiny" else "bench_agents_real"  # one block per model kind

@@ -117,6 +117,16 @@ class ProtocolServer:
             with self.lock:
                 self.active -= 1
 
+    def settled(self) -> list[tuple[int, dict]]:
+        """`received` once every session has ended (a client's last message, its close, reaches the
+        server's thread after the client has moved on); waits at most 10 s."""
+        for _ in range(200):
+            with self.lock:
+                if self.active == 0:
+                    return list(self.received)
+            threading.Event().wait(0.05)
+        raise AssertionError(f"{self.active} sessions still open after 10 s")
+
     def close(self) -> None:
         self.server.shutdown()
         self.thread.join(timeout=10)
@@ -217,7 +227,7 @@ def test_an_episode_on_the_server(env_server):
     step = episode.step([], f"The sum is {right}")
     assert (step.observation, step.reward, step.done) == (None, 1.0, True)
     assert episode.connection is None  # done closes the session
-    assert [m for _, m in srv.received] == [
+    assert [m for _, m in srv.settled()] == [
         {"type": "reset", "data": {"prompt": "p", "seed": 7}}, {"type": "step", "data": {"answer": "It is 1000."}},
         {"type": "step", "data": {"answer": f"The sum is {right}"}}, {"type": "close"}]
 
@@ -234,7 +244,7 @@ def test_a_refused_action_is_an_observation(env_server):
     assert step.info == {"action_error": True} and step.reward is None and not step.done
     episode.close()
     episode.close()  # twice is fine
-    assert [m["type"] for _, m in srv.received] == ["reset", "step", "close"]
+    assert [m["type"] for _, m in srv.settled()] == ["reset", "step", "close"]
 
 
 @pytest.mark.parametrize(("kw", "match"), [
@@ -284,6 +294,32 @@ def test_the_factory_makes_one_episode_per_call(env_server):
     assert isinstance(a, OpenEnvEpisode) and a is not b and srv.opened == 0  # sessions open at reset
 
 
+def test_the_factory_waits_env_timeout_for_each_reply(env_server):
+    srv = env_server(mode="silent")
+    make_env = make_env_factory(f"openenv:{srv.url}", timeout_s=0.5)
+    episode = make_env()
+    episode.reset({"prompt": "p"})
+    with pytest.raises(UserError, match=r"no reply to step within 0.5 s$"):
+        episode.step([], "3")
+    episode.close()
+
+
+def test_env_timeout_is_an_option_with_help():
+    from rlhfkit.core.config import help_text
+    from rlhfkit.trainers.grpo_config import GRPOConfig
+    from rlhfkit.trainers.ppo_config import PPOConfig
+
+    for cls in (GRPOConfig, PPOConfig):
+        assert build_config(cls, {"model": "m", "env": "openenv:http://127.0.0.1:1"}).env_timeout == 60.0
+        assert build_config(cls, {"model": "m", "env_timeout": "2.5"}).env_timeout == 2.5
+        for bad in ("0", "-1", "inf", "nan"):
+            with pytest.raises(UserError, match=r"^env_timeout.*(must be > 0|finite number)"):
+                build_config(cls, {"model": "m", "env_timeout": bad})
+    text = " ".join(help_text(GRPOConfig, "rlhfkit grpo").split())
+    assert "openenv:http://HOST:PORT (an OpenEnv environment server" in text
+    assert "env_timeout" in text and "seconds to wait for the environment server" in text
+
+
 # ----------------------------------------------------------------------------- training through it
 
 
@@ -303,14 +339,32 @@ def test_grpo_trains_through_the_adapter(env_server, tmp_path, tiny_model_dir):
     (row,) = [json.loads(x) for x in (tmp_path / "runs" / "t" / "metrics.jsonl").read_text().splitlines()]
     assert row["params/ratio_first_microbatch_maxdev"] < 1e-5
     assert 1.0 <= row["rollout/turns_mean"] <= 2.0
-    resets = [(sid, m["data"]) for sid, m in srv.received if m["type"] == "reset"]
+    received = srv.settled()
+    resets = [(sid, m["data"]) for sid, m in received if m["type"] == "reset"]
     assert len(resets) == 8 and srv.opened == 8  # one session per episode
     seeds = Counter(d["seed"] for _, d in resets)  # the records' own seeds: each group's episodes reset alike
     assert set(seeds) <= set(range(8)) and all(n % 4 == 0 for n in seeds.values())
-    closes = {sid for sid, m in srv.received if m["type"] == "close"}
-    steps = [m for _, m in srv.received if m["type"] == "step"]
+    closes = {sid for sid, m in received if m["type"] == "close"}
+    steps = [m for _, m in received if m["type"] == "step"]
     assert closes == {sid for sid, _ in resets} and srv.active == 0  # every session ended with its episode
     assert steps and all(set(m["data"]) == {"answer"} for m in steps)
+
+
+def test_grpo_stops_on_a_server_slower_than_env_timeout(env_server, tmp_path, tiny_model_dir):
+    from rlhfkit.trainers.grpo import train as grpo_train
+    from rlhfkit.trainers.grpo_config import GRPOConfig
+
+    srv = env_server(mode="silent")
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text("".join(json.dumps({"prompt": f"problem {i}", "seed": i}) + "\n" for i in range(4)))
+    cfg = build_config(GRPOConfig, dict(
+        model=str(tiny_model_dir), prompts=str(prompts), env=f"openenv:{srv.url}", env_timeout=0.5, iterations=1,
+        rollout_batch_size=4, group_size=4, micro_batch_size=4, mini_batch_size=4, max_new_tokens=4, max_turns=2,
+        max_total_tokens=64, num_eval_prompts=0, dtype="fp32", update_epochs=1, output_dir=str(tmp_path / "runs"),
+        run_name="t", quiet=True, tensorboard=False))
+    with pytest.raises(UserError, match=r"no reply to step within 0.5 s") as e:
+        grpo_train(cfg)
+    assert "\n" not in str(e.value)
 
 
 def test_the_documented_example_on_openenvs_own_server(tmp_path, monkeypatch):

@@ -47,8 +47,9 @@ class ToolEnv:
 def tool_env(monkeypatch):
     specs = []
 
-    def factory(spec, tokenizer=None):
+    def factory(spec, tokenizer=None, timeout_s=None):
         assert tokenizer is not None  # the policy's: the env's tool-call format follows it
+        assert timeout_s == 60.0  # env_timeout's default, passed on (the wait for an openenv: server)
         specs.append(spec)
         return ToolEnv
 

@@ -32,7 +32,7 @@ from rlhfkit.envs.base import Message, Step
 from rlhfkit.errors import UserError
 
 PREFIX = "openenv:"
-TIMEOUT_S = 60.0  # longest wait for the server: connecting, and each reply
+TIMEOUT_S = 60.0  # longest wait for the server by default (env_timeout=): connecting, and each reply
 SKIPPED_FIELDS = ("metadata",)  # fields every OpenEnv action and observation has; not the model's to write or read
 STATE_FIELDS = ("done", "reward")  # observation fields that are the Step's, not the message's
 CAPACITY = "CAPACITY_REACHED"

@@ -16,7 +16,7 @@ from typing import Any
 from rlhfkit.core.imports import first_line, get_attribute, is_file_source, load_source, split_target
 from rlhfkit.envs.base import Environment
 from rlhfkit.envs.builtin import ArithmeticToolEnv, SelfCorrectEnv
-from rlhfkit.envs.openenv import OpenEnvEpisode, connect, is_openenv_spec
+from rlhfkit.envs.openenv import TIMEOUT_S, OpenEnvEpisode, connect, is_openenv_spec
 from rlhfkit.envs.tools import TAG, observation_role, tool_format
 from rlhfkit.errors import UserError
 
@@ -24,7 +24,7 @@ BUILTINS: dict[str, type] = {"arithmetic-tool": ArithmeticToolEnv, "self-correct
 SPEC_FORMS = (*BUILTINS, "python:MODULE:CLASS", "python:FILE.py:CLASS", "FILE.py:CLASS", "openenv:http://HOST:PORT")
 
 
-def make_env_factory(spec: str, tokenizer: Any = None) -> Callable[[], Environment]:
+def make_env_factory(spec: str, tokenizer: Any = None, timeout_s: float = TIMEOUT_S) -> Callable[[], Environment]:
     """A zero-argument callable that returns a fresh environment; the rollout calls it once per episode.
 
     ``tokenizer`` (the policy's; optional) decides the tool-call format and the role of tool
@@ -34,7 +34,8 @@ def make_env_factory(spec: str, tokenizer: Any = None) -> Callable[[], Environme
     so a failing constructor is reported before training starts (that instance serves the first
     episode). The factory's ``prompts`` attribute is the class's ``prompts`` (the data spec of
     its own problems) or None; its ``exact_match`` is the class's (True: the mean episode reward is
-an accuracy). Raises UserError for unknown specs, failed imports and classes
+an accuracy). ``timeout_s``: for ``openenv:URL``, the longest wait for its server (connecting,
+``/health``, ``/schema`` and each reply; the ``env_timeout`` option). Raises UserError for unknown specs, failed imports and classes
     without reset and step.
     """
     if not isinstance(spec, str) or not spec.strip():
@@ -42,7 +43,7 @@ an accuracy). Raises UserError for unknown specs, failed imports and classes
     spec = spec.strip()
     label = f"env {spec!r}"
     if is_openenv_spec(spec):  # the server is checked now; each episode opens its own session
-        make_env = _checked_factory(functools.partial(OpenEnvEpisode, connect(spec)), "a session", label)
+        make_env = _checked_factory(functools.partial(OpenEnvEpisode, connect(spec, timeout_s)), "a session", label)
         make_env.env_spec, make_env.prompts, make_env.exact_match = spec, None, False  # type: ignore[attr-defined]
         return make_env
     if spec in BUILTINS:

@@ -358,17 +358,23 @@ class RunArgs(SeedArgs, FrozenAfterValidation):
 class EnvArgs:
     """Multi-turn rollouts against an environment (rollout/multiturn.py, docs/environments.md)."""
 
-    env: str = option("", "environment the policy acts in over several turns (e.g. arithmetic-tool, self-correct; "
-                      "rlhfkit.envs.make_env_factory reads the spec); its rewards replace `reward`, and `prompts` "
-                      "left at its default become the environment's own problems. \"\" = single-turn rollouts")
+    env: str = option("", "environment the policy acts in over several turns: arithmetic-tool, self-correct, "
+                      "python:FILE.py:CLASS (or python:MODULE:CLASS), or openenv:http://HOST:PORT (an OpenEnv "
+                      "environment server; rlhfkit.envs.make_env_factory reads the spec); its rewards replace "
+                      "`reward`, and `prompts` left at its default become the environment's own problems. "
+                      "\"\" = single-turn rollouts")
     max_turns: int = option(4, "env: most model turns per episode")
     max_total_tokens: int = option(256, "env: most tokens after the prompt per episode, model turns and environment "
                                    "messages together (a turn that would pass it is cut and the row marked not stopped); "
                                    "max_new_tokens still limits each model turn")
+    env_timeout: float = option(60.0, "env=openenv:URL: seconds to wait for the environment server (connecting, "
+                                "/health, /schema, and each reply to a reset or step); a server slower than this "
+                                "stops the run with one line")
 
     def validate(self) -> None:
         check(self.max_turns >= 1, f"max_turns ({self.max_turns}) must be >= 1")
         check(self.max_total_tokens >= 1, f"max_total_tokens ({self.max_total_tokens}) must be >= 1")
+        check(self.env_timeout > 0, f"env_timeout ({self.env_timeout}) must be > 0 (seconds)")
         if self.env and self.generation_backend == "vllm":
             check(False, f"env ({self.env}) samples its turns on the training policy; set generation_backend=hf "
                   f"or lean (got {self.generation_backend})")

@@ -259,7 +259,7 @@ class RLRun(Run):
         self.make_env = None
         if cfg.env:  # the env's factory takes the tokenizer (tool-call format) and names its data
             actor, self.reference, self.tok = build_models(cfg)
-            self.make_env = envs.make_env_factory(cfg.env, self.tok)
+            self.make_env = envs.make_env_factory(cfg.env, self.tok, timeout_s=cfg.env_timeout)
             self.reward_fn, train_records, self.eval_records, self.eval_from = prepare_data(cfg, self.make_env)
         else:
             self.reward_fn, train_records, self.eval_records, self.eval_from = prepare_data(cfg)
