@@ -305,7 +305,7 @@ def test_the_factory_waits_env_timeout_for_each_reply(env_server):
 
 
 def test_env_timeout_is_an_option_with_help():
-    from rlhfkit.core.config import help_text
+    from rlhfkit.core.command_line import help_text
     from rlhfkit.trainers.grpo_config import GRPOConfig
     from rlhfkit.trainers.ppo_config import PPOConfig
 
