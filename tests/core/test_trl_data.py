@@ -95,3 +95,23 @@ gradient_checkpointing: false
     assert "8 training examples (the data has no held-out split; eval_dataset= or eval_split= to give one)" in text
     runs = list((tmp_path / "out").iterdir())
     assert len(runs) == 1 and (runs[0] / "final" / "adapter_config.json").is_file()
+
+
+def test_columns_of_a_datasets_entry_keep_only_those_columns(tmp_path):
+    """TRL's `columns: [prompt, answer]` is `select_columns` on the loaded split: the extra `id` and
+    `note` columns are gone (a reward function would otherwise get them as keywords); a column the
+    data lacks is a one-line error naming the file, the line and the columns it has."""
+    path = tmp_path / "p.jsonl"
+    path.write_text("\n".join(json.dumps({"prompt": f"q{i}", "answer": str(i), "id": i, "note": "x",
+                                          "split": "test" if i == 2 else "train"}) for i in range(3)))
+    entry = {"path": "json", "data_files": str(path), "columns": ["prompt", "answer"]}
+    cfg = build_config(GRPOConfig, {"datasets": [entry]})
+    assert cfg.prompts == f"{path}?keep=prompt,answer"
+    assert list(load_split(cfg.prompts, "train")) == [{"prompt": "q0", "answer": "0"}, {"prompt": "q1", "answer": "1"}]
+    assert list(load_split(cfg.prompts, "test")) == [{"prompt": "q2", "answer": "2"}]
+    lacking = build_config(GRPOConfig, {"datasets": [{**entry, "columns": ["prompt", "solution"]}]})
+    with pytest.raises(Exception, match=rf"^{path}:1: keep=prompt,solution: missing field 'solution'; found: "
+                                        r"prompt, answer, id, note$"):
+        load_split(lacking.prompts, "train")
+    with pytest.raises(ConfigError, match=r"datasets\[0\]: columns expects a list of column names, got \[1\]"):
+        build_config(GRPOConfig, {"datasets": [{**entry, "columns": [1]}]})

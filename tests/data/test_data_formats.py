@@ -60,7 +60,7 @@ def test_question_mark_in_an_existing_file_name_is_part_of_the_path(tmp_path):
 
 @pytest.mark.parametrize("spec, message", [
     ("p.jsonl?colums=prompt:q", "p.jsonl?colums=prompt:q: unknown option 'colums' (did you mean 'columns'?); "
-                                "expected one of: config, split, revision, columns, streaming, take, words"),
+                                "expected one of: config, split, revision, columns, keep, streaming, take, words"),
     ("p.jsonl?config=main", "p.jsonl?config=main: option 'config' applies to Hub datasets only (hf:ORG/NAME)"),
     ("hf:a/b?columns=prompt", "hf:a/b?columns=prompt: columns expects FIELD:COLUMN pairs separated by commas "
                               "(e.g. columns=prompt:question), got 'prompt'"),

@@ -6,8 +6,8 @@ TRL's scripts read ``dataset_name`` (+ ``dataset_config``, ``dataset_train_split
 mixture (trl/scripts/utils.py get_dataset), with ``test_split_size`` splitting a test share off.
 Here each entry becomes a data spec (data/spec.py: ``FILE?split=S``, ``org/name?config=C``), the
 entries are joined with `` + `` (data/sets.py `mixture` reads them as TRL does) and the result is
-the command's data option (``data``/``prompts``/``prefs``). ``columns`` is accepted and not applied:
-rlhfkit reads only the fields its format needs. ``test_split_size`` becomes ``eval_fraction``.
+the command's data option (``data``/``prompts``/``prefs``). ``columns`` keeps only those columns, as
+TRL's ``select_columns`` does (the spec's ``keep=``). ``test_split_size`` becomes ``eval_fraction``.
 """
 
 from __future__ import annotations
@@ -57,6 +57,12 @@ def _entry_spec(entry: Any, i: int, streaming: bool = False) -> str:
         options.append(f"config={entry['name']}")
     if split != "train" or not files:  # a local file given as data_files is its train split whole
         options.append(f"split={split}")
+    columns = entry.get("columns")
+    if columns is not None:
+        columns = [columns] if isinstance(columns, str) else columns
+        if not isinstance(columns, list) or not columns or not all(isinstance(c, str) and c.strip() for c in columns):
+            raise ConfigError(f"{where}: columns expects a list of column names, got {entry['columns']!r}")
+        options.append(f"keep={','.join(c.strip() for c in columns)}")
     if entry.get("fraction") is not None:
         options.append(f"fraction={entry['fraction']}")
     if streaming:

@@ -42,6 +42,18 @@ def rename_columns(records: Records, columns: tuple[tuple[str, str], ...]) -> Re
     return Records(out, source=records.source, lines=records.lines, unit=records.unit)
 
 
+def keep_columns(records: Records, names: tuple[str, ...]) -> Records:
+    """Each record with only the columns ``names`` (TRL's ``columns`` of a ``datasets:`` entry, its
+    ``select_columns``). A record without one of them gives a DataError naming the columns it has."""
+    out = []
+    for i, rec in enumerate(records):
+        absent = [n for n in names if n not in rec]
+        if absent:
+            raise missing_field(f"{records.where(i)}: keep={','.join(names)}", rec, (absent[0],))
+        out.append({n: rec[n] for n in names})
+    return Records(out, source=records.source, lines=records.lines, unit=records.unit)
+
+
 def cut_prompts(records: Records, words: int | None) -> Records:
     """String prompts cut to their first ``words`` words (IMDB-style reviews: the opening a
     policy continues); other fields untouched."""

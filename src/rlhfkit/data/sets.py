@@ -15,7 +15,7 @@ from importlib import resources
 from typing import Any
 
 from rlhfkit.data import arithmetic
-from rlhfkit.data.formats import cut_prompts, rename_columns
+from rlhfkit.data.formats import cut_prompts, keep_columns, rename_columns
 from rlhfkit.data.readers import Records, dataset_records, printable, read_records
 from rlhfkit.data.spec import parse_spec
 from rlhfkit.errors import ConfigError, DataError
@@ -80,6 +80,9 @@ def load_split(spec: str, split: str | None = "train") -> Records:
         records = read_records(parsed.name, split=parsed.split or split)
         if parsed.take is not None:
             records = records.subset(range(min(parsed.take, len(records))))
+    if parsed.keep:  # TRL keeps the columns of the split it loaded: choose the split first
+        records = keep_columns(_select_split(records, parsed.split or split, spec), parsed.keep)
+        return cut_prompts(rename_columns(records, parsed.columns), parsed.words)
     records = cut_prompts(rename_columns(records, parsed.columns), parsed.words)
     return _select_split(records, parsed.split or split, spec)
 

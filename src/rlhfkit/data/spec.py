@@ -3,12 +3,14 @@
     SPEC    = SOURCE [ "?" OPTION { "&" OPTION } ]
     SOURCE  = builtin:NAME | hf:ORG/NAME | ORG/NAME | PATH
     OPTION  = config=NAME | split=NAME | revision=REV | columns=TO:FROM[,TO:FROM...]
-              | streaming=true|false | take=N | words=N
+              | keep=COLUMN[,COLUMN...] | streaming=true|false | take=N | words=N
 
 ``ORG/NAME`` is a Hub dataset id when no such local path exists (and it has no data-file
 suffix); ``hf:`` says so explicitly. Options apply to Hub ids and local files alike, except
 ``config``, ``revision`` and ``streaming`` (Hub only). ``words=N`` cuts each prompt to its first
-N words (IMDB-style reviews as openers for the sentiment task). Examples::
+N words (IMDB-style reviews as openers for the sentiment task). ``keep=a,b`` keeps only those columns
+of each record once its split is chosen (TRL's ``columns`` of a ``datasets:`` entry, applied
+before ``columns`` renames). Examples::
 
     prompts='hf:openai/gsm8k?config=main&columns=prompt:question'
     data='HuggingFaceH4/ultrafeedback_binarized?split=train_prefs'
@@ -29,7 +31,7 @@ from rlhfkit.errors import DataError
 
 HUB_PREFIX = "hf:"
 BUILTIN_PREFIX = "builtin:"
-OPTIONS = ("config", "split", "revision", "columns", "streaming", "take", "words")
+OPTIONS = ("config", "split", "revision", "columns", "keep", "streaming", "take", "words")
 HUB_ONLY = ("config", "revision", "streaming")
 # A Hub id: "name" or "org/name" (letters, digits, '-', '_', '.'); no data-file suffix.
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*(/[A-Za-z0-9][\w.-]*)?$")
@@ -48,6 +50,7 @@ class DataSpec:
     split: str | None = None
     revision: str | None = None
     columns: tuple[tuple[str, str], ...] = ()
+    keep: tuple[str, ...] = ()
     streaming: bool = False
     take: int | None = None
     words: int | None = None
@@ -74,6 +77,7 @@ def parse_spec(text: str) -> DataSpec:
             raise DataError(f"{_show(text)}: option {hub_only[0]!r} applies to Hub datasets only (hf:ORG/NAME)")
     return DataSpec(text, kind, name, config=opts.get("config"), split=opts.get("split"),
                     revision=opts.get("revision"), columns=_columns(opts.get("columns"), text),
+                    keep=_keep(opts.get("keep"), text),
                     streaming=_flag(opts.get("streaming"), "streaming", text),
                     take=_count(opts.get("take"), "take", text),
                     words=_count(opts.get("words"), "words", text))
@@ -121,6 +125,17 @@ def _exists(text: str) -> bool:
         return Path(text).exists()
     except (OSError, ValueError):
         return False
+
+
+def _keep(value: str | None, text: str) -> tuple[str, ...]:
+    """``keep=a,b`` as ("a", "b"); empty names or one named twice are a DataError."""
+    if value is None:
+        return ()
+    names = tuple(name.strip() for name in value.split(","))
+    if not all(names) or len(set(names)) != len(names):
+        raise DataError(f"{_show(text)}: keep expects column names separated by commas, each once "
+                        f"(e.g. keep=prompt,answer), got {value!r}")
+    return names
 
 
 def _columns(value: str | None, text: str) -> tuple[tuple[str, str], ...]:
