@@ -64,8 +64,9 @@ def work(algo: str, adapter: str, smoke: bool, steps: int) -> dict:
     lora = adapter == "lora"
     args = {"per_device_train_batch_size": s["P"], "gradient_accumulation_steps": s["A"], "max_steps": steps,
             "learning_rate": 1e-4 if lora else 1e-5, "lr_scheduler_type": "linear", "warmup_steps": 0,
-            "weight_decay": 0.0, "max_grad_norm": 1.0, "seed": 0, "logging_steps": 1, "report_to": "none",
-            "save_strategy": "no",
+            "weight_decay": 0.0, "max_grad_norm": 1.0, "optim": "adamw_torch_fused", "seed": 0, "logging_steps": 1,
+            "report_to": "none", "save_strategy": "no",
+            "gradient_checkpointing": False,  # TRL's default is True: a second forward per step rlhfkit does not run
             "peft_config": LoraConfig(r=16, lora_alpha=32, lora_dropout=0.0, target_modules=LORA_TARGETS,
                                       task_type="CAUSAL_LM") if lora else None}
     if algo == "grpo":
@@ -288,7 +289,8 @@ def doc_text(results: dict, rounds: int, steps: int, load: float, smoke: bool) -
         f"The work, in TRL's names given to both: `per_device_train_batch_size={s['P']}`, "
         f"`gradient_accumulation_steps={s['A']}` ({s['P'] * s['A']} sequences, DPO pairs, per optimiser step), "
         f"`max_length={s['max_length']}`, `learning_rate` 1e-5 (full) / 1e-4 (LoRA), `lr_scheduler_type=linear`, "
-        "`warmup_steps=0`, `max_grad_norm=1.0`, AdamW; LoRA = `peft_config=LoraConfig(r=16, lora_alpha=32, "
+        "`warmup_steps=0`, `max_grad_norm=1.0`, `optim=adamw_torch_fused` (TRL's default here), "
+        "`gradient_checkpointing=False` (TRL's default is True: it recomputes each forward); LoRA = `peft_config=LoraConfig(r=16, lora_alpha=32, "
         "target_modules=[q,k,v,o,gate,up,down]_proj)`. GRPO: `num_generations=4`, `max_completion_length="
         f"{s['completion']}`, `num_iterations=1`, `beta=0.0`, `loss_type=dapo`, `scale_rewards=group`, "
         "temperature 1, a reward in Python (the share of 'e' in a completion); rlhfkit with "
