@@ -111,13 +111,16 @@ def letter_e(completions, **kwargs) -> list[float]:
     return [t.count("e") / max(len(t), 1) for t in texts]
 
 
-def random_model(source: str, out: Path) -> Path:
-    """A randomly initialised model of `source`'s config (seed 0) with `source`'s tokenizer, saved in `out`."""
+def random_model(source: str, out: Path, layers: int | None = None) -> Path:
+    """A randomly initialised model of `source`'s config (seed 0; `layers` transformer layers instead of the config's
+    when given) with `source`'s tokenizer, saved in `out`."""
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
     torch.manual_seed(0)
     config = AutoConfig.from_pretrained(source)
+    if layers:
+        config.num_hidden_layers = layers
     model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
     model.save_pretrained(out)
     AutoTokenizer.from_pretrained(source).save_pretrained(out)
@@ -218,7 +221,7 @@ def run_side(side: str, case: str, model: Path, smoke: bool, steps: int) -> dict
 
 
 def run_rounds(cases: list[str], model: Path, rounds: int, steps: int, smoke: bool, save: Path | None = None,
-               sides=SIDES) -> dict:
+               meta: dict | None = None, sides=SIDES) -> dict:
     """{case: {side: [per-round result or 'failed: ...']}}: every case on both sides, round after round, the side
     that goes first alternating (round r, case i: rlhfkit first when r + i is even). `save`: a JSON file rewritten
     after every run (`--from-json` renders a bench cut short)."""
@@ -234,7 +237,8 @@ def run_rounds(cases: list[str], model: Path, rounds: int, steps: int, smoke: bo
                     res = f"failed: {type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}"
                 results[case][side].append(res)
                 if save:
-                    save.write_text(json.dumps({"rounds": r + 1, "steps": steps, "results": results}, indent=1))
+                    save.write_text(json.dumps({**(meta or {}), "rounds": r + 1, "steps": steps,
+                                                "results": results}, indent=1))
                 shown = res if isinstance(res, str) else f"{res['cpu_s']:.2f} CPU s/step ({res['units']} steps)"
                 print(f"round {r + 1} {case} {side}: {shown} [{time.time() - t0:.0f} s]", flush=True)
         for case in cases:
@@ -279,11 +283,12 @@ def table(results: dict) -> str:
     return "\n".join(lines)
 
 
-def doc_text(results: dict, rounds: int, steps: int, load: float, smoke: bool) -> str:
+def doc_text(results: dict, rounds: int, steps: int, load: float, smoke: bool, layers: int | None = None) -> str:
     s = sizes(smoke)
     return "\n".join([
         f"1-min load average at the start {load:.1f} (the machine was shared: read the ratios, not the seconds). "
-        f"{rounds} rounds, {steps} optimiser steps per side per round, the first of each run a warm-up left out; one "
+        f"{rounds} round{'s' * (rounds > 1)} (the last may be cut short: 'each round' lists the rounds run), "
+        f"{steps} optimiser steps per side per round, the first of each run a warm-up left out; one "
         "torch thread.", "",
         table(results), "",
         f"The work, in TRL's names given to both: `per_device_train_batch_size={s['P']}`, "
@@ -299,8 +304,10 @@ def doc_text(results: dict, rounds: int, steps: int, load: float, smoke: bool) -
         "Data: 32 conversational rows (GRPO prompts, DPO pairs, SFT conversations, KTO labelled completions), every "
         "prompt 8 words, SmolLM2's chat template on both sides. rlhfkit's held-out evaluation off "
         "(`num_eval_prompts=0`, `max_eval_examples=0`); TRL has none without `eval_dataset`.",
-        "Model: a randomly initialised model of SmolLM2-135M-Instruct's config (30 layers, hidden 576, vocabulary "
-        "49152) with its tokenizer, the same folder for both sides.",
+        f"Model: a randomly initialised model of SmolLM2-135M-Instruct's config ({layers or 30} layers, hidden 576, "
+        "vocabulary 49152, tied embeddings) with its tokenizer, the same folder for both sides."
+        + (f" {layers} layers instead of 30 to fit the run in the CPU time the shared machine had: the output layer "
+           "(28M weights) weighs more in a step than in the 135M model." if layers else ""),
     ])
 
 
@@ -326,6 +333,8 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--model", default=None,
                     help="a model folder to train as it is (default: a random model of the default model's config "
                     "with its tokenizer)")
+    ap.add_argument("--layers", type=int, default=None,
+                    help="transformer layers of the random model (default: the config's, 30 for SmolLM2-135M)")
     ap.add_argument("--threads", type=int, default=1, help="torch intra-op threads (default 1)")
     ap.add_argument("--smoke", action="store_true",
                     help="plumbing check: tiny shapes, 1 round, 2 steps; figures meaningless, implies --no-write")
@@ -349,7 +358,8 @@ def main(argv: list[str] | None = None) -> dict:
     load = os.getloadavg()[0]
     if a.from_json:
         saved = json.loads(Path(a.from_json).read_text())
-        return report(saved["results"], saved["rounds"], saved["steps"], load, False, a.no_write)
+        return report(saved["results"], saved["rounds"], saved["steps"], saved.get("load", load), False, a.no_write,
+                      saved.get("layers"))
     benchdoc.set_threads(a.threads)
     scratch = Path(benchdoc.scratch_dir())
     if a.model:
@@ -358,17 +368,19 @@ def main(argv: list[str] | None = None) -> dict:
         from rlhfkit.models.loading import resolve_model_path
         from rlhfkit.trainers.grpo_config import GRPOConfig
 
-        model = random_model(str(resolve_model_path(GRPOConfig().model)), scratch / "model")
+        model = random_model(str(resolve_model_path(GRPOConfig().model)), scratch / "model", a.layers)
     if a.profile:
         profile(a.profile, a.side, model, a.smoke, steps, 40)
         return {}
-    results = run_rounds(cases, model, rounds, steps, a.smoke, Path(a.json) if a.json else None)
-    return report(results, rounds, steps, load, a.smoke, a.no_write)
+    results = run_rounds(cases, model, rounds, steps, a.smoke, Path(a.json) if a.json else None,
+                         {"load": load, "layers": a.layers})
+    return report(results, rounds, steps, load, a.smoke, a.no_write, a.layers)
 
 
-def report(results: dict, rounds: int, steps: int, load: float, smoke: bool, no_write: bool) -> dict:
+def report(results: dict, rounds: int, steps: int, load: float, smoke: bool, no_write: bool,
+           layers: int | None = None) -> dict:
     """Print the block; write it into docs/benchmarks.md unless `smoke` or `no_write`."""
-    text = doc_text(results, rounds, steps, load, smoke)
+    text = doc_text(results, rounds, steps, load, smoke, layers)
     print(text)
     if smoke:
         print("--smoke: tiny shapes, figures meaningless; docs/benchmarks.md left alone")
