@@ -314,12 +314,16 @@ def doc_text(results: dict, rounds: int, steps: int, load: float, smoke: bool, l
 # ----------------------------------------------------------------------------- driver
 
 
-def profile(case: str, side: str, model: Path, smoke: bool, steps: int, top: int) -> None:
-    """cProfile of one side's run of `case`: the functions with the most cumulative time."""
+def profile(case: str, side: str, model: Path, smoke: bool, steps: int, top: int, out: str | None = None) -> None:
+    """cProfile of one side's run of `case` (after one run unprofiled, so imports are not in it): the functions with
+    the most cumulative and own time."""
+    run_side(side, case, model, smoke, steps)
     prof = cProfile.Profile()
     prof.enable()
     run_side(side, case, model, smoke, steps)
     prof.disable()
+    if out:
+        prof.dump_stats(out)
     pstats.Stats(prof).sort_stats("cumulative").print_stats(top)
     pstats.Stats(prof).sort_stats("tottime").print_stats(top)
 
@@ -343,6 +347,7 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--from-json", default=None, metavar="FILE",
                     help="render (and write, unless --no-write) the results a --json file holds instead of running")
     ap.add_argument("--profile", default=None, metavar="CASE", help="cProfile one side's run of CASE and stop")
+    ap.add_argument("--profile-out", default=None, metavar="FILE", help="--profile: also save the stats (pstats) here")
     ap.add_argument("--side", default="rlhfkit", choices=SIDES, help="the side --profile runs (default rlhfkit)")
     a = ap.parse_args(argv)
     cases = a.cases.split(",")
@@ -370,7 +375,7 @@ def main(argv: list[str] | None = None) -> dict:
 
         model = random_model(str(resolve_model_path(GRPOConfig().model)), scratch / "model", a.layers)
     if a.profile:
-        profile(a.profile, a.side, model, a.smoke, steps, 40)
+        profile(a.profile, a.side, model, a.smoke, steps, 40, a.profile_out)
         return {}
     results = run_rounds(cases, model, rounds, steps, a.smoke, Path(a.json) if a.json else None,
                          {"load": load, "layers": a.layers})
