@@ -344,8 +344,9 @@ def main(argv: list[str] | None = None) -> dict:
                     help="plumbing check: tiny shapes, 1 round, 2 steps; figures meaningless, implies --no-write")
     ap.add_argument("--no-write", action="store_true", help="print only; leave docs/benchmarks.md alone")
     ap.add_argument("--json", default=None, help="also write the per-round results to this JSON file (after every run)")
-    ap.add_argument("--from-json", default=None, metavar="FILE",
-                    help="render (and write, unless --no-write) the results a --json file holds instead of running")
+    ap.add_argument("--from-json", default=None, metavar="FILE[,FILE]",
+                    help="render (and write, unless --no-write) the results --json files hold instead of running (several "
+                    "files: runs of other cases, merged; the highest load and round count are shown)")
     ap.add_argument("--profile", default=None, metavar="CASE", help="cProfile one side's run of CASE and stop")
     ap.add_argument("--profile-out", default=None, metavar="FILE", help="--profile: also save the stats (pstats) here")
     ap.add_argument("--side", default="rlhfkit", choices=SIDES, help="the side --profile runs (default rlhfkit)")
@@ -362,7 +363,7 @@ def main(argv: list[str] | None = None) -> dict:
     os.environ.setdefault("TQDM_DISABLE", "1")
     load = os.getloadavg()[0]
     if a.from_json:
-        saved = json.loads(Path(a.from_json).read_text())
+        saved = merged([json.loads(Path(f).read_text()) for f in a.from_json.split(",")])
         return report(saved["results"], saved["rounds"], saved["steps"], saved.get("load", load), False, a.no_write,
                       saved.get("layers"))
     benchdoc.set_threads(a.threads)
@@ -380,6 +381,23 @@ def main(argv: list[str] | None = None) -> dict:
     results = run_rounds(cases, model, rounds, steps, a.smoke, Path(a.json) if a.json else None,
                          {"load": load, "layers": a.layers})
     return report(results, rounds, steps, load, a.smoke, a.no_write, a.layers)
+
+
+def merged(saved: list[dict]) -> dict:
+    """Several --json files as one: each case's runs from the files that ran it, in file order. The files must have
+    the same steps and layers."""
+    if len({(d["steps"], d.get("layers")) for d in saved}) > 1:
+        raise SystemExit("--from-json: the files differ in --steps or --layers")
+    results: dict = {}
+    for d in saved:
+        for case, per_side in d["results"].items():
+            if any(per_side.values()):
+                into = results.setdefault(case, {side: [] for side in per_side})
+                for side, runs in per_side.items():
+                    into[side] += runs
+    return {"results": {c: results[c] for c in CASES if c in results}, "steps": saved[0]["steps"],
+            "layers": saved[0].get("layers"), "rounds": max(d["rounds"] for d in saved),
+            "load": max(d.get("load", 0.0) for d in saved)}
 
 
 def report(results: dict, rounds: int, steps: int, load: float, smoke: bool, no_write: bool,
