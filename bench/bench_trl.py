@@ -250,14 +250,15 @@ def run_rounds(cases: list[str], model: Path, rounds: int, steps: int, smoke: bo
 
 
 def summary(per_side: dict) -> dict | None:
-    """Mean CPU and wall s per step of each side over the rounds, the ratio of the means (TRL / rlhfkit), and each
-    round's ratio; None when a side has no good run."""
-    good = {s: [r for r in per_side.get(s, []) if isinstance(r, dict) and r["units"]] for s in SIDES}
-    if not all(good.values()):
+    """Mean CPU and wall s per step of each side over the rounds both sides ran, the ratio of the means (TRL /
+    rlhfkit), and each round's ratio; None when no round has a good run of both."""
+    pairs = [(o, t) for o, t in zip(per_side.get("rlhfkit", []), per_side.get("trl", []))
+             if isinstance(o, dict) and isinstance(t, dict) and o["units"] and t["units"]]  # rounds both sides ran
+    if not pairs:
         return None
+    good = dict(zip(SIDES, zip(*pairs)))
     mean = {s: {k: sum(r[k] for r in good[s]) / len(good[s]) for k in ("cpu_s", "wall_s")} for s in SIDES}
-    rounds = [t["cpu_s"] / o["cpu_s"] for o, t in zip(per_side["rlhfkit"], per_side["trl"])
-              if isinstance(o, dict) and isinstance(t, dict) and o["units"] and t["units"]]
+    rounds = [t["cpu_s"] / o["cpu_s"] for o, t in pairs]
     return {**{f"{s}_{k}": mean[s][k] for s in SIDES for k in ("cpu_s", "wall_s")},
             "ratio": mean["trl"]["cpu_s"] / mean["rlhfkit"]["cpu_s"], "rounds": rounds}
 
@@ -384,17 +385,18 @@ def main(argv: list[str] | None = None) -> dict:
 
 
 def merged(saved: list[dict]) -> dict:
-    """Several --json files as one: each case's runs from the files that ran it, in file order. The files must have
-    the same steps and layers."""
+    """Several --json files as one: each case's rounds that a file ran on both sides, in file order. The files must
+    have the same steps and layers."""
     if len({(d["steps"], d.get("layers")) for d in saved}) > 1:
         raise SystemExit("--from-json: the files differ in --steps or --layers")
     results: dict = {}
     for d in saved:
         for case, per_side in d["results"].items():
-            if any(per_side.values()):
+            n = min(len(runs) for runs in per_side.values())  # the rounds this file ran on both sides
+            if n:
                 into = results.setdefault(case, {side: [] for side in per_side})
                 for side, runs in per_side.items():
-                    into[side] += runs
+                    into[side] += runs[:n]
     return {"results": {c: results[c] for c in CASES if c in results}, "steps": saved[0]["steps"],
             "layers": saved[0].get("layers"), "rounds": max(d["rounds"] for d in saved),
             "load": max(d.get("load", 0.0) for d in saved)}
