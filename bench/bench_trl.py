@@ -221,14 +221,15 @@ def run_side(side: str, case: str, model: Path, smoke: bool, steps: int) -> dict
 
 
 def run_rounds(cases: list[str], model: Path, rounds: int, steps: int, smoke: bool, save: Path | None = None,
-               meta: dict | None = None, sides=SIDES) -> dict:
+               meta: dict | None = None, sides=SIDES, first_round: int = 1) -> dict:
     """{case: {side: [per-round result or 'failed: ...']}}: every case on both sides, round after round, the side
-    that goes first alternating (round r, case i: rlhfkit first when r + i is even). `save`: a JSON file rewritten
+    that goes first alternating (round r, counted from `first_round`, of CASES[i]: rlhfkit first when r + i is
+    even, so a later run of some cases with first_round=2 goes the other way round). `save`: a JSON file rewritten
     after every run (`--from-json` renders a bench cut short)."""
     results: dict = {c: {s: [] for s in sides} for c in cases}
     for r in range(rounds):
-        for i, case in enumerate(cases):
-            order = list(sides) if (r + i) % 2 == 0 else list(reversed(sides))
+        for case in cases:
+            order = list(sides) if (r + first_round - 1 + CASES.index(case)) % 2 == 0 else list(reversed(sides))
             for side in order:
                 t0 = time.time()
                 try:
@@ -340,6 +341,8 @@ def main(argv: list[str] | None = None) -> dict:
                     "with its tokenizer)")
     ap.add_argument("--layers", type=int, default=None,
                     help="transformer layers of the random model (default: the config's, 30 for SmolLM2-135M)")
+    ap.add_argument("--first-round", type=int, default=1,
+                    help="number of the first round (2: each case's sides in the other order than a first run's)")
     ap.add_argument("--threads", type=int, default=1, help="torch intra-op threads (default 1)")
     ap.add_argument("--smoke", action="store_true",
                     help="plumbing check: tiny shapes, 1 round, 2 steps; figures meaningless, implies --no-write")
@@ -380,7 +383,7 @@ def main(argv: list[str] | None = None) -> dict:
         profile(a.profile, a.side, model, a.smoke, steps, 40, a.profile_out)
         return {}
     results = run_rounds(cases, model, rounds, steps, a.smoke, Path(a.json) if a.json else None,
-                         {"load": load, "layers": a.layers})
+                         {"load": load, "layers": a.layers}, first_round=a.first_round)
     return report(results, rounds, steps, load, a.smoke, a.no_write, a.layers)
 
 
