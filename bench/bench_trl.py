@@ -241,9 +241,9 @@ def run_rounds(cases: list[str], model: Path, rounds: int, steps: int, smoke: bo
                     save.write_text(json.dumps({**(meta or {}), "rounds": r + 1, "steps": steps,
                                                 "results": results}, indent=1))
                 shown = res if isinstance(res, str) else f"{res['cpu_s']:.2f} CPU s/step ({res['units']} steps)"
-                print(f"round {r + 1} {case} {side}: {shown} [{time.time() - t0:.0f} s]", flush=True)
+                print(f"round {r + first_round} {case} {side}: {shown} [{time.time() - t0:.0f} s]", flush=True)
         for case in cases:
-            print(f"after round {r + 1}: {case} {ratio_text(results[case])}", flush=True)
+            print(f"after round {r + first_round}: {case} {ratio_text(results[case])}", flush=True)
     return results
 
 
