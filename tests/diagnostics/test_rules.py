@@ -374,3 +374,17 @@ def test_one_iteration_of_low_explained_variance_does_not_decide():
              if f.rule == "explained_variance_low"]
     assert [f.iteration for f in found] == [9] and abs(found[0].evidence["median"] + 0.2) <= 1e-12
     assert abs(found[0].evidence["mean"]) <= 1e-12
+
+
+def test_the_kl_advice_does_not_offer_the_adaptive_controller_as_a_fix_for_a_short_run():
+    """adaptive_kl changes kl_coef by at most 20% per kl_horizon answers: at the default 10000 and the
+    demo's 16 answers per iteration, (1 + 0.2 x 16 / 10000)^18 - 1 = 0.58% over the whole run. The advice
+    says so instead of offering it as the remedy."""
+    from rlhfkit.trainers.ppo_config import PPOConfig
+
+    cfg = PPOConfig()
+    assert abs((1 + 0.2 * cfg.rollout_batch_size / cfg.kl_horizon) ** cfg.iterations - 1 - 0.00578) < 1e-4
+    rows = with_values(healthy_ppo(), "rollout/kl", _const(15.0), start=10)
+    found = [f for f in diagnose(rows) if f.rule == "rollout_kl_high"]
+    assert found and "let it adapt" not in found[0].action
+    assert "at most 20% per kl_horizon answers (default 10000)" in found[0].action

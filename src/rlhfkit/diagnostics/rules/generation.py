@@ -69,8 +69,9 @@ def rollout_kl_high(h: History, t: Thresholds) -> list[Finding]:
          "kl_coef": coef,
          "threshold": t.rollout_kl_critical if severity == "critical" else t.rollout_kl_warn},
         "The policy drifts far from the reference, where the reward is least trustworthy: raise "
-        "kl_coef (GRPO: beta) or let it adapt (adaptive_kl=true, kl_target=6), lower the learning "
-        "rate" + lr_hint(h) + ", and read the samples for reward hacking.",
+        "kl_coef (GRPO: beta), lower the learning rate" + lr_hint(h) + ", and read the samples for reward "
+        "hacking. PPO's adaptive_kl=true (kl_target=6) changes kl_coef by at most 20% per kl_horizon "
+        "answers (default 10000): it steers runs of thousands of iterations, not a short one.",
         score=level / t.rollout_kl_warn,
     )
 
