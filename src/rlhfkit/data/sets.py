@@ -82,7 +82,6 @@ def load_split(spec: str, split: str | None = "train") -> Records:
             records = records.subset(range(min(parsed.take, len(records))))
     if parsed.keep:  # TRL keeps the columns of the split it loaded: choose the split first
         records = keep_columns(_select_split(records, parsed.split or split, spec), parsed.keep)
-        return cut_prompts(rename_columns(records, parsed.columns), parsed.words)
     records = cut_prompts(rename_columns(records, parsed.columns), parsed.words)
     return _select_split(records, parsed.split or split, spec)
 

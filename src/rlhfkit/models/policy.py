@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import itertools
 import json
 from pathlib import Path
 
@@ -121,17 +122,11 @@ class ActorCritic(nn.Module):
         begin and end (policy; head at value_head_lr; a separate critic's after it), so the groups
         hold the parameters in their order (`runtime/checkpointer.regroup` reads a one-group
         checkpoint into them)."""
-        params = list(self.parameters())
         if self.value_head_lr is None or self.value_head is None:
-            return [{"params": params}]
+            return [{"params": list(self.parameters())}]
         in_head = {id(p) for p in self.value_head.parameters()}
-        groups: list[dict] = []
-        for p in params:
-            lr = {"lr": self.value_head_lr} if id(p) in in_head else {}
-            if not groups or ("lr" in groups[-1]) != bool(lr):
-                groups.append({"params": [], **lr})
-            groups[-1]["params"].append(p)
-        return groups
+        return [{"params": list(run), **({"lr": self.value_head_lr} if head else {})}
+                for head, run in itertools.groupby(self.parameters(), key=lambda p: id(p) in in_head)]
 
     def scoring_shares(self) -> tuple[bool, bool]:
         """(share_prompts, share_prefix) of the scoring and training forwards: both off when FSDP2 shards
