@@ -8,9 +8,11 @@ own command.
 
 from __future__ import annotations
 
+import logging
 import os
 import sys
 import warnings
+from typing import NoReturn
 
 from rlhfkit import __version__
 from rlhfkit.commands import COMMANDS, load
@@ -79,5 +81,37 @@ def main(argv: list[str] | None = None) -> int:
     return run_guarded(call, debug=debug)
 
 
+def run() -> NoReturn:
+    """The `rlhfkit` program (its console script and `python -m rlhfkit.cli`): `main` on the command
+    line's arguments, then the process ends with its exit status (`end_process`)."""
+    end_process(main())
+
+
+def end_process(code: int) -> NoReturn:
+    """End the process with exit status `code`. A process of a launched run (torchrun, accelerate
+    launch, Slurm: a process group is up) ends with `os._exit` once its output is flushed, without
+    the interpreter's finalisation: a gloo worker thread that is still releasing a finished
+    collective needs the GIL to free its tensors' Python objects, and a thread that asks for the
+    GIL while the interpreter finalises is ended in a way C++ cannot unwind (std::terminate:
+    SIGABRT, "terminate called without an active exception"), so a run that finished was reported
+    failed and the other machines' launchers waited 300 s for it at torchrun's exit barrier. The
+    commands close everything they write before they return; nothing is lost by skipping it."""
+    if "torch" in sys.modules and _in_process_group():
+        for stream in (sys.stdout, sys.stderr):
+            try:
+                stream.flush()
+            except (OSError, ValueError):  # a closed pipe or stream: nothing more to write
+                pass
+        logging.shutdown()
+        os._exit(code)
+    sys.exit(code)
+
+
+def _in_process_group() -> bool:
+    import torch.distributed as dist
+
+    return dist.is_available() and dist.is_initialized()
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    run()

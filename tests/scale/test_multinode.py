@@ -91,11 +91,13 @@ def printed(proc: subprocess.Popen) -> str:
 @pytest.fixture(scope="module")
 def runs(tiny_model_dir, tmp_path_factory):
     """{"shared": folder of the straight run, "a": machine 0's folder, "b": machine 1's}; printed outputs.
-    The three launches run again in fresh folders once if one of them does not end cleanly: one CI
-    run of three (2026-12-06, beside the other worker's multi-process tests) had machine 0's launcher
-    still waiting 300 s after the run printed [done] (torchrun's exit barrier also waits 300 s for the
-    other machine's agent), and one local run stopped at once; their causes are not found, and a second
-    failure fails the test."""
+    The three launches run again in fresh folders once if one of them does not end cleanly (a second
+    failure fails the test). Until 2026-12-07 one launch in a few had machine 1's process abort at
+    interpreter exit after the run finished (SIGABRT, "terminate called without an active
+    exception": a gloo thread freeing a finished all-reduce's tensors asked for the GIL while the
+    interpreter finalised; a core dump showed it), and machine 0's launcher then waited 300 s at
+    torchrun's exit barrier; a launched process now ends without finalisation
+    (rlhfkit.cli.end_process, tests/scale/test_process_exit.py)."""
     try:
         return scenario(tiny_model_dir, tmp_path_factory.mktemp("multinode"))
     except AssertionError as first:  # an exit status other than 0, or a launch past TIMEOUT_S (`launch`)  # a bug of the run fails the second time too
