@@ -77,7 +77,7 @@ PROCESS_WIDE = {
     ("learn/ablations.py", "torch.set_num_threads"),
     # the sampling draws (SAMPLING_SEED's reason)
     ("rollout/texts.py", SAMPLING_SEED), ("rollout/multiturn.py", SAMPLING_SEED), ("rollout/backends.py", SAMPLING_SEED),
-    ("trainers/rl.py", SAMPLING_SEED), ("commands/tpo.py", SAMPLING_SEED),
+    ("commands/tpo.py", SAMPLING_SEED),
     # the reward model's fresh score head is initialised from the run's seed (nn.Linear takes no generator)
     ("trainers/rm.py", SAMPLING_SEED),
     # the sampler thread sets its intra-op thread count to the main thread's (the same value: same numerics)

@@ -6,6 +6,7 @@ weights after two epochs of two mini-batches each."""
 from __future__ import annotations
 
 import copy
+import dataclasses
 
 import pytest
 import torch
@@ -51,7 +52,7 @@ def start():
     torch.manual_seed(0)
     ro = generate(actor.policy, tok, ["Hi", "Write a review", "What is 3 + 4?", "Go"] * 2,
                   SamplingParams(max_new_tokens=8, temperature=0.7, stop_ids=(2,)))
-    ro.scores = torch.tensor([1.0, -0.5, 0.2, 2.0, 0.0, -1.0, 0.7, 0.3])
+    ro = dataclasses.replace(ro, scores=torch.tensor([1.0, -0.5, 0.2, 2.0, 0.0, -1.0, 0.7, 0.3]))
     reference = ActorCritic(build_tiny_model(len(tok), seed=4), ValueHead(32))
     return actor, reference, ro
 
@@ -61,7 +62,7 @@ def trainer_iteration(actor, ro, ref_logprobs, cfg: PPOConfig, seed: int) -> Rol
     g = torch.Generator().manual_seed(seed)
     first = torch.randperm(cfg.rollout_batch_size, generator=g)
     ro = logprob_pass(actor, None, ro, cfg.temperature, cfg.micro_batch_size, order=first)
-    ro.ref_logprobs = ref_logprobs
+    ro = dataclasses.replace(ro, ref_logprobs=ref_logprobs)
     ro, _ = compute_advantages(ro, cfg, cfg.kl_coef)
     opt, sched = make_optimizer(actor.parameters(), cfg.lr, cfg.warmup_steps)
 
@@ -81,7 +82,7 @@ def test_the_reference_iteration_computes_what_the_trainer_computes(start):
     before = [p.detach().clone() for p in actor.parameters()]
 
     opt, sched = make_optimizer(mine.parameters(), cfg.lr, cfg.warmup_steps)
-    metrics = ref.ppo_iteration(as_model(mine), as_model(reference), opt, my_ro, temperature=cfg.temperature,
+    my_ro, metrics = ref.ppo_iteration(as_model(mine), as_model(reference), opt, my_ro, temperature=cfg.temperature,
                                 kl_coef=cfg.kl_coef, gamma=cfg.gamma, lam=cfg.lam, epochs=cfg.ppo_epochs,
                                 mini_batch_size=cfg.mini_batch_size, clip_eps=cfg.clip_eps,
                                 value_clip_eps=cfg.value_clip_eps, vf_coef=cfg.vf_coef,

@@ -4,6 +4,8 @@ plain forward's."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 from hypothesis import given, settings
@@ -129,7 +131,7 @@ def test_logprob_pass_keeps_the_trunk_and_the_update_reuses_it():
     with torch.no_grad():
         lp, v, _ = forward_logprobs(actor, other, 0.7)
         depth, actor.trunk_depth = actor.trunk_depth, 0
-        other.trunk = None
+        other = dataclasses.replace(other, trunk=None)
         lp_plain, v_plain, _ = forward_logprobs(actor, other, 0.7)
         actor.trunk_depth = depth
     torch.testing.assert_close(lp, lp_plain, atol=1e-5, rtol=1e-5)

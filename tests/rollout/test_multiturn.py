@@ -3,6 +3,8 @@ boundary, token-in token-out sampling, environment errors, and env tokens stayin
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 
@@ -137,7 +139,7 @@ def test_grpo_sequence_score_lands_on_the_last_model_token_only():
 
     ro = two_turn_rollout()
     twin = two_turn_rollout()
-    twin.scores = torch.tensor([0.0])
+    twin = dataclasses.replace(twin, scores=torch.tensor([0.0]))
     both = Rollout(**{k: torch.cat([getattr(ro, k), getattr(twin, k)]) for k in
                       ("query_ids", "query_mask", "response_ids", "response_mask", "stopped", "scores",
                        "context_mask", "turn_rewards")})
@@ -154,8 +156,8 @@ def test_trim_keeps_env_tokens_and_metrics_count_them():
     ro.response_mask[0, 6] = 0  # even if the last real token were not the model's, trim keeps the context
     assert trim(ro).response_ids.shape[1] == 7
     ro = two_turn_rollout()
-    ro.rewards = torch.zeros(1, 8)
-    ro.info = {"turns": [2], "tool_calls": [1], "tool_errors": [1]}
+    ro = dataclasses.replace(ro, rewards=torch.zeros(1, 8))
+    ro = dataclasses.replace(ro, info={"turns": [2], "tool_calls": [1], "tool_errors": [1]})
     m = rollout_metrics(ro)
     assert (m["rollout/turns_mean"], m["rollout/env_tokens_mean"], m["rollout/response_length"]) == (2.0, 3.0, 4.0)
     assert (m["rollout/tool_call_rate"], m["rollout/tool_error_rate"]) == (1.0, 1.0)
@@ -360,7 +362,7 @@ def scored_episodes(tiny):
                            max_turns=3, max_total_tokens=200, seed=0)
     order = torch.tensor([2, 0, 3, 1])
     ro = logprob_pass(actor, None, ro, 1.0, micro_batch_size=2, order=order)
-    ro.ref_logprobs = ro.logprobs - 0.1 * ro.response_mask
+    ro = dataclasses.replace(ro, ref_logprobs=ro.logprobs - 0.1 * ro.response_mask)
     return actor, tok, ro, order
 
 
@@ -411,7 +413,7 @@ def test_env_tokens_change_nothing_in_the_policy_value_kl_and_entropy_losses(sco
 
         cfg = build_config(GRPOConfig, {"rollout_batch_size": 4, "group_size": 2, "mini_batch_size": 4,
                                         "micro_batch_size": 4, "beta": 0.1, "dtype": "fp32"})
-        ro.scores = torch.tensor([1.0, 0.0, 0.5, 2.0])
+        ro = dataclasses.replace(ro, scores=torch.tensor([1.0, 0.0, 0.5, 2.0]))
         ro, _ = grpo_advantages(ro, cfg)
 
         def loss(r):
@@ -421,11 +423,8 @@ def test_env_tokens_change_nothing_in_the_policy_value_kl_and_entropy_losses(sco
         for p in actor.policy.parameters():
             p.add_(0.02 * torch.randn_like(p))
     base, base_stats = loss(ro)
-    perturbed = Rollout(**{k: getattr(ro, k) for k in ro.__dataclass_fields__})
-    for name in ("logprobs", "ref_logprobs", "values", "returns", "advantages", "entropy"):
-        t = getattr(ro, name)
-        if t is not None:
-            setattr(perturbed, name, t.masked_fill(env, 7.5))
+    perturbed = dataclasses.replace(ro, **{name: t.masked_fill(env, 7.5) for name in (
+        "logprobs", "ref_logprobs", "values", "returns", "advantages", "entropy") if (t := getattr(ro, name)) is not None})
     other, other_stats = loss(perturbed)
     assert other.item() == base.item()
     assert other_stats == base_stats

@@ -13,6 +13,7 @@ Rank 0 writes OUT_DIR/<name>-<processes>.pt with the changes of all trainable pa
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import sys
@@ -85,8 +86,8 @@ def global_rollout(vocab: int):
     r_ids = torch.randint(3, vocab, (2 * B, R), generator=g).masked_fill(r_mask == 0, 2)
     rollout = Rollout(query_ids=q_ids, query_mask=q_mask, response_ids=r_ids, response_mask=r_mask,
                       stopped=torch.zeros(2 * B, dtype=torch.bool))
-    rollout.advantages = torch.randn(2 * B, R, generator=g) * r_mask
-    rollout.returns = torch.randn(2 * B, R, generator=g) * r_mask
+    rollout = dataclasses.replace(rollout, advantages=torch.randn(2 * B, R, generator=g) * r_mask)
+    rollout = dataclasses.replace(rollout, returns=torch.randn(2 * B, R, generator=g) * r_mask)
     return rollout
 
 

@@ -4,6 +4,7 @@ run cannot reach (DeepSpeed's accumulation boundary, its 'auto' config values) a
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 from types import SimpleNamespace
 
 import pytest
@@ -115,7 +116,7 @@ def test_grpo_constant_normaliser_counts_every_process():
                  response_ids=torch.randint(3, 300, (4, 6), generator=g), response_mask=torch.ones(4, 6),
                  stopped=torch.zeros(4, dtype=torch.bool))
     mb = logprob_pass(actor, None, mb, 1.0, 4)
-    mb.advantages = torch.randn(4, 6, generator=g)
+    mb = dataclasses.replace(mb, advantages=torch.randn(4, 6, generator=g))
     cfg = build_config(GRPOConfig, {"model": "unused", "loss_agg": "constant", "rollout_batch_size": 4, "group_size": 2,
                                     "mini_batch_size": 4, "micro_batch_size": 4, "max_new_tokens": 6})
     one, _ = micro_batch_loss(actor, mb, cfg, 24.0, 4.0, torch.device("cpu"))

@@ -3,6 +3,7 @@ offloaded reference (moved once per scoring pass), micro-batched scoring (bounde
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import pytest
@@ -91,7 +92,7 @@ def test_offloaded_reference_moves_once_per_scoring_pass_and_gives_the_same_log_
     reference.to("cpu")  # what the trainer does after `prepare`: an offloaded copy stays in CPU memory
     assert moves == ["cpu"]
     moves.clear()
-    rollout.ref_logprobs = None
+    rollout = dataclasses.replace(rollout, ref_logprobs=None)
     offloaded = logprob_pass(actor, reference, rollout, 1.0, 2).ref_logprobs
     assert moves == ["cpu", "cpu"]  # in to the actor's device (cpu here), then back: once for 3 micro-batches
     torch.testing.assert_close(offloaded, plain)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 
@@ -92,7 +93,7 @@ def test_leave_one_out_advantages_golden_through_the_trainer():
 
 def test_score_clip_and_no_stop_penalty_apply_before_the_baseline():
     ro = _rollout([5.0, 0.0, 0.0, 0.0], [4] * 4)
-    ro.stopped = torch.tensor([True, True, True, False])
+    ro = dataclasses.replace(ro, stopped=torch.tensor([True, True, True, False]))
     cfg = build_config(RLOOConfig, {"rollout_batch_size": 4, "group_size": 4, "micro_batch_size": 4,
                                     "score_clip": 1.0, "no_stop_penalty": -1.0})
     ro, _ = compute_advantages(ro, cfg)  # rewards 1, 0, 0, -1
@@ -114,8 +115,8 @@ def scored_rollout():
     ro.response_mask[0, 3:] = 0  # make sure lengths differ
     ro.response_mask[5, 5:] = 0
     ro = logprob_pass(model, None, ro, 1.0, micro_batch_size=8)
-    ro.ref_logprobs = ro.logprobs + 0.3 * torch.randn(ro.logprobs.shape) * ro.response_mask
-    ro.advantages = torch.randn(8)[:, None] * ro.response_mask
+    ro = dataclasses.replace(ro, ref_logprobs=ro.logprobs + 0.3 * torch.randn(ro.logprobs.shape) * ro.response_mask)
+    ro = dataclasses.replace(ro, advantages=torch.randn(8)[:, None] * ro.response_mask)
     with torch.no_grad():  # move the policy away from pi_old so the ratio and the clip are exercised
         for p in model.parameters():
             p.add_(0.05 * torch.randn_like(p))

@@ -4,6 +4,7 @@ truncated importance-sampling correction, and the presets' defaults and errors."
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 from types import SimpleNamespace
@@ -86,30 +87,30 @@ def test_reinforce_pp_advantages_golden():
                                            "reward_kl_coef": 0.1})
     ro, _ = compute_advantages(ro, cfg)  # the shaped score on the last token; REINFORCE++'s advantages come later
     assert torch.equal(ro.advantages, torch.zeros(2, 3))  # none yet: the estimator runs after the log-prob pass
-    ro.ref_logprobs = torch.zeros(2, 3)
-    ro.logprobs = torch.tensor([[0.5, -0.5, 9.0], [0.2, 0.0, 0.1]])  # k1 = logp - ref_logp; 9.0 is padding
-    ro.advantages, _ = advantages_at(LOGPROBS, ADVANTAGES[cfg.advantage],
-                                     AdvantageInputs(ro, cfg, lambda: None, SimpleNamespace(num_processes=1)))
+    ro = dataclasses.replace(ro, ref_logprobs=torch.zeros(2, 3))
+    ro = dataclasses.replace(ro, logprobs=torch.tensor([[0.5, -0.5, 9.0], [0.2, 0.0, 0.1]]))  # k1 = logp - ref_logp; 9.0 is padding
+    advantages, _ = advantages_at(LOGPROBS, ADVANTAGES[cfg.advantage],
+                                  AdvantageInputs(ro, cfg, lambda: None, SimpleNamespace(num_processes=1)))
     # rewards: row 0 [-0.05, 0.05 + 1], row 1 [-0.02, 0, -0.01 + 0] -> returns [1.0, 1.05], [-0.03, -0.01, -0.01]
     g = [1.0, 1.05, -0.03, -0.01, -0.01]
     mean = sum(g) / 5
     std = math.sqrt(sum((x - mean) ** 2 for x in g) / 5 + 1e-8)
     expected = torch.tensor([[(1.0 - mean) / std, (1.05 - mean) / std, 0.0],
                              [(-0.03 - mean) / std, (-0.01 - mean) / std, (-0.01 - mean) / std]])
-    torch.testing.assert_close(ro.advantages, expected, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(advantages, expected, rtol=1e-5, atol=1e-6)
     # the baseline variant subtracts the group's mean score first: [1, 0] -> [0.5, -0.5]
     ro2 = _rollout([1.0, 0.0], [2, 3], R=3)
     cfg2 = build_config(ReinforcePPConfig, {"advantage": "reinforce++-baseline", "group_size": 2,
                                             "rollout_batch_size": 2, "mini_batch_size": 2, "micro_batch_size": 2,
                                             "reward_kl_coef": 0.0})
     ro2, _ = compute_advantages(ro2, cfg2)
-    ro2.ref_logprobs = None
-    ro2.advantages, _ = advantages_at(LOGPROBS, ADVANTAGES[cfg2.advantage],
-                                      AdvantageInputs(ro2, cfg2, lambda: None, SimpleNamespace(num_processes=1)))
+    ro2 = dataclasses.replace(ro2, ref_logprobs=None)
+    advantages2, _ = advantages_at(LOGPROBS, ADVANTAGES[cfg2.advantage],
+                                   AdvantageInputs(ro2, cfg2, lambda: None, SimpleNamespace(num_processes=1)))
     g2 = [0.5, 0.5, -0.5, -0.5, -0.5]
     mean2 = sum(g2) / 5
     std2 = math.sqrt(sum((x - mean2) ** 2 for x in g2) / 5 + 1e-8)
-    torch.testing.assert_close(ro2.advantages[0, :2], torch.tensor([(0.5 - mean2) / std2] * 2), rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(advantages2[0, :2], torch.tensor([(0.5 - mean2) / std2] * 2), rtol=1e-5, atol=1e-6)
 
 
 def test_overlong_filter_takes_cut_completions_out_of_the_loss():
@@ -129,10 +130,10 @@ def _draw_factory(groups_per_round):
         spread = groups_per_round[r]
         scores = [x for s in spread for x in ((1.0, 0.0) if s else (1.0, 1.0))]
         ro = _rollout(scores, [2] * len(scores))
-        ro.prompts = [f"r{r}g{i // 2}" for i in range(len(scores))]
-        ro.completions = ["c"] * len(scores)
-        ro.rewards = torch.zeros(len(scores), 4)
-        ro.rewards[:, 1] = torch.tensor(scores)
+        rewards = torch.zeros(len(scores), 4)
+        rewards[:, 1] = torch.tensor(scores)
+        ro = dataclasses.replace(ro, prompts=[f"r{r}g{i // 2}" for i in range(len(scores))],
+                                 completions=["c"] * len(scores), rewards=rewards)
         return ro, {"rollout/x": float(r)}
     return draw
 
@@ -202,8 +203,8 @@ def scored_rollout():
     ro.response_mask[0, 3:] = 0
     ro.response_mask[5, 5:] = 0
     ro = logprob_pass(model, None, ro, 1.0, micro_batch_size=8)
-    ro.advantages = torch.randn(8)[:, None] * ro.response_mask
-    ro.sampler_logprobs = ro.logprobs + 0.5 * torch.randn(ro.logprobs.shape)  # a sampler that differs
+    ro = dataclasses.replace(ro, advantages=torch.randn(8)[:, None] * ro.response_mask)
+    ro = dataclasses.replace(ro, sampler_logprobs=ro.logprobs + 0.5 * torch.randn(ro.logprobs.shape))  # a sampler that differs
     with torch.no_grad():
         for p in model.parameters():
             p.add_(0.05 * torch.randn_like(p))
@@ -246,15 +247,15 @@ def test_truncated_is_weight_scales_the_loss_and_clips_at_the_cap(scored_rollout
     n_tok, dev = ro.response_mask.sum().item(), torch.device("cpu")
     plain, _ = micro_batch_loss(model, ro, build_config(GRPOConfig, base), n_tok, 8.0, dev)
     capped = build_config(GRPOConfig, {**base, "tis_cap": 2.0})
-    ro.sampler_logprobs = ro.logprobs - 1.0  # pi_train / pi_sampler = e on every token: weight min(e, 2) = 2
+    ro = dataclasses.replace(ro, sampler_logprobs=ro.logprobs - 1.0)  # pi_train / pi_sampler = e on every token: weight min(e, 2) = 2
     loss, st = micro_batch_loss(model, ro, capped, n_tok, 8.0, dev)
     assert loss.item() == pytest.approx(2 * plain.item(), rel=1e-6)
     assert st["is_weight_mean"] == pytest.approx(2.0) and st["is_clip_frac"] == 1.0
     assert st["mismatch_kl"] == pytest.approx(math.e - 2, rel=1e-5)  # k3 at d = 1
-    ro.sampler_logprobs = ro.logprobs + 0.1  # weight e^-0.1 below the cap
+    ro = dataclasses.replace(ro, sampler_logprobs=ro.logprobs + 0.1)  # weight e^-0.1 below the cap
     loss, st = micro_batch_loss(model, ro, capped, n_tok, 8.0, dev)
     assert loss.item() == pytest.approx(math.exp(-0.1) * plain.item(), rel=1e-5)
-    ro.sampler_logprobs = None  # HF sampling: the trainer sampled, the weight is exactly 1
+    ro = dataclasses.replace(ro, sampler_logprobs=None)  # HF sampling: the trainer sampled, the weight is exactly 1
     loss, st = micro_batch_loss(model, ro, capped, n_tok, 8.0, dev)
     assert loss.item() == plain.item() and st["is_weight_mean"] == 1.0 and st["mismatch_kl"] == 0.0
 
@@ -408,8 +409,8 @@ def test_help_of_each_preset_lists_every_field(capsys):
 
 def test_keep_rows_keeps_texts_and_sampler_logprobs():
     ro = _rollout([1.0, 2.0, 3.0], [1, 2, 3])
-    ro.prompts, ro.completions, ro.info = ["a", "b", "c"], ["x", "y", "z"], {"answer": [1, 2, 3]}
-    ro.sampler_logprobs = torch.arange(12.0).view(3, 4)
+    ro = dataclasses.replace(ro, prompts=["a", "b", "c"], completions=["x", "y", "z"], info={"answer": [1, 2, 3]},
+                             sampler_logprobs=torch.arange(12.0).view(3, 4))
     out = keep_rows(ro, torch.tensor([2, 0]))
     assert (out.prompts, out.completions, out.info) == (["c", "a"], ["z", "x"], {"answer": [3, 1]})
     assert out.sampler_logprobs[:, 0].tolist() == [8.0, 0.0]

@@ -168,12 +168,12 @@ def test_score_on_last_valid_token_left_padding_pad_equals_eos(tiny_actor):
     actor, tok = tiny_actor
     ro = generate(actor.policy, tok, ["Hi", "Write a review"], SamplingParams(max_new_tokens=6, stop_ids=(2,)))
     # Overwrite responses with known tokens: row 0 stops at index 2 then pads (== eos); row 1 never stops.
-    ro.response_ids = torch.tensor([[40, 41, 2, 2, 2, 2], [40, 41, 42, 43, 44, 45]])
+    ro = dataclasses.replace(ro, response_ids=torch.tensor([[40, 41, 2, 2, 2, 2], [40, 41, 42, 43, 44, 45]]))
     from rlhfkit.algos import response_mask
 
     mask, stopped = response_mask(ro.response_ids, (2,))
     assert mask.tolist() == [[1, 1, 1, 0, 0, 0], [1, 1, 1, 1, 1, 1]] and stopped.tolist() == [True, False]
-    ro.response_mask, ro.stopped = mask.float(), stopped
+    ro = dataclasses.replace(ro, response_mask=mask.float(), stopped=stopped)
     ro = logprob_pass(actor, None, ro, 1.0, micro_batch_size=2)
     rewards, _ = shape_rewards(torch.tensor([5.0, 7.0]), ro.logprobs, ro.logprobs, ro.response_mask, 0.1)
     assert rewards[0].tolist() == [0, 0, 5.0, 0, 0, 0]

@@ -5,6 +5,7 @@ into micro-batches (GRPO, DPO and SFT have the same test)."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import pytest
@@ -128,9 +129,9 @@ def scored():
     ro.response_mask[5, 5:] = 0
     ro = logprob_pass(actor, None, ro, 1.0, micro_batch_size=8)
     g = torch.Generator().manual_seed(1)
-    ro.ref_logprobs = ro.logprobs + 0.3 * torch.randn(ro.logprobs.shape, generator=g) * ro.response_mask
-    ro.advantages = torch.randn(ro.logprobs.shape, generator=g) * ro.response_mask
-    ro.returns = torch.randn(ro.logprobs.shape, generator=g) * ro.response_mask
+    ro = dataclasses.replace(ro, ref_logprobs=ro.logprobs + 0.3 * torch.randn(ro.logprobs.shape, generator=g) * ro.response_mask)
+    ro = dataclasses.replace(ro, advantages=torch.randn(ro.logprobs.shape, generator=g) * ro.response_mask)
+    ro = dataclasses.replace(ro, returns=torch.randn(ro.logprobs.shape, generator=g) * ro.response_mask)
     with torch.no_grad():
         for p in actor.parameters():
             p.add_(0.05 * torch.randn(p.shape, generator=g))

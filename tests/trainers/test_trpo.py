@@ -3,6 +3,7 @@ natural-gradient step does not depend on the micro-batch split, and a run logs P
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from dataclasses import replace
 
@@ -45,7 +46,7 @@ def rollout_on_tiny_lora(seed: int = 0):
     params = SamplingParams(6, 1.0, 0, 1.0, (tok.eos_token_id,), None)
     ro = generate(model, tok, [PROMPTS[i] for i in range(8)], params)
     ro = logprob_pass(actor, None, ro, 1.0, 8)
-    ro.scores = torch.linspace(-1, 1, 8)
+    ro = dataclasses.replace(ro, scores=torch.linspace(-1, 1, 8))
     return actor, ro
 
 

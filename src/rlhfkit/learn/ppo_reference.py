@@ -11,12 +11,14 @@ weights from the same rollout.
 `model(input_ids, attention_mask) -> (logits (B, L, V), values (B, L))` is any causal LM with a
 value head: L = P + R, prompt then response. The rollout is rlhfkit's `Rollout`: generation fills
 query_ids (B, P), query_mask (B, P), response_ids (B, R), response_mask (B, R) and the reward
-function scores (B,); `collect` adds logprobs, values and ref_logprobs (B, R), `advantages` adds
-rewards, advantages and returns (B, R). From `collect` on, all of these are constants: the update
+function scores (B,); `collect` returns it with logprobs, values and ref_logprobs (B, R), `advantages`
+with rewards, advantages and returns (B, R). From `collect` on, all of these are constants: the update
 differentiates only the log-probs and values it recomputes.
 """
 
 from __future__ import annotations
+
+import dataclasses
 
 import torch
 
@@ -46,20 +48,23 @@ def teacher_forced(model, ro: Rollout, temperature: float) -> tuple[torch.Tensor
 def collect(model, reference, ro: Rollout, temperature: float) -> Rollout:
     """Step 3: the old log-probs and values of the policy that sampled, and the reference's log-probs.
     No gradient: they are the fixed point the update measures its ratio and value clip against."""
-    ro.logprobs, ro.values = teacher_forced(model, ro, temperature)
-    ro.ref_logprobs, _ = teacher_forced(reference, ro, temperature)
-    return ro
+    logprobs, values = teacher_forced(model, ro, temperature)
+    ref_logprobs, _ = teacher_forced(reference, ro, temperature)
+    return dataclasses.replace(ro, logprobs=logprobs, values=values, ref_logprobs=ref_logprobs)
 
 
-def advantages(ro: Rollout, kl_coef: float, gamma: float, lam: float, whiten: bool = True) -> dict[str, float]:
+def advantages(ro: Rollout, kl_coef: float, gamma: float, lam: float,
+               whiten: bool = True) -> tuple[Rollout, dict[str, float]]:
     """Steps 4-5: per-token rewards -kl_coef * k1 with the score on the last valid token; GAE;
-    returns = raw advantages + values; then the advantages whitened over the rollout's valid tokens."""
+    returns = raw advantages + values; then the advantages whitened over the rollout's valid tokens.
+    Returns (the rollout with rewards, advantages and returns, its metrics)."""
     mask = ro.response_mask
-    ro.rewards, _ = algos.shape_rewards(ro.scores, ro.logprobs, ro.ref_logprobs, mask, kl_coef)
-    adv, ro.returns = algos.gae(ro.rewards, ro.values, mask, gamma, lam)
-    ro.advantages = algos.masked_whiten(adv, mask) if whiten else adv
-    return {"rollout/kl": ((ro.logprobs - ro.ref_logprobs) * mask).sum(1).mean().item(),
-            "rollout/return_mean": algos.masked_mean(ro.returns, mask).item()}
+    rewards, _ = algos.shape_rewards(ro.scores, ro.logprobs, ro.ref_logprobs, mask, kl_coef)
+    adv, returns = algos.gae(rewards, ro.values, mask, gamma, lam)
+    ro = dataclasses.replace(ro, rewards=rewards, returns=returns,
+                             advantages=algos.masked_whiten(adv, mask) if whiten else adv)
+    return ro, {"rollout/kl": ((ro.logprobs - ro.ref_logprobs) * mask).sum(1).mean().item(),
+                "rollout/return_mean": algos.masked_mean(returns, mask).item()}
 
 
 def ppo_loss(model, mb: Rollout, temperature: float, clip_eps: float, value_clip_eps: float,
@@ -107,12 +112,13 @@ def ppo_iteration(model, reference, optimizer, ro: Rollout, *, temperature: floa
                   gamma: float = 1.0, lam: float = 1.0, epochs: int = 2, mini_batch_size: int = 8,
                   clip_eps: float = 0.2, value_clip_eps: float = 0.2, vf_coef: float = 0.1,
                   max_grad_norm: float = 1.0, generator: torch.Generator | None = None,
-                  scheduler=None) -> dict[str, float]:
-    """Steps 3-6 on a sampled and scored rollout, with `rlhfkit ppo`'s defaults. Returns its metrics."""
-    collect(model, reference, ro, temperature)
-    metrics = advantages(ro, kl_coef, gamma, lam)
+                  scheduler=None) -> tuple[Rollout, dict[str, float]]:
+    """Steps 3-6 on a sampled and scored rollout, with `rlhfkit ppo`'s defaults. Returns (the rollout
+    with its log-probs, values, rewards, advantages and returns, the iteration's metrics)."""
+    ro = collect(model, reference, ro, temperature)
+    ro, metrics = advantages(ro, kl_coef, gamma, lam)
     metrics.update(update(model, optimizer, ro, temperature=temperature, epochs=epochs,
                           mini_batch_size=mini_batch_size, clip_eps=clip_eps, value_clip_eps=value_clip_eps,
                           vf_coef=vf_coef, max_grad_norm=max_grad_norm,
                           generator=generator or torch.Generator(device=HOST).manual_seed(0), scheduler=scheduler))
-    return metrics
+    return ro, metrics

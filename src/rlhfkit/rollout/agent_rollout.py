@@ -81,10 +81,9 @@ def agent_rollout(model, tok, records: list[dict], params: SamplingParams, setti
     if not rows:
         raise AllEpisodesFailed(f"agent: every episode failed; the first: {first_failure(outcomes)}")
     device = next(model.parameters()).device
-    rollout = rows_to_rollout(rows, rewards, tok.pad_token_id, device)
     kept = [records[i] for i in episode]
-    rollout.prompts = [str(r.get("prompt", "")) for r in kept]
-    rollout.completions = completions
-    rollout.info = {**info_lists(kept), "episode": episode}
+    rollout = dataclasses.replace(rows_to_rollout(rows, rewards, tok.pad_token_id, device),
+                                  prompts=[str(r.get("prompt", "")) for r in kept], completions=completions,
+                                  info={**info_lists(kept), "episode": episode})
     metrics["agent/rows_per_episode"] = len(rows) / max(sum(o.reason == "ok" for o in outcomes), 1)
     return rollout, outcomes, metrics

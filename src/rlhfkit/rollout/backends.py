@@ -159,7 +159,8 @@ class VLLMBackend:
         outputs = self.llm.generate(prompts, sampling_params=sampling, use_tqdm=False)
         rollout = rollout_from_tokens(tokenizer, enc, [completion_ids(o.outputs[0], stop_ids) for o in outputs], stop_ids)
         if self.processed_logprobs or params.temperature == 1.0:
-            rollout.sampler_logprobs = sampled_logprobs([o.outputs[0] for o in outputs], rollout.response_ids.shape[1])
+            rollout = dataclasses.replace(rollout, sampler_logprobs=sampled_logprobs(
+                [o.outputs[0] for o in outputs], rollout.response_ids.shape[1]))
         return rollout
 
 

@@ -44,9 +44,10 @@ class SamplingParams:
             )
 
 
-@dataclass
+@dataclass(frozen=True)
 class Rollout:
-    """One batch of experience. Shapes: B rollout batch, P prompt width, R response width."""
+    """One batch of experience, a value: each stage returns a new Rollout (`dataclasses.replace`),
+    none fills in the one it was given. Shapes: B rollout batch, P prompt width, R response width."""
 
     query_ids: torch.Tensor  # (B, P) left-padded prompt tokens
     query_mask: torch.Tensor  # (B, P) 1 for real prompt tokens

@@ -141,7 +141,7 @@ def logprob_pass(actor, reference, rollout: Rollout, temperature: float, micro_b
         for rows, micro in micro_batch_chunks(order, micro_batch_size, rollout, device, chunk_budget):
             mb = rows_of(rollout, rows, micro)  # the micro-batch's columns, as the update runs the chunk
             ids, mask = mb.input_ids.to(device), mb.attention_mask.to(device)
-            mb.trunk = actor.trunk(ids, mask) if depth else None  # shared by the policy and the reference
+            mb = dataclasses.replace(mb, trunk=actor.trunk(ids, mask) if depth else None)  # policy's and reference's
             lp, v, ent = forward_logprobs(actor, mb, temperature, with_values=True, with_entropy=True)
             parts["logprobs"].append(lp.cpu())
             if v is not None:  # a policy-only model (GRPO, RLOO) has no value head

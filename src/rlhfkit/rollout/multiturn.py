@@ -209,8 +209,7 @@ def generate_episodes(
         if callable(getattr(env, "close", None)):
             env.close()
     rollout = episodes_to_rollout(episodes, enc, pad)
-    rollout.info["prefill_tokens"] = prefilled
-    return rollout
+    return dataclasses.replace(rollout, info={**rollout.info, "prefill_tokens": prefilled})
 
 
 def cached_turns(prefix: PrefixCache) -> Callable:

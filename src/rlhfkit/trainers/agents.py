@@ -64,8 +64,8 @@ def agent_episodes(rl, cfg, records: list[dict], it: int) -> tuple[Rollout, list
             rollout, outcomes, metrics = sample_agent(rl, cfg, records, sampling_seed(cfg.seed, rl.rank, it))
         except AllEpisodesFailed as e:
             raise AllEpisodesFailed(f"iteration {it}: {e}") from None
-    rollout.timings = {"timing/generate_s": time.perf_counter() - t0, "timing/reward_s": 0.0, **metrics}
-    return rollout, outcomes
+    timings = {"timing/generate_s": time.perf_counter() - t0, "timing/reward_s": 0.0, **metrics}
+    return dataclasses.replace(rollout, timings=timings), outcomes
 
 
 def agent_sample(rl, cfg, records: list[dict], it: int) -> Rollout:

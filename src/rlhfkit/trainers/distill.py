@@ -22,6 +22,7 @@ Maths, conventions and when to prefer which loss: docs/algorithms.md.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import random
 import time
@@ -146,8 +147,7 @@ def scoring_pass(rl: RLRun, cfg: DistillConfig, rollout: Rollout, order: torch.T
     with rl.tracker.phase("log-probs", None), autocast(cfg.dtype, rl.device):
         scored = logprob_pass(rl.core, teacher, rollout, cfg.temperature, rl.micro_batch_size, order,
                               chunk_budget=cfg.cpu_chunk_positions)
-    scored.timings = {**rollout.timings, "timing/logprobs_s": time.perf_counter() - t0}
-    return scored
+    return dataclasses.replace(scored, timings={**rollout.timings, "timing/logprobs_s": time.perf_counter() - t0})
 
 
 def train(cfg: DistillConfig) -> dict:
@@ -163,8 +163,9 @@ def train(cfg: DistillConfig) -> dict:
                 t0 = time.time()
                 rollout, sampled = sequences(rl, cfg, it)  # step 1
                 mask = rollout.response_mask
-                rollout.rewards, _ = shape_rewards(rollout.scores, torch.zeros_like(mask), torch.zeros_like(mask),
-                                                   mask, 0.0)  # the score on the last token: logged, not trained on
+                rewards, _ = shape_rewards(rollout.scores, torch.zeros_like(mask), torch.zeros_like(mask),
+                                           mask, 0.0)  # the score on the last token: logged, not trained on
+                rollout = dataclasses.replace(rollout, rewards=rewards)
                 perm = shuffled_rows(len(rollout.scores), rl.generator)
                 rollout = scoring_pass(rl, cfg, rollout, perm)  # step 2
                 t1 = time.time()

@@ -4,6 +4,7 @@ student's own samples (trainers/rl.py `sample_rollout`), so every later step tre
 
 from __future__ import annotations
 
+import dataclasses
 import time
 
 from rlhfkit.data.chat import format_prompts
@@ -50,10 +51,9 @@ def dataset_rollout(rl, cfg, records: list[dict]) -> Rollout:
     if rl.params.max_prompt_length is not None:  # left padding: the last columns hold every prompt's end
         enc = {k: v[:, -rl.params.max_prompt_length :] for k, v in enc.items()}
     rows = [completion_tokens(tok, r[cfg.completion_field], cfg.max_new_tokens, stop) for r in records]
-    rollout = rollout_from_tokens(tok, enc, rows, tuple(rl.params.stop_ids))
-    rollout.prompts = [str(r["prompt"]) for r in records]
-    rollout.info = info_lists(records)
+    rollout = dataclasses.replace(rollout_from_tokens(tok, enc, rows, tuple(rl.params.stop_ids)),
+                                  prompts=[str(r["prompt"]) for r in records], info=info_lists(records))
     t1 = time.perf_counter()
-    score_rollout(rollout, records, rl.reward_fn)
-    rollout.timings = {"timing/generate_s": t1 - t0, "timing/reward_s": time.perf_counter() - t1}
-    return rollout
+    rollout = score_rollout(rollout, records, rl.reward_fn)
+    return dataclasses.replace(rollout, timings={"timing/generate_s": t1 - t0,
+                                                 "timing/reward_s": time.perf_counter() - t1, **rollout.timings})

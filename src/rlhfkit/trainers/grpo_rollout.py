@@ -30,12 +30,10 @@ Draw = Callable[[int], tuple[Rollout, dict[str, float]]]
 
 def keep_rows(rollout: Rollout, rows: torch.Tensor) -> Rollout:
     """Rows `rows` of a rollout, texts and reward info included."""
-    out = rollout.select(rows)
     idx = rows.tolist()
-    out.prompts = [rollout.prompts[i] for i in idx]
-    out.completions = [rollout.completions[i] for i in idx]
-    out.info = {k: [v[i] for i in idx] for k, v in rollout.info.items()}
-    return out
+    return dataclasses.replace(rollout.select(rows), prompts=[rollout.prompts[i] for i in idx],
+                               completions=[rollout.completions[i] for i in idx],
+                               info={k: [v[i] for i in idx] for k, v in rollout.info.items()})
 
 
 def shaped_rewards(rollout: Rollout, cfg) -> torch.Tensor:

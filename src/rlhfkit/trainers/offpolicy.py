@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import copy
+import dataclasses
 import time
 
 import torch
@@ -96,9 +97,10 @@ def sample_stale(sampler, tok, records: list[dict], cfg, params, seed: int, devi
     with autocast(cfg.dtype, device):
         rollout = logprob_pass(sampler, None, rollout, cfg.temperature, micro_batch_size or cfg.micro_batch_size,
                                chunk_budget=cfg.cpu_chunk_positions)
-    rollout.sampler_logprobs = rollout.logprobs.masked_fill(rollout.response_mask == 0, float("nan"))
-    rollout.logprobs = rollout.entropy = rollout.values = rollout.trunk = None  # the trainer's pass fills them
-    rollout.timings = {"timing/generate_s": t1 - t0}
+    rollout = dataclasses.replace(
+        rollout, sampler_logprobs=rollout.logprobs.masked_fill(rollout.response_mask == 0, float("nan")),
+        logprobs=None, entropy=None, values=None, trunk=None,  # the trainer's pass fills them
+        timings={"timing/generate_s": t1 - t0})
     return rollout, time.perf_counter() - t1
 
 
@@ -155,8 +157,9 @@ class OneStepOffPolicy(RolloutSource):
         else:
             (rollout, rows, self.sampler_pass_s), self.prefetched = self.prefetched, None
             t0 = time.perf_counter()
-            score_rollout(rollout, rows, rl.reward_fn)
-            rollout.timings["timing/reward_s"] = time.perf_counter() - t0
+            rollout = score_rollout(rollout, rows, rl.reward_fn)
+            rollout = dataclasses.replace(rollout, timings={**rollout.timings,
+                                                            "timing/reward_s": time.perf_counter() - t0})
         rl.iteration = it
         if it + 1 < rl.total:
             self.stream_before = rl.stream.state_dict()
@@ -174,8 +177,8 @@ class OneStepOffPolicy(RolloutSource):
             torch.set_num_threads(threads)  # the same intra-op split as the main thread: the same numerics
             rollout, pass_s = sample_stale(self.sampler, self.tok, records, cfg, rl.params, seed, rl.device, lean,
                                            rl.micro_batch_size)
-            rollout.prompts = [str(r["prompt"]) for r in records]
-            rollout.info = info_lists(records)
+            rollout = dataclasses.replace(rollout, prompts=[str(r["prompt"]) for r in records],
+                                          info=info_lists(records))
             return rollout, records, pass_s
 
         if self.threaded:

@@ -15,6 +15,7 @@ Before and after training: DPO's judged win rate over the starting model (traine
 
 from __future__ import annotations
 
+import dataclasses
 import time
 
 import torch
@@ -102,7 +103,8 @@ def train(cfg: OnlineDPOConfig) -> dict:
             prompts = [r for r in rl.stream.next(cfg.prompts_per_iteration) for _ in range(2)]
             rollout = rl.sample(prompts, it)  # step 1 (and the judge's scores: step 2)
             mask = rollout.response_mask
-            rollout.rewards, _ = shape_rewards(rollout.scores, torch.zeros_like(mask), torch.zeros_like(mask), mask, 0.0)
+            rewards, _ = shape_rewards(rollout.scores, torch.zeros_like(mask), torch.zeros_like(mask), mask, 0.0)
+            rollout = dataclasses.replace(rollout, rewards=rewards)
             chosen, rejected = judge_pairs(rollout.scores)
             metrics = {**judge_metrics(rollout.scores, chosen, rejected), **rollout_metrics(rollout)}
             t1 = time.time()

@@ -40,8 +40,8 @@ from rlhfkit.estimate.memory import check_rollout_fits
 from rlhfkit.models.loading import resolve_model_path
 from rlhfkit.rewards import check_reward_call, get_rewards
 from rlhfkit.rewards.scoring import mean_std, reward_name
-from rlhfkit.rollout import Rollout, SamplingParams, generate
-from rlhfkit.rollout.backends import make_backend
+from rlhfkit.rollout import Rollout, SamplingParams
+from rlhfkit.rollout.backends import HFBackend, make_backend
 from rlhfkit.rollout.core import generate_ids
 from rlhfkit.rollout.logprobs import logprob_pass
 from rlhfkit.rollout.multiturn import generate_episodes
@@ -175,20 +175,13 @@ def sample_rollout(actor, tok, records, cfg, params: SamplingParams, seed: int, 
     t0 = time.perf_counter()
     formatted = format_prompts(tok, [r["prompt"] for r in records], cfg)
     with autocast(cfg.dtype, device):
-        if backend is None:
-            torch.manual_seed(seed)
-            rollout = generate(actor.policy, tok, formatted, params, batch_size=cfg.prompts_per_generate,
-                               share_prompts=actor.share_prompts, share_prefix=actor.share_prefix)
-        else:
-            rollout = backend.generate(actor.policy, tok, formatted, params, seed, cfg.prompts_per_generate,
-                                       share_prompts=actor.share_prompts, share_prefix=actor.share_prefix)
+        rollout = (backend or HFBackend()).generate(actor.policy, tok, formatted, params, seed, cfg.prompts_per_generate,
+                                                    share_prompts=actor.share_prompts, share_prefix=actor.share_prefix)
     t1 = time.perf_counter()
-    rollout.prompts = [str(r["prompt"]) for r in records]
-    rollout.info = info_lists(records)
-    score_rollout(rollout, records, reward_fn)
-    rollout.timings = {"timing/generate_s": t1 - t0, "timing/reward_s": time.perf_counter() - t1, **rollout.timings}
-    return rollout
-
+    rollout = score_rollout(dataclasses.replace(rollout, prompts=[str(r["prompt"]) for r in records],
+                                                info=info_lists(records)), records, reward_fn)
+    return dataclasses.replace(rollout, timings={"timing/generate_s": t1 - t0,
+                                                 "timing/reward_s": time.perf_counter() - t1, **rollout.timings})
 
 
 def sample_episodes(actor, tok, records, cfg, params: SamplingParams, seed: int, device, make_env,
@@ -204,10 +197,9 @@ def sample_episodes(actor, tok, records, cfg, params: SamplingParams, seed: int,
                                     share_prompts=actor.share_prompts, share_prefix=actor.share_prefix, fmt=cfg,
                                     sample_ids=getattr(backend, "generate_ids", generate_ids),
                                     reuse_cache=getattr(backend, "name", "hf") == "hf")
-    rollout.prompts = [str(r["prompt"]) for r in records]
-    rollout.info = {**info_lists(records), **rollout.info}
-    rollout.timings = {"timing/generate_s": time.perf_counter() - t0, "timing/reward_s": 0.0}
-    return rollout
+    return dataclasses.replace(rollout, prompts=[str(r["prompt"]) for r in records],
+                               info={**info_lists(records), **rollout.info},
+                               timings={"timing/generate_s": time.perf_counter() - t0, "timing/reward_s": 0.0})
 
 
 # ----------------------------------------------------------------------------- held-out reward
