@@ -1,7 +1,7 @@
 """Each option of the trainers and of the commands that sample without training (eval, tpo, prefs) is
-declared once: in an option group (trainers/options.py) or in the one config that has it; a command
-that wants its own default or help text retunes it (core/config.py `retune`), which keeps the option's
-type, choices and checks. Every config-driven command's config is validated and frozen however built."""
+declared once: in an option group (trainers/options.py, trainers/reward_options.py) or in the one config
+that has it; a command that wants its own default or help text retunes it (core/config.py `retune`),
+which keeps the option's type, choices and checks. Every config-driven command's config is validated and frozen however built."""
 
 from __future__ import annotations
 

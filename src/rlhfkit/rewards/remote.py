@@ -51,7 +51,7 @@ LOOPBACK = ("127.0.0.1", "::1", "localhost")
 
 @dataclass(frozen=True)
 class RemoteSettings:
-    """How a run talks to reward servers (the `reward_*` options of trainers/options.py RemoteRewardArgs)."""
+    """How a run talks to reward servers (the `reward_*` options of trainers/reward_options.py RemoteRewardArgs)."""
 
     batch_size: int = 64  # samples per request
     concurrency: int = 4  # requests in flight at once

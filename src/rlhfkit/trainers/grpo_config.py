@@ -24,23 +24,25 @@ from rlhfkit.core.config import check, option, retune
 from rlhfkit.runtime.batch_plan import check_micro_batch_size
 from rlhfkit.trainers.options import (
     GENERATION_BATCH_HELP,
-    REWARD_SPECS_HELP,
-    AgentArgs,
     BetaArgs,
     ClippedRatioArgs,
-    CodeRewardArgs,
-    EnvArgs,
     GenerationArgs,
     ModelArgs,
     OptimizerArgs,
     PolicyGradientArgs,
     ReferenceArgs,
-    RemoteRewardArgs,
     RolloutArgs,
     RunArgs,
     SamplingArgs,
     SharePromptsArgs,
     TeacherArgs,
+)
+from rlhfkit.trainers.reward_options import (
+    REWARD_SPECS_HELP,
+    AgentArgs,
+    CodeRewardArgs,
+    EnvArgs,
+    RemoteRewardArgs,
 )
 
 GROUPLESS = GROUPLESS_ADVANTAGES  # advantages that need no group of G >= 2 samples

@@ -9,20 +9,17 @@ from rlhfkit.core.config import check, option, retune
 from rlhfkit.runtime.batch_plan import check_micro_batch_size
 from rlhfkit.trainers.options import (
     GENERATION_BATCH_HELP,
-    AgentArgs,
     ClippedRatioArgs,
-    CodeRewardArgs,
-    EnvArgs,
     GenerationArgs,
     ModelArgs,
     OptimizerArgs,
     PolicyGradientArgs,
     ReferenceArgs,
-    RemoteRewardArgs,
     RolloutArgs,
     RunArgs,
     SamplingArgs,
 )
+from rlhfkit.trainers.reward_options import AgentArgs, CodeRewardArgs, EnvArgs, RemoteRewardArgs
 
 
 @dataclass

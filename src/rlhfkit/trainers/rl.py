@@ -53,7 +53,7 @@ from rlhfkit.runtime.distributed import mean_over_processes
 from rlhfkit.runtime.final_folder import actor_saver
 from rlhfkit.runtime.optim import optimizer_for
 from rlhfkit.runtime.run import Launch, Run
-from rlhfkit.trainers.options import reward_options
+from rlhfkit.trainers.reward_options import reward_options
 from rlhfkit.trainers.rl_update import LossFn, env_rates, update_policy
 
 # ----------------------------------------------------------------------------- the config contract
