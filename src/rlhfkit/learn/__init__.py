@@ -8,5 +8,6 @@ and a test checks. Nothing here is used by the trainers.
 - tiny:          a random 2-layer Llama that PPO teaches to use vowels in seconds (`python -m rlhfkit.learn.tiny`), entry 0
 - ablations:     PPO's knobs one at a time over seeds on the tiny vowel task (`python -m rlhfkit.learn.ablations`)
 - exercises/:    five stubs for the learner to fill in (GAE, the clipped loss, the KL reward, group advantages, DPO)
-- exercise_check: checks a learner's function against rlhfkit's on random tensors (`rlhfkit selfcheck --exercise`)
+- exercise_check: checks a learner's function against rlhfkit's on random tensors (`rlhfkit selfcheck --exercise`);
+  exercise_cases: the exercises it checks (inputs, reference, classic bugs)
 """
