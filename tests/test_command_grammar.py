@@ -8,7 +8,7 @@ import dataclasses
 
 import pytest
 
-from rlhfkit.commands import COMMANDS, load
+from rlhfkit.commands import COMMANDS, command_main, load
 from rlhfkit.core.argv import flag_argv, pair_argv, parse_command_line
 from rlhfkit.core.command_line import parse_values
 from rlhfkit.errors import ConfigError
@@ -54,7 +54,7 @@ def parsed_both_ways(name: str) -> tuple[object, object]:
 @pytest.mark.parametrize("name", list(COMMANDS))
 def test_help_exits_0_with_a_usage_line(name, capsys):
     try:
-        code = load(COMMANDS[name].main)(["--help"])
+        code = command_main(name)(["--help"])
     except SystemExit as e:  # argparse's --help
         code = e.code
     assert code in (0, None)

@@ -15,7 +15,7 @@ import warnings
 from typing import NoReturn
 
 from rlhfkit import __version__
-from rlhfkit.commands import COMMANDS, load
+from rlhfkit.commands import COMMANDS, command_main
 
 
 def _usage() -> str:
@@ -76,7 +76,7 @@ def main(argv: list[str] | None = None) -> int:
     from rlhfkit.errors import run_guarded
 
     def call() -> int:
-        return int(load(COMMANDS[name].main)(rest) or 0)
+        return int(command_main(name)(rest) or 0)
 
     return run_guarded(call, debug=debug)
 

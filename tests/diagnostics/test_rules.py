@@ -304,14 +304,12 @@ def test_value_loss_rule_ignores_a_zero_start():
 def _config_fields() -> set[str]:
     """Every option of every trainer command (the config class `rlhfkit COMMAND --help` lists)."""
     import dataclasses
-    import importlib
 
-    from rlhfkit.commands import COMMANDS
+    from rlhfkit.commands import COMMANDS, load
 
     names: set[str] = set()
     for command in ("ppo", "grpo", "rloo", "dpo", "rm", "sft"):
-        module = importlib.import_module(COMMANDS[command].main.split(":")[0])
-        names |= {f.name for f in dataclasses.fields(getattr(module, f"{command.upper()}Config"))}
+        names |= {f.name for f in dataclasses.fields(load(COMMANDS[command].config))}
     return names
 
 

@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from rlhfkit.cli import main as cli_main
-from rlhfkit.commands import COMMANDS
+from rlhfkit.commands import COMMANDS, load
 
 ROOT = Path(__file__).resolve().parents[2]
 LEARN = ROOT / "docs" / "learn"
@@ -70,8 +70,7 @@ def all_text() -> str:
 
 
 def config_class(command: str):
-    module = importlib.import_module(COMMANDS[command].main.split(":")[0])
-    return getattr(module, f"{command.upper()}Config")
+    return load(COMMANDS[command].config)
 
 
 def test_the_path_has_numbered_entries_each_with_code_test_and_experiment():

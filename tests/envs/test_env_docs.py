@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from rlhfkit.commands import COMMANDS
+from rlhfkit.commands import COMMANDS, load
 from rlhfkit.data.prompts import load_prompts
 from rlhfkit.envs import as_step, make_env_factory
 
@@ -106,11 +106,9 @@ def test_named_commands_and_options_exist():
     assert len(lines) >= 4
     for line in lines:
         command, *args = line.split("#")[0].split()[1:]
-        module = importlib.import_module(COMMANDS[command].main.split(":")[0])
-        fields = {f.name for f in dataclasses.fields(getattr(module, f"{command.upper()}Config"))}
+        fields = {f.name for f in dataclasses.fields(load(COMMANDS[command].config))}
         for arg in args:
             assert arg.split("=")[0] in fields, f"rlhfkit {command}: no option {arg}"
     text = PAGE.read_text(encoding="utf-8")
     for option in re.findall(r"^\| `(\w+)` \|", text, re.M):
-        assert all(option in {f.name for f in dataclasses.fields(getattr(
-            importlib.import_module(COMMANDS[c].main.split(":")[0]), f"{c.upper()}Config"))} for c in ("grpo", "ppo"))
+        assert all(option in {f.name for f in dataclasses.fields(load(COMMANDS[c].config))} for c in ("grpo", "ppo"))

@@ -8,6 +8,7 @@ import math
 import pytest
 import torch
 
+from rlhfkit.commands import command_main
 from rlhfkit.core.command_line import parse_args
 from rlhfkit.core.config import build_config
 from rlhfkit.errors import ConfigError
@@ -16,7 +17,6 @@ from rlhfkit.trainers.dpo import (
     dpo_batch_loss,
     encode_pairs,
     load_pairs,
-    main,
     pair_lengths,
     pair_rows,
     plan_batches,
@@ -285,7 +285,7 @@ def test_config_errors():
 def test_help_lists_every_field(capsys):
     import dataclasses
 
-    assert main(["--help"]) == 0
+    assert command_main("dpo")(["--help"]) == 0
     out = capsys.readouterr().out
     for f in dataclasses.fields(DPOConfig):
         assert f"  {f.name} (" in out, f.name

@@ -10,6 +10,7 @@ import pytest
 import torch
 
 import rlhfkit.trainers.dpo as dpo_mod
+from rlhfkit.commands import command_main
 from rlhfkit.core.config import build_config
 from rlhfkit.errors import ConfigError
 from rlhfkit.models.policy import ActorCritic
@@ -125,8 +126,8 @@ def test_presets_and_config_errors():
 def test_help_of_each_preset_lists_every_field(capsys):
     import dataclasses
 
-    for fn, cls in ((dpo_mod.simpo_main, SimPOConfig), (dpo_mod.orpo_main, ORPOConfig)):
-        assert fn(["--help"]) == 0
+    for name, cls in (("simpo", SimPOConfig), ("orpo", ORPOConfig)):
+        assert command_main(name)(["--help"]) == 0
         out = capsys.readouterr().out
         for f in dataclasses.fields(cls):
             assert f"  {f.name} (" in out, f.name

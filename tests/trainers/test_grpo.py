@@ -9,6 +9,7 @@ import math
 import pytest
 import torch
 
+from rlhfkit.commands import command_main
 from rlhfkit.core.command_line import parse_args
 from rlhfkit.core.config import build_config
 from rlhfkit.errors import ConfigError
@@ -17,9 +18,7 @@ from rlhfkit.rollout import Rollout, SamplingParams, forward_logprobs, generate,
 from rlhfkit.trainers.grpo import (
     compute_advantages,
     informative_rows,
-    main,
     micro_batch_loss,
-    rloo_main,
     train,
 )
 from rlhfkit.trainers.grpo_config import GRPOConfig, RLOOConfig
@@ -312,8 +311,8 @@ def test_defaults():
 def test_help_lists_every_field(capsys):
     import dataclasses
 
-    for fn, cls in ((main, GRPOConfig), (rloo_main, RLOOConfig)):
-        assert fn(["--help"]) == 0
+    for name, cls in (("grpo", GRPOConfig), ("rloo", RLOOConfig)):
+        assert command_main(name)(["--help"]) == 0
         out = capsys.readouterr().out
         for f in dataclasses.fields(cls):
             assert f"  {f.name} (" in out, f.name

@@ -13,6 +13,7 @@ import pytest
 import torch
 
 import rlhfkit.trainers.grpo as grpo_mod
+from rlhfkit.commands import command_main
 from rlhfkit.core.command_line import parse_args
 from rlhfkit.core.config import build_config
 from rlhfkit.errors import ConfigError
@@ -399,9 +400,8 @@ def test_config_errors():
 def test_help_of_each_preset_lists_every_field(capsys):
     import dataclasses
 
-    for fn, cls in ((grpo_mod.gspo_main, GSPOConfig), (grpo_mod.dapo_main, DAPOConfig),
-                    (grpo_mod.reinforce_pp_main, ReinforcePPConfig)):
-        assert fn(["--help"]) == 0
+    for name, cls in (("gspo", GSPOConfig), ("dapo", DAPOConfig), ("reinforce_pp", ReinforcePPConfig)):
+        assert command_main(name)(["--help"]) == 0
         out = capsys.readouterr().out
         for f in dataclasses.fields(cls):
             assert f"  {f.name} (" in out, f.name

@@ -11,11 +11,12 @@ import torch
 from accelerate import Accelerator
 from test_resume import assert_same_run, stop_after
 
+from rlhfkit.commands import command_main
 from rlhfkit.core.config import build_config
 from rlhfkit.errors import ConfigError, DataError
 from rlhfkit.models.policy import ActorCritic
 from rlhfkit.runtime.faults import Interrupted
-from rlhfkit.trainers.kto import encode_examples, kl_partners, load_examples, main, train, train_step
+from rlhfkit.trainers.kto import encode_examples, kl_partners, load_examples, train, train_step
 from rlhfkit.trainers.kto_config import KTOConfig
 
 from tiny_lm import build_tiny_model, build_tokenizer
@@ -170,7 +171,7 @@ def test_config_errors_and_help(capsys):
         build_config(KTOConfig, {"batch_size": 10})
     with pytest.raises(ConfigError, match=r"desirable_weight \(0.0\) must be > 0"):
         build_config(KTOConfig, {"desirable_weight": 0.0})
-    assert main(["--help"]) == 0
+    assert command_main("kto")(["--help"]) == 0
     out = capsys.readouterr().out
     for f in dataclasses.fields(KTOConfig):
         assert f"  {f.name} (" in out, f.name

@@ -9,13 +9,12 @@ import json
 import pytest
 
 import rlhfkit.envs
+from rlhfkit.commands import command_main
 from rlhfkit.core.config import build_config
 from rlhfkit.envs import Step
 from rlhfkit.errors import ConfigError
-from rlhfkit.trainers.grpo import main as grpo_main
 from rlhfkit.trainers.grpo import train as grpo_train
 from rlhfkit.trainers.grpo_config import GRPOConfig, RLOOConfig
-from rlhfkit.trainers.ppo import main as ppo_main
 from rlhfkit.trainers.ppo import train as ppo_train
 from rlhfkit.trainers.ppo_config import PPOConfig
 from rlhfkit.trainers.rl import env_prompts
@@ -111,8 +110,8 @@ def test_trainers_run_on_multi_turn_rollouts_with_the_ratio_check(tmp_path, tiny
 
 
 def test_help_shows_the_env_options(capsys):
-    for fn in (grpo_main, ppo_main):
-        assert fn(["--help"]) == 0
+    for name in ("grpo", "ppo"):
+        assert command_main(name)(["--help"]) == 0
         out = capsys.readouterr().out
         for name in ("env", "max_turns", "max_total_tokens"):
             assert f"  {name} (" in out, name

@@ -11,10 +11,11 @@ import pytest
 import torch
 from test_resume import assert_same_run, stop_after
 
+from rlhfkit.commands import command_main
 from rlhfkit.core.config import build_config
 from rlhfkit.errors import ConfigError
 from rlhfkit.runtime.faults import Interrupted
-from rlhfkit.trainers.online_dpo import judge_pairs, main, train
+from rlhfkit.trainers.online_dpo import judge_pairs, train
 from rlhfkit.trainers.online_dpo_config import OnlineDPOConfig
 
 VOWELS = ("def reward(prompts, completions, **kw):\n"
@@ -87,7 +88,7 @@ def test_config_errors_and_help(capsys):
         build_config(OnlineDPOConfig, {"loss_type": "ipo", "label_smoothing": 0.1})
     with pytest.raises(ConfigError, match=r"temperature \(0.0\) must be > 0 for sampled pairs"):
         build_config(OnlineDPOConfig, {"temperature": 0.0})
-    assert main(["--help"]) == 0
+    assert command_main("online-dpo")(["--help"]) == 0
     out = capsys.readouterr().out
     for f in dataclasses.fields(OnlineDPOConfig):
         assert f"  {f.name} (" in out, f.name

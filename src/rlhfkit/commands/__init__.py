@@ -7,18 +7,21 @@ commands too (their modules sit in trainers/); the other commands' modules sit i
 from __future__ import annotations
 
 import dataclasses
+import functools
 import importlib
+from collections.abc import Callable
 from types import MappingProxyType
 from typing import Any
 
 
 @dataclasses.dataclass(frozen=True)
 class Command:
-    """One command: `main` ("module:function", takes argv and returns an exit code), its one-line
-    `summary` for `rlhfkit --help`, the "module:Class" of the `config` its options parse into (the
-    config-driven commands: key=value and --key value alike, core/command_line.py), the "module:function"
-    that `run`s such a config in-process, and for an argparse command the "module:function" that
-    builds its `parser` (read through core/argv.py `parse_command_line`, which takes both styles too)."""
+    """One command: `main` ("module:function", takes argv and returns an exit code; "" for a command
+    whose command line is its config's and that `run`s it: the trainers, eval, tpo; `command_main`), its one-line `summary` for `rlhfkit --help`,
+    the "module:Class" of the `config` its options parse into (the config-driven commands: key=value
+    and --key value alike, core/command_line.py), the "module:function" that `run`s such a config
+    in-process, and for an argparse command the "module:function" that builds its `parser` (read
+    through core/argv.py `parse_command_line`, which takes both styles too)."""
 
     main: str
     summary: str
@@ -27,9 +30,8 @@ class Command:
     parser: str = ""
 
 
-def _trainer(module: str, config: str, summary: str, main: str = "main") -> Command:
-    return Command(f"rlhfkit.trainers.{module}:{main}", summary, f"rlhfkit.trainers.{config}",
-                   f"rlhfkit.trainers.{module}:train")
+def _trainer(module: str, config: str, summary: str) -> Command:
+    return Command("", summary, f"rlhfkit.trainers.{config}", f"rlhfkit.trainers.{module}:train")
 
 
 COMMANDS: MappingProxyType[str, Command] = MappingProxyType({
@@ -38,26 +40,22 @@ COMMANDS: MappingProxyType[str, Command] = MappingProxyType({
     "sft": _trainer("sft", "sft_config:SFTConfig", "supervised fine-tuning (LoRA or full)"),
     "rm": _trainer("rm", "rm_config:RMConfig", "train a reward model on preference pairs"),
     "dpo": _trainer("dpo", "dpo_config:DPOConfig", "direct preference optimisation (sigmoid, IPO, cDPO)"),
-    "simpo": _trainer("dpo", "dpo_config:SimPOConfig", "SimPO: reference-free, length-normalised, with a margin",
-                      "simpo_main"),
-    "orpo": _trainer("dpo", "dpo_config:ORPOConfig", "ORPO: SFT plus an odds-ratio preference term, no reference",
-                     "orpo_main"),
+    "simpo": _trainer("dpo", "dpo_config:SimPOConfig", "SimPO: reference-free, length-normalised, with a margin"),
+    "orpo": _trainer("dpo", "dpo_config:ORPOConfig", "ORPO: SFT plus an odds-ratio preference term, no reference"),
     "kto": _trainer("kto", "kto_config:KTOConfig", "KTO: desirable / undesirable completions, no pairs needed"),
     "online-dpo": _trainer("online_dpo", "online_dpo_config:OnlineDPOConfig",
                            "online DPO: two samples per prompt, a judge picks, DPO step"),
     "grpo": _trainer("grpo", "grpo_config:GRPOConfig", "GRPO: group-relative policy optimisation"),
-    "rloo": _trainer("grpo", "grpo_config:RLOOConfig", "RLOO: REINFORCE with a leave-one-out baseline", "rloo_main"),
-    "gspo": _trainer("grpo", "grpo_config:GSPOConfig", "GSPO: GRPO with sequence-level importance ratio and clip",
-                     "gspo_main"),
-    "dapo": _trainer("grpo", "grpo_config:DAPOConfig", "DAPO: clip-higher, dynamic sampling, overlong reward shaping",
-                     "dapo_main"),
+    "rloo": _trainer("grpo", "grpo_config:RLOOConfig", "RLOO: REINFORCE with a leave-one-out baseline"),
+    "gspo": _trainer("grpo", "grpo_config:GSPOConfig", "GSPO: GRPO with sequence-level importance ratio and clip"),
+    "dapo": _trainer("grpo", "grpo_config:DAPOConfig", "DAPO: clip-higher, dynamic sampling, overlong reward shaping"),
     "reinforce_pp": _trainer("grpo", "grpo_config:ReinforcePPConfig",
-                             "REINFORCE++: KL in the reward, batch-normalised returns", "reinforce_pp_main"),
+                             "REINFORCE++: KL in the reward, batch-normalised returns"),
     "distill": _trainer("distill", "distill_config:DistillConfig",
                         "distillation: on-policy reverse KL or GKD's JSD to a teacher (teacher=MODEL)"),
     "prefs": Command("rlhfkit.commands.prefs:main", "build preference data offline (`prefs make`)",
                      "rlhfkit.commands.prefs:PrefsConfig", "rlhfkit.commands.prefs:make_preferences"),
-    "eval": Command("rlhfkit.commands.evaluate:main", "evaluate a model on a prompt set",
+    "eval": Command("", "evaluate a model on a prompt set",
                     "rlhfkit.commands.evaluate:EvalConfig", "rlhfkit.commands.evaluate:evaluate"),
     "generate": Command("rlhfkit.commands.generate:main", "sample completions from a model",
                         parser="rlhfkit.commands.generate:build_parser"),
@@ -69,8 +67,8 @@ COMMANDS: MappingProxyType[str, Command] = MappingProxyType({
                       parser="rlhfkit.commands.export:build_parser"),
     "serve": Command("rlhfkit.commands.serve:main", "serve a model through an OpenAI-compatible API (batched)",
                      parser="rlhfkit.commands.serve:build_parser"),
-    "tpo": Command("rlhfkit.commands.tpo:main", "test-time preference optimisation (textual feedback) vs best-of-N",
-                   "rlhfkit.commands.tpo:TPOConfig"),
+    "tpo": Command("", "test-time preference optimisation (textual feedback) vs best-of-N",
+                   "rlhfkit.commands.tpo:TPOConfig", "rlhfkit.commands.tpo:run"),
     "pipeline": Command("rlhfkit.commands.pipeline:main", "SFT -> preferences -> RM -> PPO -> eval"),
     "label": Command("rlhfkit.label.cli:main", "collect human preferences in a local web app",
                      parser="rlhfkit.label.cli:build_parser"),
@@ -101,6 +99,17 @@ CONFIGS: dict[str, tuple[str, str]] = {c.config.split(":")[1]: (c.config.split("
 def config_class(name: str) -> type:
     """The config class called `name` (e.g. "GRPOConfig")."""
     return getattr(importlib.import_module(CONFIGS[name][0]), name)
+
+
+def command_main(name: str) -> Callable[[list[str]], int]:
+    """What `rlhfkit NAME ARGS...` calls with ARGS, imported now: the command's own `main`, or its config
+    parsed from ARGS ([CONFIG.yaml] key=value ..., or --help) and run by its `run` (a trainer's `train`)."""
+    command = COMMANDS[name]
+    if command.main:
+        return load(command.main)
+    from rlhfkit.core.command_line import config_main  # here: `rlhfkit --help` does not import it
+
+    return functools.partial(config_main, load(command.config), load(command.run), prog=f"rlhfkit {name}")
 
 
 def load(target: str) -> Any:

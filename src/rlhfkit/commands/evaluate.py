@@ -19,7 +19,6 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from rlhfkit.core.command_line import config_main
 from rlhfkit.core.config import check, option, retune
 from rlhfkit.rewards.rouge import rouge_scores
 from rlhfkit.trainers.options import OutDirArgs, PromptSplitArgs, SampleCommandArgs
@@ -214,7 +213,3 @@ def format_report(report: dict) -> str:
         lines.append(f"{'win rate vs reference: ' + name:32s}{w['win_rate']:14.3f}  "
                      f"({w['wins']} wins, {w['ties']} ties, {w['losses']} losses)")
     return "\n".join(lines)
-
-
-def main(argv: list[str]) -> int:
-    return config_main(EvalConfig, evaluate, argv, "rlhfkit eval")

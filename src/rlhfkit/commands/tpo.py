@@ -28,7 +28,6 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from rlhfkit.core.command_line import config_main
 from rlhfkit.core.config import check, option, retune
 from rlhfkit.errors import ConfigError
 from rlhfkit.trainers.options import OutDirArgs, PromptSplitArgs, SampleCommandArgs
@@ -315,7 +314,3 @@ def write_outputs(out: Path, results: list[dict], summary: dict) -> None:
         for r in results:
             f.write(json.dumps(r) + "\n")
     (out / "summary.json").write_text(json.dumps(summary, indent=2))
-
-
-def main(argv: list[str]) -> int:
-    return config_main(TPOConfig, run, argv, "rlhfkit tpo")

@@ -30,7 +30,6 @@ import time
 import torch
 
 from rlhfkit.algos import jsd_loss, masked_mean, reverse_kl_loss, shape_rewards, teacher_topk
-from rlhfkit.core.command_line import config_main
 from rlhfkit.core.precision import autocast
 from rlhfkit.errors import UserError
 from rlhfkit.rollout import Rollout, forward_logprobs
@@ -184,7 +183,3 @@ def train(cfg: DistillConfig) -> dict:
             rl.print(f"[eval] held-out accuracy (T={cfg.temperature}): {b['mean']:.1%} before -> "
                          f"{a['mean']:.1%} after (n={a['n']})")
         return rl.finish()
-
-
-def main(argv: list[str]) -> int:
-    return config_main(DistillConfig, train, argv, "rlhfkit distill")

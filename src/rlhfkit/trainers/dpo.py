@@ -23,7 +23,6 @@ import time
 
 import torch
 
-from rlhfkit.core.command_line import config_main
 from rlhfkit.core.devices import HOST
 from rlhfkit.data.prefs import load_pairs, load_preferences, resolve_prefs
 from rlhfkit.rollout import Rollout
@@ -31,7 +30,7 @@ from rlhfkit.runtime.accumulate import accumulate, add_up
 from rlhfkit.runtime.distributed import sum_over_processes
 from rlhfkit.runtime.run import Launch
 from rlhfkit.trainers.build import build_actor
-from rlhfkit.trainers.dpo_config import DPOConfig, ORPOConfig, SimPOConfig
+from rlhfkit.trainers.dpo_config import DPOConfig
 from rlhfkit.trainers.judged import eval_records, judged_after, judged_samples, win_rate
 from rlhfkit.trainers.offline import OfflineRun, preference_models
 from rlhfkit.trainers.pair_losses import pair_batch_loss as dpo_batch_loss
@@ -181,15 +180,3 @@ def train(cfg: DPOConfig) -> dict:
                        f"preference accuracy {m['rewards/accuracy']:.1%}, reward margin {m['rewards/margin']:+.3f} "
                        f"(n={len(held_out)})")
         return h.finish_judged(model, tok, records, judge, bool(held_out))
-
-
-def main(argv: list[str]) -> int:
-    return config_main(DPOConfig, train, argv, "rlhfkit dpo")
-
-
-def simpo_main(argv: list[str]) -> int:
-    return config_main(SimPOConfig, train, argv, "rlhfkit simpo")
-
-
-def orpo_main(argv: list[str]) -> int:
-    return config_main(ORPOConfig, train, argv, "rlhfkit orpo")

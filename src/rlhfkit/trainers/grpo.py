@@ -44,11 +44,10 @@ import torch
 
 from rlhfkit.algos import masked_mean
 from rlhfkit.algos.registry import choose
-from rlhfkit.core.command_line import config_main
 from rlhfkit.core.precision import autocast
 from rlhfkit.rollout import Rollout, forward_logprobs
 from rlhfkit.trainers.build import build_actor
-from rlhfkit.trainers.grpo_config import DAPOConfig, GRPOConfig, GSPOConfig, ReinforcePPConfig, RLOOConfig
+from rlhfkit.trainers.grpo_config import GRPOConfig
 from rlhfkit.trainers.grpo_rollout import (
     completion_groups,
     dynamic_batch,
@@ -260,23 +259,3 @@ def train(cfg: GRPOConfig) -> dict:
         if line:
             rl.print(line)
         return rl.finish()
-
-
-def main(argv: list[str]) -> int:
-    return config_main(GRPOConfig, train, argv, "rlhfkit grpo")
-
-
-def rloo_main(argv: list[str]) -> int:
-    return config_main(RLOOConfig, train, argv, "rlhfkit rloo")
-
-
-def gspo_main(argv: list[str]) -> int:
-    return config_main(GSPOConfig, train, argv, "rlhfkit gspo")
-
-
-def dapo_main(argv: list[str]) -> int:
-    return config_main(DAPOConfig, train, argv, "rlhfkit dapo")
-
-
-def reinforce_pp_main(argv: list[str]) -> int:
-    return config_main(ReinforcePPConfig, train, argv, "rlhfkit reinforce_pp")

@@ -26,7 +26,6 @@ from collections.abc import Callable
 import torch
 
 from rlhfkit.algos import kto_loss, kto_reference_point
-from rlhfkit.core.command_line import config_main
 from rlhfkit.core.devices import HOST
 from rlhfkit.data.prefs import load_pairs, resolve_prefs
 from rlhfkit.errors import DataError
@@ -249,7 +248,3 @@ def train(cfg: KTOConfig) -> dict:
                        f"examples: implicit reward desirable {m['rewards/chosen']:+.3f}, undesirable "
                        f"{m['rewards/rejected']:+.3f} (n={len(held_out)})")
         return h.finish_judged(model, tok, records, judge, bool(held_out))
-
-
-def main(argv: list[str]) -> int:
-    return config_main(KTOConfig, train, argv, "rlhfkit kto")

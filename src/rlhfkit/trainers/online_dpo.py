@@ -21,7 +21,6 @@ import time
 import torch
 
 from rlhfkit.algos import shape_rewards
-from rlhfkit.core.command_line import config_main
 from rlhfkit.rollout import Rollout
 from rlhfkit.runtime.accumulate import accumulate, add_up
 from rlhfkit.runtime.distributed import sum_over_processes
@@ -112,7 +111,3 @@ def train(cfg: OnlineDPOConfig) -> dict:
             rl.log_iteration(it, rollout, metrics, (t0, t1, time.time()))  # step 4
         judged_after(rl, rl.core, rl.tok, rl.eval_records, rl.reward_fn, judged.get("before"), rl.eval_from)
         return rl.finish()
-
-
-def main(argv: list[str]) -> int:
-    return config_main(OnlineDPOConfig, train, argv, "rlhfkit online-dpo")

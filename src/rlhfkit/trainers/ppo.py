@@ -33,7 +33,6 @@ from rlhfkit.algos import (
     ppo_value_loss,
 )
 from rlhfkit.algos.registry import choose
-from rlhfkit.core.command_line import config_main
 from rlhfkit.core.precision import autocast
 from rlhfkit.rollout import Rollout, forward_logprobs
 from rlhfkit.trainers.advantages import compute_advantages
@@ -114,7 +113,3 @@ def train(cfg: PPOConfig) -> dict:
                 logged = rl.log_iteration(it, rollout, metrics, (t0, t1, t2))
                 kl_ctl.update(logged["rollout/kl"], cfg.rollout_batch_size * rl.world)
         return rl.finish()
-
-
-def main(argv: list[str]) -> int:
-    return config_main(PPOConfig, train, argv, "rlhfkit ppo")

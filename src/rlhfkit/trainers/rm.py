@@ -22,7 +22,6 @@ import time
 import torch
 
 from rlhfkit.algos import bradley_terry_loss
-from rlhfkit.core.command_line import config_main
 from rlhfkit.core.devices import HOST
 from rlhfkit.core.precision import autocast
 from rlhfkit.data.prefs import resolve_prefs
@@ -230,8 +229,3 @@ def rm_saver(run, tok, info: dict, cfg: RMConfig):
         return {"final": str(folder), **({"sequence_classification": str(standard)} if standard else {})}
 
     return save
-
-
-
-def main(argv: list[str]) -> int:
-    return config_main(RMConfig, train, argv, "rlhfkit rm")

@@ -24,7 +24,6 @@ from functools import partial
 import torch
 
 from rlhfkit.algos import aggregate_loss
-from rlhfkit.core.command_line import config_main
 from rlhfkit.core.devices import HOST
 from rlhfkit.core.precision import autocast
 from rlhfkit.data.chat import IGNORE_INDEX
@@ -192,7 +191,3 @@ def save_sft(model, tok, out, merged: bool, state_dict: dict | None = None) -> d
         save_tokenizer(tok, out / "merged")
         paths["merged"] = str(out / "merged")
     return paths
-
-
-def main(argv: list[str]) -> int:
-    return config_main(SFTConfig, train, argv, "rlhfkit sft")

@@ -44,7 +44,6 @@ from rlhfkit.algos.trpo import (
     token_kl,
     trpo_step,
 )
-from rlhfkit.core.command_line import config_main
 from rlhfkit.core.devices import HOST
 from rlhfkit.core.precision import autocast
 from rlhfkit.errors import UserError
@@ -246,7 +245,3 @@ def train(cfg: TRPOConfig) -> dict:
                 logged = rl.log_iteration(it, rollout, metrics, (t0, t1, t2))  # step 7
                 kl_ctl.update(logged["rollout/kl"], cfg.rollout_batch_size)
         return rl.finish()
-
-
-def main(argv: list[str]) -> int:
-    return config_main(TRPOConfig, train, argv, "rlhfkit trpo")
