@@ -268,3 +268,9 @@ if __name__ == "__main__":
         shard(out_dir)
     if mode in ("cli", "all"):
         cli(model_dir, out_dir / "runs")
+    # Every run is done and written: end as the rlhfkit program ends in a launch, without the interpreter's
+    # finalisation, where a gloo thread releasing a finished collective can abort the process (SIGABRT,
+    # "terminate called without an active exception"; rlhfkit.cli.end_process, tests/scale/test_process_exit.py).
+    from rlhfkit.cli import end_process
+
+    end_process(0)

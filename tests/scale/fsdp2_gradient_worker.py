@@ -84,3 +84,6 @@ def main(out: Path) -> None:
 
 if __name__ == "__main__":
     main(Path(sys.argv[1]))
+    from rlhfkit.cli import end_process
+
+    end_process(0)  # without the interpreter's finalisation, as ddp_worker.py ends (rlhfkit.cli.end_process)

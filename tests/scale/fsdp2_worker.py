@@ -79,12 +79,12 @@ def main(model_dir: str, out: Path) -> None:
 
 if __name__ == "__main__":
     main(sys.argv[1], Path(sys.argv[2]))
-    # Every run is done and written. Leave without the interpreter's teardown: now and then (2 of
-    # about 30 launches here) a gloo process aborted in it after complete FSDP2 runs ("terminate
-    # called without an active exception"), which would fail the launch for nothing.
+    # Every run is done and written. Leave without the interpreter's finalisation (rlhfkit.cli.end_process):
+    # now and then (2 of about 30 launches here) a gloo process aborted in it after complete FSDP2 runs
+    # ("terminate called without an active exception"), which would fail the launch for nothing.
     import torch
 
+    from rlhfkit.cli import end_process
+
     torch.distributed.barrier()
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(0)
+    end_process(0)
