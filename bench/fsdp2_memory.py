@@ -117,7 +117,7 @@ def worker(model: str, out: Path) -> None:
     """One process of the launch: the run, then its peaks into out/rank-R.json."""
     import torch
 
-    from rlhfkit.cli import main
+    from rlhfkit.cli import end_process, main
 
     finish = heap_sampler()
     code = main(["ppo", f"model={model}", f"output_dir={out}", "run_name=run", *RUN])
@@ -128,9 +128,7 @@ def worker(model: str, out: Path) -> None:
                                                        "cpu_s": usage.ru_utime + usage.ru_stime,
                                                        "minor_faults": usage.ru_minflt}))
     torch.distributed.barrier()
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(0)  # as tests/scale/fsdp2_worker.py: no gloo teardown at exit
+    end_process(0)  # no interpreter finalisation, where a gloo thread can abort the process (rlhfkit.cli.end_process)
 
 
 def free_port() -> int:
