@@ -67,13 +67,9 @@ class Launch:
         # One scheduler step per optimiser step (runtime/faults.guarded_step steps it): accelerate's default
         # steps it once per process, so N processes would warm up N times faster.
         self.accelerator = Accelerator(cpu=not torch.cuda.is_available(), step_scheduler_with_optimizer=False)
-        self.device: torch.device = self.accelerator.device
-        self.world: int = self.accelerator.num_processes  # per-process batch sizes times this are the global ones
-        self.rank: int = self.accelerator.process_index
-        self.is_main: bool = self.accelerator.is_main_process
         distributed = torch.distributed.is_available() and torch.distributed.is_initialized()
         self.fsdp2 = requested_plan() if distributed else None  # the launch asks for FSDP2: rlhfkit shards (Run)
-        if self.is_main:  # before any model loads: a run without its folder stops now
+        if self.accelerator.is_main_process:  # before any model loads: a run without its folder stops now
             check_run_folder(cfg)  # (the main process only: the others may see the folder it has just taken)
         seed_everything(cfg.seed)
         # freed CPU tensors stay in the process for reuse; FSDP2's per-layer buffers are mapped (core/allocator.py)
@@ -83,6 +79,23 @@ class Launch:
         self.dtype = resolve_dtype(cfg.dtype)
         if self.fsdp2 is not None:  # a bf16 run gathers its layers in bf16 whatever the preset says
             self.fsdp2 = for_compute_dtype(self.fsdp2, self.dtype)
+
+    @property
+    def device(self) -> torch.device:
+        return self.accelerator.device
+
+    @property
+    def world(self) -> int:
+        """Number of processes; per-process batch sizes times this are the global ones."""
+        return self.accelerator.num_processes
+
+    @property
+    def rank(self) -> int:
+        return self.accelerator.process_index
+
+    @property
+    def is_main(self) -> bool:
+        return self.accelerator.is_main_process
 
 
 def check_resume_fits(checkpoint: Path, total: int, unit: str) -> None:
@@ -116,9 +129,8 @@ class Run(Launch):
         from rlhfkit.runtime.run_folder import RunFolder, claim_run_folder
         from rlhfkit.runtime.tracker import Tracker
 
-        # the launch's set-up, taken over (not redone)
+        # the launch's set-up, taken over (not redone): its properties (device, world, rank, is_main) read these
         self.cfg, self.accelerator, self.fsdp2, self.dtype = launch.cfg, launch.accelerator, launch.fsdp2, launch.dtype
-        self.device, self.world, self.rank, self.is_main = launch.device, launch.world, launch.rank, launch.is_main
         cfg = self.cfg
         self.command, self.total, self.unit = command, total, unit
         self.summary: dict = {}
