@@ -16,12 +16,13 @@ from typing import Any
 
 @dataclasses.dataclass(frozen=True)
 class Command:
-    """One command: `main` ("module:function", takes argv and returns an exit code; "" for a command
-    whose command line is its config's and that `run`s it: the trainers, eval, tpo; `command_main`), its one-line `summary` for `rlhfkit --help`,
-    the "module:Class" of the `config` its options parse into (the config-driven commands: key=value
-    and --key value alike, core/command_line.py), the "module:function" that `run`s such a config
-    in-process, and for an argparse command the "module:function" that builds its `parser` (read
-    through core/argv.py `parse_command_line`, which takes both styles too)."""
+    """One command: `main` ("module:function", takes argv and returns an exit code; "" where the
+    command line is the config's and `run` runs it: the trainers, eval, tpo, see `command_main`), its
+    one-line `summary` for `rlhfkit --help`, the "module:Class" of the `config` its options parse into
+    (the config-driven commands: key=value and --key value alike, core/command_line.py), the
+    "module:function" that `run`s such a config in-process, and for an argparse command the
+    "module:function" that builds its `parser` (read through core/argv.py `parse_command_line`, which
+    takes both styles too)."""
 
     main: str
     summary: str
