@@ -41,3 +41,20 @@ def tiny_tokenizer():
     return build_tokenizer()
 
 
+
+
+@pytest.fixture()
+def patch_everywhere(monkeypatch):
+    """patch(module, name, value): set `module.name` and the same name in every loaded rlhfkit module that
+    imported it (`from module import name` binds its own reference), undone after the test. Import the code
+    under test first, so its modules are loaded when the patch is made."""
+    import sys
+
+    def patch(module, name: str, value) -> None:
+        original = getattr(module, name)
+        monkeypatch.setattr(module, name, value)
+        for loaded in list(sys.modules.values()):
+            if getattr(loaded, "__name__", "").startswith("rlhfkit") and getattr(loaded, name, None) is original:
+                monkeypatch.setattr(loaded, name, value)
+
+    return patch

@@ -16,6 +16,7 @@ A command's entry module that sits in a lower package (label/cli.py) counts as a
 from __future__ import annotations
 
 import ast
+import sys
 from pathlib import Path
 
 SRC = Path(__file__).resolve().parents[1] / "src"
@@ -206,3 +207,112 @@ def test_the_graph_reads_function_level_and_relative_imports(tmp_path):
     assert graph["rlhfkit.a"] == {("rlhfkit.a.low", 1)}
     assert graph["rlhfkit.a.low"] == {("rlhfkit.a.high", 2)}
     assert cycles(graph) == [["rlhfkit.a.high", "rlhfkit.a.low"]]
+
+
+# An rlhfkit import inside a function has a reason this test can check: at the top of its module it would
+# (a) close an import circle: the imported module, importing at its own top level (and its packages'
+# __init__ on the way), reaches this module; or (b) make this module import a third-party package that it
+# does not import now at its top level, directly or through rlhfkit modules (torch for `rlhfkit --help`, the
+# labelling app's FastAPI until its address is bound, an optional extra, yaml for the command registry).
+# Any other import belongs at the top, where a reader sees what the module depends on.
+
+
+def _top_level(body: list) -> list:
+    """The statements run when the module is imported: function bodies and `if TYPE_CHECKING:` left out."""
+    out = []
+    for node in body:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            continue
+        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
+            out += _top_level(node.orelse)
+            continue
+        if isinstance(node, (ast.If, ast.Try, ast.With, ast.ClassDef)):
+            inner = list(node.body) + list(getattr(node, "orelse", [])) + list(getattr(node, "finalbody", []))
+            inner += [s for h in getattr(node, "handlers", []) for s in h.body]
+            out += _top_level(inner)
+            continue
+        out.append(node)
+    return out
+
+
+def _targets(module: str, is_package: bool, node, mods: dict) -> tuple[set[str], set[str]]:
+    """(rlhfkit modules with their parent packages, third-party top-level names) an import statement loads."""
+    own, third = set(), set()
+    if isinstance(node, ast.Import):
+        for a in node.names:
+            (own.add(_known(a.name, mods)) if a.name.startswith("rlhfkit") else third.add(a.name.split(".")[0]))
+    elif isinstance(node, ast.ImportFrom):
+        base = module.split(".") if is_package else module.split(".")[:-1]
+        name = (".".join(base[: len(base) - node.level + 1] + [node.module or ""]).rstrip(".")
+                if node.level else node.module or "")
+        if name.startswith("rlhfkit"):
+            own.add(_known(name, mods))
+            own |= {f"{name}.{a.name}" for a in node.names if f"{name}.{a.name}" in mods}
+        elif not node.level:
+            third.add(name.split(".")[0])
+    with_parents = {".".join(m.split(".")[:i]) for m in own if m for i in range(1, len(m.split(".")) + 1)}
+    return with_parents, third - set(sys.stdlib_module_names) - {"__future__"}
+
+
+def unneeded_inner_imports(src: Path = SRC) -> list[str]:
+    """"module:line imports X" for each rlhfkit import inside a function that neither (a) nor (b) above excuses."""
+    mods = modules(src)
+    top: dict[str, tuple[set[str], set[str]]] = {}
+    inner: list[tuple[str, int, set[str]]] = []
+    for module, (path, is_package) in mods.items():
+        tree = ast.parse(path.read_text(encoding="utf-8"), str(path))
+        at_top = _top_level(tree.body)
+        own, third = set(), set()
+        for node in at_top:
+            if isinstance(node, (ast.Import, ast.ImportFrom)):
+                o, t = _targets(module, is_package, node, mods)
+                own, third = own | o, third | t
+        parts = module.split(".")
+        top[module] = (own | {".".join(parts[:i]) for i in range(1, len(parts))}) - {module}, third
+        kept = {id(n) for n in at_top}
+        for node in ast.walk(tree):
+            if isinstance(node, (ast.Import, ast.ImportFrom)) and id(node) not in kept:
+                own_targets = _targets(module, is_package, node, mods)[0]
+                if own_targets:
+                    inner.append((module, node.lineno, own_targets))
+
+    def reach(module: str) -> set[str]:
+        seen, stack = set(), [module]
+        while stack:
+            m = stack.pop()
+            if m not in seen and m in top:
+                seen.add(m)
+                stack += top[m][0]
+        return seen
+
+    def third_party(module: str) -> set[str]:
+        return {t for m in reach(module) for t in top[m][1]}
+
+    found = []
+    for module, line, targets in inner:
+        circular = any(module in reach(t) for t in targets)
+        new_packages = set().union(*(third_party(t) for t in targets)) - third_party(module)
+        if not circular and not new_packages:
+            named = sorted(t for t in targets if not any(u.startswith(t + ".") for u in targets))
+            found.append(f"{module}:{line} imports {', '.join(named)}")
+    return sorted(found)
+
+
+def test_imports_inside_functions_have_a_reason():
+    found = unneeded_inner_imports()
+    assert not found, "imports inside functions that belong at the top of the module:\n" + "\n".join(found)
+
+
+def test_the_inner_import_rule_tells_the_reasons_apart(tmp_path):
+    """The checker itself: a circular import and one that brings a third-party package are excused; an import
+    that brings nothing new is not."""
+    pkg = tmp_path / "rlhfkit"
+    (pkg / "a").mkdir(parents=True)
+    (pkg / "__init__.py").write_text("")
+    (pkg / "a" / "__init__.py").write_text("")
+    (pkg / "a" / "low.py").write_text("def f():\n    from rlhfkit.a.high import g\n    from rlhfkit.a.heavy import h\n"
+                                      "    from rlhfkit.a.plain import p\n")
+    (pkg / "a" / "high.py").write_text("from rlhfkit.a.low import f\n\ndef g():\n    pass\n")
+    (pkg / "a" / "heavy.py").write_text("import torch\n\ndef h():\n    pass\n")
+    (pkg / "a" / "plain.py").write_text("import json\n\ndef p():\n    pass\n")
+    assert unneeded_inner_imports(tmp_path) == ["rlhfkit.a.low:4 imports rlhfkit.a.plain"]

@@ -16,6 +16,7 @@ from typing import NoReturn
 
 from rlhfkit import __version__
 from rlhfkit.commands import COMMANDS, command_main
+from rlhfkit.errors import run_guarded
 
 
 def _usage() -> str:
@@ -73,7 +74,6 @@ def main(argv: list[str] | None = None) -> int:
         print(f"rlhfkit: unknown command '{name}'{hint}; run 'rlhfkit --help'", file=sys.stderr)
         return 2
     quiet_libraries(debug)
-    from rlhfkit.errors import run_guarded
 
     def call() -> int:
         return int(command_main(name)(rest) or 0)

@@ -89,7 +89,7 @@ def test_loss_and_gradient_do_not_depend_on_the_micro_batch_split(cls):
 
 
 @pytest.mark.parametrize("cls,name", [(SimPOConfig, "simpo"), (ORPOConfig, "orpo")])
-def test_reference_free_runs_build_no_reference_and_learn(tmp_path, tiny_model_dir, monkeypatch, cls, name):
+def test_reference_free_runs_build_no_reference_and_learn(tmp_path, tiny_model_dir, monkeypatch, patch_everywhere, cls, name):
     """Full fine-tuning on vowel-rich chosen / consonant-heavy rejected answers: the held-out pairs end
     up preferred; the run folder is named after the command; no reference is built or run."""
     import rlhfkit.models.policy as policy_mod
@@ -98,7 +98,7 @@ def test_reference_free_runs_build_no_reference_and_learn(tmp_path, tiny_model_d
     def no_reference(*a, **k):
         raise AssertionError(f"{name} must not build a reference")
 
-    monkeypatch.setattr(policy_mod, "Reference", no_reference)
+    patch_everywhere(policy_mod, "Reference", no_reference)  # also where trainers/build.py imported it
     monkeypatch.setattr(dpo_mod, "reference_logps", no_reference)
     monkeypatch.setattr(pairs_mod, "reference_logps", no_reference)  # where the shared passes call it
     summary = train(tiny_cfg(tmp_path, tiny_model_dir, cls, run_name=None, lora=False, lr=1e-2, epochs=2,

@@ -184,13 +184,13 @@ def test_the_beta_term_is_beta_times_the_token_mean_of_the_chosen_estimator(scor
 # ----------------------------------------------------------------------------- training
 
 
-def test_run_folder_metrics_no_reference_when_beta_is_zero(tmp_path, tiny_model_dir, monkeypatch):
+def test_run_folder_metrics_no_reference_when_beta_is_zero(tmp_path, tiny_model_dir, patch_everywhere):
     import rlhfkit.models.policy as policy_mod
 
     def no_reference(*a, **k):
         raise AssertionError("beta=0 must not load a reference")
 
-    monkeypatch.setattr(policy_mod, "Reference", no_reference)
+    patch_everywhere(policy_mod, "Reference", no_reference)  # also where trainers/build.py imported it
     train(tiny_cfg(tmp_path, tiny_model_dir, iterations=2, update_epochs=2))
     rows = metrics_rows(tmp_path)
     assert [r["iteration"] for r in rows] == [0, 1]

@@ -329,12 +329,13 @@ def test_vllm_log_probs_table_and_its_temperature():
 
 
 @pytest.fixture()
-def references_built(monkeypatch):
+def references_built(patch_everywhere):
     import rlhfkit.models.policy as policy_mod
+    import rlhfkit.trainers.grpo  # noqa: F401  (its modules loaded, so the patch reaches their imports)
 
     built = []
     real = policy_mod.Reference
-    monkeypatch.setattr(policy_mod, "Reference", lambda *a, **k: built.append(1) or real(*a, **k))
+    patch_everywhere(policy_mod, "Reference", lambda *a, **k: built.append(1) or real(*a, **k))
     return built
 
 

@@ -8,7 +8,7 @@ from test_resume import TRAINERS, _train, make_cfg
 
 
 @pytest.mark.parametrize("name", sorted(TRAINERS))
-def test_gradient_checkpointing_recomputes_in_every_trainer(name, tmp_path, tiny_model_dir, monkeypatch):
+def test_gradient_checkpointing_recomputes_in_every_trainer(name, tmp_path, tiny_model_dir, patch_everywhere):
     import rlhfkit.models.loading as loading
 
     calls = {"n": 0}
@@ -26,9 +26,10 @@ def test_gradient_checkpointing_recomputes_in_every_trainer(name, tmp_path, tiny
                 module._gradient_checkpointing_func = wrapped
         return model
 
-    monkeypatch.setattr(loading, "set_gradient_checkpointing", counting)
+    train = _train(name)  # its modules loaded, so the patch reaches their imports
+    patch_everywhere(loading, "set_gradient_checkpointing", counting)
     cfg = make_cfg(name, tmp_path, tiny_model_dir, "gc", gradient_checkpointing=True, save_every=0)
     cfg = make_cfg(name, tmp_path, tiny_model_dir, "gc", gradient_checkpointing=True, save_every=0,
                    **({"iterations": 1} if hasattr(cfg, "iterations") else {"max_steps": 1}))  # configs are frozen
-    _train(name)(cfg)
+    train(cfg)
     assert calls["n"] > 0, f"{name}: gradient_checkpointing=true never recomputed a layer"

@@ -20,6 +20,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from rlhfkit.core.config import check, option, retune
+from rlhfkit.core.precision import autocast
+from rlhfkit.data.chat import format_example
+from rlhfkit.data.prompts import info_lists, load_prompts
+from rlhfkit.data.sft import tokenize_examples
+from rlhfkit.errors import ConfigError, UserError
+from rlhfkit.models.response_nll import ResponseNLL, mean_nll
+from rlhfkit.rewards import arithmetic, get_reward, score_batch
 from rlhfkit.rewards.rouge import rouge_scores
 from rlhfkit.trainers.options import OutDirArgs, PromptSplitArgs, SampleCommandArgs
 
@@ -50,8 +57,6 @@ class EvalConfig(OutDirArgs, PromptSplitArgs, SampleCommandArgs):
 
 def parse_rewards(items: list) -> list[tuple[str, str]]:
     """[(name, spec)] from 'SPEC' or 'NAME=SPEC' items; names must be unique."""
-    from rlhfkit.errors import ConfigError
-
     out = []
     for item in items:
         name, sep, spec = str(item).partition("=")
@@ -96,8 +101,6 @@ def run_model(spec: str, records: list[dict], cfg: EvalConfig) -> dict:
     """Completions (step 2) and the reference-response perplexity (step 5) of one model."""
     import torch
 
-    from rlhfkit.core.precision import autocast
-    from rlhfkit.data.chat import format_example
     from rlhfkit.rollout import SamplingParams
     from rlhfkit.rollout.prompt_fit import enforce_prompt_limit, prompt_token_limit
     from rlhfkit.rollout.texts import generate_texts, load_for_inference
@@ -115,9 +118,6 @@ def run_model(spec: str, records: list[dict], cfg: EvalConfig) -> dict:
     out = {"completions": completions, "generate_s": time.time() - t0}
     refs = [r for r in records if isinstance(r.get("response"), str) and r["response"].strip()]
     if cfg.perplexity and refs:
-        from rlhfkit.data.sft import tokenize_examples
-        from rlhfkit.models.response_nll import ResponseNLL, mean_nll
-
         examples, _ = tokenize_examples(tok, refs, cfg, 1024)
         if examples:
             nll, n = mean_nll(ResponseNLL(model), examples, tok.pad_token_id, 8, cfg.dtype, device)
@@ -128,8 +128,6 @@ def run_model(spec: str, records: list[dict], cfg: EvalConfig) -> dict:
 
 def model_metrics(run: dict, records: list[dict], scores: dict[str, list[float]], cfg: EvalConfig) -> dict:
     """Reward mean/std per reward, accuracy, perplexity, ROUGE-1/2/L, mean length for one model."""
-    from rlhfkit.rewards import arithmetic
-
     m: dict = {f"reward/{name}": mean_std(s) for name, s in scores.items()}
     comps = run["completions"]
     m["response_words"] = mean_std([len(c.split()) for c in comps])["mean"]
@@ -154,9 +152,6 @@ def model_metrics(run: dict, records: list[dict], scores: dict[str, list[float]]
 def evaluate(cfg: EvalConfig) -> dict:
     """Run the evaluation; writes OUT/report.json and OUT/samples.jsonl and returns the report."""
     from rlhfkit.core.seeding import seed_everything
-    from rlhfkit.data.prompts import info_lists, load_prompts
-    from rlhfkit.errors import UserError
-    from rlhfkit.rewards import get_reward, score_batch
 
     t0 = time.time()
     seed_everything(cfg.seed)

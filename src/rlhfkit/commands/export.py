@@ -25,8 +25,11 @@ import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
+from rlhfkit.commands.export_card import BUILTIN_HUB_IDS, model_card
 from rlhfkit.commands.runs import config_defaults, run_method
 from rlhfkit.core.argv import OptionsHelpFormatter, parse_command_line
+from rlhfkit.diagnostics.report import build_report
+from rlhfkit.diagnostics.rundir import load_run
 from rlhfkit.errors import UserError
 
 VALUE_HEAD_DIR = "value_head"
@@ -82,7 +85,6 @@ def read_run(run_dir: Path) -> RunInfo:
 def base_model_id(config: dict) -> str | None:
     """The base model as others can get it (a Hub id, without an `@revision`), or None for a local
     folder."""
-    from rlhfkit.commands.export_card import BUILTIN_HUB_IDS
     from rlhfkit.models.loading import hub_reference
 
     model = str(config.get("model", ""))
@@ -98,8 +100,6 @@ def base_model_id(config: dict) -> str | None:
 def write_export(info: RunInfo, out: Path, merged: bool) -> None:
     """Weights, tokenizer, generation config, value head, report and model card into `out`."""
     from transformers import AutoTokenizer
-
-    from rlhfkit.commands.export_card import model_card
 
     tok = AutoTokenizer.from_pretrained(info.final)
     if info.reward_model:  # already a plain transformers folder
@@ -194,9 +194,6 @@ def fix_generation_config(gen, tok, stop_ids: list[int] | None) -> None:
 def write_report(info: RunInfo, out: Path) -> str | None:
     """report/report.html (self-contained, no PNGs); its path in the folder, or None for a run
     without metrics."""
-    from rlhfkit.diagnostics.report import build_report
-    from rlhfkit.diagnostics.rundir import load_run
-
     if not (info.run_dir / "metrics.jsonl").is_file():
         return None
     path = build_report([load_run(info.run_dir)], out / "report", png=False, config_defaults=config_defaults)

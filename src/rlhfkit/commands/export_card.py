@@ -8,6 +8,8 @@ import math
 from typing import Any
 
 from rlhfkit import __version__
+from rlhfkit.diagnostics.headline import before_after
+from rlhfkit.errors import DataError
 
 # the built-in default model's name -> its Hub id (commands/export.py `base_model_id`)
 BUILTIN_HUB_IDS = {"smollm2-135m-instruct": "HuggingFaceTB/SmolLM2-135M-Instruct"}
@@ -46,7 +48,6 @@ def model_card(info: Any, *, merged: bool, base_id: str | None, has_template: bo
 
 def front_matter(info: Any, merged: bool, base_id: str | None) -> str:
     from rlhfkit.data.spec import parse_spec
-    from rlhfkit.errors import DataError
 
     datasets = []
     for key in DATA_KEYS[:5]:
@@ -86,8 +87,6 @@ def overview(info: Any, merged: bool, base_id: str | None, has_template: bool) -
 def evaluation(summary: dict, config: dict | None = None) -> str:
     """Before/after rows for the numbers of eval_before/eval_after, each named by what it measures
     ("mean held-out reward (reward=sentiment)"), then the other results."""
-    from rlhfkit.diagnostics.headline import before_after
-
     rows = [[name, fmt(b), fmt(a)] for name, b, a in before_after(summary, config or {})]
     others = []
     for key, value in summary.items():

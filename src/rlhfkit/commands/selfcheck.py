@@ -22,6 +22,8 @@ import time
 from collections.abc import Callable
 
 from rlhfkit.core.argv import OptionsHelpFormatter, parse_command_line
+from rlhfkit.errors import UserError
+from rlhfkit.learn import exercise_check
 from rlhfkit.learn.worked import Check, row, tiny_llama
 
 
@@ -224,9 +226,6 @@ def build_parser() -> argparse.ArgumentParser:
 
 def run_exercise(name: str, path: str) -> int:
     """`--exercise NAME FILE`: print PASS or the first mismatch and its hint; 0 on pass, 1 on a mismatch."""
-    from rlhfkit.errors import UserError
-    from rlhfkit.learn import exercise_check
-
     ex = exercise_check.EXERCISES.get(name)
     if ex is None:
         raise UserError(f"selfcheck: unknown exercise '{name}' (expected one of: "
@@ -247,18 +246,14 @@ def run_exercise(name: str, path: str) -> int:
 
 
 def main(argv: list[str]) -> int:
-    from rlhfkit.errors import UserError
-
     args = parse_command_line(build_parser(), argv)
     from rlhfkit.learn.breaks import BREAKS
 
     if args.list:
         print("\n".join(f"{n}: {fn.__doc__}" for n, fn in CHECKS.items()))
         print("\nbreaks (--break NAME):\n" + "\n".join(f"{n}: {fn.__doc__}" for n, fn in BREAKS.items()))
-        from rlhfkit.learn.exercise_check import EXERCISES
-
         print("\nexercises (--exercise NAME FILE; copy the stub, fill in its function):\n"
-              + "\n".join(f"{n}: {e.title}; stub {e.stub_path}" for n, e in EXERCISES.items()))
+              + "\n".join(f"{n}: {e.title}; stub {e.stub_path}" for n, e in exercise_check.EXERCISES.items()))
         return 0
     if args.exercise:
         if args.names or args.breaks:

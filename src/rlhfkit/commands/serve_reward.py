@@ -29,6 +29,7 @@ from typing import Any
 
 from rlhfkit.core.argv import OptionsHelpFormatter, parse_command_line
 from rlhfkit.errors import UserError
+from rlhfkit.label.serve import listen
 
 TOKEN_VARIABLE = "RLHFKIT_REWARD_TOKEN"
 MIN_TOKEN_CHARS = 8
@@ -159,7 +160,6 @@ def make_app(reward_fn: Callable, name: str, path: str, token: str | None, max_b
 
 
 def main(argv: list[str]) -> int:
-    from rlhfkit.label.serve import listen
     from rlhfkit.label.server import make_server
     from rlhfkit.rewards import get_reward
     from rlhfkit.rewards.scoring import reward_name

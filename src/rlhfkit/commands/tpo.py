@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from rlhfkit.core.config import check, option, retune
-from rlhfkit.errors import ConfigError
+from rlhfkit.errors import ConfigError, UserError
 from rlhfkit.trainers.options import OutDirArgs, PromptSplitArgs, SampleCommandArgs
 
 LOSS_PROMPT = ("Here is a request and two answers to it.\n\nRequest: {query}\n\nAnswer A: {chosen}\n\n"
@@ -272,7 +272,6 @@ def run(cfg: TPOConfig) -> dict:
     from rlhfkit.core.seeding import seed_everything
     from rlhfkit.data.chat import format_prompts
     from rlhfkit.data.prompts import info_lists, load_prompts
-    from rlhfkit.errors import UserError
     from rlhfkit.rewards import get_reward, score_batch
     from rlhfkit.rollout.prompt_fit import enforce_prompt_limit, prompt_token_limit
     from rlhfkit.rollout.texts import load_for_inference

@@ -24,9 +24,10 @@ from rlhfkit.core.config import (
     build_config,
     read_yaml,
 )
+from rlhfkit.core.run_files import CONFIG, META, latest_checkpoint, resumable_checkpoint
 from rlhfkit.core.trl_batch import kept_names, trainer_kind
 from rlhfkit.core.trl_values import VALUE_KEYS as TRL_VALUE_KEYS
-from rlhfkit.errors import ConfigError
+from rlhfkit.errors import ConfigError, UserError
 
 C = TypeVar("C")
 
@@ -134,9 +135,6 @@ def _flag_values(cls: type, argv: list[str]) -> list[str]:
 def saved_config(run_dir: str | Path) -> dict:
     """The configuration of a run to resume (the base that command-line overrides change): the one
     saved with its newest checkpoint, else RUN/config.yaml (which a failed attempt may have changed)."""
-    from rlhfkit.core.run_files import CONFIG, resumable_checkpoint
-    from rlhfkit.errors import UserError
-
     run_dir = Path(run_dir)
     if not run_dir.is_dir():
         raise UserError(f"resume: {run_dir} is not a run folder")
@@ -146,8 +144,6 @@ def saved_config(run_dir: str | Path) -> dict:
 def run_command(run_dir: str | Path) -> str | None:
     """The command (sft, dpo, ...) that wrote a run folder's newest checkpoint, or None."""
     import json
-
-    from rlhfkit.core.run_files import META, latest_checkpoint
 
     found = latest_checkpoint(run_dir)
     try:

@@ -21,7 +21,12 @@ import yaml
 
 from rlhfkit.core.aliases import alias_hint, canonical_key
 from rlhfkit.core.bounds import check_count
+from rlhfkit.core.disk import write_atomic
+from rlhfkit.core.recorded import recorded_value
 from rlhfkit.core.trl_batch import kept_names, trl_batch_values
+from rlhfkit.core.trl_data import TOP_KEYS, trl_data_values
+from rlhfkit.core.trl_peft import peft_values
+from rlhfkit.core.trl_values import translate
 from rlhfkit.errors import ConfigError
 
 C = TypeVar("C")
@@ -214,8 +219,6 @@ def build_config(cls: type[C], values: dict[str, Any], source: str = "",
     already, e.g. unknown keys of a command line): each key's type, then each class's first failed
     check (a check that names a key with a type problem is left out: it saw the default instead).
     """
-    from rlhfkit.core.trl_values import translate
-
     fields = _fields(cls)
     hints = typing.get_type_hints(cls)
     values, translated = translate(values, fields)  # TRL's report_to, dtype=bfloat16, ... (core/trl_values.py)
@@ -258,9 +261,6 @@ def _trl_values(cls: type, values: dict[str, Any], problems: list[str],
     (core/trl_peft.py), its data keys (``datasets:`` mixtures) as the data option (core/trl_data.py),
     its batch options as the rlhfkit options of the same work per step (core/trl_batch.py); and the
     line that says what a step does (None: no TRL batch name). A problem is added to `problems`."""
-    from rlhfkit.core.trl_data import TOP_KEYS, trl_data_values
-    from rlhfkit.core.trl_peft import peft_values
-
     fields = _fields(cls)
     try:
         values = trl_data_values(fields, peft_values(fields, values))
@@ -444,15 +444,11 @@ def _first_line(exc: BaseException) -> str:
 def to_dict(cfg: Any) -> dict[str, Any]:
     """The config as YAML can hold it: a callable reward as its import path, a Dataset as a note
     (core/recorded.py)."""
-    from rlhfkit.core.recorded import recorded_value
-
     return {f.name: recorded_value(getattr(cfg, f.name)) for f in dataclasses.fields(cfg)}
 
 
 def save_config(cfg: Any, path: str | Path) -> None:
     """Write config.yaml in one rename (never an empty or half-written file, even on a full disk)."""
-    from rlhfkit.core.disk import write_atomic
-
     write_atomic(Path(path), yaml.safe_dump(to_dict(cfg), sort_keys=False), Path(path).parent)
 
 

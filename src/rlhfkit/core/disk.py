@@ -15,6 +15,7 @@ import shutil
 from collections.abc import Iterator
 from pathlib import Path
 
+from rlhfkit.core.run_files import latest_checkpoint
 from rlhfkit.errors import UserError
 
 FULL_ERRNOS = (errno.ENOSPC, getattr(errno, "EDQUOT", errno.ENOSPC))
@@ -40,8 +41,6 @@ def is_disk_full(e: BaseException, path: Path) -> bool:
 
 
 def resume_advice(run_dir: Path | None) -> str:
-    from rlhfkit.core.run_files import latest_checkpoint
-
     if run_dir is not None and latest_checkpoint(run_dir) is not None:
         return f"free space, then --resume {run_dir}"
     return "free space, then start the run again"

@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 import random
 
+from rlhfkit.data.sets import builtin_name
 from rlhfkit.errors import DataError
 
 NO_SPLIT = "the data has no held-out split; eval_dataset= or eval_split= to give one"
@@ -27,8 +28,6 @@ def split_for_eval(loader, spec: str, eval_spec: str | None, eval_fraction: floa
     training records back ("held-back", said in the evaluation line); 0 (TRL's way) holds nothing
     back and evaluates on the training records ("training").
     """
-    from rlhfkit.data.sets import builtin_name
-
     source = "held-out"
     if builtin_name(spec) is not None:
         train = list(loader(spec, split="train"))

@@ -70,6 +70,7 @@ import math
 from dataclasses import dataclass
 
 from rlhfkit.core.config import FrozenAfterValidation, check, option
+from rlhfkit.errors import ConfigError
 from rlhfkit.estimate.shape import PRESETS, ModelShape, resolve_shape
 
 GIB = 2**30
@@ -393,8 +394,6 @@ def check_rollout_fits(rows: int, prompt_tokens: int, new_tokens: int, memory: i
     memory (rollout_batch_size=1e9 would otherwise grow for minutes, deaf to signals while a
     huge allocation runs). `option`: the setting that makes the rows, and its value, for the message
     (default: rollout_batch_size = rows); `what` names the tensors (an offline batch's)."""
-    from rlhfkit.errors import ConfigError
-
     memory = machine_memory() if memory is None else memory
     need = rollout_bytes(rows, prompt_tokens, new_tokens)
     name, value = option or ("rollout_batch_size", rows)

@@ -23,7 +23,17 @@ from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 from rlhfkit.core.argv import parse_command_line
 from rlhfkit.errors import DataError, UserError
+from rlhfkit.label.db import writes_reported
+from rlhfkit.label.export import preference_rows, write_jsonl
+from rlhfkit.label.files import check_output, database_files, looks_like_pairs_file
+from rlhfkit.label.identity import clean_name, printable
 from rlhfkit.label.options import OneLineParser, check_duration, check_number, check_positive, default_db
+from rlhfkit.label.pairs import sample_pairs, write_pairs
+from rlhfkit.label.queries import ReadOnlyStore
+from rlhfkit.label.records import LabelError
+from rlhfkit.label.serve import cmd_serve
+from rlhfkit.label.stats import compute_stats, format_stats
+from rlhfkit.label.store import MAX_VOTES_PER_PAIR, LabelStore
 
 DEFAULT_MODEL = "smollm2-135m-instruct"
 DEFAULT_URL = "http://127.0.0.1:8000/"
@@ -143,9 +153,6 @@ def build_parser() -> argparse.ArgumentParser:
 
 def cmd_pairs(args: argparse.Namespace) -> int:
     """Sample responses and write the pairs file (never an empty one)."""
-    from rlhfkit.label.files import check_output
-    from rlhfkit.label.pairs import sample_pairs, write_pairs
-
     check_number("--limit", args.limit, 0, 10**9)
     check_number("--max-new-tokens", args.max_new_tokens, 1, 32768)
     check_positive("--temperature", args.temperature, 100.0)
@@ -187,11 +194,6 @@ def invite_link(base_url: str, token: str) -> str:
 
 def cmd_invite(args: argparse.Namespace) -> int:
     """Create or re-key a labeller and print their sign-in link (or revoke it)."""
-    from rlhfkit.label.db import writes_reported
-    from rlhfkit.label.identity import clean_name, printable
-    from rlhfkit.label.records import LabelError
-    from rlhfkit.label.store import LabelStore
-
     try:
         clean_name(args.name)
     except ValueError as e:
@@ -222,11 +224,6 @@ def cmd_invite(args: argparse.Namespace) -> int:
 
 def cmd_export(args: argparse.Namespace) -> int:
     """Write preference JSONL from the stored votes (database opened read-only)."""
-    from rlhfkit.label.export import preference_rows, write_jsonl
-    from rlhfkit.label.files import check_output, database_files, looks_like_pairs_file
-    from rlhfkit.label.queries import ReadOnlyStore
-    from rlhfkit.label.store import MAX_VOTES_PER_PAIR
-
     check_number("--min-votes", args.min_votes, 1, MAX_VOTES_PER_PAIR)
     check_positive("--margin-scale", args.margin_scale, 1e6)
     db = _db_path(args)
@@ -267,9 +264,6 @@ def _json_safe(x: object) -> object:
 
 def cmd_stats(args: argparse.Namespace) -> int:
     """Print counts, per-labeller activity and agreement (database opened read-only)."""
-    from rlhfkit.label.queries import ReadOnlyStore
-    from rlhfkit.label.stats import compute_stats, format_stats
-
     store = ReadOnlyStore(_db_path(args))
     try:
         stats = compute_stats(store)
@@ -280,8 +274,6 @@ def cmd_stats(args: argparse.Namespace) -> int:
 
 
 def _serve(args: argparse.Namespace) -> int:
-    from rlhfkit.label.serve import cmd_serve
-
     return cmd_serve(args)
 
 

@@ -16,8 +16,11 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from rlhfkit.errors import UserError
+from rlhfkit.label.db import hold_for_serving, writes_reported
 from rlhfkit.label.options import LEAD_TOKEN_VARIABLE, TOKEN_RE, TOKEN_VARIABLE, check_number, default_db
+from rlhfkit.label.pairs import read_pairs
 from rlhfkit.label.rationale import parse_criteria, read_guidelines
+from rlhfkit.label.store import MAX_VOTES_PER_PAIR, LabelStore
 
 MAX_LEASE_MINUTES = 7 * 24 * 60
 
@@ -79,8 +82,6 @@ def access_token(option: str | None, environ: Mapping[str, str], flag: str = "--
 
 def check_serve_options(args: argparse.Namespace, loopback: bool) -> str:
     """Validate the numbers and the auth mode; returns the auth mode to use."""
-    from rlhfkit.label.store import MAX_VOTES_PER_PAIR
-
     check_number("--votes-per-pair", args.votes_per_pair, 1, MAX_VOTES_PER_PAIR)
     check_number("--port", args.port, 1, 65535)
     check_number("--lease-minutes", args.lease_minutes, 1, MAX_LEASE_MINUTES)
@@ -103,7 +104,6 @@ def _criteria(raw: str | None) -> tuple[str, ...]:
 
 def cmd_serve(args: argparse.Namespace) -> int:
     """Check the options, pairs and address, then import the pairs and run until Ctrl-C."""
-    from rlhfkit.label.pairs import read_pairs
     from rlhfkit.label.security import LOOPBACK_HOSTS, is_loopback
 
     host = args.host.strip("[]")
@@ -120,9 +120,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     with contextlib.ExitStack() as cleanup:  # undone in reverse: store, then lock, then socket
         sock = listen(host, args.port)
         cleanup.callback(sock.close)
-        from rlhfkit.label.app import create_app
-        from rlhfkit.label.db import hold_for_serving, writes_reported
-        from rlhfkit.label.store import LabelStore
+        from rlhfkit.label.app import create_app  # FastAPI: imported once the address is bound
 
         lock = hold_for_serving(db)  # before the store: a second server must change nothing
         cleanup.callback(os.close, lock)  # after the store: closing it drops SQLite's locks here

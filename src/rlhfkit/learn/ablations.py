@@ -31,6 +31,7 @@ from pathlib import Path
 
 import torch
 
+from rlhfkit import algos
 from rlhfkit.learn import minimal_ppo as mp
 
 
@@ -77,8 +78,6 @@ HEADERS = ("final vowel share", "gain", "clip fraction", "approx KL", "explained
 
 def forward(agent: mp.Agent, ids: torch.Tensor, prompt_len: int):
     """ids (B, P + T) -> logp, entropy, values, each (B, T), at the answer's positions P - 1 .. P + T - 2."""
-    from rlhfkit import algos
-
     out = agent.lm(input_ids=ids, output_hidden_states=True)
     logp, entropy = algos.logprobs_and_entropy(out.logits[:, prompt_len - 1:-1], ids[:, prompt_len:])
     values = agent.value_head(out.hidden_states[-1][:, prompt_len - 1:-1]).squeeze(-1)
@@ -88,8 +87,6 @@ def forward(agent: mp.Agent, ids: torch.Tensor, prompt_len: int):
 @torch.no_grad()
 def rollout(agent: mp.Agent, ref: mp.Agent, prompts: torch.Tensor, gen: torch.Generator, s: Setting) -> dict:
     """Sample, score, shape the rewards, GAE; whiten over the rollout unless `s` says otherwise."""
-    from rlhfkit import algos
-
     ids = mp.sample(agent, prompts, gen)
     P = prompts.shape[1]
     scores = mp.vowel_share(ids[:, P:])
@@ -108,8 +105,6 @@ def rollout(agent: mp.Agent, ref: mp.Agent, prompts: torch.Tensor, gen: torch.Ge
 
 def update(agent: mp.Agent, opt: torch.optim.Optimizer, b: dict, s: Setting, gen: torch.Generator) -> dict:
     """s.epochs passes of shuffled mini-batches, one optimiser step each; the mean clip fraction and approx KL."""
-    from rlhfkit import algos
-
     P, B = b["ids"].shape[1] - mp.ANSWER_LEN, b["ids"].shape[0]
     clip, akl = [], []
     for _ in range(s.epochs):

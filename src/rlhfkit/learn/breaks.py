@@ -14,13 +14,13 @@ import torch
 
 from rlhfkit import algos
 from rlhfkit.core.devices import HOST
+from rlhfkit.diagnostics import diagnose
+from rlhfkit.learn import bandit
 from rlhfkit.learn.worked import Check, row, tiny_llama
 
 
 def _doctor(check: Check, rows: list[dict]) -> None:
     """Append what `rlhfkit doctor` says about a metric history (rows of metrics.jsonl)."""
-    from rlhfkit.diagnostics import diagnose
-
     found = diagnose(rows)
     check.lines += [f"doctor: {f.severity.upper()} {f.rule} @ it {f.iteration}: {f.message}" for f in found] or [
         "doctor: no finding"]
@@ -85,8 +85,6 @@ def break_dropout() -> Check:
 
 def break_no_whitening() -> Check:
     """PPO on rewards of order 100 without whitening the advantages (a 5-armed bandit, rlhfkit.learn.bandit)."""
-    from rlhfkit.learn import bandit
-
     c = Check("no-whitening", "rewards x 100 (a 5-armed bandit), advantages not whitened: each step is 100x larger")
     means = tuple(100 * m for m in bandit.MEANS)
     runs = {w: bandit.train("ppo", iterations=6, batch=32, lr=1.0, means=means, noise=100.0, whiten=w)

@@ -20,6 +20,7 @@ from typing import Any
 
 import torch
 
+from rlhfkit.data.chat import format_example, text_of
 from rlhfkit.errors import UserError
 
 STANDARD_DIR = "sequence_classification"  # RUN/final/<this>: `rlhfkit rm`'s standard copy
@@ -44,8 +45,6 @@ class ClassifierScorer:
         self.causal = not getattr(model.config, "is_encoder_decoder", False) and model.config.model_type not in _encoders()
 
     def texts(self, prompts: Sequence, completions: Sequence) -> list[str]:
-        from rlhfkit.data.chat import format_example, text_of
-
         return [format_example(self.tok, p, text_of(c))[1] for p, c in zip(prompts, completions)]
 
     @torch.no_grad()

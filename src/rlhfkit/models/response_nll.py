@@ -10,6 +10,8 @@ from rlhfkit.algos import logprobs_from_logits
 from rlhfkit.core.precision import autocast
 from rlhfkit.data.chat import IGNORE_INDEX
 from rlhfkit.data.sft import collate
+from rlhfkit.models.policy import output_logits
+from rlhfkit.models.trunk import position_ids_from_mask
 
 
 class ResponseNLL(nn.Module):
@@ -27,9 +29,6 @@ class ResponseNLL(nn.Module):
         self.model = model
 
     def forward(self, input_ids, attention_mask, labels, position_ids=None):
-        from rlhfkit.models.policy import output_logits
-        from rlhfkit.models.trunk import position_ids_from_mask
-
         get_base = getattr(self.model, "get_base_model", None)
         lm = get_base() if callable(get_base) else self.model  # LoRA layers stay injected
         if position_ids is not None:  # packed: the restarts of position_ids mark the examples

@@ -37,8 +37,16 @@ from torch import nn
 from rlhfkit.algos import last_valid_index
 from rlhfkit.data.chat import format_example, text_of
 from rlhfkit.errors import UserError
-from rlhfkit.models.classifier_reward import ENCODER_TYPES
-from rlhfkit.models.loading import save_tokenizer
+from rlhfkit.models.classifier_reward import ENCODER_TYPES, is_classifier_folder, load_classifier_scorer
+from rlhfkit.models.loading import (
+    DTYPES,
+    disable_dropout,
+    hub_reference,
+    load_causal_lm,
+    load_tokenizer,
+    resolve_model_path,
+    save_tokenizer,
+)
 from rlhfkit.models.lora import check_lora_targets, fan_in_fan_out, top_layer_indices
 from rlhfkit.models.policy import output_width
 from rlhfkit.models.trunk import position_ids_from_mask
@@ -113,8 +121,6 @@ def load_backbone(spec: str, dtype: str = "fp32") -> tuple[nn.Module, bool]:
     """(backbone, causal?) from a model spec: the default model, a causal-LM or encoder folder or Hub id
     (``org/name[@revision]``), or an SFT LoRA adapter folder (merged onto its base)."""
     from transformers import AutoConfig, AutoModel
-
-    from rlhfkit.models.loading import DTYPES, disable_dropout, load_causal_lm, resolve_model_path
 
     path = resolve_model_path(spec)
     if (path / "adapter_config.json").is_file() and not (path / "config.json").is_file():
@@ -220,8 +226,6 @@ def load_reward_model(path: str | Path, dtype: str | None = None):
     from peft import PeftModel
     from safetensors.torch import load_file
 
-    from rlhfkit.models.loading import hub_reference, load_tokenizer, resolve_model_path
-
     folder = resolve_model_path(str(path)) if hub_reference(str(path)) else Path(path)  # org/name[@rev]: its snapshot
     folder = rlhfkit_form(folder)
     meta = read_meta(folder)
@@ -315,9 +319,6 @@ class RewardScorer:
 def load_reward_scorer(path: str, batch_size: int = 16, device: str | None = None):
     """The reward function behind `reward=model:PATH`: a folder written by `rlhfkit rm`, or any
     transformers AutoModelForSequenceClassification folder or Hub id (models/classifier_reward.py)."""
-    from rlhfkit.models.classifier_reward import is_classifier_folder, load_classifier_scorer
-    from rlhfkit.models.loading import hub_reference, resolve_model_path
-
     folder = resolve_model_path(str(path)) if hub_reference(str(path)) else Path(path)
     if not (folder / META_FILE).is_file() and is_classifier_folder(folder):
         return load_classifier_scorer(folder, batch_size=batch_size, device=device)

@@ -20,6 +20,7 @@ from typing import Any
 
 from rlhfkit.core.imports import first_line, get_attribute, load_source, split_target
 from rlhfkit.errors import UserError
+from rlhfkit.models.reward_model import load_reward_scorer
 from rlhfkit.rewards.builtins import RewardFn, arithmetic, length, make_length_reward, sentiment
 
 BUILTINS: dict[str, RewardFn] = {"sentiment": sentiment, "arithmetic": arithmetic, "length": length}
@@ -227,16 +228,4 @@ def _python_reward(target: str, spec: str) -> RewardFn:
 def _model_reward(path: str, spec: str) -> RewardFn:
     if not path:
         raise UserError(f"reward {spec!r}: expected 'model:PATH' with the folder or Hub id of a reward model")
-    try:
-        from rlhfkit.models.reward_model import load_reward_scorer
-    except ModuleNotFoundError as e:
-        if e.name and (e.name == "rlhfkit.models" or e.name.startswith("rlhfkit.models.")):
-            raise UserError(
-                f"reward {spec!r}: reward models arrive with `rlhfkit rm`, which this install does not have yet"
-            ) from None
-        raise
-    except ImportError as e:  # the module exists but lacks the loader
-        raise UserError(
-            f"reward {spec!r}: reward-model support is incomplete in this install: {first_line(e)}"
-        ) from None
     return load_reward_scorer(path)

@@ -55,6 +55,7 @@ from rlhfkit.rollout.core import Rollout, SamplingParams, generate_ids
 from rlhfkit.rollout.decode import lean_supported
 from rlhfkit.rollout.prefix_cache import PrefixCache
 from rlhfkit.rollout.prompt_fit import encode_prompts
+from rlhfkit.rollout.serving import sample_rows
 
 MARKER = "\u2063RLHFKIT-MODEL-TURN\u2063"  # stands in for the last model turn when rendering env text
 
@@ -216,8 +217,6 @@ def cached_turns(prefix: PrefixCache) -> Callable:
     """A `sample_ids` (generate_ids' signature) that samples each turn with the server's loop
     (rollout/serving.py `sample_rows`, every row at params.temperature) and keeps each finished
     row's K/V in `prefix`, so an episode's next turn runs only its new tokens."""
-    from rlhfkit.rollout.serving import sample_rows
-
     def sample_ids(model, tokenizer, ids, mask, params, batch_size=None, share_prompts=False, share_prefix=False):
         rows = [r[m.bool()].tolist() for r, m in zip(ids, mask)]
         stop_ids = tuple(params.stop_ids) or (tokenizer.eos_token_id,)

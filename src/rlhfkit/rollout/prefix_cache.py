@@ -21,6 +21,8 @@ import collections
 
 import torch
 
+from rlhfkit.models.hf_compat import dynamic_cache
+
 
 class PrefixCache:
     """ids tuple -> per-layer [(k (H, L, D), v (H, L, D))] of that sequence's L = len(ids) tokens."""
@@ -69,8 +71,6 @@ class PrefixCache:
 def batched_cache(config, rows: list[list | None], lengths: list[int], device):
     """A transformers DynamicCache of C = max(lengths) columns: row b's K/V right-aligned (left
     padding, zeros), and the (B, C) mask that marks its real columns."""
-    from rlhfkit.models.hf_compat import dynamic_cache
-
     B, C = len(rows), max(lengths)
     mask = torch.zeros((B, C), dtype=torch.long, device=device)
     cache = dynamic_cache(config)

@@ -6,6 +6,9 @@ import dataclasses
 
 import torch
 
+from rlhfkit.data.prompts import reward_inputs
+from rlhfkit.rewards import score_parts
+from rlhfkit.rewards.scoring import reward_metrics
 from rlhfkit.rollout.core import Rollout
 
 
@@ -14,10 +17,6 @@ def score_rollout(rollout: Rollout, records: list[dict], reward_fn) -> Rollout:
     records) and, for several weighted rewards, each one's scores in `reward_parts`, with any per-sample
     metrics a reward gives (rewards.scoring.score_with_metrics); the reward's own metrics of this
     scoring (scoring.reward_metrics: seconds waited on reward servers) join `timings`."""
-    from rlhfkit.data.prompts import reward_inputs
-    from rlhfkit.rewards import score_parts
-    from rlhfkit.rewards.scoring import reward_metrics
-
     reward_metrics(reward_fn)  # drop what earlier calls (a held-out evaluation) left
     scores, parts = score_parts(reward_fn, *reward_inputs(records, rollout.completions), rollout.info)
     return dataclasses.replace(

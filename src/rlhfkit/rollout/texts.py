@@ -5,6 +5,12 @@ from __future__ import annotations
 
 import torch
 
+from rlhfkit.core.precision import autocast
+from rlhfkit.data.chat import format_prompt
+from rlhfkit.data.prompts import info_lists, reward_inputs
+from rlhfkit.models import load_causal_lm, load_tokenizer
+from rlhfkit.models.loading import resolve_dtype
+from rlhfkit.rewards import score_batch
 from rlhfkit.rollout import SamplingParams, generate
 
 
@@ -38,10 +44,6 @@ def model_generation_config(model, tokenizer, max_new_tokens: int, overrides: di
 def sample_and_score(model, tokenizer, records: list[dict], formatted: list[str], reward_fn, params: SamplingParams,
                      seed: int, batch_size: int = 16, dtype: str = "fp32") -> tuple[list[str], list[float]]:
     """Sample one completion per prompt and score it with `reward_fn`."""
-    from rlhfkit.core.precision import autocast
-    from rlhfkit.data.prompts import info_lists, reward_inputs
-    from rlhfkit.rewards import score_batch
-
     device = next(model.parameters()).device
     with autocast(dtype, device):
         completions = generate_texts(model, tokenizer, formatted, params, seed, batch_size)
@@ -51,8 +53,6 @@ def sample_and_score(model, tokenizer, records: list[dict], formatted: list[str]
 
 def load_for_inference(model: str, dtype: str = "fp32"):
     """(model, tokenizer) for sampling: a model folder, an rlhfkit run output, or the default."""
-    from rlhfkit.models import load_causal_lm, load_tokenizer
-
     lm = load_causal_lm(model, dtype=dtype, trainable=False)  # first: "not a causal LM" wins over tokenizer errors
     tok = load_tokenizer(model, padding_side="left")
     return lm, tok
@@ -67,10 +67,6 @@ def sample_texts(model: str, prompts: list[str], num_samples: int, max_new_token
     Every sample of every prompt is drawn in one batch (a prompt's rows share its prefill), so a
     decoding step reads the weights once for all of them; `dtype` 'auto' is bf16 where bf16 matmuls
     are fast, else fp32."""
-    from rlhfkit.core.precision import autocast
-    from rlhfkit.data.chat import format_prompt
-    from rlhfkit.models.loading import resolve_dtype
-
     dtype = resolve_dtype(dtype)
     lm, tok = load_for_inference(model, dtype)
     formatted = [format_prompt(tok, p) for p in prompts]

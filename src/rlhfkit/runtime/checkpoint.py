@@ -35,6 +35,7 @@ from typing import Any
 
 import torch
 
+from rlhfkit.core.disk import out_of_space, write_atomic
 from rlhfkit.core.run_files import CHECKPOINTS, CONFIG, META, STATE, WEIGHTS, checkpoints, file_digest
 from rlhfkit.errors import UserError
 from rlhfkit.runtime import fsdp2
@@ -123,8 +124,6 @@ def write_checkpoint(run_dir: Path, step: int, *, model: torch.nn.Module, state:
     one process). `barrier` (e.g. accelerator.wait_for_everyone) orders the steps across processes.
     `weights`: the trainable weights when `model`'s are sharded (runtime/fsdp2.py `trainable_weights`).
     """
-    from rlhfkit.core.disk import out_of_space
-
     root = Path(run_dir) / CHECKPOINTS
     tmp = root / f".tmp-step-{step}"
     try:
@@ -254,8 +253,6 @@ def truncate_logs(run_dir: Path, step: int) -> list[dict]:
     """Keep only rows with iteration < `step` in the run's jsonl logs (a resumed run writes the
     later ones again); returns the kept metrics rows. A torn last line is dropped. Each file is
     replaced in one rename (a full disk leaves it as it was, with one line naming it)."""
-    from rlhfkit.core.disk import write_atomic
-
     kept_metrics: list[dict] = []
     for name in TRAINING_LOGS:
         path = Path(run_dir) / name

@@ -10,7 +10,15 @@ from typing import Any
 
 import torch
 
-from rlhfkit.core.run_files import CHECKPOINTS, CONFIG, STATE, WEIGHTS, checkpoint_step, state_problem
+from rlhfkit.core.run_files import (
+    CHECKPOINTS,
+    CONFIG,
+    STATE,
+    WEIGHTS,
+    checkpoint_step,
+    latest_checkpoint,
+    state_problem,
+)
 from rlhfkit.errors import UserError, one_line
 from rlhfkit.runtime import fsdp2
 from rlhfkit.runtime.checkpoint import (
@@ -25,6 +33,8 @@ from rlhfkit.runtime.checkpoint import (
     truncate_logs,
     write_checkpoint,
 )
+from rlhfkit.runtime.distributed import decided_on_main, gathered
+from rlhfkit.runtime.faults import Interrupted, NonFiniteError, StopSignals, non_finite_tensors
 
 
 def read_file(path: Path, read):
@@ -60,8 +70,6 @@ def read_for_processes(accelerator, path: Path, shared: list[bool] | None) -> tu
     every process sees the run folder (`shared`: per process, runtime/distributed.py
     `sees_main_folder`; None: all) each reads the files itself; otherwise the main process reads
     them and sends them to every process (a collective call; a UserError is raised on all alike)."""
-    from rlhfkit.runtime.distributed import decided_on_main
-
     rank = accelerator.process_index
     if shared is None or all(shared):
         saved, state = read_checked(path)
@@ -162,8 +170,6 @@ class Checkpointer:
     def __init__(self, cfg, run_dir: Path, command: str, accelerator, tracker, *, model, optimizer, scheduler,
                  objects: dict[str, Any] | None = None, guard=None, unit: str = "iteration", total: int | None = None,
                  signals=None, shared: list[bool] | None = None):
-        from rlhfkit.runtime.faults import StopSignals
-
         self.cfg, self.run_dir, self.command = cfg, Path(run_dir), command
         self.accelerator, self.tracker = accelerator, tracker
         self.model, self.optimizer, self.scheduler = model, optimizer, scheduler
@@ -253,8 +259,6 @@ class Checkpointer:
 
     def remaining_checkpoint(self) -> str:
         """What a run stopped at once leaves: its newest checkpoint (to resume), or none."""
-        from rlhfkit.core.run_files import latest_checkpoint
-
         found = latest_checkpoint(self.run_dir)
         if found is None:
             return "no checkpoint was written"
@@ -262,16 +266,12 @@ class Checkpointer:
 
     def resume_hint(self) -> str:
         """How to go on after a failure: from the newest checkpoint, or afresh when there is none."""
-        from rlhfkit.core.run_files import latest_checkpoint
-
         if latest_checkpoint(self.run_dir) is None:
             return "no checkpoint was written, so start the run again with the changes (overwrite=true)"
         return f"then continue from the last checkpoint: rlhfkit {self.command} --resume {self.run_dir}"
 
     def check_finite(self, step: int) -> None:
         """Weights with NaN/inf are never saved (a checkpoint of them would also push a good one out)."""
-        from rlhfkit.runtime.faults import NonFiniteError, non_finite_tensors
-
         bad = non_finite_tensors(self.model)
         if bad:
             total = sum(p.requires_grad for p in self.model.parameters())
@@ -291,7 +291,6 @@ class Checkpointer:
         if acc.is_main_process:
             clean_leftovers(self.run_dir / CHECKPOINTS)
         from rlhfkit.core.seeding import rng_state
-        from rlhfkit.runtime.distributed import gathered
 
         weights = fsdp2.trainable_weights(self.model) if self.on_fsdp2 else None  # every process takes part
         rngs = gathered(acc, rng_state())  # process 0 writes every process's RNG state
@@ -315,9 +314,6 @@ class Checkpointer:
     def interrupted(self, signum: int, when: str, path: Path | None = None):
         """The one message of a run stopped by signal `signum` (an Interrupted to raise): `when` it
         came, what was saved (checkpoint `path`, else the newest one) and the command that continues."""
-        from rlhfkit.core.run_files import latest_checkpoint
-        from rlhfkit.runtime.faults import Interrupted
-
         stopped = f"{signal.Signals(signum).name} {when}"
         if self.sharded:
             return Interrupted(f"{stopped}; no checkpoint (not supported under DeepSpeed)", signum)
@@ -341,8 +337,6 @@ class Checkpointer:
     def end_step(self, step: int) -> None:
         """After step `step` (0-based) is done and logged: stop if too many optimiser steps in a row
         were non-finite; checkpoint when due; after a signal, checkpoint and raise Interrupted."""
-        from rlhfkit.runtime.faults import NonFiniteError
-
         if self.guard is not None:
             try:
                 self.guard.check()

@@ -13,6 +13,10 @@ import contextlib
 
 import torch
 
+from rlhfkit.errors import ConfigError, UserError
+from rlhfkit.runtime import fsdp2
+from rlhfkit.runtime.fsdp2 import full_weights, is_sharded
+
 
 def accumulate_backward(accelerator, model, loss: torch.Tensor, sync: bool) -> None:
     """Backward of one micro-batch of a manually accumulated optimiser step.
@@ -40,8 +44,6 @@ def accumulate_backward(accelerator, model, loss: torch.Tensor, sync: bool) -> N
 def no_sync(accelerator, model):
     """Gradients stay local in the block: FSDP2 (sharded by rlhfkit, runtime/fsdp2.py, which
     accelerate may not know about) keeps them unreduced; DDP skips its all-reduce."""
-    from rlhfkit.runtime.fsdp2 import is_sharded
-
     if not is_sharded(model):
         with accelerator.no_sync(model):
             yield
@@ -112,8 +114,6 @@ def generation_weights(accelerator, model, fsdp2=None):
     policy while it samples). Under ZeRO-3 HF generate turns on `synced_gpus`, so processes that
     finish early keep stepping; under FSDP2 sampling then runs no collective at all, so processes
     may stop at different lengths."""
-    from rlhfkit.runtime.fsdp2 import full_weights, is_sharded
-
     if fsdp2 is not None and is_sharded(model):
         with full_weights(model, fsdp2):
             yield
@@ -133,8 +133,6 @@ def full_state_dict(accelerator, model) -> dict[str, torch.Tensor] | None:
     gathered on the main process at least (a collective call: all processes must make it); None
     otherwise, meaning the unwrapped model's own weights are complete and can be saved directly."""
     from accelerate.utils import DistributedType
-
-    from rlhfkit.runtime import fsdp2
 
     if fsdp2.is_sharded(model):
         return fsdp2.full_state_dict(model)
@@ -166,8 +164,6 @@ def decided_on_main(accelerator, decide):
         return decide()
     from accelerate.utils import broadcast_object_list
 
-    from rlhfkit.errors import UserError
-
     box: list = [None]
     if accelerator.is_main_process:
         try:
@@ -193,8 +189,6 @@ def refuse_deepspeed(env=None) -> None:
     ACCELERATE_USE_DEEPSPEED=true in the environment for a `distributed_type: DEEPSPEED` config.
     Checked before the Accelerator exists, so nothing is set up or written."""
     import os
-
-    from rlhfkit.errors import ConfigError
 
     env = os.environ if env is None else env
     if env.get("ACCELERATE_USE_DEEPSPEED", "false").strip().lower() in ("true", "1", "yes"):

@@ -8,6 +8,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from rlhfkit.runtime.model_card import final_card
+
 
 def actor_saver(run: Any, model, tok) -> Callable:
     """`save(folder, state)` for `run`'s (a runtime/run.py Run) finish: the policy (adapter or full weights, value head) and tokenizer;
@@ -53,8 +55,6 @@ def store_adapter_base(folder: Path, model: str) -> None:
 def write_model_card(final: Path, command: str, run_name: str, config: dict, summary: dict) -> None:
     """final/README.md: rlhfkit's card (runtime/model_card.py) in place of peft's blank template."""
     import json
-
-    from rlhfkit.runtime.model_card import final_card
 
     adapter = (final / "adapter_config.json").is_file()
     base = json.loads((final / "adapter_config.json").read_text()).get("base_model_name_or_path") if adapter else None

@@ -42,8 +42,45 @@ from typing import Any
 
 import torch
 
-from rlhfkit.errors import UserError
+from rlhfkit.core.allocator import cap_kernel_caches, tune_malloc
+from rlhfkit.core.disk import out_of_space
+from rlhfkit.core.run_files import checkpoint_step
+from rlhfkit.diagnostics.console import closing_line
+from rlhfkit.errors import UserError, one_line
+from rlhfkit.models.loading import resolve_dtype
+from rlhfkit.runtime.checkpointer import Checkpointer
+from rlhfkit.runtime.distributed import (
+    LAUNCHER_ENV,
+    configure_deepspeed,
+    decided_on_main,
+    deepspeed_plugin,
+    full_state_dict,
+    gathered,
+    generation_weights,
+    processes_line,
+    refuse_deepspeed,
+    report_failure,
+    reported_failures,
+    sees_main_folder,
+    sharding_name,
+)
+from rlhfkit.runtime.faults import (
+    COLLECTIVE_FAILURE_TEXT,
+    Interrupted,
+    NonFiniteGuard,
+    PeerFailure,
+    StopSignals,
+    ignore_launcher_stop,
+    is_collective_failure,
+    pause_point,
+    peer_states,
+    process_identity,
+)
 from rlhfkit.runtime.final_folder import store_adapter_base, write_model_card
+from rlhfkit.runtime.fsdp2 import for_compute_dtype, requested_plan, shard, shard_frozen
+from rlhfkit.runtime.optim import optimizer_step
+from rlhfkit.runtime.run_folder import FAILED, RunFolder, check_run_folder, claim_run_folder
+from rlhfkit.runtime.tracker import Tracker
 
 
 class Launch:
@@ -54,12 +91,7 @@ class Launch:
     def __init__(self, cfg: Any):
         from accelerate import Accelerator
 
-        from rlhfkit.core.allocator import cap_kernel_caches, tune_malloc
         from rlhfkit.core.seeding import seed_everything
-        from rlhfkit.models.loading import resolve_dtype
-        from rlhfkit.runtime.distributed import refuse_deepspeed
-        from rlhfkit.runtime.fsdp2 import for_compute_dtype, requested_plan
-        from rlhfkit.runtime.run_folder import check_run_folder
 
         refuse_deepspeed()  # a DeepSpeed launch stops here, before anything is set up (docs/scale.md)
         cap_kernel_caches()  # before any matmul: each new shape's kernels stay cached (core/allocator.py)
@@ -100,8 +132,6 @@ class Launch:
 
 def check_resume_fits(checkpoint: Path, total: int, unit: str) -> None:
     """A checkpoint after more steps than this run is set to is refused before anything is written."""
-    from rlhfkit.core.run_files import checkpoint_step
-
     step = checkpoint_step(checkpoint)
     if step > total:
         raise UserError(f"resume: {checkpoint} is after {step} {unit}s, but this run is set to {total}: ask for "
@@ -123,11 +153,6 @@ class Run(Launch):
                  micro_batch_size: int, *, unit: str = "iteration", summary: dict | None = None, reference=None,
                  **objects: Any):
         from rlhfkit.core.config import to_dict
-        from rlhfkit.runtime.checkpointer import Checkpointer
-        from rlhfkit.runtime.distributed import decided_on_main, gathered, sees_main_folder
-        from rlhfkit.runtime.faults import NonFiniteGuard, StopSignals, peer_states, process_identity
-        from rlhfkit.runtime.run_folder import RunFolder, claim_run_folder
-        from rlhfkit.runtime.tracker import Tracker
 
         # the launch's set-up, taken over (not redone): its properties (device, world, rank, is_main) read these
         self.cfg, self.accelerator, self.fsdp2, self.dtype = launch.cfg, launch.accelerator, launch.fsdp2, launch.dtype
@@ -186,8 +211,6 @@ class Run(Launch):
         removed or marked failed, unless a signal stopped a run with steps to resume from. In a run of
         several processes an error is reported as `failure` words it (one line naming the process that
         stopped), and raised in its place."""
-        from rlhfkit.runtime.faults import Interrupted
-
         reported = self.failure(error) if error is not None and self.world > 1 else error
         self.close(None if isinstance(error, Interrupted) and self.has_steps() else reported)
         if reported is not error:
@@ -209,8 +232,6 @@ class Run(Launch):
     def _processes(self) -> dict:
         """{"processes", "machines", "sharding"} of this launch (summary.json), printed once at start."""
         import os
-
-        from rlhfkit.runtime.distributed import LAUNCHER_ENV, deepspeed_plugin, processes_line, sharding_name
 
         plugin = deepspeed_plugin(self.accelerator)
         engine = getattr(self.accelerator.distributed_type, "value", str(self.accelerator.distributed_type))
@@ -243,16 +264,6 @@ class Run(Launch):
         known of why (its own line, or how it died when it ran on this machine), the newest checkpoint
         and the command that continues; an error of this process's own is left for the others (the
         launcher's store) and returned as it is."""
-        from rlhfkit.errors import one_line
-        from rlhfkit.runtime.distributed import report_failure, reported_failures
-        from rlhfkit.runtime.faults import (
-            COLLECTIVE_FAILURE_TEXT,
-            Interrupted,
-            PeerFailure,
-            is_collective_failure,
-            peer_states,
-        )
-
         if not is_collective_failure(error):
             if not isinstance(error, (KeyboardInterrupt, SystemExit, Interrupted)):
                 report_failure(self.rank, f"{one_line(error)[:300]}" if isinstance(error, UserError)
@@ -290,9 +301,6 @@ class Run(Launch):
 
     def _prepare(self, model: torch.nn.Module, optimizer, scheduler, micro_batch_size: int) -> tuple:
         """(model, optimizer, scheduler) handed to Accelerate, or the model sharded with FSDP2."""
-        from rlhfkit.runtime.distributed import configure_deepspeed
-        from rlhfkit.runtime.fsdp2 import shard
-
         configure_deepspeed(self.accelerator, micro_batch_size, self.cfg.max_grad_norm)
         if self.fsdp2 is None:
             return self.accelerator.prepare(model, optimizer, scheduler)
@@ -312,8 +320,6 @@ class Run(Launch):
         """Under FSDP2, shard a frozen reference copy (full fine-tuning) like the policy, so each
         process keeps 1/N of it; without one (LoRA: the adapter-disabled policy) or with one kept
         in CPU memory (`offload_reference`, moved whole for each pass) nothing changes."""
-        from rlhfkit.runtime.fsdp2 import shard_frozen
-
         frozen = getattr(reference, "frozen", None)
         if self.fsdp2 is None or frozen is None or reference.offload:
             return
@@ -323,8 +329,6 @@ class Run(Launch):
     def full_weights(self):
         """Context manager around sampling: the whole policy gathered once under FSDP2 and DeepSpeed
         ZeRO-3 (sampling calls the causal LM inside the prepared model directly), else nothing."""
-        from rlhfkit.runtime.distributed import generation_weights
-
         return generation_weights(self.accelerator, self.model, self.fsdp2)
 
     def resume(self, **objects: Any) -> int:
@@ -347,8 +351,6 @@ class Run(Launch):
     def evaluation(self, when: str):
         """Around the evaluation `when` ("before" or "after") training: a signal during it lets it
         finish, then stops the run (after training: with a checkpoint of every step)."""
-        from rlhfkit.runtime.faults import pause_point
-
         then = "stopping" if when == "before" else "stopping with a checkpoint"
         done = None if when == "before" else self.total
         # a signal already there (e.g. during a reference pass): no evaluation
@@ -379,8 +381,6 @@ class Run(Launch):
         `optimizer_step`): clip and step unless non-finite (runtime/faults.py), then give the step's freed
         heap back. `loss` (the step's, for the non-finite check) and `step` name it in a warning. Returns
         params/grad_norm, params/lr and params/skipped_steps."""
-        from rlhfkit.runtime.optim import optimizer_step
-
         return optimizer_step(self.model.parameters(), self.optimizer, self.scheduler, self.accelerator,
                               self.cfg.max_grad_norm, loss, self.guard, f"{self.unit} {step}")
 
@@ -396,10 +396,6 @@ class Run(Launch):
         sharded (FSDP / ZeRO-3), else None (save the live model). Whatever it returns joins the
         summary."""
         import shutil
-
-        from rlhfkit.core.disk import out_of_space
-        from rlhfkit.runtime.distributed import full_state_dict
-        from rlhfkit.runtime.faults import pause_point
 
         self.checkpointer.check_finite(self.total)  # never a final model of NaNs with exit 0
         self.checkpointer.stop_if_asked("after training, before the final save", self.total)
@@ -423,30 +419,22 @@ class Run(Launch):
 
                 write_model_card(final, self.command, self.run_dir.name, to_dict(self.cfg), self.summary)
             self._clear_failure()
-            from rlhfkit.diagnostics.console import closing_line
-
             self.print(closing_line(self.run_dir))
         self.tracker.close()
         signum = self.checkpointer._stop_signal()
         self.close()
         if signum:  # the run is complete: nothing to continue
-            from rlhfkit.runtime.faults import Interrupted
-
             raise Interrupted(f"{signal.Signals(signum).name} during the final save, which was completed: the run is "
                               f"finished ({self.run_dir / 'final'}, {self.run_dir / 'summary.json'})", signum)
         return self.summary
 
     def _clear_failure(self) -> None:
         """A run that finished is no longer a failed one: an earlier attempt's RUN/failed.json goes."""
-        from rlhfkit.runtime.run_folder import FAILED
-
         (self.run_dir / FAILED).unlink(missing_ok=True)
 
     def close(self, error: BaseException | None = None) -> None:
         """Release the run folder and the signals (idempotent); after an `error`, remove or mark it
         (runtime/run_folder.py RunFolder.close)."""
-        from rlhfkit.runtime.faults import PeerFailure, ignore_launcher_stop
-
         self.signals.__exit__()
         if isinstance(error, PeerFailure):
             ignore_launcher_stop()

@@ -48,7 +48,7 @@ from rlhfkit.core.run_tree import (
     tree_problem,
     unwritable_in_tree,
 )
-from rlhfkit.errors import UserError
+from rlhfkit.errors import UserError, one_line
 
 try:
     import fcntl
@@ -237,8 +237,6 @@ class RunFolder:
         if error is None:
             return
         if logged:
-            from rlhfkit.errors import one_line
-
             with contextlib.suppress(OSError):  # a full disk may be the error
                 (self.path / FAILED).write_text(json.dumps({"error": one_line(error), "type": type(error).__name__,
                                                             "time": time.time()}, indent=2))

@@ -16,6 +16,9 @@ from pathlib import Path
 from typing import Any
 
 from rlhfkit.core.disk import append_text, write_atomic
+from rlhfkit.diagnostics import Monitor
+from rlhfkit.diagnostics.console import RunConsole
+from rlhfkit.diagnostics.sinks import make_sinks
 
 
 def _clean(v: Any) -> Any:
@@ -59,21 +62,10 @@ class Tracker:
         self.last_row: dict | None = None  # the newest metrics row (summary.json's final_metrics)
         if not is_main:
             return
-        try:
-            from rlhfkit.diagnostics import Monitor
-            from rlhfkit.diagnostics.console import RunConsole
-
-            self.console = RunConsole(total_iterations, quiet=quiet)
-            self.monitor = Monitor(path=self.run_dir / "diagnostics.jsonl")
-        except ImportError:
-            pass
-        try:
-            from rlhfkit.diagnostics.sinks import make_sinks
-
-            config = config if config is not None else read_config(self.run_dir)
-            self.sinks = make_sinks(self.run_dir, tensorboard=tensorboard, wandb=wandb, config=config)
-        except ImportError:
-            self.sinks = []
+        self.console = RunConsole(total_iterations, quiet=quiet)
+        self.monitor = Monitor(path=self.run_dir / "diagnostics.jsonl")
+        config = config if config is not None else read_config(self.run_dir)
+        self.sinks = make_sinks(self.run_dir, tensorboard=tensorboard, wandb=wandb, config=config)
 
     def resume(self, history: list[dict]) -> None:
         """Continue a run from a checkpoint: the diagnostics rules replay the metric rows kept before
@@ -84,8 +76,6 @@ class Tracker:
         for sink in self.sinks:
             sink.resume(start)
         if self.monitor is not None:
-            from rlhfkit.diagnostics import Monitor
-
             self.monitor = Monitor(path=self.run_dir / "diagnostics.jsonl", history=history)
 
     def phase(self, name: str, total: int | None = None):

@@ -6,15 +6,15 @@ import dataclasses
 
 import torch
 
+from rlhfkit.models import load_causal_lm, load_tokenizer
+from rlhfkit.models.loading import resolve_dtype, set_chat_template, set_gradient_checkpointing
+from rlhfkit.models.lora import add_lora
+from rlhfkit.models.policy import ActorCritic, Reference, ValueHead, output_width
 from rlhfkit.trainers.options import ModelArgs
 
 
 def build_policy(args: ModelArgs, trainable: bool = True):
     """(model, tokenizer). With LoRA the frozen base is stored in the compute dtype."""
-    from rlhfkit.models import load_causal_lm, load_tokenizer
-    from rlhfkit.models.loading import resolve_dtype, set_chat_template, set_gradient_checkpointing
-    from rlhfkit.models.lora import add_lora
-
     base_dtype = "bf16" if (resolve_dtype(args.dtype) == "bf16" and args.lora) else "fp32"
     model = load_causal_lm(args.model, dtype=base_dtype, trainable=True)  # first: "not a causal LM" wins
     tok = set_chat_template(load_tokenizer(args.model, padding_side="left"), args.chat_template_path)
@@ -39,18 +39,12 @@ def top_lora_layers(args: ModelArgs, model_config) -> int | None:
 def make_reference(actor, cfg, model: torch.nn.Module | None = None):
     """The frozen reference: the adapter-disabled policy with LoRA, else a frozen copy of the
     starting policy (or `model`, a separate reference model)."""
-    from rlhfkit.models.policy import Reference
-
     dtype = torch.bfloat16 if cfg.dtype == "bf16" else None
     return Reference(actor, use_adapter_off=cfg.lora, dtype=dtype, model=model, offload=cfg.offload_reference)
 
 
 def build_actor_critic(cfg):
     """PPO: (ActorCritic with a value head, Reference | None (kl_coef = 0), tokenizer)."""
-    from rlhfkit.models import load_causal_lm
-    from rlhfkit.models.loading import set_gradient_checkpointing
-    from rlhfkit.models.policy import ActorCritic, ValueHead, output_width
-
     policy, tok = build_policy(cfg)
     hidden = output_width(policy)
     critic = None
@@ -69,9 +63,6 @@ def build_actor(cfg, with_reference: bool, reference_model: str | None = None):
     """GRPO, RLOO, DPO: (ActorCritic without a value head, Reference | None, tokenizer). A prompt
     shared by several rows runs once, and so does the header all prompts of a micro-batch share
     (`share_prompts`; off under gradient checkpointing)."""
-    from rlhfkit.models import load_causal_lm
-    from rlhfkit.models.policy import ActorCritic
-
     policy, tok = build_policy(cfg)
     share = cfg.share_prompts and not cfg.gradient_checkpointing
     actor = ActorCritic(policy, value_head=None, share_prompts=share, share_prefix=share)

@@ -32,6 +32,8 @@ import torch
 from rlhfkit.algos import jsd_loss, masked_mean, reverse_kl_loss, shape_rewards, teacher_topk
 from rlhfkit.core.precision import autocast
 from rlhfkit.errors import UserError
+from rlhfkit.models import load_causal_lm, load_tokenizer
+from rlhfkit.models.policy import Reference
 from rlhfkit.rollout import Rollout, forward_logprobs
 from rlhfkit.rollout.logprobs import logprob_pass
 from rlhfkit.trainers.build import build_actor
@@ -63,9 +65,6 @@ def load_teacher(cfg, actor, tok):
     """The frozen teacher `cfg.teacher` as a models.policy.Reference beside the student `actor`: in bf16
     when cfg.dtype is bf16 (wholly with LoRA, as the student's frozen base; else its linear layers). Missing, not a causal LM or another
     vocabulary: a UserError naming the teacher (one line, before anything is written)."""
-    from rlhfkit.models import load_causal_lm, load_tokenizer
-    from rlhfkit.models.policy import Reference
-
     # the student's base dtype (trainers/build.py build_policy): bf16 with LoRA in a bf16 run, so a
     # teacher equal to the student computes the same bits (step 0 exactly 0)
     base_dtype = "bf16" if (cfg.dtype == "bf16" and cfg.lora) else "fp32"

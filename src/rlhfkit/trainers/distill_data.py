@@ -10,6 +10,7 @@ import time
 from rlhfkit.data.chat import format_prompts
 from rlhfkit.data.prompts import info_lists
 from rlhfkit.errors import DataError
+from rlhfkit.models.policy import ActorCritic
 from rlhfkit.rollout import Rollout
 from rlhfkit.rollout.core import rollout_from_tokens
 from rlhfkit.rollout.score import score_rollout
@@ -21,7 +22,6 @@ def teacher_rollout(rl, cfg, records: list[dict], iteration: int) -> Rollout:
     """One answer per record sampled from the teacher (rl.reference's frozen model) with the run's
     sampling settings, scored by the run's reward."""
     from rlhfkit.core.seeding import sampling_seed
-    from rlhfkit.models.policy import ActorCritic
     from rlhfkit.trainers.rl import sample_rollout
 
     teacher = ActorCritic(rl.reference.frozen, None, share_prompts=rl.core.share_prompts,

@@ -28,6 +28,7 @@ from rlhfkit.data.prefs import load_pairs, load_preferences, resolve_prefs
 from rlhfkit.rollout import Rollout
 from rlhfkit.runtime.accumulate import accumulate, add_up
 from rlhfkit.runtime.distributed import sum_over_processes
+from rlhfkit.runtime.optim import optimizer_for
 from rlhfkit.runtime.run import Launch
 from rlhfkit.trainers.build import build_actor
 from rlhfkit.trainers.dpo_config import DPOConfig
@@ -146,8 +147,6 @@ def held_out_metrics(model, held: Rollout, held_ref: torch.Tensor | None, cfg: D
 
 def train(cfg: DPOConfig) -> dict:
     """Run DPO; returns the summary (also written to RUN/summary.json)."""
-    from rlhfkit.runtime.optim import optimizer_for
-
     launch = Launch(cfg)
     device = launch.device
     # 1. data. Data, judge, model and prompt lengths are checked before the run folder exists.

@@ -7,6 +7,7 @@ from __future__ import annotations
 from rlhfkit.core.seeding import EVAL_SEED_OFFSET
 from rlhfkit.data.chat import format_prompts
 from rlhfkit.rollout import SamplingParams
+from rlhfkit.rollout.texts import sample_and_score
 from rlhfkit.runtime.run import Run
 
 # Record fields that are data, not prompt information (not passed to the judge)
@@ -31,8 +32,6 @@ def eval_records(train: list[dict], held_out: list[dict], cfg) -> list[dict]:
 
 def judged_samples(model, tok, records: list[dict], judge, cfg, seed: int) -> tuple[list[str], list[float]]:
     """eval_samples_per_prompt completions per record, scored by the judge (same seed -> same noise)."""
-    from rlhfkit.rollout.texts import sample_and_score
-
     recs = [r for r in records for _ in range(cfg.eval_samples_per_prompt)]
     formatted = format_prompts(tok, [r.get("messages") or r["prompt"] for r in recs], cfg)
     params = SamplingParams(cfg.max_new_tokens, cfg.temperature, 0, 1.0, (tok.eos_token_id,), cfg.max_prompt_length)

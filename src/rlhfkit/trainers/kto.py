@@ -28,11 +28,16 @@ import torch
 from rlhfkit.algos import kto_loss, kto_reference_point
 from rlhfkit.core.devices import HOST
 from rlhfkit.data.prefs import load_pairs, resolve_prefs
+from rlhfkit.data.prompts import prompt_record
+from rlhfkit.data.readers import missing_field
+from rlhfkit.data.sets import load_split
+from rlhfkit.data.sft import response_text
 from rlhfkit.errors import DataError
 from rlhfkit.rollout import Rollout
 from rlhfkit.rollout.logprobs import micro_batch_chunks
 from rlhfkit.runtime.accumulate import accumulate, add_up
 from rlhfkit.runtime.distributed import sum_over_processes
+from rlhfkit.runtime.optim import optimizer_for
 from rlhfkit.runtime.run import Launch
 from rlhfkit.trainers.build import build_actor
 from rlhfkit.trainers.judged import eval_records
@@ -66,10 +71,6 @@ def parse_label(value, where: str) -> bool:
 
 def unpaired_record(record: dict, where: str) -> dict:
     """prompt (as prompt files read it), completion text, label bool."""
-    from rlhfkit.data.prompts import prompt_record
-    from rlhfkit.data.readers import missing_field
-    from rlhfkit.data.sft import response_text
-
     out = prompt_record(record, where)
     for name in ("completion", "label"):
         if record.get(name) is None:
@@ -88,8 +89,6 @@ def unpair(pairs: list[dict]) -> list[dict]:
 
 def load_examples(spec: str) -> tuple[list[dict], list[dict]]:
     """(training examples, held-out examples): records with split=test are held out."""
-    from rlhfkit.data.sets import load_split
-
     path = resolve_prefs(spec)
     records = load_split(path, None)
     if records and "chosen" in records[0]:
@@ -210,8 +209,6 @@ def build_models(cfg: KTOConfig):
 
 def train(cfg: KTOConfig) -> dict:
     """Run KTO; returns the summary (also written to RUN/summary.json)."""
-    from rlhfkit.runtime.optim import optimizer_for
-
     launch = Launch(cfg)
     device = launch.device
     # 1. data. Data, judge, model and prompt lengths are checked before the run folder exists.

@@ -25,19 +25,19 @@ import contextlib
 import time
 from collections.abc import Callable
 
+from rlhfkit.core.bounds import check_planned_steps, check_warmup
 from rlhfkit.core.config import check
+from rlhfkit.estimate.memory import check_rollout_fits
+from rlhfkit.rewards import get_reward
 from rlhfkit.runtime.final_folder import actor_saver
 from rlhfkit.runtime.run import Launch, Run
+from rlhfkit.trainers.options import ExamplesArgs
 
 
 def check_offline_work(cfg, total: int) -> None:
     """Before the run folder exists: the `total` optimiser steps the data and epochs plan (core/bounds.py),
     a warm-up the run could never finish by a wide margin, and a batch whose token tensors alone
     outgrow the machine's memory (batch_size=1e9 would build its batch for minutes, deaf to signals)."""
-    from rlhfkit.core.bounds import check_planned_steps, check_warmup
-    from rlhfkit.estimate.memory import check_rollout_fits
-    from rlhfkit.trainers.options import ExamplesArgs
-
     check_planned_steps(total, f"epochs ({cfg.epochs}) over the data at batch_size {cfg.batch_size}")
     check_warmup(cfg.warmup_steps, total, cfg.lr)
     tokens = cfg.max_length if isinstance(cfg, ExamplesArgs) else cfg.max_prompt_length + cfg.max_response_length
@@ -48,8 +48,6 @@ def check_offline_work(cfg, total: int) -> None:
 def preference_models(launch: Launch, build: Callable) -> tuple:
     """(judge, policy, reference or None, tokenizer): the judge resolved, then `build(cfg)`'s models on the
     device before the run is built (the reference passes and the judge's samples run first)."""
-    from rlhfkit.rewards import get_reward
-
     judge = get_reward(launch.cfg.judge)
     model, reference, tok = build(launch.cfg)
     model.to(launch.device)

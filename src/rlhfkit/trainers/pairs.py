@@ -13,10 +13,11 @@ import torch
 
 from rlhfkit.core.devices import HOST
 from rlhfkit.core.precision import autocast
-from rlhfkit.data.chat import format_prompts
+from rlhfkit.data.chat import end_of_turn, format_prompts, tokenize_sft_example
 from rlhfkit.errors import DataError
 from rlhfkit.rollout import Rollout, forward_logprobs
 from rlhfkit.rollout.logprobs import chunk_positions, micro_batch_chunks, row_chunks, rows_of
+from rlhfkit.rollout.prompt_fit import enforce_prompt_limit
 
 # ----------------------------------------------------------------------------- tables
 
@@ -40,8 +41,6 @@ def encode_rows(tok, records: list[dict], responses: list[str], cfg, what: str =
     """One row per (record's prompt, response). Each response ends with the end-of-turn token, so the
     model also learns where to stop. Prompts keep their last max_prompt_length tokens, responses their
     first max_response_length (and with max_length, at most max_length minus the prompt's, `response_budget`)."""
-    from rlhfkit.data.chat import end_of_turn, tokenize_sft_example
-
     texts = format_prompts(tok, [r.get("messages") or r["prompt"] for r in records], cfg)
     queries, encoded = [], []
     for text, response in zip(texts, responses):
@@ -63,8 +62,6 @@ def encode_rows(tok, records: list[dict], responses: list[str], cfg, what: str =
 def check_prompt_lengths(tok, pair_sets: list[list[dict]], cfg) -> None:
     """Prompts longer than max_prompt_length: one warning with the count (they keep their end), or a
     DataError naming the first one (prompt_overflow=error)."""
-    from rlhfkit.rollout.prompt_fit import enforce_prompt_limit
-
     groups = [(format_prompts(tok, [p.get("messages") or p["prompt"] for p in pairs], cfg), getattr(pairs, "where", None))
               for pairs in pair_sets]
     enforce_prompt_limit(tok, groups, cfg.max_prompt_length, cfg.prompt_overflow, f"max_prompt_length={cfg.max_prompt_length}")

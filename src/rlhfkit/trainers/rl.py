@@ -33,6 +33,8 @@ from rlhfkit.core.precision import autocast
 from rlhfkit.core.seeding import EVAL_SEED_OFFSET, sampling_seed
 from rlhfkit.data.chat import format_prompts
 from rlhfkit.data.prompts import info_columns, info_lists, load_prompts
+from rlhfkit.data.sets import builtin_name, load_split
+from rlhfkit.data.spec import parse_spec
 from rlhfkit.data.splits import eval_phrase
 from rlhfkit.data.stream import PromptStream
 from rlhfkit.errors import UserError
@@ -122,9 +124,6 @@ def prepare_data(cfg: RLConfig, make_env=None) -> tuple:
 def has_eval_split(spec) -> bool:
     """Whether `spec` names data with an evaluation split of its own: a built-in set or a Hub dataset
     (their splits), or records carrying a `split` field."""
-    from rlhfkit.data.sets import builtin_name, load_split
-    from rlhfkit.data.spec import parse_spec
-
     if isinstance(spec, str) and (builtin_name(spec) is not None or parse_spec(spec).kind == "hub"):
         return True
     if hasattr(spec, "keys") and hasattr(spec, "column_names"):  # a DatasetDict: its splits

@@ -24,8 +24,28 @@ import torch
 from rlhfkit.algos import bradley_terry_loss
 from rlhfkit.core.devices import HOST
 from rlhfkit.core.precision import autocast
-from rlhfkit.data.prefs import resolve_prefs
+from rlhfkit.data.chat import format_example, use_chat_template
+from rlhfkit.data.prefs import load_preferences, resolve_prefs
+from rlhfkit.data.splits import eval_phrase, split_for_eval, subset
+from rlhfkit.data.stream import PromptStream
+from rlhfkit.models import DEFAULT_MODEL, load_tokenizer, resolve_model_path
+from rlhfkit.models.classifier_reward import save_classifier
+from rlhfkit.models.loading import hub_reference, set_chat_template, set_gradient_checkpointing
+from rlhfkit.models.policy import output_width
+from rlhfkit.models.reward_model import (
+    RewardModel,
+    ScoreHead,
+    add_backbone_lora,
+    encode_texts,
+    load_backbone,
+    resolve_pooling,
+    save_reward_model,
+    score_texts,
+    write_form_pointer,
+)
+from rlhfkit.rewards.scoring import mean_std
 from rlhfkit.runtime.accumulate import accumulate, add_up
+from rlhfkit.runtime.optim import optimizer_for
 from rlhfkit.runtime.run import Launch
 from rlhfkit.trainers.offline import OfflineRun
 from rlhfkit.trainers.rm_config import RMConfig
@@ -39,17 +59,6 @@ __all__ = ["RMConfig", "build_reward_model", "pair_loss", "evaluate_pairs", "rm_
 def build_reward_model(cfg: RMConfig):
     """(RewardModel, tokenizer, info for rlhfkit_rm.json). LoRA keeps the head outside the adapter,
     fully trainable; with LoRA the frozen base is stored in the compute dtype."""
-    from rlhfkit.models import DEFAULT_MODEL, load_tokenizer, resolve_model_path
-    from rlhfkit.models.loading import hub_reference, set_chat_template
-    from rlhfkit.models.policy import output_width
-    from rlhfkit.models.reward_model import (
-        RewardModel,
-        ScoreHead,
-        add_backbone_lora,
-        load_backbone,
-        resolve_pooling,
-    )
-
     base_dtype = "bf16" if (cfg.dtype == "bf16" and cfg.lora) else "fp32"
     backbone, causal = load_backbone(cfg.model, base_dtype)
     if cfg.lora:
@@ -58,8 +67,6 @@ def build_reward_model(cfg: RMConfig):
     else:
         backbone.requires_grad_(True)
     if cfg.gradient_checkpointing:
-        from rlhfkit.models.loading import set_gradient_checkpointing
-
         set_gradient_checkpointing(backbone)
     torch.manual_seed(cfg.seed)
     head = ScoreHead(output_width(backbone))
@@ -69,7 +76,6 @@ def build_reward_model(cfg: RMConfig):
     # a Hub id stays one (resolved from the cache when loaded), not this machine's cache path
     hub = cfg.model == DEFAULT_MODEL or hub_reference(cfg.model) is not None
     base = cfg.model if hub else str(resolve_model_path(cfg.model).resolve())
-    from rlhfkit.data.chat import use_chat_template
 
     # The resolved choice (an error here when chat_template=true and the tokenizer has none).
     info = {"base_model": base, "dtype": cfg.dtype, "chat_template": use_chat_template(tok, cfg.chat_template),
@@ -80,8 +86,6 @@ def build_reward_model(cfg: RMConfig):
 
 def pair_texts(tok, pairs: list[dict], info: dict) -> tuple[list[str], list[str]]:
     """Formatted chosen and rejected texts (the same format the scorer uses at PPO time)."""
-    from rlhfkit.data.chat import format_example
-
     def fmt(r, resp):
         return format_example(tok, r.get("messages") or r["prompt"], resp, info["chat_template"], info["system_prompt"])[1]
 
@@ -96,8 +100,6 @@ def pair_margins(pairs: list[dict], cfg: RMConfig, device: torch.device) -> torc
 
 def pair_loss(model, tok, pairs: list[dict], info: dict, cfg: RMConfig, device) -> tuple[torch.Tensor, dict]:
     """Bradley-Terry loss (mean over `pairs`) + optional centring term; chosen/rejected in one forward."""
-    from rlhfkit.models.reward_model import encode_texts
-
     chosen, rejected = pair_texts(tok, pairs, info)
     enc = encode_texts(tok, chosen + rejected, cfg.max_length, info["add_special_tokens"])
     with autocast(cfg.dtype, device):
@@ -112,8 +114,6 @@ def pair_loss(model, tok, pairs: list[dict], info: dict, cfg: RMConfig, device) 
 @torch.no_grad()
 def evaluate_pairs(model, tok, pairs: list[dict], info: dict, cfg: RMConfig, device) -> dict:
     """Held-out loss, accuracy (strict r_c > r_r), margin and score means, over all `pairs`."""
-    from rlhfkit.models.reward_model import score_texts
-
     chosen, rejected = pair_texts(tok, pairs, info)
     s = score_texts(model, tok, chosen + rejected, 2 * cfg.micro_batch_size, cfg.max_length,
                     info["add_special_tokens"], cfg.dtype)
@@ -146,8 +146,6 @@ def rm_gradients(model, accelerator, tok, batch: list[dict], info: dict, cfg: RM
 def make_rm_optimizer(model, cfg: RMConfig, total_steps: int | None = None):
     """AdamW over the trainable backbone parameters and the score head (its own lr when head_lr is
     set), with the warm-up of runtime/optim.py."""
-    from rlhfkit.runtime.optim import optimizer_for
-
     groups = [{"params": list(model.backbone.parameters()), "lr": cfg.lr},
               {"params": list(model.head.parameters()), "lr": cfg.head_lr or cfg.lr}]
     return optimizer_for(groups, cfg, total_steps)
@@ -155,10 +153,6 @@ def make_rm_optimizer(model, cfg: RMConfig, total_steps: int | None = None):
 
 def train(cfg: RMConfig) -> dict:
     """Train a reward model; returns the summary (also written to RUN/summary.json)."""
-    from rlhfkit.data.prefs import load_preferences
-    from rlhfkit.data.splits import eval_phrase, split_for_eval, subset
-    from rlhfkit.data.stream import PromptStream
-
     launch = Launch(cfg)
     # Data and model are checked before the run folder exists: bad input leaves nothing behind.
     eval_spec = resolve_prefs(cfg.eval_data) if cfg.eval_data else None
@@ -197,10 +191,6 @@ def train(cfg: RMConfig) -> dict:
 def score_stats(model, tok, train_pairs: list[dict], info: dict, cfg: RMConfig) -> dict:
     """Normalisation statistics: mean/std of the raw scores of `stats_pairs` training responses under the
     final model; written into `info` (rlhfkit_rm.json) as well."""
-    from rlhfkit.data.splits import subset
-    from rlhfkit.models.reward_model import score_texts
-    from rlhfkit.rewards.scoring import mean_std
-
     chosen, rejected = pair_texts(tok, subset(train_pairs, cfg.stats_pairs, cfg.seed + 2), info)
     raw = score_texts(model, tok, chosen + rejected, 2 * cfg.micro_batch_size, cfg.max_length,
                       info["add_special_tokens"], info["dtype"])
@@ -217,9 +207,6 @@ def rm_saver(run, tok, info: dict, cfg: RMConfig):
     `folder` is the transformers AutoModelForSequenceClassification model and the rlhfkit form (backbone
     or adapter + score head, read by `load_reward_model` through folder/rlhfkit_rm.json) lies in
     folder/rlhfkit_rm/; otherwise `folder` is the rlhfkit form alone."""
-    from rlhfkit.models.classifier_reward import save_classifier
-    from rlhfkit.models.reward_model import save_reward_model, write_form_pointer
-
     def save(folder, state):
         standard = save_classifier(run.core, tok, folder) if state is None else None
         rlhfkit_form = folder / RLHFKIT_FORM if standard else folder

@@ -26,14 +26,21 @@ import torch
 from rlhfkit.algos import aggregate_loss
 from rlhfkit.core.devices import HOST
 from rlhfkit.core.precision import autocast
-from rlhfkit.data.chat import IGNORE_INDEX
-from rlhfkit.data.sft import collate
+from rlhfkit.data.chat import IGNORE_INDEX, format_example
+from rlhfkit.data.sft import collate, load_sft_examples, pack_examples, tokenize_examples
+from rlhfkit.data.splits import eval_phrase, split_for_eval, subset
+from rlhfkit.data.stream import PromptStream
 from rlhfkit.errors import UserError
 from rlhfkit.models.loading import save_tokenizer
 from rlhfkit.models.response_nll import ResponseNLL, mean_nll
+from rlhfkit.rewards.rouge import rouge_scores
+from rlhfkit.rollout import SamplingParams
 from rlhfkit.rollout.logprobs import chunk_positions
+from rlhfkit.rollout.texts import generate_texts
 from rlhfkit.runtime.accumulate import accumulate, add_up
+from rlhfkit.runtime.optim import optimizer_for
 from rlhfkit.runtime.run import Launch
+from rlhfkit.trainers.build import build_policy
 from rlhfkit.trainers.offline import OfflineRun
 from rlhfkit.trainers.sft_config import SFTConfig
 
@@ -46,11 +53,6 @@ __all__ = ["ResponseNLL", "SFTConfig", "mean_nll", "sft_gradients", "train"]
 def rouge_of_responses(model, tok, rows: list[dict], cfg: SFTConfig) -> dict[str, float]:
     """ROUGE-1/2/L F1 (rlhfkit.rewards.rouge.rouge_scores) of the model's greedy responses to the held-out
     prompts against their reference responses; the same prompts and text format as training."""
-    from rlhfkit.data.chat import format_example
-    from rlhfkit.rewards.rouge import rouge_scores
-    from rlhfkit.rollout import SamplingParams
-    from rlhfkit.rollout.texts import generate_texts
-
     formatted = [format_example(tok, r["prompt"], "", cfg.chat_template, cfg.system_prompt)[0] for r in rows]
     params = SamplingParams(cfg.rouge_max_new_tokens, 0.0, 0, 1.0, (tok.eos_token_id,), None)
     device = next(model.parameters()).device
@@ -103,9 +105,6 @@ def sft_gradients(module, accelerator, batch: list[dict], pad_id: int, cfg: SFTC
 
 def train(cfg: SFTConfig) -> dict:
     """Run SFT; returns the summary (also written to RUN/summary.json)."""
-    from rlhfkit.data.stream import PromptStream
-    from rlhfkit.runtime.optim import optimizer_for
-
     launch = Launch(cfg)
     # Data and model are checked before the run folder exists: bad input leaves nothing behind.
     train_ex, eval_ex, eval_rows, model, tok, notes, eval_on = sft_data_and_model(cfg)
@@ -149,10 +148,6 @@ def sft_data_and_model(cfg: SFTConfig) -> tuple:
     """(training examples (packed when asked), eval examples, eval rows, model, tokenizer, lines to print
     once the run is open, what the evaluation runs on: data/splits.py split_for_eval's held-out /
     held-back / training)."""
-    from rlhfkit.data.sft import load_sft_examples, pack_examples, tokenize_examples
-    from rlhfkit.data.splits import eval_phrase, split_for_eval, subset
-    from rlhfkit.trainers.build import build_policy
-
     train_rows, eval_rows, source = split_for_eval(load_sft_examples, cfg.data, cfg.eval_data, cfg.eval_fraction,
                                                    cfg.seed, cfg.eval_split)
     train_rows = subset(train_rows, cfg.max_train_examples, cfg.seed)
