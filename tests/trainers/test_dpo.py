@@ -329,3 +329,17 @@ def test_eval_dataset_gives_the_held_out_pairs(tmp_path, tiny_model_dir):
                             for i in range(3)))
     summary = train(tiny_cfg(tmp_path, tiny_model_dir, eval_dataset=str(held), max_steps=1))
     assert summary["held_out_pairs"] == 3
+
+
+def test_eval_split_names_the_held_out_pairs(tmp_path, tiny_model_dir):
+    """eval_split= (TRL's dataset_test_split) picks the held-out records of the training file; the default is test."""
+    rows = [{"prompt": f"Review {i}.", "chosen": GOOD[i % 6], "rejected": BAD[(i * 5) % 6],
+             "split": "train" if i < 8 else "validation"} for i in range(11)]
+    path = tmp_path / "val.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    assert [len(part) for part in load_pairs(str(path))] == [8, 0]
+    train_pairs, held = load_pairs(str(path), "validation")
+    assert len(train_pairs) == 8 and [p["prompt"] for p in held] == ["Review 8.", "Review 9.", "Review 10."]
+    assert build_config(DPOConfig, {"dataset_test_split": "validation"}).eval_split == "validation"
+    summary = train(tiny_cfg(tmp_path, tiny_model_dir, prefs=str(path), eval_split="validation", max_steps=1))
+    assert summary["train_pairs"] == 8 and summary["held_out_pairs"] == 3

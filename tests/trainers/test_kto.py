@@ -175,3 +175,14 @@ def test_config_errors_and_help(capsys):
     out = capsys.readouterr().out
     for f in dataclasses.fields(KTOConfig):
         assert f"  {f.name} (" in out, f.name
+
+
+def test_eval_split_names_the_held_out_examples(tmp_path):
+    rows = [{"prompt": f"p{i}", "completion": f"c{i}", "label": bool(i % 2), "split": "train" if i < 4 else "dev"}
+            for i in range(6)]
+    path = tmp_path / "kto.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    assert [len(part) for part in load_examples(str(path))] == [4, 0]
+    train_ex, held = load_examples(str(path), "dev")
+    assert len(train_ex) == 4 and [e["completion"] for e in held] == ["c4", "c5"]
+    assert build_config(KTOConfig, {"eval_split": "dev"}).eval_split == "dev"

@@ -34,14 +34,14 @@ def resolve_prefs(spec: str) -> str:
     return spec
 
 
-def load_pairs(spec: str) -> tuple[list[dict], list[dict]]:
-    """(training pairs, held-out pairs). Held out = records with split=test (none if no split field)."""
+def load_pairs(spec: str, eval_split: str = "test") -> tuple[list[dict], list[dict]]:
+    """(training pairs, held-out pairs). Held out = records whose split is `eval_split` (none if no split field)."""
     path = resolve_prefs(spec)
     if not any("split" in r for r in load_split(path, None)):
         return load_preferences(path), []
     train = load_preferences(path, split="train")  # Records: they name file:line in messages
     try:
-        held_out = load_preferences(path, split="test")
+        held_out = load_preferences(path, split=eval_split)
     except DataError:
         held_out = []
     return train, held_out

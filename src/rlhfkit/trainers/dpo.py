@@ -150,7 +150,7 @@ def train(cfg: DPOConfig) -> dict:
     launch = Launch(cfg)
     device = launch.device
     # 1. data. Data, judge, model and prompt lengths are checked before the run folder exists.
-    train_pairs, held_out = load_pairs(cfg.prefs)
+    train_pairs, held_out = load_pairs(cfg.prefs, cfg.eval_split)
     if cfg.eval_data:  # TRL's eval_dataset: held-out pairs given apart
         held_out = load_preferences(resolve_prefs(cfg.eval_data))
     judge, model, reference, tok = preference_models(launch, build_models)

@@ -15,6 +15,7 @@ from rlhfkit.core.config import check, option, retune
 from rlhfkit.trainers.options import (
     BetaArgs,
     EvalDataArgs,
+    EvalSplitArgs,
     JudgedEvalArgs,
     LabelSmoothingArgs,
     ModelArgs,
@@ -29,17 +30,17 @@ from rlhfkit.trainers.pair_losses import LOSS_TYPES, REFERENCE_FREE  # the loss 
 
 
 @dataclass
-class DPOConfig(LabelSmoothingArgs, SharePromptsArgs, BetaArgs, EvalDataArgs, OfflineArgs, PairArgs, JudgedEvalArgs,
+class DPOConfig(LabelSmoothingArgs, SharePromptsArgs, BetaArgs, EvalSplitArgs, EvalDataArgs, OfflineArgs, PairArgs, JudgedEvalArgs,
                 ReferenceArgs, ModelArgs, OptimizerArgs, RunArgs):
     """DPO (sigmoid), IPO and label-smoothed cDPO on preference pairs, against a frozen reference."""
 
     eval_data = retune(None, "held-out pairs given apart (TRL's eval_dataset; default: the records of the training "
-                       "data with split=test, else none)")
+                       "data whose split is eval_split, else none)")
 
     # data
     prefs: str = option("builtin:prefs_reviews", "preference pairs: a JSONL/CSV from `rlhfkit prefs make` or "
-                        "`rlhfkit label export` (prompt, chosen, rejected), or builtin:prefs_reviews. Records with "
-                        "split=test are held out")
+                        "`rlhfkit label export` (prompt, chosen, rejected), or builtin:prefs_reviews. Records whose "
+                        "split is eval_split are held out")
     # loss
     loss_type: str = option("sigmoid", "sigmoid = DPO; ipo = IPO on length-averaged log-probs; cdpo = sigmoid with "
                             "label smoothing (the original conservative DPO); hinge = SLiC's relu(1 - beta h); "

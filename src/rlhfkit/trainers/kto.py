@@ -87,12 +87,12 @@ def unpair(pairs: list[dict]) -> list[dict]:
             + [{**b, "completion": p["rejected"], "label": False} for b, p in zip(base, pairs)])
 
 
-def load_examples(spec: str) -> tuple[list[dict], list[dict]]:
-    """(training examples, held-out examples): records with split=test are held out."""
+def load_examples(spec: str, eval_split: str = "test") -> tuple[list[dict], list[dict]]:
+    """(training examples, held-out examples): records whose split is `eval_split` are held out."""
     path = resolve_prefs(spec)
     records = load_split(path, None)
     if records and "chosen" in records[0]:
-        train, held = load_pairs(spec)
+        train, held = load_pairs(spec, eval_split)
         return unpair(train), unpair(held)
     has_split = any("split" in r for r in records)
 
@@ -106,7 +106,7 @@ def load_examples(spec: str) -> tuple[list[dict], list[dict]]:
     train = read("train" if has_split else None)
     if len(train) < 2:
         raise DataError(f"{spec}: KTO needs at least 2 training examples, found {len(train)}")
-    return train, read("test") if has_split else []
+    return train, read(eval_split) if has_split else []
 
 
 def load_held_examples(spec: str) -> list[dict]:
@@ -212,7 +212,7 @@ def train(cfg: KTOConfig) -> dict:
     launch = Launch(cfg)
     device = launch.device
     # 1. data. Data, judge, model and prompt lengths are checked before the run folder exists.
-    examples, held_out = load_examples(cfg.data)
+    examples, held_out = load_examples(cfg.data, cfg.eval_split)
     if cfg.eval_data:  # TRL's eval_dataset: held-out examples given apart
         held_out = load_held_examples(cfg.eval_data)
     judge, model, reference, tok = preference_models(launch, build_models)

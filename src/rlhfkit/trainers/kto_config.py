@@ -14,6 +14,7 @@ from rlhfkit.trainers.options import (
     BetaArgs,
     DataArgs,
     EvalDataArgs,
+    EvalSplitArgs,
     JudgedEvalArgs,
     ModelArgs,
     OfflineArgs,
@@ -26,17 +27,18 @@ from rlhfkit.trainers.options import (
 
 
 @dataclass
-class KTOConfig(SharePromptsArgs, BetaArgs, EvalDataArgs, DataArgs, OfflineArgs, PairArgs, JudgedEvalArgs, ReferenceArgs,
+class KTOConfig(SharePromptsArgs, BetaArgs, EvalSplitArgs, EvalDataArgs, DataArgs, OfflineArgs, PairArgs, JudgedEvalArgs, ReferenceArgs,
                 ModelArgs, OptimizerArgs, RunArgs):
     """KTO: desirable and undesirable completions, no pairs needed, against a frozen reference."""
 
     eval_data = retune(None, "held-out examples given apart (TRL's eval_dataset; default: the records of the training "
-                       "data with split=test, else none)")
+                       "data whose split is eval_split, else none)")
 
     # data
     data = retune("builtin:prefs_reviews", "examples: a JSONL/CSV with prompt, completion and label (true = "
                        "desirable), or preference pairs (prompt, chosen, rejected: each pair gives one desirable and "
-                       "one undesirable example), or builtin:prefs_reviews. Records with split=test are held out")
+                       "one undesirable example), or builtin:prefs_reviews. Records whose split is eval_split are held "
+                       "out")
     max_response_length = retune(128, "completion tokens kept (the start of longer ones, end-of-turn included)")
     # loss
     desirable_weight: float = option(1.0, "lambda_D, the weight of desirable examples (KTO: keep lambda_D n_D / "
