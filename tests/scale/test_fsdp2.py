@@ -36,6 +36,7 @@ NAMES = ("ppo", "grpo", "dpo", "sft")
 METRIC_REL, WEIGHT_REL = 1e-4, 2e-4
 # bf16 rounding (8 bits of mantissa) of weights, activations and the norms' weights: 2^-8 ~ 4e-3 per value.
 BF16_REL = 3e-2
+pytestmark = pytest.mark.slow  # every trainer launched on 2 processes, sharded and not
 
 
 @pytest.fixture(scope="module")

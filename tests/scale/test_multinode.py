@@ -24,7 +24,8 @@ from test_ddp import free_port, worker_env
 
 REPO = Path(__file__).resolve().parents[2]
 TIMEOUT_S = 300  # per launch; three launches (162 s in all alone on 2 busy cores, over 600 s beside other tests)
-pytestmark = pytest.mark.timeout(6 * TIMEOUT_S + 120)  # three launches, twice at worst
+pytestmark = [pytest.mark.timeout(6 * TIMEOUT_S + 120),  # three launches, twice at worst
+              pytest.mark.slow]  # three 2-process launches
 PPO = ["rollout_batch_size=4", "mini_batch_size=4", "micro_batch_size=2", "max_new_tokens=6", "num_eval_prompts=0",
        "reward=length:3", "dtype=fp32", "quiet=true", "tensorboard=false", "output_dir=runs", "save_every=1"]
 
