@@ -5,6 +5,9 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
@@ -86,3 +89,29 @@ def test_an_unknown_key_is_one_line_with_the_closest_option():
 def test_pair_argv_spells_flags_as_pairs():
     assert pair_argv(["c.yaml", "--seed", "3", "--sft.lr=1e-4", "--quiet", "ppo.iterations=2"]) == [
         "c.yaml", "seed=3", "sft.lr=1e-4", "quiet=true", "ppo.iterations=2"]
+
+
+def test_a_config_command_reads_its_command_line_without_loading_torch():
+    """Every config-driven command (the trainers, eval, tpo, ...) prints --help and refuses a mistyped
+    option before its code (torch, transformers) is imported: both answer in a fraction of a second."""
+    names = [name for name, cmd in COMMANDS.items() if cmd.config and not cmd.main]
+    script = (
+        "import contextlib, io, sys\n"
+        "from rlhfkit.commands import command_main\n"
+        "from rlhfkit.errors import UserError\n"
+        f"for name in {names!r}:\n"
+        "    with contextlib.redirect_stdout(io.StringIO()) as out:\n"
+        "        assert command_main(name)(['--help']) == 0\n"
+        "    assert out.getvalue().startswith('usage: rlhfkit ' + name), name\n"
+        "    try:\n"
+        "        command_main(name)(['no_such_option=1'])\n"
+        "    except UserError as e:\n"
+        "        assert 'no_such_option' in str(e), e\n"
+        "    else:\n"
+        "        raise AssertionError(name + ' took an unknown option')\n"
+        "print(sorted(m for m in ('torch', 'transformers', 'accelerate', 'peft') if m in sys.modules))\n")
+    src = Path(__file__).resolve().parents[1] / "src"
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120,
+                          env={"PYTHONPATH": str(src), "PATH": "/usr/bin:/bin"})
+    assert done.returncode == 0, done.stderr
+    assert len(names) >= 15 and done.stdout.strip() == "[]", done.stdout

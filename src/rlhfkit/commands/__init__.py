@@ -57,7 +57,7 @@ COMMANDS: MappingProxyType[str, Command] = MappingProxyType({
     "prefs": Command("rlhfkit.commands.prefs:main", "build preference data offline (`prefs make`)",
                      "rlhfkit.commands.prefs:PrefsConfig", "rlhfkit.commands.prefs:make_preferences"),
     "eval": Command("", "evaluate a model on a prompt set",
-                    "rlhfkit.commands.evaluate:EvalConfig", "rlhfkit.commands.evaluate:evaluate"),
+                    "rlhfkit.commands.evaluate_config:EvalConfig", "rlhfkit.commands.evaluate:evaluate"),
     "generate": Command("rlhfkit.commands.generate:main", "sample completions from a model",
                         parser="rlhfkit.commands.generate:build_parser"),
     "serve-reward": Command("rlhfkit.commands.serve_reward:main",
@@ -103,14 +103,17 @@ def config_class(name: str) -> type:
 
 
 def command_main(name: str) -> Callable[[list[str]], int]:
-    """What `rlhfkit NAME ARGS...` calls with ARGS, imported now: the command's own `main`, or its config
-    parsed from ARGS ([CONFIG.yaml] key=value ..., or --help) and run by its `run` (a trainer's `train`)."""
+    """What `rlhfkit NAME ARGS...` calls with ARGS: the command's own `main` (imported now), or its config
+    parsed from ARGS ([CONFIG.yaml] key=value ..., or --help) and run by its `run` (a trainer's `train`),
+    which is imported only once the command line is read: --help and a mistyped option answer without
+    loading torch."""
     command = COMMANDS[name]
     if command.main:
         return load(command.main)
     from rlhfkit.core.command_line import config_main  # here: `rlhfkit --help` does not import it
 
-    return functools.partial(config_main, load(command.config), load(command.run), prog=f"rlhfkit {name}")
+    return functools.partial(config_main, load(command.config), functools.partial(load, command.run),
+                             prog=f"rlhfkit {name}")
 
 
 def load(target: str) -> Any:

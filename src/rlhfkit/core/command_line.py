@@ -175,11 +175,14 @@ def check_resumed_command(resume: str, command: str) -> None:
                           f"rlhfkit {other} --resume {resume}")
 
 
-def config_main(cls: type[C], run: typing.Callable[[C], Any], argv: list[str], prog: str) -> int:
-    """Entry of a config-driven command: parse ``[CONFIG.yaml] key=value ...`` (or print --help), run."""
+def config_main(cls: type[C], import_run: typing.Callable[[], typing.Callable[[C], Any]], argv: list[str],
+                prog: str) -> int:
+    """Entry of a config-driven command: parse ``[CONFIG.yaml] key=value ...`` (or print --help), then
+    import the command's code (`import_run()` returns its run function) and run it: --help and a bad
+    option answer before torch and the model code load."""
     cfg = parse_args(cls, argv, prog)
     if cfg is not None:
-        run(cfg)
+        import_run()(cfg)
     return 0
 
 

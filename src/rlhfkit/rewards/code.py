@@ -26,13 +26,13 @@ import os
 import re
 from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
 from typing import Any
 
 from rlhfkit.core.choices import CODE_REWARDS
+from rlhfkit.core.code_settings import CodeSettings
 from rlhfkit.errors import UserError
 from rlhfkit.rewards.builtins import text_of
-from rlhfkit.rewards.sandbox import ISOLATIONS, Execution, Limits, Sandbox
+from rlhfkit.rewards.sandbox import Execution, Limits, Sandbox
 
 REASONS = ("pass", "fail", "timeout", "error", "memory")  # what a completion's first failed test says
 TEST_COLUMNS = ("test_list", "test", "input_output")
@@ -42,40 +42,11 @@ RATE_OF_REASON = {"pass": "code_pass_rate", "timeout": "code_timeout_rate", "err
 FENCE = re.compile(r"```[ \t]*([A-Za-z0-9_+-]*)[^\n]*\n(.*?)(?:```|\Z)", re.DOTALL)
 
 
-@dataclass(frozen=True)
-class CodeSettings:
-    """The code reward's options (the trainer's CodeRewardArgs, or serve-reward's), checked."""
-
-    code_reward: str = "fraction"
-    code_workers: int | None = None
-    code_timeout: float = 10.0
-    code_memory_mb: int = 1024
-    code_isolation: str = "auto"
-    tests_field: str | None = None
-
-    def __post_init__(self) -> None:
-        if self.code_reward not in CODE_REWARDS:
-            raise UserError(f"code_reward ({self.code_reward!r}) must be one of: {', '.join(CODE_REWARDS)}")
-        if self.code_workers is not None and self.code_workers < 1:
-            raise UserError(f"code_workers ({self.code_workers}) must be >= 1 (or None: the cores)")
-        if not self.code_timeout > 0 or not math.isfinite(self.code_timeout):
-            raise UserError(f"code_timeout ({self.code_timeout}) must be a number of seconds > 0")
-        if self.code_memory_mb < 64:
-            raise UserError(f"code_memory_mb ({self.code_memory_mb}) must be >= 64 (the interpreter needs ~30 MB)")
-        if self.code_isolation not in ISOLATIONS:
-            raise UserError(f"code_isolation ({self.code_isolation!r}) must be one of: {', '.join(ISOLATIONS)}")
-        if self.tests_field is not None and not str(self.tests_field).strip():
-            raise UserError("tests_field ('') must name a column, or be None to find the tests column")
-
-    @classmethod
-    def of(cls, options: Mapping[str, Any]) -> CodeSettings:
-        """The settings named in `options` (others keep their defaults; None = the default)."""
-        return cls(**{k: options[k] for k in cls.__dataclass_fields__ if options.get(k) is not None})
-
-    def limits(self) -> Limits:
-        cpu = max(1, math.ceil(self.code_timeout))
-        # wall-clock: room for a loaded machine, where a program gets a fraction of a core
-        return Limits(cpu_s=cpu, wall_s=2 * self.code_timeout + 5.0, memory_mb=self.code_memory_mb)
+def sandbox_limits(settings: CodeSettings) -> Limits:
+    """The sandbox's limits for one program under `settings`."""
+    cpu = max(1, math.ceil(settings.code_timeout))
+    # wall-clock: room for a loaded machine, where a program gets a fraction of a core
+    return Limits(cpu_s=cpu, wall_s=2 * settings.code_timeout + 5.0, memory_mb=settings.code_memory_mb)
 
 
 def extract_code(completion: Any) -> str:
@@ -186,7 +157,7 @@ class CodeReward:
 
     def __init__(self, settings: CodeSettings, sandbox: Sandbox | None = None):
         self.settings = settings
-        self.sandbox = sandbox or Sandbox(settings.limits(), settings.code_isolation)
+        self.sandbox = sandbox or Sandbox(sandbox_limits(settings), settings.code_isolation)
         self.workers = settings.code_workers or os.cpu_count() or 1
         print(self.sandbox.note, flush=True)
 

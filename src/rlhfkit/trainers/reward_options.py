@@ -11,6 +11,7 @@ from dataclasses import dataclass, fields
 from types import MappingProxyType
 
 from rlhfkit.core.choices import CODE_ISOLATIONS, CODE_REWARDS
+from rlhfkit.core.code_settings import CodeSettings
 from rlhfkit.core.config import check, option
 
 # The reward specs the RL trainers take after their built-in default (`reward=` help text)
@@ -110,8 +111,6 @@ class CodeRewardArgs:
                                      "test_setup_code (MBPP), test + entry_point (HumanEval) or input_output (APPS))")
 
     def validate(self) -> None:
-        from rlhfkit.rewards.code import CodeSettings
-
         CodeSettings.of({k: getattr(self, k) for k in CodeSettings.__dataclass_fields__})
 
 
