@@ -382,3 +382,65 @@ def test_evaluation_prompts_say_whether_they_are_held_out(tmp_path):
     assert prepare_data(cfg)[3] == "held-out"
     _, _, held, source = prepare_data(build_config(GRPOConfig, {"prompts": "builtin:arithmetic", "num_eval_prompts": 5}))
     assert (len(held), source) == (5, "held-out")
+
+
+# ----------------------------------------------------------------------------- an exactly on-policy update
+
+
+def test_needs_logprob_pass_only_when_something_reads_it():
+    """Step 4 is skipped only for one optimiser step on rows the policy as it is now sampled, with no
+    reference, no importance weights and an advantage of the SCORES phase; every other setting keeps it."""
+    from types import SimpleNamespace
+
+    from rlhfkit.trainers.grpo import needs_logprob_pass
+
+    rl = SimpleNamespace(accelerator=SimpleNamespace(num_processes=1))
+    base = {"rollout_batch_size": 8, "group_size": 4, "mini_batch_size": 8, "micro_batch_size": 4, "update_epochs": 1}
+
+    def needs(n_rows=8, sampler=False, **kw):
+        cfg = build_config(GRPOConfig, {**base, **kw})
+        rows = _rollout([0.0] * n_rows, [4] * n_rows)
+        if sampler:  # vLLM's, or the weights before the last update (one-step off-policy)
+            rows = dataclasses.replace(rows, sampler_logprobs=torch.zeros(n_rows, 4))
+        return needs_logprob_pass(rl, cfg, ADVANTAGES[cfg.advantage], rows)
+
+    assert not needs() and not needs(n_rows=4) and not needs(advantage="rloo")
+    assert needs(n_rows=9)  # more rows than one mini-batch (an agent's episodes): a second step is off-policy
+    assert needs(update_epochs=2) and needs(mini_batch_size=4)  # several optimiser steps per rollout
+    assert needs(beta=0.04) and needs(tis_cap=2.0)  # the reference's log-probs; importance weights
+    assert needs(sampler=True)  # tokens another sampler drew
+    assert needs(advantage="reinforce++", reward_kl_coef=0.01)  # an estimator of the LOGPROBS phase
+
+
+def test_an_exactly_on_policy_update_skips_the_logprob_pass_and_steps_alike(tmp_path, tiny_model_dir, monkeypatch):
+    """update_epochs=1, every row in one mini-batch, no reference: the log-prob pass is skipped (the old
+    log-probs are the update's own, detached: TRL's num_iterations=1), and the step is the one the pass
+    gives, to float32 round-off: losses, gradient norm, entropy and the trained weights."""
+    from safetensors.torch import load_file
+
+    import rlhfkit.trainers.grpo as grpo_mod
+    from rlhfkit.trainers.rl import RLRun
+
+    passes = []
+    real = RLRun.logprob_pass
+    monkeypatch.setattr(RLRun, "logprob_pass", lambda self, *a, **k: passes.append(1) or real(self, *a, **k))
+    on_policy = dict(update_epochs=1, mini_batch_size=8, drop_zero_std_groups=False, lora=False, lr=1e-3,
+                     warmup_steps=0)
+    train(tiny_cfg(tmp_path, tiny_model_dir, run_name="skip", **on_policy))
+    assert passes == []
+    monkeypatch.setattr(grpo_mod, "needs_logprob_pass", lambda *a: True)
+    train(tiny_cfg(tmp_path, tiny_model_dir, run_name="pass", **on_policy))
+    assert passes == [1]
+    skip, kept = metrics_rows(tmp_path, "skip")[0], metrics_rows(tmp_path, "pass")[0]
+    assert skip["timing/logprobs_s"] == 0.0 and kept["timing/logprobs_s"] > 0
+    assert skip["params/ratio_first_microbatch_maxdev"] == 0.0  # exactly: old = new, detached
+    assert skip["rollout/reward_mean"] == kept["rollout/reward_mean"]  # the same samples
+    adv = kept["rollout/advantage_abs_mean"]
+    assert adv > 0 and abs(skip["loss/policy"] - kept["loss/policy"]) <= 1e-5 * adv
+    for key in ("params/grad_norm", "rollout/entropy"):  # > 0 by construction
+        assert skip[key] == pytest.approx(kept[key], rel=1e-5), key
+    before = load_file(str(tiny_model_dir / "model.safetensors"))
+    after = {n: load_file(str(tmp_path / "runs" / n / "final" / "model.safetensors")) for n in ("skip", "pass")}
+    step = max((after["pass"][k] - before[k]).abs().max().item() for k in before)  # Adam: about lr per weight
+    apart = max((after["skip"][k] - after["pass"][k]).abs().max().item() for k in before)
+    assert step > 0 and apart <= 1e-3 * step

@@ -13,7 +13,8 @@ looked up once by name in trainers/grpo_variants.py and trainers/grpo_sources.py
                  Groups whose completions all got the same reward have advantage 0 everywhere and are left
                  out of steps 4-6 (`drop_zero_std_groups`); `overlong_filter` takes completions cut at the
                  length limit out of the loss
-  4. log-probs   one teacher-forced pass: old log-probs (and reference log-probs with a KL term)
+  4. log-probs   one teacher-forced pass: old log-probs (and reference log-probs with a KL term); none
+                 when the update is exactly on-policy (`needs_logprob_pass`): the update's own, detached
   5. advantages  estimators of phase LOGPROBS: REINFORCE++ (token returns with a KL penalty,
                  batch-normalised); then each active loss term's inputs
   6. update      update_epochs x mini-batches x micro-batches of the policy loss of `importance_level`
@@ -46,6 +47,7 @@ from rlhfkit.algos import masked_mean
 from rlhfkit.algos.registry import choose
 from rlhfkit.core.precision import autocast
 from rlhfkit.rollout import Rollout, forward_logprobs
+from rlhfkit.runtime.distributed import max_over_processes
 from rlhfkit.trainers.build import build_actor
 from rlhfkit.trainers.grpo_config import GRPOConfig
 from rlhfkit.trainers.grpo_rollout import (
@@ -130,10 +132,16 @@ def micro_batch_loss(model, mb: Rollout, cfg: GRPOConfig, n_tokens: float, n_seq
     """Loss of one micro-batch: the policy loss of `importance_level` (POLICY_LOSSES: clipped ratio per
     token or per sequence, times the truncated importance weights with `tis_cap`) + each active
     term's coef x loss (LOSS_TERMS: beta x KL, ...), normalised by the global counts of the
-    mini-batch (all processes), so the micro-batch losses and gradients add up to the mini-batch's."""
+    mini-batch (all processes), so the micro-batch losses and gradients add up to the mini-batch's.
+    Rows without old log-probs (step 4 skipped: an exactly on-policy update) take this forward's,
+    detached (the ratio is exactly 1), and log its entropy."""
     mb = mb.to(device)
+    on_policy = mb.logprobs is None
     with autocast(cfg.dtype, device):
-        logp, _, _ = forward_logprobs(model, mb, cfg.temperature, with_values=False)
+        logp, _, ent = forward_logprobs(model, mb, cfg.temperature, with_values=False, with_entropy=on_policy,
+                                        entropy_grad=False)
+    if on_policy:
+        mb = dataclasses.replace(mb, logprobs=logp.detach())
     constant = cfg.loss_agg_constant or float(cfg.optimiser_batch * num_processes * cfg.max_new_tokens)
     agg = {"agg_mode": cfg.loss_agg, "num_tokens": n_tokens, "num_seqs": n_seqs, "constant": constant}
     x = LossInputs(logp, mb, mb.response_mask, agg, cfg)
@@ -146,6 +154,8 @@ def micro_batch_loss(model, mb: Rollout, cfg: GRPOConfig, n_tokens: float, n_seq
     ratio_dev = ((logp - mb.logprobs).exp() - 1).abs().masked_fill(mb.response_mask == 0, 0).max()
     # 0-d tensors (or constants), read on the host once per optimiser step (trainers/rl_update.py)
     stats.update({"loss/policy": policy_loss.detach(), "loss/total": loss.detach(), "ratio_dev": ratio_dev.detach()})
+    if on_policy:
+        stats["entropy"] = masked_mean(ent, mb.response_mask).detach()
     return loss, stats
 
 
@@ -155,7 +165,8 @@ def update_metrics(m: dict[str, float], used: Rollout, cfg: GRPOConfig, terms: d
     if "seq_ratio_mean" in m:
         metrics["params/seq_ratio_mean"] = m["seq_ratio_mean"]
     metrics.update({f"rollout/{k}": m[k] for k in ("is_weight_mean", "is_clip_frac", "mismatch_kl") if k in m})
-    metrics["rollout/entropy"] = masked_mean(used.entropy, used.response_mask).item()
+    metrics["rollout/entropy"] = (masked_mean(used.entropy, used.response_mask).item() if used.entropy is not None
+                                  else m["entropy"])  # from the update's forward when step 4 was skipped
     metrics.update({f"loss/{name}": m[f"loss/{name}"] for name in terms})
     metrics.update({k: v for k, v in m.items() if k.startswith("distill/")})  # the distillation term's own
     if used.ref_logprobs is not None:
@@ -183,6 +194,20 @@ def collect(rl: RLRun, cfg: GRPOConfig, it: int, source: RolloutSource, advantag
     return rollout, rollout, metrics
 
 
+def needs_logprob_pass(rl: RLRun, cfg: GRPOConfig, advantage: Advantage, used: Rollout) -> bool:
+    """Whether step 4 has work for the rows `used`. It has none when the update is exactly on-policy
+    and nothing else reads the pass: the rows were sampled by the policy as it is now (no
+    `sampler_logprobs`: not vLLM's, not a one-step-off-policy batch), they get one optimiser step
+    (update_epochs 1, every process's rows in one mini-batch), no reference (beta 0, no KL in the
+    reward), no importance weights (tis_cap unset) and an advantage of phase SCORES. The old log-probs
+    are then the update's own, detached (micro_batch_loss), as TRL does with num_iterations=1. The
+    same answer on every process (a sharded pass is collective)."""
+    if (cfg.update_epochs != 1 or cfg.uses_reference or cfg.tis_cap is not None or advantage.phase != SCORES
+            or used.sampler_logprobs is not None):
+        return True
+    return max_over_processes(rl.accelerator, used.response_ids.shape[0]) > cfg.optimiser_batch
+
+
 def update_on(rl: RLRun, cfg: GRPOConfig, batch: Rollout, rows: torch.Tensor, advantage: Advantage,
               terms: dict[str, LossTerm], term_inputs: list) -> tuple[Rollout, dict[str, float], float]:
     """Steps 4-6 on rows `rows` of the batch: (the rows as trained on, with their advantages; metrics;
@@ -193,8 +218,9 @@ def update_on(rl: RLRun, cfg: GRPOConfig, batch: Rollout, rows: torch.Tensor, ad
         used, metrics["rollout/overlong_filtered"] = filter_overlong(used)
     shuffle_group = G if rl.core.share_prompts else 1  # a group's rows meet in micro-batches
     perm = shuffled_rows(len(rows), rl.generator, shuffle_group, cfg.optimiser_batch)
-    used = rl.logprob_pass(used, perm)  # 4. old (and reference) log-probs
-    metrics["timing/logprobs_s"] = used.timings["timing/logprobs_s"]
+    if needs_logprob_pass(rl, cfg, advantage, used):
+        used = rl.logprob_pass(used, perm)  # 4. old (and reference) log-probs
+    metrics["timing/logprobs_s"] = used.timings.get("timing/logprobs_s", 0.0)
     inputs = AdvantageInputs(used, cfg, lambda: None, rl.accelerator)
     advantages, adv_metrics = advantages_at(LOGPROBS, advantage, inputs)  # 5. advantages that need the log-probs
     used = dataclasses.replace(used, advantages=advantages)
