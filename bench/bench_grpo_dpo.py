@@ -222,7 +222,8 @@ def grpo_flops(cfg, shapes: dict[int, dict]) -> list[dict[str, int]]:
     shape = model_shape(cfg.model)
     return [work_flops.grpo_rollout(shape, s["sampled"], s.get("updated", []), lora_rank(cfg), cfg.lora_layers,
                                     cfg.update_epochs, s["prefix"], -(-s["rows"] // (cfg.prompts_per_generate or s["rows"])),
-                                    -(-sum(len(r) for _, r in s.get("updated", [])) // cfg.micro_batch_size))
+                                    -(-sum(len(r) for _, r in s.get("updated", [])) // cfg.micro_batch_size),
+                                    with_pass=s["passes"] > 0)
             for s in [shapes[it] for it in sorted(shapes)]]
 
 
@@ -242,12 +243,14 @@ def lora_rank(cfg) -> int | None:
 
 @contextlib.contextmanager
 def grpo_shapes():
-    """{iteration: {'sampled': prompt_groups, 'updated': prompt_groups}} of the rows each GRPO iteration
-    sampled and updated (rlhfkit.trainers.rl.RLRun's sample and logprob_pass, wrapped while inside)."""
+    """{iteration: {'sampled': prompt_groups, 'updated': prompt_groups, 'passes': n}} of the rows each GRPO
+    iteration sampled and updated, and how many log-prob passes it ran (none for an exactly on-policy update:
+    trainers/grpo.py needs_logprob_pass): rlhfkit.trainers.rl.RLRun's sample, logprob_pass and update,
+    wrapped while inside."""
     from rlhfkit.trainers.rl import RLRun
 
     shapes: dict[int, dict] = {}
-    sample, logprob_pass = RLRun.sample, RLRun.logprob_pass
+    sample, logprob_pass, update = RLRun.sample, RLRun.logprob_pass, RLRun.update
 
     def groups(r):
         return work_flops.prompt_groups(r.query_ids, r.query_mask, r.response_mask)
@@ -255,7 +258,7 @@ def grpo_shapes():
     @functools.wraps(sample)
     def sample_(self, *a, **k):
         out = sample(self, *a, **k)
-        it = shapes.setdefault(self.iteration, {"sampled": [], "rows": 0, "prefix": 0})
+        it = shapes.setdefault(self.iteration, {"sampled": [], "rows": 0, "prefix": 0, "passes": 0})
         it["sampled"] += groups(out)
         it["rows"] += out.query_ids.shape[0]
         it["prefix"] = work_flops.common_prefix(out.query_ids, out.query_mask)
@@ -263,14 +266,19 @@ def grpo_shapes():
 
     @functools.wraps(logprob_pass)
     def logprob_pass_(self, rollout, *a, **k):
-        shapes[self.iteration].setdefault("updated", []).extend(groups(rollout))
+        shapes[self.iteration]["passes"] += 1
         return logprob_pass(self, rollout, *a, **k)
 
-    RLRun.sample, RLRun.logprob_pass = sample_, logprob_pass_
+    @functools.wraps(update)
+    def update_(self, rollout, *a, **k):
+        shapes[self.iteration].setdefault("updated", []).extend(groups(rollout))
+        return update(self, rollout, *a, **k)
+
+    RLRun.sample, RLRun.logprob_pass, RLRun.update = sample_, logprob_pass_, update_
     try:
         yield shapes
     finally:
-        RLRun.sample, RLRun.logprob_pass = sample, logprob_pass
+        RLRun.sample, RLRun.logprob_pass, RLRun.update = sample, logprob_pass, update
 
 
 def dpo_step_flops(cfg, dpo) -> list[int]:

@@ -341,9 +341,10 @@ def synced_after(device):
 
 @contextlib.contextmanager
 def rl_records(device):
-    """[per iteration: utilisation.rollout_shape of the scored rollout + prompts_per_generate, and the sampling's
-    generate calls and most rows in one (what rollout/core.py rows_per_call chose: on CUDA as many as fit)], recorded
-    after each RLRun.logprob_pass; the log-prob pass and the update synchronise the device when they end."""
+    """[per iteration: utilisation.rollout_shape of the rollout the update trained on + prompts_per_generate, and
+    the sampling's generate calls and most rows in one (what rollout/core.py rows_per_call chose: on CUDA as many as
+    fit)], recorded after each RLRun.update (an exactly on-policy GRPO update runs no log-prob pass); the log-prob
+    pass and the update synchronise the device when they end."""
     from utilisation import rollout_shape
 
     import rlhfkit.rollout.core as core
@@ -363,14 +364,14 @@ def rl_records(device):
     def record(fn):
         def inner(self, rollout, *a, **k):
             out = fn(self, rollout, *a, **k)
-            records.append({**rollout_shape(self, out), "prompts_per_generate": self.cfg.prompts_per_generate,
+            records.append({**rollout_shape(self, rollout), "prompts_per_generate": self.cfg.prompts_per_generate,
                             **generate_calls(calls)})
             calls.clear()
             return out
         return inner
 
     with (patched(rl, "logprob_pass", synced_after(device)), patched(rl, "update_policy", synced_after(device)),
-          patched(rl.RLRun, "logprob_pass", record), patched(core, "rows_per_call", count_calls),
+          patched(rl.RLRun, "update", record), patched(core, "rows_per_call", count_calls),
           patched(decode, "rows_per_call", count_calls)):
         yield records
 

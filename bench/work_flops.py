@@ -70,12 +70,14 @@ def sampling(shape, groups, prefix: int = 0, calls: int = 1) -> int:
 
 
 def grpo_rollout(shape, sampled, updated, lora_r: int | None, lora_layers: int | None, epochs: int, prefix: int = 0,
-                 generate_calls: int = 1, micro_batches: int = 1) -> dict[str, int]:
+                 generate_calls: int = 1, micro_batches: int = 1, with_pass: bool = True) -> dict[str, int]:
     """{'sampling', 'log-prob pass', 'update', 'total'} of one GRPO rollout: `sampled` and `updated` are
     prompt_groups of the rows sampled and of the rows updated (beta 0: no reference pass); `prefix`: the
-    tokens all prompts share, run once per generate call and per micro-batch of the passes."""
+    tokens all prompts share, run once per generate call and per micro-batch of the passes; `with_pass`:
+    whether the log-prob pass ran (not for an exactly on-policy update)."""
     out = {"sampling": sampling(shape, sampled, prefix, generate_calls),
-           "log-prob pass": teacher_forced(shape, updated, lora_r, lora_layers, False, prefix, micro_batches),
+           "log-prob pass": (teacher_forced(shape, updated, lora_r, lora_layers, False, prefix, micro_batches)
+                             if with_pass else 0),
            "update": epochs * teacher_forced(shape, updated, lora_r, lora_layers, True, prefix, micro_batches)}
     return {**out, "total": sum(out.values())}
 

@@ -103,7 +103,7 @@ def _our_grpo(monkeypatch, cfg, rows, data):
     from rlhfkit.rollout import Rollout
 
     logps, old, ref, mask, adv = data
-    monkeypatch.setattr(grpo, "forward_logprobs", lambda model, mb, temperature, with_values: (
+    monkeypatch.setattr(grpo, "forward_logprobs", lambda model, mb, temperature, with_values, **kw: (
         logps[mb.query_ids[:, 0]], None, None))
     query = torch.zeros(len(rows), P, dtype=torch.long)
     query[:, 0] = rows
