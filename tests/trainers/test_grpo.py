@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import threading
 
 import pytest
 import torch
@@ -405,11 +406,45 @@ def test_needs_logprob_pass_only_when_something_reads_it():
         return needs_logprob_pass(rl, cfg, ADVANTAGES[cfg.advantage], rows)
 
     assert not needs() and not needs(n_rows=4) and not needs(advantage="rloo")
-    assert needs(n_rows=9)  # more rows than one mini-batch (an agent's episodes): a second step is off-policy
+    assert needs(n_rows=9)  # more rows than one mini-batch: a second optimiser step would be off-policy
     assert needs(update_epochs=2) and needs(mini_batch_size=4)  # several optimiser steps per rollout
     assert needs(beta=0.04) and needs(tis_cap=2.0)  # the reference's log-probs; importance weights
     assert needs(sampler=True)  # tokens another sampler drew
-    assert needs(advantage="reinforce++", reward_kl_coef=0.01)  # an estimator of the LOGPROBS phase
+    assert needs(advantage="reinforce++")  # an estimator of the LOGPROBS phase (it reads the old log-probs)
+
+    # Two processes decide together (a sharded pass is collective): each runs the function in its own
+    # thread with a reduce that meets the other's; a process that answered without joining the reduce
+    # would leave the other waiting (the barrier breaks after 10 s instead of hanging).
+    def on_two_processes(rows_a, rows_b):
+        barrier, values = threading.Barrier(2, timeout=10), {}
+
+        def process(rank, rows):
+            def reduce(t, op):
+                values[rank] = float(t)
+                barrier.wait()
+                return torch.tensor([max(values.values())], dtype=t.dtype)
+            acc = SimpleNamespace(num_processes=2, device="cpu", reduce=reduce)
+            try:
+                answers[rank] = needs_logprob_pass(SimpleNamespace(accelerator=acc), cfg, ADVANTAGES[cfg.advantage],
+                                                   rows)
+            except threading.BrokenBarrierError:
+                answers[rank] = "left waiting"
+            except Exception as e:  # noqa: BLE001 - shown in the assertion, not lost in the thread
+                answers[rank] = repr(e)
+
+        answers, cfg = {}, build_config(GRPOConfig, base)
+        threads = [threading.Thread(target=process, args=(r, rows)) for r, rows in enumerate((rows_a, rows_b))]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        return answers[0], answers[1]
+
+    own, sampled = _rollout([0.0] * 8, [4] * 8), _rollout([0.0] * 8, [4] * 8)
+    sampled = dataclasses.replace(sampled, sampler_logprobs=torch.zeros(8, 4))  # drawn by another sampler
+    assert on_two_processes(own, own) == (False, False)
+    assert on_two_processes(own, sampled) == (True, True)
+    assert on_two_processes(own, _rollout([0.0] * 9, [4] * 9)) == (True, True)
 
 
 def test_an_exactly_on_policy_update_skips_the_logprob_pass_and_steps_alike(tmp_path, tiny_model_dir, monkeypatch):

@@ -53,7 +53,8 @@ METRICS: dict[str, str] = {
     "rollout/env_tokens_mean": "Multi-turn (env=...): mean number of environment tokens per episode (observations "
     "and chat-template headers): in the context, outside the loss, KL and entropy.",
     "rollout/entropy": "Mean per-token entropy (nats) of the policy over response tokens, from temperature-scaled "
-    "logits of the teacher-forced pass.",
+    "logits of the teacher-forced pass (of the update's forward when an exactly on-policy GRPO/RLOO update skips "
+    "that pass).",
     "rollout/group_reward_std": "GRPO/RLOO: mean over prompts of the unbiased (/(G-1)) standard deviation of the "
     "rewards within the prompt's group of G completions (0 = no learning signal).",
     "rollout/zero_std_group_fraction": "GRPO/RLOO: fraction of prompts whose G completions all got the same "
@@ -120,7 +121,8 @@ METRICS: dict[str, str] = {
     "params/ratio_mean": "Token mean of the ratio pi / pi_old over the update's micro-batches (exactly 1 before "
     "the first optimiser step).",
     "params/ratio_first_microbatch_maxdev": "Max |pi/pi_old - 1| on the first micro-batch of the rollout, before "
-    "any update: must be ~0 (float error).",
+    "any update: must be ~0 (float error); exactly 0 when an exactly on-policy GRPO/RLOO update skips the "
+    "log-prob pass (pi_old is then the update's own log-prob, detached).",
     "params/grad_norm": "Global L2 norm of the gradients before clipping to max_grad_norm (RL trainers: mean over "
     "the iteration's optimiser steps).",
     "params/max_grad_norm": "The gradient-clipping threshold (the max_grad_norm option). A history without it is "
@@ -196,7 +198,8 @@ METRICS: dict[str, str] = {
     "timing/reward_remote_s": "reward=http(s)://... or judge:URL: wall seconds the iteration's scoring waited on "
     "reward servers and judges (all requests, retries and back-off included; concurrent requests count once; "
     "part of timing/reward_s). Logged only with such a reward.",
-    "timing/logprobs_s": "Seconds of the teacher-forced pass (log-probs, values, entropy, reference log-probs).",
+    "timing/logprobs_s": "Seconds of the teacher-forced pass (log-probs, values, entropy, reference log-probs); 0 "
+    "when an exactly on-policy GRPO/RLOO update skips it.",
     "timing/step_s": "SFT, RM, DPO: seconds of one optimiser step, batch to update.",
     "throughput/tokens_per_s": "Valid generated response tokens per second of wall time over the whole "
     "iteration (rollout + update), summed over processes.",

@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import math
 import time
 
 import torch
@@ -201,11 +202,12 @@ def needs_logprob_pass(rl: RLRun, cfg: GRPOConfig, advantage: Advantage, used: R
     (update_epochs 1, every process's rows in one mini-batch), no reference (beta 0, no KL in the
     reward), no importance weights (tis_cap unset) and an advantage of phase SCORES. The old log-probs
     are then the update's own, detached (micro_batch_loss), as TRL does with num_iterations=1. The
-    same answer on every process (a sharded pass is collective)."""
-    if (cfg.update_epochs != 1 or cfg.uses_reference or cfg.tis_cap is not None or advantage.phase != SCORES
-            or used.sampler_logprobs is not None):
+    same answer on every process (a sharded pass is collective): what varies with a process's rows,
+    their count and who sampled them, is decided over all processes."""
+    if cfg.update_epochs != 1 or cfg.uses_reference or cfg.tis_cap is not None or advantage.phase != SCORES:
         return True
-    return max_over_processes(rl.accelerator, used.response_ids.shape[0]) > cfg.optimiser_batch
+    rows = used.response_ids.shape[0] if used.sampler_logprobs is None else math.inf
+    return max_over_processes(rl.accelerator, rows) > cfg.optimiser_batch
 
 
 def update_on(rl: RLRun, cfg: GRPOConfig, batch: Rollout, rows: torch.Tensor, advantage: Advantage,
