@@ -239,6 +239,9 @@ def cli(model_dir: str, out: Path) -> None:
         "dapo": ["rollout_batch_size=4", "group_size=2", "mini_batch_size=4", "micro_batch_size=2",
                  "max_new_tokens=6", "overlong_buffer=2", "num_eval_prompts=0", "iterations=2", "reward=length:3",
                  "max_sampling_rounds=4"],
+        # rloo's defaults are an exactly on-policy update: no log-prob pass, decided alike on both processes
+        "rloo": ["rollout_batch_size=4", "group_size=2", "micro_batch_size=2", "max_new_tokens=4",
+                 "num_eval_prompts=0", "iterations=2", "reward=length:3"],
         "kto": ["max_steps=1", "batch_size=4", "micro_batch_size=2", "num_eval_prompts=0", "max_response_length=16"],
         "online-dpo": ["prompts_per_iteration=2", "iterations=1", "max_new_tokens=6", "micro_batch_size=2",
                        "prompts_per_generate=4", "num_eval_prompts=0", "judge=length:3"],

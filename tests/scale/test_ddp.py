@@ -26,8 +26,8 @@ import yaml
 
 WORKER = Path(__file__).with_name("ddp_worker.py")
 STEPS = ("policy-token-mean", "policy-seq-mean", "sft", "rm", "dpo")
-TRAINERS = ("ppo", "grpo", "sft", "rm", "dpo", "dapo", "kto", "online-dpo")
-ITERATIONS = {"dapo": 2}
+TRAINERS = ("ppo", "grpo", "sft", "rm", "dpo", "dapo", "rloo", "kto", "online-dpo")
+ITERATIONS = {"dapo": 2, "rloo": 2}
 ONE_STEP = ("sft", "rm", "dpo", "kto")  # max_steps=1: one optimiser step
 
 
@@ -154,3 +154,14 @@ def test_processes_share_one_run_folder_without_a_run_name(outputs):
     folders = list((outputs[0] / "unnamed").iterdir())
     assert len(folders) == 1 and folders[0].name.startswith("sft-") and "19990101" not in folders[0].name
     assert (folders[0] / "final" / "adapter_config.json").is_file()
+
+
+def test_an_exactly_on_policy_update_skips_the_logprob_pass_on_both_processes(outputs):
+    """rloo's defaults (one epoch, one optimiser step, no reference): every process skips the teacher-forced
+    pass (a process that ran it alone would wait in its collectives); two iterations finish, pi_old is the
+    update's own log-prob, so the first micro-batch's ratio is exactly 1, and grpo (beta=0.05) still runs it."""
+    rows = [json.loads(line) for line in (outputs[0] / "runs" / "rloo" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["timing/logprobs_s"] for r in rows] == [0.0, 0.0]
+    assert [r["params/ratio_first_microbatch_maxdev"] for r in rows] == [0.0, 0.0]
+    grpo = json.loads((outputs[0] / "runs" / "grpo" / "metrics.jsonl").read_text().splitlines()[0])
+    assert grpo["timing/logprobs_s"] > 0
